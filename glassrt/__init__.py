@@ -1,0 +1,9 @@
+"""glassrt — an ONNX inference runtime that shows every decision it makes."""
+from .errors import (FallbackError, GlassrtError, InputError, InputShapeError, InputTypeError,  # noqa: F401
+                     InvalidModelError, KernelContractError, MemoryLimitError, MissingInputError,
+                     ModelLoadError, NodeExecutionError, ShapeInferenceError, UnknownInputError,
+                     UnsafeModelError, UnsupportedOperatorError)
+from .runtime.options import SessionOptions  # noqa: F401
+from .runtime.session import FallbackWarning, InferenceSession, NodeArg  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,136 @@
+"""glassrt's own small IR: a Graph of Nodes over named values with types.
+
+The `onnx` package parses the protobuf (onnx_io.py); everything after loading works on
+these plain objects, which `explain` can print. Values are referred to by name; a
+missing optional input is the empty string, as in ONNX.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import dtypes, symbolic
+
+# ---------------------------------------------------------------- types
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dtype: np.dtype
+    shape: tuple | None  # None: rank unknown; dims are int or SymPy expressions
+
+    @property
+    def rank(self):
+        return None if self.shape is None else len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return symbolic.all_static(self.shape)
+
+    def nbytes(self):
+        """Bytes as a dim (an int once the shape is concrete)."""
+        return symbolic.prod(self.shape) * dtypes.itemsize(self.dtype)
+
+    def __str__(self):
+        return f"{dtypes.name(self.dtype)}{symbolic.shape_str(self.shape)}"
+
+
+@dataclass(frozen=True)
+class SequenceType:
+    elem: Any  # a type, or None when unknown
+
+    def __str__(self):
+        return f"seq({self.elem or '?'})"
+
+
+@dataclass(frozen=True)
+class OptionalType:
+    elem: Any
+
+    def __str__(self):
+        return f"optional({self.elem or '?'})"
+
+
+def type_str(t) -> str:
+    return "?" if t is None else str(t)
+
+
+# ---------------------------------------------------------------- graph
+
+
+@dataclass
+class Node:
+    op_type: str
+    domain: str  # "" for the default ONNX domain
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, Any]  # Python values; subgraphs are Graph objects
+    name: str
+    opset: int  # the version of `domain` this node was written against
+    # Outer-scope values a subgraph attribute reads; filled in by onnx_io so that
+    # lifetimes and the memory plan see them as inputs of this node.
+    implicit_inputs: list[str] = field(default_factory=list)
+    # Where the node came from when a pass created it (e.g. "expanded from LayerNormalization 'ln'").
+    origin: str = ""
+
+    @property
+    def key(self):
+        return (self.domain, self.op_type)
+
+    def subgraphs(self):
+        for v in self.attrs.values():
+            if isinstance(v, Graph):
+                yield v
+            elif isinstance(v, list):
+                yield from (g for g in v if isinstance(g, Graph))
+
+    def __repr__(self):
+        return f"Node({self.op_type} '{self.name}': {self.inputs} -> {self.outputs})"
+
+
+@dataclass
+class ValueInfo:
+    name: str
+    type: Any  # TensorType | SequenceType | OptionalType | None
+
+
+@dataclass
+class Graph:
+    name: str
+    nodes: list[Node]
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    initializers: dict[str, np.ndarray]
+    # Types known for any value (declared value_info, then whatever inference adds).
+    types: dict[str, Any] = field(default_factory=dict)
+    opsets: dict[str, int] = field(default_factory=dict)
+    # Names this graph reads from an enclosing graph (subgraphs only).
+    outer_names: list[str] = field(default_factory=list)
+    doc: str = ""
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in [*n.inputs, *n.implicit_inputs]:
+                if i:
+                    out.setdefault(i, []).append(n)
+        return out
+
+    def input_names(self) -> list[str]:
+        """Inputs a caller feeds: declared inputs that are not also initializers."""
+        return [v.name for v in self.inputs if v.name not in self.initializers]
+
+    def output_names(self) -> list[str]:
+        return [v.name for v in self.outputs]
+
+    def walk(self):
+        """Every node of this graph and of its subgraphs, depth first."""
+        for n in self.nodes:
+            yield n
+            for g in n.subgraphs():
+                yield from g.walk()

@@ -1,0 +1,131 @@
+"""Conv: im2col + GEMM (general), plain GEMM for 1×1, shifted multiply-adds for depthwise."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..registry import kernel
+from ._util import FLOATS, pad_spatial, spatial_pads, window_views, windows
+
+
+def _geometry(ctx):
+    x, w = ctx.shape(0), ctx.shape(1)
+    kernel_shape = list(ctx.attrs.get("kernel_shape") or w[2:])
+    begin, end, out, strides, dil = spatial_pads(list(x[2:]), kernel_shape, ctx.attrs.get("strides"),
+                                                 ctx.attrs.get("dilations"), ctx.attrs.get("pads"),
+                                                 ctx.attrs.get("auto_pad", "NOTSET"))
+    return x, w, kernel_shape, begin, end, out, strides, dil
+
+
+def _is_1x1(ctx):
+    x, w, k, begin, end, out, strides, dil = _geometry(ctx)
+    if all(d == 1 for d in k) and all(s == 1 for s in strides) and not any(begin) and not any(end) \
+            and int(ctx.attrs.get("group", 1)) == 1:
+        return None
+    return "not a 1x1, stride-1, unpadded, ungrouped conv"
+
+
+def _is_depthwise(ctx):
+    x, w = ctx.shape(0), ctx.shape(1)
+    g = int(ctx.attrs.get("group", 1))
+    if g > 1 and g == x[1] and w[0] == g and w[1] == 1:
+        return None
+    return "not depthwise (group == channels, one filter per channel)"
+
+
+def _add_bias(out, b):
+    if b is not None:
+        out += b.reshape((1, -1) + (1,) * (out.ndim - 2))
+
+
+@kernel("Conv", dtypes=FLOATS, out=True, bind=True, accepts=_is_1x1, priority=20, name="gemm_1x1")
+def conv_1x1(ctx):
+    """1x1 conv as one GEMM over all pixels (no im2col)."""
+    m = ctx.shape(1)[0]
+
+    def step(x, w, b=None, *, out):
+        n = x.shape[0]
+        np.matmul(w.reshape(m, -1), x.reshape(n, x.shape[1], -1), out=out.reshape(n, m, -1))
+        _add_bias(out, b)
+        return out
+
+    return step
+
+
+def _padded_bytes(x, begin, end, itemsize):
+    if not any(begin) and not any(end):
+        return 0
+    n = int(np.prod(x[:2])) * int(np.prod([s + b + e for s, b, e in zip(x[2:], begin, end)])) * itemsize
+    return (n + 63) // 64 * 64
+
+
+def _depthwise_workspace(ctx):
+    x, w, k, begin, end, out, strides, dil = _geometry(ctx)
+    item = np.dtype(ctx.dtype(0)).itemsize
+    return _padded_bytes(x, begin, end, item) + int(x[0]) * int(w[0]) * int(np.prod(out)) * item
+
+
+@kernel("Conv", dtypes=FLOATS, out=True, bind=True, accepts=_is_depthwise, priority=10, name="depthwise",
+        workspace=_depthwise_workspace)
+def conv_depthwise(ctx):
+    """Depthwise conv: one shifted multiply-add per kernel tap over the whole tensor."""
+    x, w, k, begin, end, out_sp, strides, dil = _geometry(ctx)
+    dt = np.dtype(ctx.dtype(0))
+    pad_bytes = _padded_bytes(x, begin, end, dt.itemsize)
+    ws = ctx.workspace
+
+    def step(x, w, b=None, *, out):
+        if ws is not None:
+            xp = pad_spatial(x, begin, end, 0, ws[:pad_bytes] if pad_bytes else None)
+            tmp = ws[pad_bytes:pad_bytes + out.nbytes].view(dt).reshape(out.shape)
+        else:
+            xp, tmp = pad_spatial(x, begin, end, 0), np.empty_like(out)
+        out.fill(0)
+        wt = w.reshape(w.shape[0], *w.shape[2:])
+        for offs, view in window_views(xp, k, strides, dil, out_sp):
+            coef = wt[(slice(None),) + offs].reshape((1, -1) + (1,) * len(k))
+            np.multiply(view, coef, out=tmp)
+            out += tmp
+        _add_bias(out, b)
+        return out
+
+    return step
+
+
+def _im2col_workspace(ctx):
+    x, w, k, begin, end, out, strides, dil = _geometry(ctx)
+    item = np.dtype(ctx.dtype(0)).itemsize
+    cols = int(x[0]) * int(w[1]) * int(np.prod(k)) * int(np.prod(out))
+    return _padded_bytes(x, begin, end, item) + cols * item
+
+
+@kernel("Conv", dtypes=FLOATS, out=True, bind=True, workspace=_im2col_workspace, name="im2col_gemm")
+def conv_im2col(ctx):
+    """General N-d conv: im2col into the planned workspace, then one GEMM per group."""
+    x_shape, w_shape, k, begin, end, out_sp, strides, dil = _geometry(ctx)
+    group = int(ctx.attrs.get("group", 1))
+    dt = np.dtype(ctx.dtype(0))
+    n, cg = x_shape[0], w_shape[1]
+    m, mg = w_shape[0], w_shape[0] // group
+    kk = cg * int(np.prod(k))
+    pix = int(np.prod(out_sp))
+    ws = ctx.workspace
+    pad_bytes = _padded_bytes(x_shape, begin, end, dt.itemsize)
+
+    def step(x, w, b=None, *, out):
+        if ws is not None:
+            pad_buf = ws[:pad_bytes] if pad_bytes else None
+            cols = ws[pad_bytes:pad_bytes + n * cg * int(np.prod(k)) * pix * dt.itemsize].view(dt)
+        else:
+            pad_buf, cols = None, np.empty(n * cg * int(np.prod(k)) * pix, dt)
+        xp = pad_spatial(x, begin, end, 0, pad_buf)
+        view = windows(xp, k, strides, dil, out_sp)  # (N, C, *k, *out)
+        cols = cols.reshape((n, cg) + tuple(k) + tuple(out_sp))
+        out3 = out.reshape(n, m, pix)
+        wm = w.reshape(m, kk)
+        for g in range(group):
+            np.copyto(cols, view[:, g * cg:(g + 1) * cg])
+            np.matmul(wm[g * mg:(g + 1) * mg], cols.reshape(n, kk, pix), out=out3[:, g * mg:(g + 1) * mg])
+        _add_bias(out, b)
+        return out
+
+    return step

@@ -1,0 +1,46 @@
+"""MatMul and Gemm on BLAS (through NumPy)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..registry import kernel
+from ._util import FLOATS, INTS
+
+MATMUL_TYPES = list(FLOATS) + list(INTS)
+
+
+def _bcast_rhs(ctx):
+    a, b = ctx.shape(0), ctx.shape(1)
+    return None if (a is not None and b is not None and len(b) == 2 and len(a) >= 2) else "rhs is not 2-D"
+
+
+@kernel("MatMul", dtypes=MATMUL_TYPES, out=True, accepts=_bcast_rhs, priority=10, name="flattened_gemm")
+def matmul_2d_rhs(a, b, *, out=None):
+    """A (..., K) @ B (K, N) as one GEMM over all leading rows of A."""
+    if a.ndim == 2 or not a.flags.c_contiguous:
+        return np.matmul(a, b, out=out)
+    k = a.shape[-1]
+    if out is None:
+        return np.matmul(a.reshape(-1, k), b).reshape(a.shape[:-1] + (b.shape[1],))
+    np.matmul(a.reshape(-1, k), b, out=out.reshape(-1, b.shape[1]))
+    return out
+
+
+@kernel("MatMul", dtypes=MATMUL_TYPES, out=True)
+def matmul(a, b, *, out=None):
+    return np.matmul(a, b, out=out)
+
+
+@kernel("Gemm", dtypes=list(FLOATS) + list(INTS), out=True)
+def gemm(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0):
+    a = a.T if transA else a
+    b = b.T if transB else b
+    y = np.matmul(a, b, out=out)
+    if alpha != 1.0:
+        y *= y.dtype.type(alpha)
+    if c is not None and beta != 0.0:
+        if beta == 1.0:
+            y += c
+        else:
+            y += c * y.dtype.type(beta)
+    return y

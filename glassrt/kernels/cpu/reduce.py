@@ -1,0 +1,103 @@
+"""Reductions (axes from the attribute or the input, keepdims, noop_with_empty_axes)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops.meta.reduce import AXES_AS_INPUT
+from ..registry import kernel
+from ._util import FLOATS_BF16, NUMERIC, norm_axis
+
+
+def _reducer(op, compute, types=NUMERIC):
+    def build(ctx):
+        keep = bool(ctx.attrs.get("keepdims", 1))
+        noop = bool(ctx.attrs.get("noop_with_empty_axes", 0))
+        axes_as_input = ctx.since_version >= AXES_AS_INPUT[op]
+        attr_axes = ctx.attrs.get("axes")
+
+        def step(x, axes=None, *, out=None):
+            ax = (None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]) if axes_as_input else attr_axes
+            if ax is None or len(ax) == 0:
+                if noop:
+                    return _put(x.copy() if out is None else x, out)
+                ax = None
+            else:
+                ax = tuple(sorted(norm_axis(int(a), x.ndim) for a in ax))
+            r = compute(x, ax, keep)
+            return _put(np.asarray(r, dtype=x.dtype) if np.asarray(r).dtype != x.dtype else np.asarray(r), out)
+        return step
+
+    kernel(op, dtypes=types, bind=True, out=True, name=op.lower())(build)
+
+
+def _put(v, out):
+    if out is None:
+        return v
+    np.copyto(out, v.reshape(out.shape) if v.shape != out.shape else v, casting="unsafe")
+    return out
+
+
+def _empty_ok(fn, identity):
+    def compute(x, ax, keep):
+        if x.size == 0:
+            shape = [1 if (ax is None or i in ax) else d for i, d in enumerate(x.shape)]
+            r = np.full(shape, identity(x.dtype), dtype=x.dtype)
+            return r if keep else r.reshape([d for i, d in enumerate(x.shape) if not (ax is None or i in ax)])
+        return fn(x, ax, keep)
+    return compute
+
+
+def _low(dt):
+    return -np.inf if dt.kind == "f" else np.iinfo(dt).min
+
+
+def _high(dt):
+    return np.inf if dt.kind == "f" else np.iinfo(dt).max
+
+
+_acc = {np.dtype(np.float16): np.float32}
+
+
+def _sum(x, ax, keep):
+    return np.sum(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, x.dtype))
+
+
+_reducer("ReduceSum", _sum)
+_reducer("ReduceMean", lambda x, ax, keep: np.mean(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, None)))
+_reducer("ReduceMax", _empty_ok(lambda x, ax, keep: np.max(x, axis=ax, keepdims=keep), _low), NUMERIC | {np.dtype(bool)})
+_reducer("ReduceMin", _empty_ok(lambda x, ax, keep: np.min(x, axis=ax, keepdims=keep), _high), NUMERIC | {np.dtype(bool)})
+_reducer("ReduceProd", lambda x, ax, keep: np.prod(x, axis=ax, keepdims=keep, dtype=x.dtype))
+_reducer("ReduceL1", lambda x, ax, keep: np.sum(np.abs(x), axis=ax, keepdims=keep, dtype=x.dtype))
+_reducer("ReduceL2", lambda x, ax, keep: np.sqrt(np.sum(np.square(x.astype(np.float64)), axis=ax, keepdims=keep)))
+_reducer("ReduceSumSquare", lambda x, ax, keep: np.sum(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype))
+_reducer("ReduceLogSum", lambda x, ax, keep: np.log(np.sum(x, axis=ax, keepdims=keep, dtype=np.float64)), FLOATS_BF16)
+
+
+def _logsumexp(x, ax, keep):
+    xf = x.astype(np.float64)
+    if x.size == 0:
+        return np.log(np.sum(np.exp(xf), axis=ax, keepdims=keep))
+    m = np.max(xf, axis=ax, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    r = np.log(np.sum(np.exp(xf - m), axis=ax, keepdims=True)) + m
+    return r if keep else np.squeeze(r, axis=ax)
+
+
+_reducer("ReduceLogSumExp", _logsumexp, FLOATS_BF16)
+
+
+def _arg(op, fn):
+    @kernel(op, dtypes=NUMERIC, name=op.lower())
+    def k(x, *, axis=0, keepdims=1, select_last_index=0):
+        a = norm_axis(axis, x.ndim)
+        if select_last_index:
+            r = x.shape[a] - 1 - fn(np.flip(x, axis=a), axis=a)
+        else:
+            r = fn(x, axis=a)
+        r = r.astype(np.int64)
+        return np.expand_dims(r, a) if keepdims else r
+    return k
+
+
+_arg("ArgMax", np.argmax)
+_arg("ArgMin", np.argmin)

@@ -1,0 +1,263 @@
+"""Ops that move data without arithmetic: reshape-likes (views), copies, gathers."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops.meta.shape import constant_value, reshape_dims
+from ..registry import kernel
+from ._util import ALL, norm_axis
+
+INT_MAX = 2**63 - 1
+
+
+def _view_of(x, shape):
+    return x.reshape(shape)
+
+
+def _static_out(ctx):
+    s = ctx.out_shape(0)
+    return tuple(s) if s is not None and all(isinstance(d, int) for d in s) else None
+
+
+class _Fail:
+    """A stand-in MetaContext for reusing meta helpers at run time."""
+
+    def fail(self, msg):
+        raise ValueError(msg)
+
+
+@kernel("Reshape", dtypes=ALL, alias=True, bind=True)
+def reshape(ctx):
+    """A view of the input with the planned shape (no copy when the input is contiguous)."""
+    static = _static_out(ctx)
+    allowzero = int(ctx.attrs.get("allowzero", 0))
+    if static is not None:
+        return lambda x, shape=None: x.reshape(static)
+    if ctx.opset < 5:
+        target = list(ctx.attrs["shape"])
+        return lambda x: x.reshape(reshape_dims(_Fail(), x.shape, target, allowzero))
+    return lambda x, shape: x.reshape(reshape_dims(_Fail(), x.shape, [int(v) for v in shape], allowzero))
+
+
+@kernel(["Flatten"], dtypes=ALL, alias=True)
+def flatten(x, *, axis=1):
+    a = norm_axis(axis, x.ndim)
+    return x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), -1) if x.size else \
+        x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), int(np.prod(x.shape[a:], dtype=np.int64)))
+
+
+@kernel("Squeeze", dtypes=ALL, alias=True, bind=True)
+def squeeze(ctx):
+    static = _static_out(ctx)
+    if static is not None:
+        return lambda x, axes=None: x.reshape(static)
+    attr_axes = ctx.attrs.get("axes")
+
+    def step(x, axes=None):
+        ax = attr_axes if ctx.opset < 13 else (None if axes is None else [int(a) for a in axes])
+        if ax is None:
+            return np.squeeze(x)
+        return np.squeeze(x, axis=tuple(norm_axis(a, x.ndim) for a in ax))
+
+    return step
+
+
+@kernel("Unsqueeze", dtypes=ALL, alias=True, bind=True)
+def unsqueeze(ctx):
+    static = _static_out(ctx)
+    if static is not None:
+        return lambda x, axes=None: x.reshape(static)
+    attr_axes = ctx.attrs.get("axes")
+
+    def step(x, axes=None):
+        ax = attr_axes if ctx.opset < 13 else [int(a) for a in axes]
+        r = x.ndim + len(ax)
+        ax = sorted(norm_axis(int(a), r) for a in ax)
+        shape = list(x.shape)
+        for a in ax:
+            shape.insert(a, 1)
+        return x.reshape(shape)
+
+    return step
+
+
+@kernel("Identity", alias=True)
+def identity(x):
+    return x
+
+
+@kernel("Transpose", dtypes=ALL, out=True)
+def transpose(x, *, out=None, perm=None):
+    t = np.transpose(x, perm)
+    if out is None:
+        return np.ascontiguousarray(t)
+    np.copyto(out, t)
+    return out
+
+
+@kernel("Concat", dtypes=ALL, out=True)
+def concat(*xs, out=None, axis):
+    return np.concatenate(xs, axis=norm_axis(axis, xs[0].ndim), out=out)
+
+
+@kernel("Split", dtypes=ALL, multi=True, bind=True)
+def split(ctx):
+    n = len(ctx.node.outputs)
+    axis = int(ctx.attrs.get("axis", 0))
+    attr_split = ctx.attrs.get("split")
+    num_outputs = ctx.attrs.get("num_outputs")
+
+    def step(x, sizes=None):
+        a = norm_axis(axis, x.ndim)
+        if ctx.opset < 13:
+            sizes = attr_split
+        sizes = None if sizes is None else [int(s) for s in np.asarray(sizes).reshape(-1)]
+        if sizes is None:
+            dim = x.shape[a]
+            if num_outputs is not None:
+                chunk = -(-dim // int(num_outputs))
+                sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+            else:
+                if dim % n:
+                    raise ValueError(f"axis {a} of size {dim} does not split evenly into {n} outputs")
+                sizes = [dim // n] * n
+        if sum(sizes) != x.shape[a] or len(sizes) != n:
+            raise ValueError(f"split sizes {sizes} do not match axis {a} of size {x.shape[a]} and {n} outputs")
+        bounds = np.cumsum([0] + sizes)
+        return tuple(np.ascontiguousarray(np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=a)) for i in range(n))
+
+    return step
+
+
+def _slice_index(shape, starts, ends, axes, steps):
+    idx = [slice(None)] * len(shape)
+    if axes is None:
+        axes = range(len(starts))
+    if steps is None:
+        steps = [1] * len(starts)
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = norm_axis(int(a), len(shape))
+        s, e, st = int(s), int(e), int(st)
+        if st == 0:
+            raise ValueError("slice step cannot be 0")
+        idx[a] = slice(*slice(s, e, st).indices(shape[a]))
+    return tuple(idx)
+
+
+@kernel("Slice", dtypes=ALL, out=True, bind=True)
+def slice_(ctx):
+    if ctx.opset < 10:
+        starts, ends, axes = ctx.attrs["starts"], ctx.attrs["ends"], ctx.attrs.get("axes")
+
+        def step_v1(x, *, out=None):
+            return _put(x[_slice_index(x.shape, starts, ends, axes, None)], out)
+
+        return step_v1
+    fixed = None
+    consts = [ctx.const(i) for i in range(1, 5)]
+    if ctx.shape(0) is not None and all(isinstance(d, int) for d in ctx.shape(0)) and \
+            all(c is not None or not ctx.has(i + 1) for i, c in enumerate(consts)):
+        fixed = _slice_index(ctx.shape(0), *consts)
+
+    def step(x, starts, ends, axes=None, steps=None, *, out=None):
+        idx = fixed if fixed is not None else _slice_index(x.shape, starts, ends, axes, steps)
+        return _put(x[idx], out)
+
+    return step
+
+
+def _put(v, out):
+    if out is None:
+        return np.ascontiguousarray(v)
+    np.copyto(out, v)
+    return out
+
+
+@kernel("Gather", dtypes=ALL, out=True)
+def gather(x, indices, *, out=None, axis=0):
+    a = norm_axis(axis, x.ndim)
+    idx = indices.astype(np.int64, copy=False)
+    n = x.shape[a]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        bad = idx[(idx < -n) | (idx >= n)].reshape(-1)[0]
+        raise IndexError(f"index {bad} is out of range for axis {a} of size {n}")
+    return np.take(x, idx, axis=a, out=out)
+
+
+@kernel("Expand", dtypes=ALL, out=True)
+def expand(x, shape, *, out=None):
+    if out is not None:
+        np.copyto(out, x)
+        return out
+    target = np.broadcast_shapes(x.shape, tuple(int(s) for s in shape))
+    return np.broadcast_to(x, target).copy()
+
+
+@kernel("Tile", dtypes=ALL)
+def tile(x, repeats):
+    return np.tile(x, [int(r) for r in repeats])
+
+
+@kernel("Shape", dtypes=ALL)
+def shape_(x, *, start=0, end=None):
+    r = x.ndim
+    s = max(0, min(r, start + r if start < 0 else start))
+    e = r if end is None else max(0, min(r, end + r if end < 0 else end))
+    return np.array(x.shape[s:e], dtype=np.int64)
+
+
+@kernel("Size", dtypes=ALL)
+def size_(x):
+    return np.array(x.size, dtype=np.int64)
+
+
+@kernel("Constant", bind=True)
+def constant(ctx):
+    value = constant_value(ctx.node.attrs)
+    return lambda: value
+
+
+@kernel("ConstantOfShape", dtypes=[np.int64], out=True)
+def constant_of_shape(shape, *, out=None, value=None):
+    v = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    if out is None:
+        return np.full(tuple(int(s) for s in shape), v[0], dtype=v.dtype)
+    out.fill(v[0])
+    return out
+
+
+@kernel("Range", dtypes=[np.float32, np.float64, np.int16, np.int32, np.int64])
+def range_(start, limit, delta):
+    s, l, d = start.item(), limit.item(), delta.item()
+    n = max(int(np.ceil((l - s) / d)), 0)
+    return (s + np.arange(n) * d).astype(start.dtype) if n else np.zeros(0, start.dtype)
+
+
+@kernel("Pad", dtypes=ALL, bind=True)
+def pad(ctx):
+    mode = ctx.attrs.get("mode", "constant")
+    np_mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
+
+    def step(x, pads=None, value=None, axes=None):
+        if ctx.opset < 11:
+            pads_, cval = list(ctx.attrs["pads"]), float(ctx.attrs.get("value", 0.0))
+        else:
+            pads_ = [int(p) for p in pads]
+            cval = value.reshape(-1)[0] if value is not None and value.size else 0
+        r = x.ndim
+        ax = list(range(r)) if axes is None else [norm_axis(int(a), r) for a in axes]
+        n = len(ax)
+        if len(pads_) != 2 * n:
+            raise ValueError(f"pads {pads_} must have 2 entries per padded axis ({n})")
+        width = [[0, 0] for _ in range(r)]
+        for i, a in enumerate(ax):
+            width[a] = [pads_[i], pads_[i + n]]
+        # Negative pads crop.
+        crop = tuple(slice(max(0, -b), x.shape[k] - max(0, -e)) for k, (b, e) in enumerate(width))
+        x = x[crop]
+        width = [(max(0, b), max(0, e)) for b, e in width]
+        if np_mode == "constant":
+            return np.pad(x, width, mode="constant", constant_values=cval)
+        return np.pad(x, width, mode=np_mode)
+
+    return step

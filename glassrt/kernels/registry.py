@@ -1,0 +1,150 @@
+"""The kernel registry: implementations registered against an op's contract, per provider.
+
+A kernel states the op (domain, type, schema-version range), the dtypes it covers, the
+attributes it understands (read from its signature), and optionally a predicate on
+shapes/attributes. Placement asks "can any kernel of this provider run this node?";
+selection asks "which eligible kernel is best for these concrete shapes?".
+
+Two ways to write one:
+  * a plain function ``fn(*inputs, out=None, **attrs)`` — attributes arrive as keyword
+    arguments (schema defaults filled in); with ``out=True`` the kernel writes into the
+    output buffer it is handed (a slice of the memory arena) and returns it;
+  * a builder (``bind=True``) ``fn(ctx) -> step`` that does per-plan work once (weight
+    packing, index maps) and returns ``step(*inputs, out=None)``.
+A kernel returns one array, or a tuple of outputs for multi-output ops (a list is a
+sequence value).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir import TensorType
+
+
+@dataclass
+class BindContext:
+    """What a kernel sees when it is bound into a plan (shapes concrete when known)."""
+
+    node: Any
+    attrs: dict
+    input_types: list
+    output_types: list
+    const_inputs: list  # values known at plan time (initializers, folded), else None
+    contract: Any = None
+    session: Any = None
+    workspace: Any = None  # a uint8 slice of the arena when the kernel asked for scratch  # lets control-flow kernels build runners for their subgraphs
+
+    @property
+    def opset(self):
+        return self.node.opset
+
+    @property
+    def since_version(self):
+        return self.contract.since_version if self.contract is not None else self.node.opset
+
+    def shape(self, i):
+        t = self.input_types[i] if i < len(self.input_types) else None
+        return t.shape if isinstance(t, TensorType) else None
+
+    def dtype(self, i):
+        t = self.input_types[i] if i < len(self.input_types) else None
+        return t.dtype if isinstance(t, TensorType) else None
+
+    def out_shape(self, i=0):
+        t = self.output_types[i] if i < len(self.output_types) else None
+        return t.shape if isinstance(t, TensorType) else None
+
+    def has(self, i):
+        return i < len(self.node.inputs) and bool(self.node.inputs[i])
+
+    def const(self, i):
+        return self.const_inputs[i] if i < len(self.const_inputs) else None
+
+
+@dataclass
+class Kernel:
+    name: str
+    provider: str
+    domain: str
+    op_type: str
+    fn: Callable
+    versions: tuple = (1, None)  # range of the op schema's since_version
+    dtypes: frozenset | None = None  # dtypes of the first tensor input; None: any
+    out: bool = False  # writes into the output buffers it is handed
+    alias: bool = False  # output 0 may be a view of input 0 (Reshape...)
+    inplace: bool = False  # output 0 may share input 0's buffer (elementwise)
+    builder: bool = False
+    multi: bool = False  # takes and returns a tuple of outputs (multi-output ops)
+    accepts: Callable | None = None  # (BindContext) -> None if OK, else a reason
+    workspace: Callable | None = None  # (BindContext) -> bytes of scratch memory
+    priority: int = 0
+    attrs: frozenset | None = None  # attribute names understood; None: any
+    doc: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def covers_version(self, since_version: int) -> bool:
+        lo, hi = self.versions
+        return since_version >= lo and (hi is None or since_version <= hi)
+
+    def bind(self, ctx: BindContext):
+        """A callable step(inputs: list, out) for this node, ready for the hot loop."""
+        if self.builder:
+            step = self.fn(ctx)
+        else:
+            kwargs = {k: v for k, v in ctx.attrs.items() if self.attrs is None or k in self.attrs}
+            step = functools.partial(self.fn, **kwargs) if kwargs else self.fn
+        return step
+
+
+_KERNELS: dict[tuple[str, str, str], list[Kernel]] = {}
+
+
+def register(k: Kernel) -> Kernel:
+    _KERNELS.setdefault((k.provider, k.domain, k.op_type), []).append(k)
+    return k
+
+
+def kernels_for(provider: str, domain: str, op_type: str) -> list[Kernel]:
+    return _KERNELS.get((provider, domain, op_type), [])
+
+
+def all_kernels(provider: str | None = None) -> list[Kernel]:
+    return [k for (p, _, _), ks in _KERNELS.items() if provider in (None, p) for k in ks]
+
+
+def unregister(provider: str, domain: str, op_type: str) -> None:
+    _KERNELS.pop((provider, domain, op_type), None)
+
+
+def _signature_attrs(fn) -> frozenset | None:
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name != "out")
+
+
+def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), dtypes=None,
+           out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
+           accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None):
+    """Decorator registering `fn` as a kernel for one or more ops."""
+
+    def deco(fn):
+        for op in [ops] if isinstance(ops, str) else ops:
+            kname = name or fn.__name__
+            register(Kernel(
+                name=f"{provider}.{op}.{kname}" if kname.lower() != op.lower() else f"{provider}.{op}",
+                provider=provider, domain=domain, op_type=op, fn=fn, versions=versions,
+                dtypes=None if dtypes is None else frozenset(np.dtype(d) for d in dtypes),
+                out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
+                workspace=workspace, priority=priority,
+                attrs=frozenset(attrs) if attrs is not None else (None if bind else _signature_attrs(fn)),
+                doc=(fn.__doc__ or "").strip().split("\n")[0],
+            ))
+        return fn
+
+    return deco

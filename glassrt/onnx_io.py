@@ -1,0 +1,397 @@
+"""ModelProto → Graph: parsing, external data, and the safety checks.
+
+Loading runs no code from the model and reads no file outside the model's folder:
+external data locations that are absolute, climb out with ``..`` or resolve through a
+symlink to somewhere else are refused.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper, numpy_helper
+
+from . import dtypes, symbolic
+from .errors import InvalidModelError, ModelLoadError, UnsafeModelError
+from .ir import Graph, Node, OptionalType, SequenceType, TensorType, ValueInfo
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def read_model(model) -> tuple[onnx.ModelProto, str | None]:
+    """A path, bytes or ModelProto → (ModelProto, folder external data may be read from)."""
+    if isinstance(model, onnx.ModelProto):
+        return model, None
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return _parse_bytes(bytes(model), "<bytes>"), None
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.exists():
+            raise ModelLoadError(f"model file not found: '{path}'")
+        if not path.is_file():
+            raise ModelLoadError(f"model path is not a file: '{path}'")
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ModelLoadError(f"cannot read model file '{path}': {e}") from e
+        return _parse_bytes(data, str(path)), str(path.resolve().parent)
+    raise ModelLoadError(f"expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
+
+
+def _parse_bytes(data: bytes, where: str) -> onnx.ModelProto:
+    if not data:
+        raise ModelLoadError(f"{where}: empty file, not an ONNX model")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise ModelLoadError(f"{where}: not a valid ONNX model (protobuf parse failed: {e}); "
+                             "the file may be truncated or not an ONNX file") from e
+    # Protobuf is lenient: arbitrary bytes sometimes parse into an empty message.
+    if not proto.HasField("graph") or (not proto.opset_import and not proto.graph.node):
+        raise ModelLoadError(f"{where}: not an ONNX model (no graph or opset_import found; "
+                             "the file may be truncated or not an ONNX file)")
+    return proto
+
+
+def load(model, base_dir: str | None = None) -> Graph:
+    proto, folder = read_model(model)
+    return from_proto(proto, base_dir or folder)
+
+
+def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
+    opsets = {}
+    for imp in proto.opset_import:
+        domain = "" if imp.domain in DEFAULT_DOMAINS else imp.domain
+        opsets[domain] = int(imp.version)
+    if "" not in opsets and any(n.domain in DEFAULT_DOMAINS for n in proto.graph.node):
+        raise InvalidModelError("model has no opset_import for the default ONNX domain")
+    if proto.functions:
+        try:
+            proto = onnx.inliner.inline_local_functions(proto)
+        except Exception as e:  # the inliner reports malformed functions
+            raise InvalidModelError(f"cannot inline the model's local functions: {e}") from e
+    parser = _Parser(opsets, base_dir)
+    graph = parser.graph(proto.graph, outer=frozenset())
+    graph.doc = proto.doc_string
+    return graph
+
+
+# ---------------------------------------------------------------- parsing
+
+
+class _Parser:
+    def __init__(self, opsets: dict[str, int], base_dir: str | None):
+        self.opsets = opsets
+        self.base_dir = base_dir
+
+    def graph(self, g: onnx.GraphProto, outer: frozenset[str]) -> Graph:
+        inits = {}
+        for t in g.initializer:
+            inits[t.name] = self.tensor(t, f"initializer '{t.name}'")
+        for st in g.sparse_initializer:
+            inits[st.values.name] = self.sparse_tensor(st, f"sparse initializer '{st.values.name}'")
+        types = {vi.name: parse_type(vi.type, vi.name) for vi in g.value_info}
+        inputs = [ValueInfo(vi.name, parse_type(vi.type, vi.name)) for vi in g.input]
+        outputs = [ValueInfo(vi.name, parse_type(vi.type, vi.name)) for vi in g.output]
+        for vi in [*inputs, *outputs]:
+            if vi.type is not None:
+                types[vi.name] = vi.type
+        for name, arr in inits.items():
+            types.setdefault(name, _type_of_array(arr))
+
+        defined = set(outer) | {v.name for v in inputs} | set(inits)
+        nodes = []
+        used_names: set[str] = set()
+        for i, n in enumerate(g.node):
+            nodes.append(self.node(n, i, used_names, defined | {o for m in g.node for o in m.output}))
+        graph = Graph(name=g.name, nodes=nodes, inputs=inputs, outputs=outputs,
+                      initializers=inits, types=types, opsets=dict(self.opsets))
+        _check_and_sort(graph, outer)
+        return graph
+
+    def node(self, n: onnx.NodeProto, index: int, used_names: set[str], visible: set[str]) -> Node:
+        domain = "" if n.domain in DEFAULT_DOMAINS else n.domain
+        name = n.name or f"{n.op_type}_{index}"
+        while name in used_names:  # ORT also tolerates duplicate node names; we keep them apart
+            name = f"{name}_{index}"
+        used_names.add(name)
+        if domain not in self.opsets:
+            raise InvalidModelError(
+                f"{n.op_type} node '{name}' uses domain '{domain}', which the model does not "
+                f"import (opset_import has: {sorted(self.opsets) or 'nothing'})")
+        attrs, implicit = {}, []
+        for a in n.attribute:
+            where = f"{n.op_type} node '{name}' attribute '{a.name}'"
+            if a.ref_attr_name:
+                raise InvalidModelError(f"{where} refers to a function attribute outside a function")
+            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+                subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+                parsed = [self.graph(sg, frozenset(visible)) for sg in subs]
+                for sg in parsed:
+                    implicit += [x for x in sg.outer_names if x not in implicit]
+                attrs[a.name] = parsed[0] if a.type == onnx.AttributeProto.GRAPH else parsed
+            else:
+                attrs[a.name] = self.attribute(a, where)
+        return Node(op_type=n.op_type, domain=domain, inputs=list(n.input), outputs=list(n.output),
+                    attrs=attrs, name=name, opset=self.opsets[domain], implicit_inputs=implicit)
+
+    def attribute(self, a: onnx.AttributeProto, where: str):
+        A = onnx.AttributeProto
+        if a.type == A.TENSOR:
+            return self.tensor(a.t, where)
+        if a.type == A.TENSORS:
+            return [self.tensor(t, where) for t in a.tensors]
+        if a.type == A.SPARSE_TENSOR:
+            return self.sparse_tensor(a.sparse_tensor, where)
+        if a.type == A.SPARSE_TENSORS:
+            return [self.sparse_tensor(t, where) for t in a.sparse_tensors]
+        if a.type == A.TYPE_PROTO:
+            return parse_type(a.tp, where)
+        if a.type == A.TYPE_PROTOS:
+            return [parse_type(t, where) for t in a.type_protos]
+        try:
+            value = helper.get_attribute_value(a)
+        except Exception as e:
+            raise InvalidModelError(f"{where}: unreadable attribute ({e})") from e
+        if isinstance(value, bytes):
+            return value.decode("utf-8", errors="replace")
+        if isinstance(value, list) and value and isinstance(value[0], bytes):
+            return [v.decode("utf-8", errors="replace") for v in value]
+        return value
+
+    # -------------------------------------------------------- tensors
+
+    def tensor(self, t: TensorProto, where: str) -> np.ndarray:
+        if t.data_location == TensorProto.EXTERNAL:
+            t = self._with_external_data(t, where)
+        if t.data_type == TensorProto.UNDEFINED or t.data_type not in TensorProto.DataType.values():
+            raise InvalidModelError(f"{where}: unknown element type {t.data_type}")
+        if any(d < 0 for d in t.dims):
+            raise InvalidModelError(f"{where}: negative dimension in {list(t.dims)}")
+        try:
+            arr = numpy_helper.to_array(t)
+        except Exception as e:
+            raise InvalidModelError(
+                f"{where}: tensor data does not match its declared type "
+                f"{TensorProto.DataType.Name(t.data_type)} and shape {list(t.dims)} ({e})") from e
+        return arr
+
+    def sparse_tensor(self, st: onnx.SparseTensorProto, where: str) -> np.ndarray:
+        values = self.tensor(st.values, where)
+        indices = self.tensor(st.indices, where).astype(np.int64)
+        dims = [int(d) for d in st.dims]
+        dense = np.zeros(dims, dtype=values.dtype)
+        if values.size:
+            if indices.ndim == 1:  # linearized indices
+                if indices.size and (indices.min() < 0 or indices.max() >= dense.size):
+                    raise InvalidModelError(f"{where}: sparse index out of range")
+                dense.reshape(-1)[indices] = values
+            else:
+                if (indices < 0).any() or (indices >= np.array(dims)).any():
+                    raise InvalidModelError(f"{where}: sparse index out of range")
+                dense[tuple(indices.T)] = values
+        return dense
+
+    def _with_external_data(self, t: TensorProto, where: str) -> TensorProto:
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        if self.base_dir is None:
+            raise UnsafeModelError(
+                f"{where}: stored in external file '{location}', but the model was not loaded "
+                "from a path, so there is no model folder to read it from")
+        path = resolve_external_path(self.base_dir, location, where)
+        size = os.path.getsize(path)
+        try:
+            offset = int(info.get("offset", 0) or 0)
+            length = int(info["length"]) if info.get("length") else size - offset
+        except ValueError as e:
+            raise InvalidModelError(f"{where}: bad external data offset/length ({e})") from e
+        if offset < 0 or length < 0 or offset + length > size:
+            raise InvalidModelError(
+                f"{where}: external data range [{offset}, {offset + length}) lies outside "
+                f"'{location}' ({size} bytes)")
+        with open(path, "rb") as f:
+            f.seek(offset)
+            raw = f.read(length)
+        inline = TensorProto()
+        inline.CopyFrom(t)
+        del inline.external_data[:]
+        inline.data_location = TensorProto.DEFAULT
+        inline.raw_data = raw
+        return inline
+
+
+def resolve_external_path(base_dir: str, location: str, where: str) -> str:
+    """The real path of an external data file, refused unless it lies inside base_dir."""
+    if not location:
+        raise InvalidModelError(f"{where}: external data without a location")
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
+        raise UnsafeModelError(f"{where}: external data location '{location}' is absolute; "
+                               "only files inside the model's folder may be read")
+    parts = Path(location.replace("\\", "/")).parts
+    if ".." in parts:
+        raise UnsafeModelError(f"{where}: external data location '{location}' climbs out of "
+                               "the model's folder with '..'")
+    root = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(root, location))
+    if os.path.commonpath([root, path]) != root:
+        raise UnsafeModelError(f"{where}: external data location '{location}' resolves to "
+                               f"'{path}', outside the model's folder (a symlink?)")
+    if not os.path.isfile(path):
+        raise InvalidModelError(f"{where}: external data file '{location}' not found in the model's folder")
+    return path
+
+
+# ---------------------------------------------------------------- types
+
+
+def parse_type(tp: onnx.TypeProto, where: str = ""):
+    kind = tp.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        tt = getattr(tp, kind)
+        if tt.elem_type == TensorProto.UNDEFINED:
+            return None
+        try:
+            dt = dtypes.np_dtype(tt.elem_type)
+        except KeyError:
+            raise InvalidModelError(f"'{where}': unknown element type {tt.elem_type}") from None
+        if not tt.HasField("shape"):
+            return TensorType(dt, None)
+        dims = []
+        for d in tt.shape.dim:
+            which = d.WhichOneof("value")
+            if which == "dim_value":
+                if d.dim_value < 0:
+                    raise InvalidModelError(f"'{where}': negative dimension {d.dim_value}")
+                dims.append(int(d.dim_value))
+            elif which == "dim_param" and d.dim_param:
+                dims.append(symbolic.symbol(d.dim_param))
+            else:
+                dims.append(symbolic.fresh())
+        return TensorType(dt, tuple(dims))
+    if kind == "sequence_type":
+        return SequenceType(parse_type(tp.sequence_type.elem_type, where) if tp.sequence_type.HasField("elem_type") else None)
+    if kind == "optional_type":
+        return OptionalType(parse_type(tp.optional_type.elem_type, where) if tp.optional_type.HasField("elem_type") else None)
+    return None  # map types and unset types: unknown
+
+
+def to_type_proto(t) -> onnx.TypeProto | None:
+    """glassrt type → TypeProto (symbolic dims become dim_params named by their text)."""
+    if t is None:
+        return None
+    if isinstance(t, TensorType):
+        if t.shape is None:
+            return helper.make_tensor_type_proto(dtypes.elem_type(t.dtype), None)
+        dims = [d if isinstance(d, int) else str(d) for d in t.shape]
+        return helper.make_tensor_type_proto(dtypes.elem_type(t.dtype), dims)
+    if isinstance(t, SequenceType):
+        inner = to_type_proto(t.elem)
+        if inner is None:
+            return None
+        return helper.make_sequence_type_proto(inner)
+    if isinstance(t, OptionalType):
+        inner = to_type_proto(t.elem)
+        if inner is None:
+            return None
+        return helper.make_optional_type_proto(inner)
+    return None
+
+
+def _type_of_array(arr: np.ndarray) -> TensorType:
+    return TensorType(arr.dtype if arr.dtype.kind not in "US" else np.dtype(object), tuple(int(d) for d in arr.shape))
+
+
+# ---------------------------------------------------------------- structure
+
+
+def _check_and_sort(graph: Graph, outer: frozenset[str]) -> None:
+    """Every input defined once, no cycles; nodes put in a valid order (ORT sorts too)."""
+    defined_by: dict[str, str] = {}
+    for v in graph.inputs:
+        defined_by[v.name] = "graph input"
+    for name in graph.initializers:
+        defined_by.setdefault(name, "initializer")
+    for n in graph.nodes:
+        for o in n.outputs:
+            if not o:
+                continue
+            if o in defined_by:
+                raise InvalidModelError(
+                    f"{n.op_type} node '{n.name}' output '{o}' is already defined by {defined_by[o]}")
+            defined_by[o] = f"{n.op_type} node '{n.name}'"
+    available = set(outer) | {v.name for v in graph.inputs} | set(graph.initializers)
+    for n in graph.nodes:
+        for idx, i in enumerate(n.inputs):
+            if i and i not in available and i not in defined_by:
+                raise InvalidModelError(
+                    f"{n.op_type} node '{n.name}' input {idx} '{i}' is not produced by any node, "
+                    "initializer or graph input")
+    for v in graph.outputs:
+        if v.name not in available and v.name not in defined_by:
+            raise InvalidModelError(f"graph output '{v.name}' is not produced by any node, "
+                                    "initializer or graph input")
+
+    # Kahn's algorithm, stable: keeps the file's order wherever it is already valid.
+    produced_by = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs if o}
+    deps = []
+    for n in graph.nodes:
+        deps.append({produced_by[i] for i in [*n.inputs, *n.implicit_inputs] if i in produced_by})
+    order, done = [], set()
+    pending = list(range(len(graph.nodes)))
+    while pending:
+        progressed = False
+        rest = []
+        for i in pending:
+            if deps[i] <= done:
+                order.append(i)
+                done.add(i)
+                progressed = True
+            else:
+                rest.append(i)
+        if not progressed:
+            names = ", ".join(f"'{graph.nodes[i].name}'" for i in rest[:5])
+            raise InvalidModelError(f"the graph has a cycle through nodes {names}")
+        pending = rest
+    graph.nodes = [graph.nodes[i] for i in order]
+
+    # Names the subgraph reads from outside: recorded for the enclosing node's implicit inputs.
+    own = {v.name for v in graph.inputs} | set(graph.initializers) | set(defined_by)
+    reads = []
+    for n in graph.nodes:
+        for i in [*n.inputs, *n.implicit_inputs]:
+            if i and i not in own and i not in reads:
+                reads.append(i)
+    for v in graph.outputs:
+        if v.name not in own and v.name not in reads:
+            reads.append(v.name)
+    graph.outer_names = reads
+
+
+# ---------------------------------------------------------------- Graph → protos
+
+
+def attribute_to_proto(name: str, value) -> onnx.AttributeProto:
+    from .ir import Graph as _Graph
+
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(name, numpy_helper.from_array(value))
+    if isinstance(value, (TensorType, SequenceType, OptionalType)):
+        return helper.make_attribute(name, to_type_proto(value))
+    if isinstance(value, _Graph) or (isinstance(value, list) and value and isinstance(value[0], _Graph)):
+        raise NotImplementedError("subgraph attributes are not converted back to protos")
+    if isinstance(value, list) and value and isinstance(value[0], np.ndarray):
+        return helper.make_attribute(name, [numpy_helper.from_array(v) for v in value])
+    return helper.make_attribute(name, value)
+
+
+def node_to_proto(node) -> onnx.NodeProto:
+    """A NodeProto for onnx APIs (per-node shape inference, reference ops, functions)."""
+    proto = helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name, domain=node.domain)
+    for k, v in node.attrs.items():
+        proto.attribute.append(attribute_to_proto(k, v))
+    return proto

@@ -1,0 +1,53 @@
+"""Small helpers the meta rules share."""
+from __future__ import annotations
+
+import sympy
+
+from ... import symbolic
+
+
+def broadcast(ctx, *shapes):
+    """Multidirectional (NumPy) broadcasting of shapes whose dims may be symbolic."""
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(rank):
+        dims = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
+        not_one = []
+        for d in dims:
+            if not (isinstance(d, int) and d == 1) and not any(d == e for e in not_one):
+                not_one.append(d)
+        if not not_one:
+            out.append(1)
+            continue
+        ints = [d for d in not_one if isinstance(d, int)]
+        if len(ints) > 1:
+            ctx.fail(f"shapes {', '.join(symbolic.shape_str(s) for s in shapes)} do not broadcast "
+                     f"(dims {ints[0]} and {ints[1]})")
+        if ints:
+            out.append(ints[0])  # a symbol that meets a concrete dim must equal it (or be 1)
+        elif len(not_one) == 1:
+            out.append(not_one[0])
+        else:
+            out.append(sympy.Max(*not_one))
+    return tuple(out)
+
+
+def axis(ctx, a, rank, name="axis"):
+    if rank is None:
+        return a
+    if not -rank <= a < max(rank, 1):
+        ctx.fail(f"{name} {a} is out of range for rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def axes(ctx, values, rank, name="axes"):
+    out = [axis(ctx, int(a), rank, name) for a in values]
+    if len(set(out)) != len(out):
+        ctx.fail(f"{name} {list(values)} repeats an axis")
+    return out
+
+
+def ints(v):
+    return [int(x) for x in v.reshape(-1)] if v is not None else None

@@ -1,0 +1,110 @@
+"""If, Loop, Scan, SequenceMap: output types come from inferring the subgraph."""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import symbolic
+from ...ir import OptionalType, SequenceType, TensorType
+from ..registry import meta
+
+
+def merge(a, b):
+    """The most precise type both a and b are instances of."""
+    if a is None or b is None:
+        return None
+    if isinstance(a, TensorType) and isinstance(b, TensorType):
+        if a.dtype != b.dtype:
+            return None
+        if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+            return TensorType(a.dtype, None)
+        return TensorType(a.dtype, tuple(x if x == y else symbolic.fresh() for x, y in zip(a.shape, b.shape)))
+    if type(a) is type(b) and isinstance(a, (SequenceType, OptionalType)):
+        return type(a)(merge(a.elem, b.elem))
+    return None
+
+
+def _subgraph_inputs(graph, types):
+    """Declared subgraph input types, overridden by what the caller passes where known."""
+    out = []
+    for vi, t in zip(graph.inputs, types):
+        out.append(t if t is not None else vi.type)
+    return out
+
+
+@meta("If")
+def if_(ctx):
+    cond = ctx.const(0)
+    then_t = ctx.infer_subgraph(ctx.attrs["then_branch"], [])
+    else_t = ctx.infer_subgraph(ctx.attrs["else_branch"], [])
+    if len(then_t) != len(ctx.node.outputs) or len(else_t) != len(ctx.node.outputs):
+        ctx.fail(f"then_branch has {len(then_t)} outputs and else_branch {len(else_t)}, "
+                 f"but the node has {len(ctx.node.outputs)}")
+    if cond is not None and cond.size == 1:
+        return then_t if bool(cond.reshape(-1)[0]) else else_t
+    return [merge(a, b) for a, b in zip(then_t, else_t)]
+
+
+@meta("Loop")
+def loop(ctx):
+    body = ctx.attrs["body"]
+    carried = [ctx.type(i) for i in range(2, ctx.n_inputs)]
+    n_carried = len(carried)
+    body_in = _subgraph_inputs(body, [TensorType(np.dtype(np.int64), ()), TensorType(np.dtype(np.bool_), ())] + carried)
+    body_out = ctx.infer_subgraph(body, body_in)
+    if len(body_out) < 1 + n_carried:
+        ctx.fail(f"body has {len(body_out)} outputs; expected cond + {n_carried} loop-carried values")
+    final = [merge(c, o) if c is not None else o for c, o in zip(carried, body_out[1:1 + n_carried])]
+    iters = symbolic.fresh("loop")
+    scans = []
+    for t in body_out[1 + n_carried:]:
+        if isinstance(t, TensorType) and t.shape is not None:
+            scans.append(TensorType(t.dtype, (iters,) + tuple(t.shape)))
+        elif isinstance(t, TensorType):
+            scans.append(TensorType(t.dtype, None))
+        else:
+            scans.append(None)
+    return (final + scans)[: len(ctx.node.outputs)]
+
+
+@meta("Scan", versions=(9, None))
+def scan(ctx):
+    body = ctx.attrs["body"]
+    n_scan = int(ctx.attr("num_scan_inputs"))
+    n_state = ctx.n_inputs - n_scan
+    in_axes = list(ctx.attrs.get("scan_input_axes") or [0] * n_scan)
+    states = [ctx.type(i) for i in range(n_state)]
+    slices, seq_len = [], None
+    for j in range(n_scan):
+        t = ctx.type(n_state + j)
+        if not isinstance(t, TensorType) or t.shape is None:
+            slices.append(None)
+            continue
+        a = in_axes[j] + len(t.shape) if in_axes[j] < 0 else in_axes[j]
+        seq_len = t.shape[a] if seq_len is None else seq_len
+        slices.append(TensorType(t.dtype, tuple(d for k, d in enumerate(t.shape) if k != a)))
+    body_out = ctx.infer_subgraph(body, _subgraph_inputs(body, states + slices))
+    n_out_scan = len(body_out) - n_state
+    out_axes = list(ctx.attrs.get("scan_output_axes") or [0] * n_out_scan)
+    res = [merge(s, o) if s is not None else o for s, o in zip(states, body_out[:n_state])]
+    seq_len = seq_len if seq_len is not None else symbolic.fresh("scan")
+    for j, t in enumerate(body_out[n_state:]):
+        if not isinstance(t, TensorType) or t.shape is None:
+            res.append(t)
+            continue
+        r = len(t.shape) + 1
+        a = out_axes[j] + r if out_axes[j] < 0 else out_axes[j]
+        shp = list(t.shape)
+        shp.insert(a, seq_len)
+        res.append(TensorType(t.dtype, tuple(shp)))
+    return res
+
+
+@meta("SequenceMap")
+def sequence_map(ctx):
+    body = ctx.attrs["body"]
+    ins = []
+    for i in range(ctx.n_inputs):
+        t = ctx.type(i)
+        ins.append(t.elem if isinstance(t, SequenceType) else t)
+    outs = ctx.infer_subgraph(body, _subgraph_inputs(body, ins))
+    return [SequenceType(t) for t in outs]

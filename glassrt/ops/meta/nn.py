@@ -1,0 +1,146 @@
+"""Conv, pooling, MatMul, Gemm and normalization: shapes with symbolic batch kept."""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import symbolic
+from ..registry import meta
+from ._util import broadcast
+
+
+def _ceil_div(a, b):
+    return -((-a) // b)
+
+
+def conv_out_dim(ctx, size, k, stride, dilation, pad_begin, pad_end, auto_pad, ceil_mode=False):
+    eff_k = dilation * (k - 1) + 1
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return symbolic.normalize(_ceil_div(size, stride)) if not isinstance(size, int) else _ceil_div(size, stride)
+    if auto_pad == "VALID":
+        pad_begin = pad_end = 0
+    span = size + pad_begin + pad_end - eff_k
+    if isinstance(span, int) and span < 0:
+        ctx.fail(f"kernel {k} (dilation {dilation}) is larger than the padded input dim {size + pad_begin + pad_end}")
+    if ceil_mode:
+        out = _ceil_div(span, stride) + 1
+        # The last window must start inside the input or its begin padding (PyTorch's rule,
+        # which onnx's shape inference and onnxruntime follow).
+        if isinstance(out, int) and (out - 1) * stride >= size + pad_begin:
+            out -= 1
+    else:
+        out = span // stride + 1
+    return out if isinstance(out, int) else symbolic.normalize(out)
+
+
+def spatial_params(ctx, rank_spatial, kernel_shape):
+    strides = list(ctx.attrs.get("strides") or [1] * rank_spatial)
+    dilations = list(ctx.attrs.get("dilations") or [1] * rank_spatial)
+    pads = list(ctx.attrs.get("pads") or [0] * (2 * rank_spatial))
+    if len(strides) != rank_spatial or len(dilations) != rank_spatial or len(pads) != 2 * rank_spatial:
+        ctx.fail(f"strides {strides}, dilations {dilations} and pads {pads} must match the "
+                 f"{rank_spatial} spatial dims of kernel {list(kernel_shape)}")
+    if any(s <= 0 for s in strides) or any(d <= 0 for d in dilations):
+        ctx.fail(f"strides {strides} and dilations {dilations} must be positive")
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    return strides, dilations, pads, auto_pad
+
+
+@meta("Conv")
+def conv(ctx):
+    x, w = ctx.shape(0), ctx.shape(1)
+    if x is None or w is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    if len(x) < 3 or len(w) != len(x):
+        ctx.fail(f"input {symbolic.shape_str(x)} and weight {symbolic.shape_str(w)} must have the same rank (>= 3)")
+    group = int(ctx.attr("group", 1))
+    kernel = list(ctx.attrs.get("kernel_shape") or w[2:])
+    if isinstance(x[1], int) and isinstance(w[1], int) and x[1] != w[1] * group:
+        ctx.fail(f"input has {x[1]} channels but weight {symbolic.shape_str(w)} with group={group} "
+                 f"expects {w[1] * group}")
+    strides, dilations, pads, auto_pad = spatial_params(ctx, len(x) - 2, kernel)
+    n = len(kernel)
+    out = [x[0], w[0]] + [conv_out_dim(ctx, x[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + n], auto_pad)
+                          for i in range(n)]
+    return [ctx.tensor(ctx.dtype(0), tuple(out))]
+
+
+@meta(["MaxPool", "AveragePool", "LpPool"])
+def pool(ctx):
+    x = ctx.shape(0)
+    if x is None:
+        return [ctx.tensor(ctx.dtype(0), None)] * len(ctx.node.outputs)
+    kernel = list(ctx.attr("kernel_shape"))
+    if len(kernel) != len(x) - 2:
+        ctx.fail(f"kernel_shape {kernel} does not match input {symbolic.shape_str(x)}")
+    strides, dilations, pads, auto_pad = spatial_params(ctx, len(kernel), kernel)
+    ceil_mode = bool(ctx.attr("ceil_mode", 0))
+    n = len(kernel)
+    out = tuple(x[:2]) + tuple(conv_out_dim(ctx, x[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + n],
+                                            auto_pad, ceil_mode) for i in range(n))
+    res = [ctx.tensor(ctx.dtype(0), out)]
+    if len(ctx.node.outputs) > 1:
+        res.append(ctx.tensor(np.int64, out))
+    return res
+
+
+@meta(["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"])
+def global_pool(ctx):
+    x = ctx.shape(0)
+    if x is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    return [ctx.tensor(ctx.dtype(0), tuple(x[:2]) + (1,) * (len(x) - 2))]
+
+
+@meta("MatMul")
+def matmul(ctx):
+    a, b = ctx.shape(0), ctx.shape(1)
+    if ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"inputs must share one element type, got {ctx.dtype(0)} and {ctx.dtype(1)}")
+    if a is None or b is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    if len(a) == 0 or len(b) == 0:
+        ctx.fail("MatMul inputs must have rank >= 1")
+    a2 = (1,) + tuple(a) if len(a) == 1 else tuple(a)
+    b2 = tuple(b) + (1,) if len(b) == 1 else tuple(b)
+    k1, k2 = a2[-1], b2[-2]
+    if isinstance(k1, int) and isinstance(k2, int) and k1 != k2:
+        ctx.fail(f"inner dims differ: {symbolic.shape_str(a)} @ {symbolic.shape_str(b)}")
+    batch = broadcast(ctx, a2[:-2], b2[:-2])
+    out = list(batch) + [a2[-2], b2[-1]]
+    if len(a) == 1:
+        out.pop(-2)
+    if len(b) == 1:
+        out.pop(-1)
+    return [ctx.tensor(ctx.dtype(0), tuple(out))]
+
+
+@meta("Gemm")
+def gemm(ctx):
+    a, b = ctx.shape(0), ctx.shape(1)
+    if a is None or b is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    if len(a) != 2 or len(b) != 2:
+        ctx.fail(f"A {symbolic.shape_str(a)} and B {symbolic.shape_str(b)} must be 2-D")
+    ta, tb = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
+    m, k1 = (a[1], a[0]) if ta else (a[0], a[1])
+    k2, n = (b[1], b[0]) if tb else (b[0], b[1])
+    if isinstance(k1, int) and isinstance(k2, int) and k1 != k2:
+        ctx.fail(f"inner dims differ: A {symbolic.shape_str(a)} (transA={ta}) and B {symbolic.shape_str(b)} (transB={tb})")
+    if ctx.has(2) and ctx.shape(2) is not None:
+        c = ctx.shape(2)
+        # C broadcasts unidirectionally to (M, N).
+        for cd, od in zip(reversed(c), (n, m)):
+            if isinstance(cd, int) and isinstance(od, int) and cd not in (1, od):
+                ctx.fail(f"C {symbolic.shape_str(c)} does not broadcast to ({m}, {n})")
+    return [ctx.tensor(ctx.dtype(0), (m, n))]
+
+
+@meta("BatchNormalization")
+def batch_norm(ctx):
+    out = [ctx.tensor(ctx.dtype(0), ctx.shape(0))]
+    x = ctx.shape(0)
+    c = (x[1],) if x is not None and len(x) > 1 else None
+    for i in range(1, len(ctx.node.outputs)):
+        stat_dtype = ctx.dtype(3) if ctx.n_inputs > 3 else ctx.dtype(0)
+        out.append(ctx.tensor(stat_dtype, c))
+    return out

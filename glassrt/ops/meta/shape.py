@@ -1,0 +1,510 @@
+"""Ops that move data around without arithmetic: their shapes, and the value
+propagation that lets shape arithmetic (Shape → Gather → Concat → Reshape) stay symbolic.
+"""
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from ... import dtypes, symbolic
+from ..registry import meta, values
+from ._util import axes as norm_axes
+from ._util import axis as norm_axis
+from ._util import ints
+
+INT_MAX = 2**62
+
+
+def dims_array(dims):
+    """A 1-D value of dims: int64 when concrete, object when any dim is symbolic."""
+    dims = [symbolic.normalize(d) if not isinstance(d, int) else d for d in dims]
+    if all(isinstance(d, int) for d in dims):
+        return np.array(dims, dtype=np.int64)
+    return np.array(dims, dtype=object)
+
+
+def _tidy(v):
+    """Turn an object array whose entries are all ints back into int64."""
+    if v.dtype == object:
+        flat = [symbolic.normalize(x) if isinstance(x, sympy.Basic) else x for x in v.flat]
+        if all(isinstance(x, (int, np.integer)) for x in flat):
+            return np.array(flat, dtype=np.int64).reshape(v.shape)
+        return np.array(flat, dtype=object).reshape(v.shape)
+    return v
+
+
+def _entries(v):
+    return [symbolic.normalize(x) if isinstance(x, sympy.Basic) else int(x) for x in v.reshape(-1)]
+
+
+# ---------------------------------------------------------------- Shape, Size, Constant
+
+
+def _shape_range(ctx, rank):
+    start, end = int(ctx.attr("start", 0)), ctx.attrs.get("end")
+    end = rank if end is None else int(end)
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = max(0, min(rank, end + rank if end < 0 else end))
+    return start, max(start, end)
+
+
+@meta("Shape")
+def shape_(ctx):
+    r = ctx.rank(0)
+    if r is None:
+        return [ctx.tensor(np.int64, (symbolic.fresh("rank"),))]
+    s, e = _shape_range(ctx, r)
+    return [ctx.tensor(np.int64, (e - s,))]
+
+
+@values("Shape")
+def shape_values(ctx):
+    shp = ctx.shape(0)
+    if shp is None:
+        return [None]
+    s, e = _shape_range(ctx, len(shp))
+    return [dims_array(shp[s:e])]
+
+
+@meta("Size")
+def size_(ctx):
+    return [ctx.tensor(np.int64, ())]
+
+
+@values("Size")
+def size_values(ctx):
+    shp = ctx.shape(0)
+    return [None if shp is None else _tidy(np.array(symbolic.prod(shp), dtype=object))]
+
+
+def constant_value(attrs):
+    for key in ("value", "sparse_value"):
+        if key in attrs:
+            return np.asarray(attrs[key])
+    if "value_float" in attrs:
+        return np.array(attrs["value_float"], dtype=np.float32)
+    if "value_floats" in attrs:
+        return np.array(attrs["value_floats"], dtype=np.float32)
+    if "value_int" in attrs:
+        return np.array(attrs["value_int"], dtype=np.int64)
+    if "value_ints" in attrs:
+        return np.array(attrs["value_ints"], dtype=np.int64)
+    if "value_string" in attrs:
+        return np.array(attrs["value_string"], dtype=object)
+    if "value_strings" in attrs:
+        return np.array(attrs["value_strings"], dtype=object)
+    return None
+
+
+@meta("Constant")
+def constant(ctx):
+    v = constant_value(ctx.node.attrs)
+    if v is None:
+        ctx.fail("Constant has no value attribute")
+    return [ctx.tensor(v.dtype, v.shape)]
+
+
+@values("Constant")
+def constant_values(ctx):
+    return [constant_value(ctx.node.attrs)]
+
+
+# ---------------------------------------------------------------- Reshape family
+
+
+def reshape_dims(ctx, in_shape, target, allowzero):
+    out, infer_at = [], None
+    for i, d in enumerate(target):
+        if isinstance(d, int) and d == -1:
+            if infer_at is not None:
+                ctx.fail(f"shape {list(target)} has more than one -1")
+            infer_at = i
+            out.append(None)
+        elif isinstance(d, int) and d == 0 and not allowzero:
+            if in_shape is None or i >= len(in_shape):
+                if in_shape is None:
+                    out.append(symbolic.fresh())
+                    continue
+                ctx.fail(f"shape {list(target)} copies dim {i} (0) but the input has rank {len(in_shape)}")
+            out.append(in_shape[i])
+        elif isinstance(d, int) and d < -1:
+            ctx.fail(f"shape {list(target)} has a negative dim {d}")
+        else:
+            out.append(d)
+    if infer_at is not None:
+        if in_shape is None:
+            out[infer_at] = symbolic.fresh()
+        else:
+            total, known = symbolic.prod(in_shape), symbolic.prod([d for d in out if d is not None])
+            if isinstance(total, int) and isinstance(known, int):
+                if known == 0 or total % known:
+                    ctx.fail(f"cannot reshape {symbolic.shape_str(in_shape)} ({total} elements) into "
+                             f"{list(target)}")
+                out[infer_at] = total // known
+            else:
+                q = symbolic.normalize(sympy.Integer(total) / known if isinstance(total, int) else total / known)
+                out[infer_at] = q if (isinstance(q, int) or q.is_integer) else symbolic.fresh()
+    elif in_shape is not None:
+        total, new = symbolic.prod(in_shape), symbolic.prod(out)
+        if isinstance(total, int) and isinstance(new, int) and total != new:
+            ctx.fail(f"cannot reshape {symbolic.shape_str(in_shape)} ({total} elements) into "
+                     f"{list(target)} ({new} elements)")
+    return tuple(out)
+
+
+@meta("Reshape")
+def reshape(ctx):
+    if ctx.opset < 5:
+        target = list(ctx.attr("shape"))
+    else:
+        v = ctx.value(1)
+        if v is None:
+            n = ctx.shape(1)
+            if n is None or not isinstance(n[0], int):
+                return [ctx.tensor(ctx.dtype(0), None)]
+            return [ctx.tensor(ctx.dtype(0), tuple(symbolic.fresh() for _ in range(n[0])))]
+        target = _entries(v)
+    return [ctx.tensor(ctx.dtype(0), reshape_dims(ctx, ctx.shape(0), target, int(ctx.attr("allowzero", 0))))]
+
+
+@values(["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"])
+def reshape_values(ctx, out_types=None):
+    v = ctx.value(0)
+    return [None] if v is None else [v]  # reshaped by the runtime to the meta shape
+
+
+@meta("Flatten")
+def flatten(ctx):
+    shp = ctx.shape(0)
+    if shp is None:
+        return [ctx.tensor(ctx.dtype(0), (symbolic.fresh(), symbolic.fresh()))]
+    a = int(ctx.attr("axis", 1))
+    a = a + len(shp) if a < 0 else a
+    if not 0 <= a <= len(shp):
+        ctx.fail(f"axis {ctx.attr('axis')} is out of range for rank {len(shp)}")
+    return [ctx.tensor(ctx.dtype(0), (symbolic.prod(shp[:a]), symbolic.prod(shp[a:])))]
+
+
+def _axes_input(ctx, attr_before):
+    """Axes from the attribute (old opsets) or the second input (value may be unknown)."""
+    if ctx.opset < attr_before:
+        a = ctx.attrs.get("axes")
+        return None if a is None else list(a), True
+    if not ctx.has(1):
+        return None, True
+    v = ctx.const(1)
+    return (None, False) if v is None else (ints(v), True)
+
+
+@meta("Squeeze")
+def squeeze(ctx):
+    shp = ctx.shape(0)
+    ax, known = _axes_input(ctx, 13)
+    if shp is None or not known:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    if ax is None:
+        if not all(isinstance(d, int) for d in shp):
+            return [ctx.tensor(ctx.dtype(0), None)]
+        return [ctx.tensor(ctx.dtype(0), tuple(d for d in shp if d != 1))]
+    ax = norm_axes(ctx, ax, len(shp))
+    for a in ax:
+        if isinstance(shp[a], int) and shp[a] != 1:
+            ctx.fail(f"cannot squeeze axis {a} of size {shp[a]} (input {symbolic.shape_str(shp)})")
+    return [ctx.tensor(ctx.dtype(0), tuple(d for i, d in enumerate(shp) if i not in ax))]
+
+
+@meta("Unsqueeze")
+def unsqueeze(ctx):
+    shp = ctx.shape(0)
+    ax, known = _axes_input(ctx, 13)
+    if shp is None or not known or ax is None:
+        if ax is None and known:
+            ctx.fail("Unsqueeze needs axes")
+        return [ctx.tensor(ctx.dtype(0), None)]
+    rank = len(shp) + len(ax)
+    ax = set(norm_axes(ctx, ax, rank))
+    it = iter(shp)
+    return [ctx.tensor(ctx.dtype(0), tuple(1 if i in ax else next(it) for i in range(rank)))]
+
+
+@meta("Transpose")
+def transpose(ctx):
+    shp = ctx.shape(0)
+    if shp is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    perm = ctx.attrs.get("perm")
+    perm = list(range(len(shp)))[::-1] if perm is None else list(perm)
+    if sorted(perm) != list(range(len(shp))):
+        ctx.fail(f"perm {perm} is not a permutation of the {len(shp)} axes of input {symbolic.shape_str(shp)}")
+    return [ctx.tensor(ctx.dtype(0), tuple(shp[p] for p in perm))]
+
+
+@values("Transpose")
+def transpose_values(ctx):
+    v = ctx.value(0)
+    return [None if v is None else np.transpose(v, ctx.attrs.get("perm"))]
+
+
+# ---------------------------------------------------------------- Concat, Split, Slice
+
+
+@meta("Concat")
+def concat(ctx):
+    shapes = [ctx.shape(i) for i in range(ctx.n_inputs) if ctx.has(i)]
+    dts = {ctx.dtype(i) for i in range(ctx.n_inputs) if ctx.has(i)}
+    if len(dts) > 1:
+        ctx.fail(f"inputs must share one element type, got {sorted(map(str, dts))}")
+    known = [s for s in shapes if s is not None]
+    if not known:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    rank = len(known[0])
+    if any(len(s) != rank for s in known):
+        ctx.fail("inputs have different ranks: " + ", ".join(symbolic.shape_str(s) for s in known))
+    if len(known) < len(shapes):
+        return [ctx.tensor(ctx.dtype(0), tuple(symbolic.fresh() for _ in range(rank)))]
+    a = norm_axis(ctx, int(ctx.attr("axis")), rank)
+    out = list(known[0])
+    for s in known[1:]:
+        for k in range(rank):
+            if k != a and isinstance(out[k], int) and isinstance(s[k], int) and out[k] != s[k]:
+                ctx.fail(f"inputs differ outside axis {a}: " + ", ".join(symbolic.shape_str(x) for x in known))
+            if k != a and not isinstance(out[k], int) and isinstance(s[k], int):
+                out[k] = s[k]
+    out[a] = symbolic.normalize(sum((s[a] for s in known), 0)) if not all(isinstance(s[a], int) for s in known) \
+        else sum(s[a] for s in known)
+    return [ctx.tensor(ctx.dtype(0), tuple(out))]
+
+
+@values("Concat")
+def concat_values(ctx):
+    vs = [ctx.value(i) for i in range(ctx.n_inputs) if ctx.has(i)]
+    if any(v is None for v in vs):
+        return [None]
+    if any(v.dtype == object for v in vs):
+        vs = [v.astype(object) for v in vs]
+    return [_tidy(np.concatenate(vs, axis=int(ctx.attr("axis"))))]
+
+
+@meta("Split")
+def split(ctx):
+    shp = ctx.shape(0)
+    n = len(ctx.node.outputs)
+    if shp is None:
+        return [ctx.tensor(ctx.dtype(0), None)] * n
+    a = norm_axis(ctx, int(ctx.attr("axis", 0)), len(shp))
+    if ctx.opset < 13:
+        sizes = ctx.attrs.get("split")
+        sizes = None if sizes is None else list(sizes)
+    elif ctx.has(1):
+        v = ctx.const(1)
+        if v is None:
+            return [ctx.tensor(ctx.dtype(0), tuple(symbolic.fresh() if k == a else d for k, d in enumerate(shp)))
+                    for _ in range(n)]
+        sizes = ints(v)
+    else:
+        sizes = None
+    dim = shp[a]
+    if sizes is None:
+        parts = int(ctx.attr("num_outputs", n)) if ctx.opset >= 18 else n
+        if isinstance(dim, int):
+            if ctx.opset >= 18 and "num_outputs" in ctx.attrs:
+                chunk = -(-dim // parts)
+                sizes = [chunk] * (parts - 1) + [dim - chunk * (parts - 1)]
+                if sizes[-1] < 0:
+                    ctx.fail(f"cannot split dim {dim} into {parts} outputs")
+            else:
+                if dim % parts:
+                    ctx.fail(f"dim {dim} of axis {a} does not split evenly into {parts} outputs")
+                sizes = [dim // parts] * parts
+        else:
+            sizes = [symbolic.normalize(dim / parts)] * parts
+            sizes = [s if (isinstance(s, int) or s.is_integer) else symbolic.fresh() for s in sizes]
+    if len(sizes) != n:
+        ctx.fail(f"split sizes {sizes} do not match the {n} outputs")
+    if isinstance(dim, int) and all(isinstance(s, int) for s in sizes) and sum(sizes) != dim:
+        ctx.fail(f"split sizes {sizes} do not add up to dim {dim} of axis {a}")
+    return [ctx.tensor(ctx.dtype(0), tuple(s if k == a else d for k, d in enumerate(shp))) for s in sizes]
+
+
+def _slice_params(ctx, rank):
+    if ctx.opset < 10:
+        starts, ends = ctx.attrs.get("starts"), ctx.attrs.get("ends")
+        ax = ctx.attrs.get("axes")
+        steps = None
+    else:
+        vals = [ctx.const(i) if ctx.has(i) else None for i in range(1, 5)]
+        if vals[0] is None or vals[1] is None or (ctx.has(3) and vals[2] is None) or (ctx.has(4) and vals[3] is None):
+            return None
+        starts, ends = ints(vals[0]), ints(vals[1])
+        ax = ints(vals[2]) if vals[2] is not None else None
+        steps = ints(vals[3]) if vals[3] is not None else None
+    starts, ends = list(starts), list(ends)
+    ax = list(range(len(starts))) if ax is None else norm_axes(ctx, ax, rank)
+    steps = [1] * len(starts) if steps is None else list(steps)
+    if not (len(starts) == len(ends) == len(ax) == len(steps)):
+        ctx.fail(f"starts/ends/axes/steps have different lengths: {starts}, {ends}, {ax}, {steps}")
+    if any(s == 0 for s in steps):
+        ctx.fail("slice step cannot be 0")
+    return list(zip(ax, starts, ends, steps))
+
+
+def slice_len(dim, start, end, step):
+    if isinstance(dim, int):
+        return len(range(*slice(start, end, step).indices(dim)))
+    if step == 1 and start >= 0 and end >= INT_MAX // 4:
+        return symbolic.normalize(dim - start) if start else dim
+    if step == 1 and start >= 0 and end < 0:
+        return symbolic.normalize(dim + end - start)
+    if step == 1 and start < 0 and end >= INT_MAX // 4:
+        return -start  # valid once dim >= -start
+    return symbolic.fresh("slice")
+
+
+@meta("Slice")
+def slice_(ctx):
+    shp = ctx.shape(0)
+    if shp is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    params = _slice_params(ctx, len(shp))
+    if params is None:
+        return [ctx.tensor(ctx.dtype(0), tuple(symbolic.fresh("slice") for _ in shp))]
+    out = list(shp)
+    for a, s, e, st in params:
+        out[a] = slice_len(shp[a], s, e, st)
+    return [ctx.tensor(ctx.dtype(0), tuple(out))]
+
+
+@values("Slice")
+def slice_values(ctx):
+    v = ctx.value(0)
+    if v is None:
+        return [None]
+    params = _slice_params(ctx, v.ndim)
+    if params is None:
+        return [None]
+    index = [slice(None)] * v.ndim
+    for a, s, e, st in params:
+        index[a] = slice(*slice(s, e, st).indices(v.shape[a]))
+    return [v[tuple(index)]]
+
+
+# ---------------------------------------------------------------- Gather, Expand, Tile...
+
+
+@meta("Gather")
+def gather(ctx):
+    shp, ishp = ctx.shape(0), ctx.shape(1)
+    if shp is None or ishp is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    a = norm_axis(ctx, int(ctx.attr("axis", 0)), len(shp))
+    return [ctx.tensor(ctx.dtype(0), tuple(shp[:a]) + tuple(ishp) + tuple(shp[a + 1:]))]
+
+
+@values("Gather")
+def gather_values(ctx):
+    v, idx = ctx.value(0), ctx.const(1)
+    if v is None or idx is None:
+        return [None]
+    a = int(ctx.attr("axis", 0))
+    n = v.shape[a]
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        return [None]  # the kernel reports the bad index with the node's name
+    return [np.take(v, idx.astype(np.int64), axis=a)]
+
+
+@meta("Expand")
+def expand(ctx):
+    from ._util import broadcast
+
+    shp = ctx.shape(0)
+    v = ctx.value(1)
+    if v is None:
+        n = ctx.shape(1)
+        if n is None or not isinstance(n[0], int) or shp is None:
+            return [ctx.tensor(ctx.dtype(0), None)]
+        rank = max(n[0], len(shp))
+        return [ctx.tensor(ctx.dtype(0), tuple(symbolic.fresh() for _ in range(rank)))]
+    return [ctx.tensor(ctx.dtype(0), broadcast(ctx, shp, tuple(_entries(v))))]
+
+
+@meta("Tile")
+def tile(ctx):
+    shp, r = ctx.shape(0), ctx.const(1)
+    if shp is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    if r is None:
+        return [ctx.tensor(ctx.dtype(0), tuple(symbolic.fresh() for _ in shp))]
+    r = ints(r)
+    if len(r) != len(shp):
+        ctx.fail(f"repeats {r} must have one entry per input dim ({len(shp)})")
+    return [ctx.tensor(ctx.dtype(0), tuple(symbolic.normalize(d * k) if not isinstance(d, int) else d * k
+                                           for d, k in zip(shp, r)))]
+
+
+@meta("ConstantOfShape")
+def constant_of_shape(ctx):
+    value = ctx.attrs.get("value")
+    dt = np.float32 if value is None else np.asarray(value).dtype
+    v = ctx.value(0)
+    if v is None:
+        n = ctx.shape(0)
+        if n is None or not isinstance(n[0], int):
+            return [ctx.tensor(dt, None)]
+        return [ctx.tensor(dt, tuple(symbolic.fresh() for _ in range(n[0])))]
+    dims = _entries(v)
+    if any(isinstance(d, int) and d < 0 for d in dims):
+        ctx.fail(f"shape {dims} has a negative dim")
+    return [ctx.tensor(dt, tuple(dims))]
+
+
+@meta("Range")
+def range_(ctx):
+    vals = [ctx.const(i) for i in range(3)]
+    if any(v is None for v in vals):
+        return [ctx.tensor(ctx.dtype(0), (symbolic.fresh("range"),))]
+    start, limit, delta = (v.item() for v in vals)
+    if delta == 0:
+        ctx.fail("delta must not be 0")
+    return [ctx.tensor(ctx.dtype(0), (max(int(np.ceil((limit - start) / delta)), 0),))]
+
+
+@meta("NonZero")
+def nonzero(ctx):
+    r = ctx.rank(0)
+    return [ctx.tensor(np.int64, (r if r is not None else symbolic.fresh("rank"), symbolic.fresh("nonzero")))]
+
+
+# ---------------------------------------------------------------- value arithmetic on shapes
+
+
+def _binary_values(fn):
+    def rule(ctx):
+        a, b = ctx.value(0), ctx.value(1)
+        if a is None or b is None or ctx.dtype(0).kind not in "iu":
+            return [None]
+        if a.size > 64 or b.size > 64:
+            return [None]  # only shape-sized values are worth propagating
+        try:
+            if a.dtype != object and b.dtype != object:
+                return [fn(a, b).astype(ctx.dtype(0))]
+            return [_tidy(fn(a.astype(object), b.astype(object)))]
+        except Exception:
+            return [None]
+    return rule
+
+
+values("Add")(_binary_values(lambda a, b: a + b))
+values("Sub")(_binary_values(lambda a, b: a - b))
+values("Mul")(_binary_values(lambda a, b: a * b))
+values("Div")(_binary_values(lambda a, b: a // b))
+
+
+@values("Cast")
+def cast_values(ctx):
+    v = ctx.value(0)
+    to = dtypes.np_dtype(int(ctx.attr("to")))
+    if v is None or v.size > 64:
+        return [None]
+    if v.dtype != object:
+        return [v.astype(to)] if to.kind in "iufb" and v.dtype.kind in "iufb" else [None]
+    return [v] if to.kind in "iu" else [None]

@@ -1,0 +1,133 @@
+"""The contract registry, keyed by (domain, op type, opset version).
+
+Meta and value-propagation rules are registered per (domain, op) with an optional
+version range; the contract for a node is resolved from the schema `onnx.defs` gives
+for the node's opset. Ops with no hand-written meta use onnx's own per-node inference
+(ops/onnx_meta.py), which is correct but loses symbolic dims in a few places.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from onnx import defs
+
+from .contract import COMPOSITE, CUSTOM, PRIMITIVE, OpContract
+
+_META: dict[tuple[str, str], list] = {}
+_VALUES: dict[tuple[str, str], list] = {}
+_BACKWARD: dict[tuple[str, str], list] = {}
+_CUSTOM: dict[tuple[str, str], OpContract] = {}
+
+# Output shapes that follow input values rather than input shapes.
+DATA_DEPENDENT = {
+    "NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit", "TfIdfVectorizer",
+    "Loop", "If", "Scan", "ImageDecoder", "Range", "ConstantOfShape", "Reshape", "Expand",
+    "Tile", "Slice", "Resize", "Upsample", "Pad", "OneHot", "TopK", "CenterCropPad",
+    "MelWeightMatrix", "Split", "SplitToSequence", "RandomUniformLike",
+}
+
+
+def _register(table, ops, domain, versions, fn):
+    lo, hi = versions
+    for op in [ops] if isinstance(ops, str) else ops:
+        table.setdefault((domain, op), []).append((lo, hi, fn))
+    return fn
+
+
+def meta(ops, domain: str = "", versions=(1, None)):
+    """Decorator: the shape/dtype rule for one or more ops (optionally a version range)."""
+    return lambda fn: _register(_META, ops, domain, versions, fn)
+
+
+def values(ops, domain: str = "", versions=(1, None)):
+    """Decorator: how known (possibly symbolic) input values give output values."""
+    return lambda fn: _register(_VALUES, ops, domain, versions, fn)
+
+
+def backward(ops, domain: str = "", versions=(1, None)):
+    """Decorator: the vector-Jacobian product of an op (see ops/backward/)."""
+    return lambda fn: _register(_BACKWARD, ops, domain, versions, fn)
+
+
+def _lookup(table, domain, op, version):
+    for lo, hi, fn in reversed(table.get((domain, op), [])):
+        if version >= lo and (hi is None or version <= hi):
+            return fn
+    return None
+
+
+def register_custom(contract: OpContract) -> None:
+    _CUSTOM[(contract.domain, contract.op_type)] = contract
+    get_contract.cache_clear()
+
+
+def unregister_custom(domain: str, op_type: str) -> None:
+    _CUSTOM.pop((domain, op_type), None)
+    get_contract.cache_clear()
+
+
+def custom_contracts() -> list[OpContract]:
+    return list(_CUSTOM.values())
+
+
+@lru_cache(maxsize=4096)
+def get_contract(domain: str, op_type: str, opset: int) -> OpContract | None:
+    """The contract a node of (domain, op_type) at `opset` follows, or None if unknown."""
+    if (domain, op_type) in _CUSTOM:
+        return _CUSTOM[(domain, op_type)]
+    _ensure_loaded()
+    try:
+        schema = defs.get_schema(op_type, opset, domain)
+    except defs.SchemaError:
+        return None
+    from .onnx_meta import onnx_meta
+
+    version = schema.since_version
+    composite = schema.has_function or schema.has_context_dependent_function
+    from .decompose import onnx_decomposition
+
+    return OpContract(
+        domain=domain,
+        op_type=op_type,
+        since_version=version,
+        schema=schema,
+        meta=_lookup(_META, domain, op_type, version) or onnx_meta,
+        values=_lookup(_VALUES, domain, op_type, version),
+        category=COMPOSITE if composite else PRIMITIVE,
+        decomposition=onnx_decomposition if composite else None,
+        backward=_lookup(_BACKWARD, domain, op_type, version),
+        differentiable=_is_differentiable(schema),
+        data_dependent=op_type in DATA_DEPENDENT,
+    )
+
+
+def _is_differentiable(schema) -> bool:
+    D = defs.OpSchema.DifferentiationCategory.Differentiable
+    return any(p.differentiation_category == D for p in schema.inputs) and any(
+        p.differentiation_category == D for p in schema.outputs)
+
+
+def all_onnx_contracts() -> list[OpContract]:
+    """The newest contract of every op in the onnx package's schemas."""
+    out = []
+    for s in defs.get_all_schemas():
+        if s.deprecated:
+            continue
+        c = get_contract(s.domain, s.name, s.since_version)
+        if c is not None:
+            out.append(c)
+    return out
+
+
+_loaded = False
+
+
+def _ensure_loaded():
+    """Import the modules whose decorators fill the meta/values/backward tables."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from . import meta as _meta  # noqa: F401
+
+
+__all__ = ["meta", "values", "backward", "get_contract", "register_custom", "CUSTOM", "COMPOSITE", "PRIMITIVE"]

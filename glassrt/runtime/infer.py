@@ -1,0 +1,114 @@
+"""Shape/dtype inference over a graph: runs each node's meta rule in order.
+
+Pure: (graph, input types, known values) -> types and values for every value name.
+Run once with the model's symbolic input types (for placement and `explain`) and once
+per concrete input-shape signature (for the memory plan).
+"""
+from __future__ import annotations
+
+from collections import ChainMap
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import symbolic
+from ..errors import GlassrtError, ShapeInferenceError, describe_node
+from ..ir import Graph, OptionalType, SequenceType, TensorType
+from ..ops.contract import MetaContext
+from ..ops.registry import get_contract
+
+_MAX_VALUE = 4096  # propagate known values only for small (shape-like) tensors
+
+
+@dataclass
+class Inference:
+    types: dict
+    values: dict  # name -> np.ndarray (concrete, or object array with symbolic dims)
+    problems: dict = field(default_factory=dict)  # node name -> message (symbolic mode only)
+
+
+def _normalize(t):
+    if isinstance(t, TensorType) and t.shape is not None:
+        return TensorType(t.dtype, tuple(symbolic.normalize(d) for d in t.shape))
+    if isinstance(t, SequenceType):
+        return SequenceType(_normalize(t.elem))
+    if isinstance(t, OptionalType):
+        return OptionalType(_normalize(t.elem))
+    return t
+
+
+def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=None,
+          strict: bool = True) -> Inference:
+    """strict=False (symbolic planning) records a node's failure and carries on with
+    unknown outputs, unless the node's inputs are fully static (then the model is wrong)."""
+    types = ChainMap({}, outer_types or {})
+    vals = ChainMap({}, outer_values or {})
+    problems = {}
+    for name, arr in graph.initializers.items():
+        types[name] = TensorType(arr.dtype, tuple(arr.shape))
+        vals[name] = arr
+    for vi in graph.inputs:
+        if vi.name in graph.initializers and vi.name not in input_types:
+            continue
+        types[vi.name] = input_types.get(vi.name, vi.type)
+    for name, t in input_types.items():  # outer-scope values fed to a subgraph
+        types.setdefault(name, t)
+
+    for node in graph.nodes:
+        infer_node(graph, node, types, vals, problems, strict)
+    return Inference(dict(types.maps[0]), dict(vals.maps[0]), problems)
+
+
+def infer_node(graph, node, types, vals, problems, strict):
+    contract = get_contract(node.domain, node.op_type, node.opset)
+    in_types = [types.get(i) if i else None for i in node.inputs]
+    if contract is None:
+        for o in node.outputs:
+            if o:
+                types[o] = graph.types.get(o)
+        return
+
+    def infer_subgraph(sub: Graph, sub_input_types):
+        feed = {vi.name: t for vi, t in zip(sub.inputs, sub_input_types)}
+        res = infer(sub, feed, outer_types=types, outer_values=vals, strict=strict)
+        return [res.types.get(v.name) for v in sub.outputs]
+
+    in_values = [vals.get(i) if i else None for i in node.inputs]
+    ctx = MetaContext(node, contract, in_types, in_values, infer_subgraph)
+    try:
+        out = contract.meta(ctx)
+    except ShapeInferenceError as e:
+        if strict or _static_inputs(in_types):
+            raise
+        problems[node.name] = str(e)
+        out = [None] * len(node.outputs)
+    except GlassrtError:
+        raise
+    except Exception as e:  # a bug in a meta rule must still name the node
+        msg = f"{describe_node(node)}: shape inference failed ({type(e).__name__}: {e})"
+        if strict or _static_inputs(in_types):
+            raise ShapeInferenceError(msg) from e
+        problems[node.name] = msg
+        out = [None] * len(node.outputs)
+    out = list(out) + [None] * (len(node.outputs) - len(out))
+    for o, t in zip(node.outputs, out):
+        if o:
+            t = _normalize(t)
+            types[o] = t if t is not None else graph.types.get(o)
+
+    if contract.values is not None and any(v is not None for v in in_values):
+        try:
+            new_vals = contract.values(ctx)
+        except Exception:
+            new_vals = []
+        for o, v in zip(node.outputs, new_vals):
+            if o and v is not None and v.size <= _MAX_VALUE:
+                t = types.get(o)
+                if isinstance(t, TensorType) and symbolic.all_static(t.shape) and v.size == int(np.prod(t.shape)):
+                    v = v.reshape(t.shape)
+                vals[o] = v
+
+
+def _static_inputs(in_types) -> bool:
+    return all(t is None or (isinstance(t, TensorType) and t.is_static) for t in in_types) and any(
+        t is not None for t in in_types)

@@ -1,0 +1,36 @@
+"""Session options: the knobs a user can turn, with their defaults in one place."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def _default_memory_limit() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
+@dataclass
+class SessionOptions:
+    # Threads for BLAS and Numba (0: leave the process's setting alone). Process-wide.
+    intra_op_num_threads: int = 0
+    # Compiled plans kept per session, one per input-shape signature (least recently used
+    # evicted first), so that varying shapes cannot grow memory without bound.
+    plan_cache_size: int = 8
+    # Time every eligible kernel on the first plan for a shape and keep the fastest.
+    autotune: bool = False
+    autotune_cache: str | None = None  # JSON file that keeps autotune winners across runs
+    # Evaluate nodes whose inputs are all known when a plan is built.
+    constant_folding: bool = True
+    fold_limit_bytes: int = 64 << 20
+    # Refuse a plan whose arena, or a tensor, would exceed this many bytes.
+    memory_limit_bytes: int = 0  # 0: 80% of physical memory
+    # Check every output a kernel allocates itself against its op's meta (shape, dtype).
+    check_outputs: bool = True
+    # Record a per-node timing profile on every run (see Session.profile()).
+    enable_profiling: bool = False
+
+    def memory_limit(self) -> int:
+        return self.memory_limit_bytes or _default_memory_limit()

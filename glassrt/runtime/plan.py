@@ -1,0 +1,323 @@
+"""Compile: a Placement + concrete input types → a Plan (flat list of bound steps).
+
+Everything decided per input-shape signature happens here, once: concrete shape
+inference, constant folding, kernel selection, the memory plan, arena views, binding.
+`run_plan` then only replays the steps: no inference, no lookup, no intermediate
+allocation (the CPU analogue of capturing and replaying a CUDA graph).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import dtypes, symbolic
+from ..errors import (GlassrtError, KernelContractError, MemoryLimitError, NodeExecutionError,
+                      describe_node)
+from ..ir import TensorType
+from ..kernels.registry import BindContext
+from ..ops.registry import get_contract
+from .infer import infer
+from .memory import MemoryPlan, StepIO, plan_memory
+from .placement import kernel_reason
+
+NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                    "Multinomial", "Bernoulli", "Dropout"}
+
+
+class Step:
+    __slots__ = ("fn", "ins", "outs", "bufs", "fresh", "multi", "uses_out", "node", "kernel",
+                 "provider", "free", "expect", "reason")
+
+    def describe(self, args) -> str:
+        shapes = ", ".join(
+            f"'{n}': {dtypes.name(a.dtype)}{list(a.shape)}" if isinstance(a, np.ndarray) else f"'{n}': {type(a).__name__}"
+            for n, a in zip(self.node.inputs, args) if n)
+        return f"{describe_node(self.node)} on {self.kernel.name} with inputs ({shapes})"
+
+
+@dataclass
+class Selection:
+    node: str
+    op: str
+    provider: str
+    kernel: str
+    reason: str
+
+
+@dataclass
+class Plan:
+    signature: tuple
+    steps: list
+    slots: dict  # value name -> slot index
+    template: list  # slot contents at the start of a run (constants)
+    inputs: list  # (name, slot)
+    outputs: list  # (name, slot, copy?)
+    memory: MemoryPlan
+    arena: np.ndarray | None
+    types: dict
+    folded: list  # names of nodes evaluated at plan time
+    selections: list  # Selection per executed node
+    build_seconds: float = 0.0
+    step_io: list = field(default_factory=list)
+
+
+def compile_plan(placement, input_types: dict, options, make_runner, outer_values=None) -> Plan:
+    t0 = time.perf_counter()
+    graph = placement.graph
+    inf = infer(graph, input_types, strict=True)
+    types = inf.types
+    consts = dict(graph.initializers)
+    for name, v in inf.values.items():
+        t = types.get(name)
+        if isinstance(t, TensorType) and v.dtype == t.dtype and v.dtype != object:
+            consts[name] = v
+
+    feeds = set(input_types) | set(outer_values or {})
+    executed, folded, selections = [], [], []
+    for node in graph.nodes:
+        decision = placement.decisions[node.name]
+        contract = get_contract(node.domain, node.op_type, node.opset)
+        outs = [o for o in node.outputs if o]
+        subgraphs = list(node.subgraphs())
+        if outs and all(o in consts for o in outs) and not subgraphs and node.op_type not in NONDETERMINISTIC:
+            folded.append(node.name)
+            continue
+        ctx = BindContext(node, contract.attrs_with_defaults(node), [types.get(i) if i else None for i in node.inputs],
+                          [types.get(o) if o else None for o in node.outputs],
+                          [consts.get(i) if i else None for i in node.inputs], contract=contract)
+        kern, why = _select(decision, ctx, options)
+        if (options.constant_folding and not subgraphs and node.op_type not in NONDETERMINISTIC
+                and all(i in consts for i in node.inputs if i) and not (set(node.inputs) & feeds)
+                and _small(ctx.output_types, options.fold_limit_bytes)):
+            results = _run_once(kern, ctx, make_runner, placement)
+            for o, r in zip(node.outputs, results):
+                if o and isinstance(r, np.ndarray):
+                    consts[o] = r
+            if all(o in consts for o in outs):
+                folded.append(node.name)
+                continue
+        executed.append((node, kern, ctx, decision))
+        selections.append(Selection(node.name, node.op_type, decision.provider, kern.name, why))
+
+    # ---- memory plan
+    keep = set(graph.output_names())
+    step_io = []
+    for node, kern, ctx, _ in executed:
+        sizes, inplace, aliases = {}, {}, {}
+        for k, o in enumerate(node.outputs):
+            t = ctx.output_types[k]
+            if o and kern.out and isinstance(t, TensorType) and t.is_static and t.dtype != object:
+                sizes[o] = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+        if kern.alias and node.inputs and node.outputs[0]:
+            aliases[node.outputs[0]] = node.inputs[0]
+        elif kern.inplace and node.inputs and node.inputs[0] and node.outputs[0] in sizes:
+            t_in = ctx.input_types[0]
+            if isinstance(t_in, TensorType) and t_in.is_static and t_in.dtype == ctx.output_types[0].dtype \
+                    and tuple(t_in.shape) == tuple(ctx.output_types[0].shape):
+                inplace[node.outputs[0]] = node.inputs[0]
+        ws = int(kern.workspace(ctx)) if kern.workspace else 0
+        step_io.append(StepIO([i for i in [*node.inputs, *node.implicit_inputs] if i],
+                              [o for o in node.outputs if o], sizes, inplace, aliases, ws))
+    memory = plan_memory(step_io, keep)
+    limit = options.memory_limit()
+    if memory.arena_bytes > limit:
+        raise MemoryLimitError(f"the plan for inputs {_sig_str(input_types)} needs a {memory.arena_bytes:,}-byte arena, "
+                               f"over the session's memory limit of {limit:,} bytes")
+    arena = np.empty(memory.arena_bytes, dtype=np.uint8) if memory.arena_bytes else None
+
+    # ---- slots and steps
+    slots: dict[str, int] = {}
+
+    def slot(name):
+        if name not in slots:
+            slots[name] = len(slots)
+        return slots[name]
+
+    for name in input_types:
+        slot(name)
+    for name in outer_values or {}:
+        slot(name)
+    last_read = {}
+    for k, s in enumerate(step_io):
+        for r in s.reads:
+            last_read[r] = k
+    steps = []
+    for k, (node, kern, ctx, decision) in enumerate(executed):
+        bufs, fresh = [], []
+        for j, o in enumerate(node.outputs):
+            pv = memory.values.get(o) if o else None
+            t = ctx.output_types[j]
+            if pv is not None and pv.offset is not None:
+                nbytes = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+                bufs.append(arena[pv.offset:pv.offset + nbytes].view(t.dtype).reshape(t.shape))
+                fresh.append(None)
+            else:
+                bufs.append(None)
+                fresh.append((tuple(t.shape), t.dtype) if (o in keep and kern.out and isinstance(t, TensorType)
+                                                           and t.is_static and t.dtype != object) else None)
+        ws_name = f"<workspace {k}>"
+        if ws_name in memory.values:
+            pv = memory.values[ws_name]
+            ctx.workspace = arena[pv.offset:pv.offset + pv.bytes]
+        else:
+            ctx.workspace = None
+        st = Step()
+        st.fn = _bind(kern, ctx, make_runner, placement)
+        st.ins = tuple(slot(i) if i else -1 for i in node.inputs) + tuple(slot(i) for i in node.implicit_inputs)
+        st.outs = tuple(slot(o) if o else -1 for o in node.outputs)
+        st.bufs = bufs if kern.multi else bufs[0]
+        st.fresh = fresh if any(f is not None for f in fresh) else None
+        st.multi = kern.multi
+        st.uses_out = kern.out
+        st.node, st.kernel, st.provider = node, kern, decision.provider
+        st.reason = selections[k].reason
+        st.expect = [(slot(o), tuple(t.shape), t.dtype) for o, t in zip(node.outputs, ctx.output_types)
+                     if o and options.check_outputs and isinstance(t, TensorType) and t.is_static
+                     and (memory.values.get(o) is None or memory.values[o].offset is None)]
+        steps.append(st)
+    for name in consts:
+        slot(name)
+    for o in keep:
+        slot(o)
+    # Free what nobody reads any more (arena values need no freeing; the rest may be big).
+    for k, st in enumerate(steps):
+        st.free = tuple(slots[n] for n, last in last_read.items() if last == k and n not in keep
+                        and n not in consts and n not in feeds and (memory.values.get(n) is None or memory.values[n].offset is None))
+    template = [None] * len(slots)
+    for name, v in consts.items():
+        template[slots[name]] = v
+    # Returned values must not be views of the arena, of constants or of the caller's inputs.
+    owned = {o for node, kern, _, _ in executed if not kern.alias for o in node.outputs if o and
+             (memory.values.get(o) is None or memory.values[o].offset is None)}
+    outputs = [(name, slots[name], name not in owned) for name in graph.output_names()]
+    plan = Plan(signature=(), steps=steps, slots=slots, template=template,
+                inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena,
+                types=types, folded=folded, selections=selections, step_io=step_io)
+    plan.build_seconds = time.perf_counter() - t0
+    return plan
+
+
+def _small(types, limit):
+    total = 0
+    for t in types:
+        if t is None:
+            continue
+        if not isinstance(t, TensorType) or not t.is_static:
+            return False
+        total += int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+    return total <= limit
+
+
+def _select(decision, ctx, options):
+    """The best eligible kernel for these concrete shapes, and why."""
+    reasons = []
+    for k in decision.kernels:
+        why = kernel_reason(k, ctx)
+        if why is None:
+            if decision.fallback:
+                text = "fallback: " + "; ".join(f"{p}: {r}" for p, r in decision.rejected)
+            else:
+                text = k.doc or k.name
+            skipped = [f"{x.name}: {r}" for x, r in zip(decision.kernels, reasons)]
+            if skipped:
+                text += " (not " + "; ".join(skipped) + ")"
+            return k, text
+        reasons.append(why)
+    raise NodeExecutionError(f"{describe_node(ctx.node)}: no {decision.provider} kernel accepts these "
+                             f"input shapes: {'; '.join(reasons)}")
+
+
+def _bind(kern, ctx, make_runner, placement):
+    ctx.session = _SubgraphAccess(make_runner, placement.subgraphs.get(ctx.node.name, {}))
+    try:
+        return kern.bind(ctx)
+    except GlassrtError:
+        raise
+    except Exception as e:
+        raise NodeExecutionError(f"{describe_node(ctx.node)}: kernel {kern.name} could not be prepared: "
+                                 f"{type(e).__name__}: {e}") from e
+
+
+class _SubgraphAccess:
+    """Given to control-flow kernels: builds runners for the node's (placed) subgraphs."""
+
+    def __init__(self, make_runner, subs):
+        self.make_runner, self.subs = make_runner, subs
+
+    def runner(self, attr, index=None):
+        p = self.subs[attr]
+        return self.make_runner(p[index] if index is not None else p)
+
+
+def _run_once(kern, ctx, make_runner, placement):
+    """Evaluate one node on known inputs now (constant folding)."""
+    ctx.workspace = None
+    fn = _bind(kern, ctx, make_runner, placement)
+    args = [c if n else None for c, n in zip(ctx.const_inputs, ctx.node.inputs)]
+    try:
+        r = fn(*args, out=(None,) * len(ctx.node.outputs) if kern.multi else None) if kern.out else fn(*args)
+    except GlassrtError:
+        raise
+    except Exception as e:
+        raise NodeExecutionError(f"{describe_node(ctx.node)} failed while folding constants on {kern.name}: "
+                                 f"{type(e).__name__}: {e}") from e
+    rs = list(r) if kern.multi else [r]
+    return [np.asarray(x) if isinstance(x, (np.generic, int, float, bool)) else x for x in rs]
+
+
+def run_plan(plan: Plan, feeds: dict, outer=None, profile=None) -> list:
+    env = plan.template[:]
+    for name, s in plan.inputs:
+        env[s] = feeds[name]
+    if outer:
+        slots = plan.slots
+        for name, v in outer.items():
+            if name in slots:
+                env[slots[name]] = v
+    clock = time.perf_counter
+    for st in plan.steps:
+        args = [env[i] if i >= 0 else None for i in st.ins]
+        out = st.bufs
+        if st.fresh is not None:
+            if st.multi:
+                out = [np.empty(f[0], f[1]) if f is not None else b for f, b in zip(st.fresh, out)]
+            else:
+                out = np.empty(st.fresh[0][0], st.fresh[0][1])
+        t0 = clock() if profile is not None else 0.0
+        try:
+            r = st.fn(*args, out=tuple(out) if st.multi else out) if st.uses_out else st.fn(*args)
+        except GlassrtError:
+            raise
+        except Exception as e:
+            raise NodeExecutionError(f"{st.describe(args)} failed: {type(e).__name__}: {e}") from e
+        if profile is not None:
+            profile.append((st, clock() - t0, args, r))
+        if st.multi:
+            for s, v in zip(st.outs, r):
+                if s >= 0:
+                    env[s] = np.asarray(v) if isinstance(v, np.generic) else v
+        else:
+            env[st.outs[0]] = r if type(r) is np.ndarray or isinstance(r, (list, type(None))) else np.asarray(r)
+        for s, shape, dt in st.expect:
+            v = env[s]
+            if isinstance(v, np.ndarray) and (v.shape != shape or v.dtype != dt):
+                raise KernelContractError(
+                    f"{st.describe(args)}: output {st.node.outputs[st.outs.index(s)]!r} is "
+                    f"{dtypes.name(v.dtype)}{list(v.shape)} but the op's meta says {dtypes.name(dt)}{list(shape)}")
+        for s in st.free:
+            env[s] = None
+    res = []
+    for name, s, copy in plan.outputs:
+        v = env[s]
+        res.append(v.copy() if copy and isinstance(v, np.ndarray) else v)
+    return res
+
+
+def signature_of(feeds: dict) -> tuple:
+    return tuple((n, getattr(v, "shape", None), getattr(v, "dtype", type(v))) for n, v in feeds.items())
+
+
+def _sig_str(input_types) -> str:
+    return ", ".join(f"{n}: {symbolic.shape_str(getattr(t, 'shape', None))}" for n, t in input_types.items())

@@ -1,0 +1,60 @@
+"""Execution providers: where a node can run, and with which kernels.
+
+`cpu` is glassrt's own NumPy/Numba kernels; `reference` wraps onnx.reference and is the
+fallback of last resort. A provider names the device its tensors live on, so placement
+can insert (and count) transfers between providers that keep data in different places.
+"""
+from __future__ import annotations
+
+from ..kernels import reference as ref
+from ..kernels.registry import Kernel, kernels_for
+
+
+class Provider:
+    name = "?"
+    device = "cpu"
+
+    def kernels(self, domain: str, op_type: str, opset: int) -> list[Kernel]:
+        raise NotImplementedError
+
+
+class CpuProvider(Provider):
+    name = "cpu"
+
+    def kernels(self, domain, op_type, opset):
+        from . import _load_cpu_kernels
+
+        _load_cpu_kernels()
+        return kernels_for("cpu", domain, op_type)
+
+
+class ReferenceProvider(Provider):
+    name = "reference"
+
+    def __init__(self):
+        self._cache = {}
+
+    def kernels(self, domain, op_type, opset):
+        if not ref.implements(domain, op_type, opset):
+            return []
+        key = (domain, op_type)
+        if key not in self._cache:
+            self._cache[key] = ref.reference_kernel(domain, op_type)
+        return [self._cache[key]]
+
+
+_PROVIDERS = {"cpu": CpuProvider, "reference": ReferenceProvider}
+ALIASES = {"CPUExecutionProvider": "cpu", "cpu": "cpu", "reference": "reference"}
+DEFAULT = ["cpu", "reference"]
+
+
+def make(names) -> list[Provider]:
+    from ..errors import GlassrtError
+
+    out = []
+    for n in names or DEFAULT:
+        key = ALIASES.get(n, n)
+        if key not in _PROVIDERS:
+            raise GlassrtError(f"unknown provider '{n}'; available: {', '.join(sorted(_PROVIDERS))}")
+        out.append(_PROVIDERS[key]())
+    return out

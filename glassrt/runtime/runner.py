@@ -1,0 +1,76 @@
+"""GraphRunner: runs one placed graph, with a bounded cache of compiled plans.
+
+The top-level session and every subgraph (If/Loop/Scan bodies) each have one. A plan is
+compiled per input-shape signature; the cache is an LRU of `plan_cache_size` entries, so
+a stream of different shapes replaces plans instead of growing memory without bound.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from ..ir import SequenceType, TensorType
+from .plan import compile_plan, run_plan
+
+
+def type_of_value(v):
+    if isinstance(v, np.ndarray):
+        return TensorType(v.dtype, tuple(v.shape))
+    if isinstance(v, list):
+        return SequenceType(type_of_value(v[0]) if v else None)
+    return None
+
+
+class GraphRunner:
+    def __init__(self, placement, options, outer_names=()):
+        self.placement = placement
+        self.options = options
+        self.outer_names = [n for n in outer_names]
+        self.plans: OrderedDict = OrderedDict()
+        self.plans_built = 0
+        self.plans_evicted = 0
+        self._sub_runners = {}
+
+    def make_runner(self, sub_placement):
+        key = id(sub_placement)
+        if key not in self._sub_runners:
+            self._sub_runners[key] = (sub_placement, GraphRunner(sub_placement, self.options,
+                                                                  sub_placement.graph.outer_names))
+        return self._sub_runners[key][1]
+
+    def signature(self, feeds: dict, outer: dict | None) -> tuple:
+        sig = []
+        for src in (feeds, outer or {}):
+            for n, v in src.items():
+                if isinstance(v, np.ndarray):
+                    sig.append((n, v.shape, v.dtype.str))
+                elif isinstance(v, list):
+                    sig.append((n, "seq", tuple((x.shape, x.dtype.str) if isinstance(x, np.ndarray) else None for x in v)))
+                else:
+                    sig.append((n, type(v).__name__))
+        return tuple(sig)
+
+    def plan_for(self, feeds: dict, outer: dict | None = None):
+        sig = self.signature(feeds, outer)
+        plan = self.plans.get(sig)
+        if plan is not None:
+            self.plans.move_to_end(sig)
+            return plan
+        types = {n: type_of_value(v) for n, v in feeds.items()}
+        outer_types = {n: type_of_value(v) for n, v in (outer or {}).items()}
+        plan = compile_plan(self.placement, {**outer_types, **types}, self.options, self.make_runner)
+        plan.signature = sig
+        self.plans[sig] = plan
+        self.plans_built += 1
+        while len(self.plans) > max(1, self.options.plan_cache_size):
+            self.plans.popitem(last=False)
+            self.plans_evicted += 1
+        return plan
+
+    def run(self, feeds: dict, outer: dict | None = None, profile=None) -> list:
+        """Outputs in graph order. `outer`: values this (sub)graph reads from outside."""
+        if outer:
+            feeds = {**{n: outer[n] for n in self.outer_names if n in outer}, **feeds}
+        plan = self.plan_for(feeds)
+        return run_plan(plan, feeds, profile=profile)

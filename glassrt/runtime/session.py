@@ -1,0 +1,196 @@
+"""InferenceSession: onnxruntime's API shape, glassrt's glass box underneath.
+
+load → passes → infer → place happen once, at creation; a plan per input-shape signature
+is compiled on first use and replayed afterwards.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import dtypes, onnx_io, symbolic
+from ..errors import (FallbackError, InputShapeError, InputTypeError, MissingInputError,
+                      UnknownInputError)
+from ..ir import OptionalType, SequenceType, TensorType
+from ..passes import run_passes
+from . import providers as providers_mod
+from .options import SessionOptions
+from .placement import place
+from .runner import GraphRunner
+
+
+class FallbackWarning(UserWarning):
+    """A node runs on a later provider than the first in the priority list."""
+
+
+@dataclass
+class NodeArg:
+    """Like onnxruntime's NodeArg: name, shape (ints, strings for symbolic dims, None), type."""
+
+    name: str
+    shape: list
+    type: str
+
+    def __repr__(self):
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+
+def _node_arg(name, t) -> NodeArg:
+    if isinstance(t, TensorType):
+        shape = None if t.shape is None else [
+            d if isinstance(d, int) else (None if str(d).startswith("unk__") else str(d)) for d in t.shape]
+        return NodeArg(name, shape, dtypes.ort_type_string(t.dtype))
+    if isinstance(t, SequenceType):
+        inner = _node_arg(name, t.elem).type if t.elem is not None else "unknown"
+        return NodeArg(name, [], f"seq({inner})")
+    if isinstance(t, OptionalType):
+        inner = _node_arg(name, t.elem).type if t.elem is not None else "unknown"
+        return NodeArg(name, [], f"optional({inner})")
+    return NodeArg(name, None, "unknown")
+
+
+class InferenceSession:
+    """glassrt.InferenceSession(model, providers=None, *, fallback="warn", sess_options=None)
+
+    model: a path, bytes or onnx.ModelProto. providers: priority list, default
+    ["cpu", "reference"]. fallback: "warn" (run on a later provider, warn once per node,
+    count it) or "error" (raise FallbackError at creation listing every such node).
+    """
+
+    def __init__(self, model, providers=None, *, fallback: str = "warn", sess_options: SessionOptions | None = None,
+                 base_dir: str | None = None):
+        if fallback not in ("warn", "error", "silent"):
+            raise ValueError(f"fallback must be 'warn' or 'error', got {fallback!r}")
+        self.options = sess_options or SessionOptions()
+        _apply_threads(self.options.intra_op_num_threads)
+        self.providers = providers_mod.make(providers)
+        self.graph = onnx_io.load(model, base_dir)
+        self.graph, self.pass_log = run_passes(self.graph)
+        self.placement = place(self.graph, self.providers)
+        self.fallbacks = self.placement.fallbacks
+        if self.fallbacks and fallback == "error":
+            raise FallbackError(
+                f"{len(self.fallbacks)} node(s) would fall back from '{self.providers[0].name}':\n"
+                + "\n".join(f"  {f}" for f in self.fallbacks))
+        if fallback == "warn":
+            for f in self.fallbacks:
+                warnings.warn(f"glassrt fallback: {f}", FallbackWarning, stacklevel=2)
+        self.runner = GraphRunner(self.placement, self.options)
+        self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
+        self._last_profile = None
+
+    # ---------------------------------------------------------------- onnxruntime API
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(v.name, v.type) for v in self._inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        types = self.placement.inference.types
+        return [_node_arg(v.name, v.type if v.type is not None else types.get(v.name)) for v in self.graph.outputs]
+
+    def get_providers(self) -> list[str]:
+        return [p.name for p in self.providers]
+
+    def run(self, output_names, input_feed: dict, run_options=None) -> list:
+        feeds = self._check_feeds(input_feed)
+        profile = [] if self.options.enable_profiling else None
+        outs = self.runner.run(feeds, profile=profile)
+        if profile is not None:
+            self._last_profile = profile
+        names = self.graph.output_names()
+        if not output_names:
+            return outs
+        missing = [n for n in output_names if n not in names]
+        if missing:
+            raise UnknownInputError(f"unknown output name(s) {missing}; the model's outputs are {names}")
+        return [outs[names.index(n)] for n in output_names]
+
+    # ---------------------------------------------------------------- validation
+
+    def _check_feeds(self, input_feed) -> dict:
+        if not isinstance(input_feed, dict):
+            raise InputTypeError(f"feeds must be a dict of input name to array, got {type(input_feed).__name__}")
+        declared = {v.name: v for v in self._inputs}
+        overridable = set(self.graph.initializers) & {v.name for v in self.graph.inputs}
+        unknown = [n for n in input_feed if n not in declared and n not in overridable]
+        if unknown:
+            raise UnknownInputError(f"unexpected input name(s) {unknown}; the model's inputs are {list(declared)}")
+        missing = [n for n in declared if n not in input_feed]
+        if missing:
+            raise MissingInputError(f"missing input(s) {missing}: " + ", ".join(
+                f"'{n}' ({_node_arg(n, declared[n].type).type} {symbolic.shape_str(getattr(declared[n].type, 'shape', None))})"
+                for n in missing))
+        feeds, bound = {}, {}
+        for name, value in input_feed.items():
+            t = declared[name].type if name in declared else TensorType(self.graph.initializers[name].dtype,
+                                                                        self.graph.initializers[name].shape)
+            feeds[name] = _check_value(name, value, t, bound)
+        return feeds
+
+
+def _check_value(name, value, t, bound):
+    if isinstance(t, TensorType):
+        if not isinstance(value, np.ndarray):
+            if isinstance(value, (list, tuple, int, float, bool, np.generic)):
+                value = np.asarray(value)
+            else:
+                raise InputTypeError(f"input '{name}': expected a NumPy array ({dtypes.ort_type_string(t.dtype)}), "
+                                     f"got {type(value).__name__}")
+        if value.dtype != t.dtype and not (value.dtype.kind in "US" and t.dtype == object):
+            raise InputTypeError(f"input '{name}': expected dtype {dtypes.ort_type_string(t.dtype)}, got "
+                                 f"{dtypes.ort_type_string(value.dtype) if value.dtype.kind not in 'V' else value.dtype}")
+        if value.dtype.kind in "US":
+            value = value.astype(object)
+        if t.shape is not None:
+            if value.ndim != len(t.shape):
+                raise InputShapeError(f"input '{name}': expected rank {len(t.shape)} {symbolic.shape_str(t.shape)}, "
+                                      f"got rank {value.ndim} {list(value.shape)}")
+            for axis, (want, got) in enumerate(zip(t.shape, value.shape)):
+                if isinstance(want, int):
+                    if want != got:
+                        raise InputShapeError(f"input '{name}': dim {axis} must be {want} "
+                                              f"({symbolic.shape_str(t.shape)}), got {list(value.shape)}")
+                elif want.is_Symbol and not want.name.startswith("unk__"):
+                    prev = bound.get(want.name)
+                    if prev is not None and prev[0] != got:
+                        raise InputShapeError(
+                            f"input '{name}': dim {axis} is '{want.name}', which input '{prev[1]}' set to "
+                            f"{prev[0]}; got {got}")
+                    bound[want.name] = (got, name)
+        if not value.flags.c_contiguous:
+            value = np.ascontiguousarray(value)
+        return value
+    if isinstance(t, SequenceType):
+        if not isinstance(value, (list, tuple)):
+            raise InputTypeError(f"input '{name}': expected a sequence (list of arrays), got {type(value).__name__}")
+        return [_check_value(f"{name}[{i}]", v, t.elem, {}) if t.elem is not None else v
+                for i, v in enumerate(value)]
+    if isinstance(t, OptionalType):
+        if value is None:
+            return None
+        return _check_value(name, value, t.elem, bound) if t.elem is not None else value
+    return value
+
+
+_threads_applied = None
+
+
+def _apply_threads(n: int):
+    global _threads_applied
+    if not n or n == _threads_applied:
+        return
+    _threads_applied = n
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(n)
+    except ImportError:
+        pass
+    try:
+        import numba
+
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except Exception:
+        pass
