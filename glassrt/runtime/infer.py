@@ -62,10 +62,11 @@ def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=Non
 def infer_node(graph, node, types, vals, problems, strict):
     contract = get_contract(node.domain, node.op_type, node.opset)
     in_types = [types.get(i) if i else None for i in node.inputs]
+    declared = graph.types if graph is not None else {}
     if contract is None:
         for o in node.outputs:
             if o:
-                types[o] = graph.types.get(o)
+                types[o] = declared.get(o)
         return
 
     def infer_subgraph(sub: Graph, sub_input_types):
@@ -94,7 +95,7 @@ def infer_node(graph, node, types, vals, problems, strict):
     for o, t in zip(node.outputs, out):
         if o:
             t = _normalize(t)
-            types[o] = t if t is not None else graph.types.get(o)
+            types[o] = t if t is not None else declared.get(o)
 
     if contract.values is not None and any(v is not None for v in in_values):
         try:

@@ -71,6 +71,10 @@ def plan_memory(steps: list[StepIO], keep: set) -> MemoryPlan:
             last_use.setdefault(o, k)
         for i in s.reads:
             last_use[i] = k
+    # Graph outputs are read when the run returns, after the last step.
+    for o in keep:
+        if o in producer:
+            last_use[o] = len(steps)
     # A view keeps its base alive: extend the base's lifetime through the view's uses.
     for k, s in enumerate(steps):
         for o, base in s.aliases.items():

@@ -117,7 +117,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
             if isinstance(t_in, TensorType) and t_in.is_static and t_in.dtype == ctx.output_types[0].dtype \
                     and tuple(t_in.shape) == tuple(ctx.output_types[0].shape):
                 inplace[node.outputs[0]] = node.inputs[0]
-        ws = int(kern.workspace(ctx)) if kern.workspace else 0
+        ws = int(kern.workspace(ctx)) if kern.workspace and _is_static(ctx) else 0
         step_io.append(StepIO([i for i in [*node.inputs, *node.implicit_inputs] if i],
                               [o for o in node.outputs if o], sizes, inplace, aliases, ws))
     memory = plan_memory(step_io, keep)
@@ -125,7 +125,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
     if memory.arena_bytes > limit:
         raise MemoryLimitError(f"the plan for inputs {_sig_str(input_types)} needs a {memory.arena_bytes:,}-byte arena, "
                                f"over the session's memory limit of {limit:,} bytes")
-    arena = np.empty(memory.arena_bytes, dtype=np.uint8) if memory.arena_bytes else None
+    arena = np.empty(memory.arena_bytes, dtype=np.uint8)
 
     # ---- slots and steps
     slots: dict[str, int] = {}
@@ -164,7 +164,10 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
         else:
             ctx.workspace = None
         st = Step()
-        st.fn = _bind(kern, ctx, make_runner, placement)
+        if _is_static(ctx):
+            st.fn = _bind(kern, ctx, make_runner, placement)
+        else:
+            st.fn = _DynamicStep(kern, ctx, make_runner, placement)
         st.ins = tuple(slot(i) if i else -1 for i in node.inputs) + tuple(slot(i) for i in node.implicit_inputs)
         st.outs = tuple(slot(o) if o else -1 for o in node.outputs)
         st.bufs = bufs if kern.multi else bufs[0]
@@ -197,6 +200,64 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
                 types=types, folded=folded, selections=selections, step_io=step_io)
     plan.build_seconds = time.perf_counter() - t0
     return plan
+
+
+def _is_static(ctx) -> bool:
+    """Every tensor input and output shape known: the kernel can be bound for good."""
+    return all(not isinstance(t, TensorType) or t.is_static for t in [*ctx.input_types, *ctx.output_types])
+
+
+class _DynamicStep:
+    """A node whose shapes are only known at run time (downstream of NonZero, Loop...).
+
+    Per distinct input signature it re-runs the op's meta on the real input shapes,
+    binds the kernel for them, and hands it freshly allocated output buffers: the
+    general case stays correct, and the static case keeps its zero-overhead path.
+    """
+
+    MAX_CACHED = 16
+
+    def __init__(self, kern, ctx, make_runner, placement):
+        self.kern, self.ctx = kern, ctx
+        self.make_runner, self.placement = make_runner, placement
+        self.cache = {}
+
+    def __call__(self, *args, out=None):
+        key = tuple((a.shape, a.dtype.str) if isinstance(a, np.ndarray) else type(a).__name__ for a in args)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._prepare(args)
+            if len(self.cache) >= self.MAX_CACHED:
+                self.cache.pop(next(iter(self.cache)))
+            self.cache[key] = entry
+        fn, alloc = entry
+        if not self.kern.out:
+            return fn(*args)
+        bufs = [np.empty(shape, dt) if shape is not None else None for shape, dt in alloc]
+        return fn(*args, out=tuple(bufs) if self.kern.multi else bufs[0])
+
+    def _prepare(self, args):
+        from dataclasses import replace
+
+        from .infer import infer_node
+        from .runner import type_of_value
+
+        node = self.ctx.node
+        n_in = len(node.inputs)
+        types = {name: type_of_value(a) for name, a in zip(node.inputs, args[:n_in]) if name}
+        types.update({name: type_of_value(a) for name, a in zip(node.implicit_inputs, args[n_in:])})
+        values = {name: c for name, c in zip(node.inputs, self.ctx.const_inputs) if name and c is not None}
+        for name, a in zip(node.inputs, args[:n_in]):  # small int inputs (shapes, axes) steer meta
+            if name and isinstance(a, np.ndarray) and a.dtype.kind in "iu" and a.size <= 64:
+                values[name] = a
+        infer_node(None, node, types, values, {}, True)
+        out_types = [types.get(o) if o else None for o in node.outputs]
+        ctx = replace(self.ctx, input_types=[types.get(i) if i else None for i in node.inputs],
+                      output_types=out_types, const_inputs=[values.get(i) if i else None for i in node.inputs])
+        ctx.workspace = None
+        alloc = [((tuple(t.shape), t.dtype) if isinstance(t, TensorType) and t.is_static and t.dtype != object
+                  else (None, None)) for t in out_types]
+        return _bind(self.kern, ctx, self.make_runner, self.placement), alloc
 
 
 def _small(types, limit):

@@ -225,9 +225,8 @@ def div(a, b, *, out=None):
 
 @kernel("Mod", dtypes=NUMERIC)
 def mod(a, b, *, fmod=0):
-    if fmod or a.dtype.kind == "f":
-        return np.fmod(a, b)
-    return np.mod(a, b)
+    # fmod=0: the result takes the divisor's sign (Python %); fmod=1: the dividend's (C fmod).
+    return np.fmod(a, b) if fmod else np.mod(a, b)
 
 
 @kernel("Pow", dtypes=NUMERIC)

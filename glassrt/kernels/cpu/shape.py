@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops.meta.shape import constant_value, reshape_dims
+from ...ops.meta.shape import constant_value, reshape_dims, uneven_split
 from ..registry import kernel
 from ._util import ALL, norm_axis
 
@@ -115,8 +115,7 @@ def split(ctx):
         if sizes is None:
             dim = x.shape[a]
             if num_outputs is not None:
-                chunk = -(-dim // int(num_outputs))
-                sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+                sizes = uneven_split(dim, int(num_outputs))
             else:
                 if dim % n:
                     raise ValueError(f"axis {a} of size {dim} does not split evenly into {n} outputs")

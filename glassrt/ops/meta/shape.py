@@ -308,10 +308,7 @@ def split(ctx):
         parts = int(ctx.attr("num_outputs", n)) if ctx.opset >= 18 else n
         if isinstance(dim, int):
             if ctx.opset >= 18 and "num_outputs" in ctx.attrs:
-                chunk = -(-dim // parts)
-                sizes = [chunk] * (parts - 1) + [dim - chunk * (parts - 1)]
-                if sizes[-1] < 0:
-                    ctx.fail(f"cannot split dim {dim} into {parts} outputs")
+                sizes = uneven_split(dim, parts)
             else:
                 if dim % parts:
                     ctx.fail(f"dim {dim} of axis {a} does not split evenly into {parts} outputs")
@@ -324,6 +321,13 @@ def split(ctx):
     if isinstance(dim, int) and all(isinstance(s, int) for s in sizes) and sum(sizes) != dim:
         ctx.fail(f"split sizes {sizes} do not add up to dim {dim} of axis {a}")
     return [ctx.tensor(ctx.dtype(0), tuple(s if k == a else d for k, d in enumerate(shp))) for s in sizes]
+
+
+def uneven_split(dim: int, parts: int) -> list[int]:
+    """num_outputs that do not divide the dim: chunks of ceil(dim/parts), the last ones
+    shorter (possibly empty), as onnx.reference slices them."""
+    chunk = -(-dim // parts)
+    return [max(0, min(dim, (i + 1) * chunk) - min(dim, i * chunk)) for i in range(parts)]
 
 
 def _slice_params(ctx, rank):
