@@ -52,8 +52,9 @@ def onnx_meta(ctx):
         if not name:
             continue
         tp = to_proto(ctx.type(i))
-        if tp is not None:
-            input_types[name] = tp
+        if tp is None:  # onnx's inference needs every input's type
+            return [None] * len(node.outputs)
+        input_types[name] = tp
         v = ctx.const(i)
         if v is not None and v.size <= _MAX_DATA and v.dtype != object:
             try:

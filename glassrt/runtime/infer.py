@@ -111,5 +111,4 @@ def infer_node(graph, node, types, vals, problems, strict):
 
 
 def _static_inputs(in_types) -> bool:
-    return all(t is None or (isinstance(t, TensorType) and t.is_static) for t in in_types) and any(
-        t is not None for t in in_types)
+    return bool(in_types) and all(isinstance(t, TensorType) and t.is_static for t in in_types)

@@ -223,7 +223,9 @@ class _DynamicStep:
         self.cache = {}
 
     def __call__(self, *args, out=None):
-        key = tuple((a.shape, a.dtype.str) if isinstance(a, np.ndarray) else type(a).__name__ for a in args)
+        # Small integer inputs (shapes, axes, starts) steer output shapes: part of the key.
+        key = tuple(((a.shape, a.dtype.str, a.tobytes() if a.dtype.kind in "iu" and a.size <= 64 else None)
+                     if isinstance(a, np.ndarray) else type(a).__name__) for a in args)
         entry = self.cache.get(key)
         if entry is None:
             entry = self._prepare(args)
@@ -252,8 +254,7 @@ class _DynamicStep:
                 values[name] = a
         infer_node(None, node, types, values, {}, True)
         out_types = [types.get(o) if o else None for o in node.outputs]
-        ctx = replace(self.ctx, input_types=[types.get(i) if i else None for i in node.inputs],
-                      output_types=out_types, const_inputs=[values.get(i) if i else None for i in node.inputs])
+        ctx = replace(self.ctx, input_types=[types.get(i) if i else None for i in node.inputs], output_types=out_types)
         ctx.workspace = None
         alloc = [((tuple(t.shape), t.dtype) if isinstance(t, TensorType) and t.is_static and t.dtype != object
                   else (None, None)) for t in out_types]

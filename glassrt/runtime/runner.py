@@ -18,7 +18,12 @@ def type_of_value(v):
     if isinstance(v, np.ndarray):
         return TensorType(v.dtype, tuple(v.shape))
     if isinstance(v, list):
-        return SequenceType(type_of_value(v[0]) if v else None)
+        from ..ops.meta.control import merge
+
+        elem = type_of_value(v[0]) if v else None
+        for x in v[1:]:
+            elem = merge(elem, type_of_value(x))
+        return SequenceType(elem)
     return None
 
 
@@ -72,5 +77,8 @@ class GraphRunner:
         """Outputs in graph order. `outer`: values this (sub)graph reads from outside."""
         if outer:
             feeds = {**{n: outer[n] for n in self.outer_names if n in outer}, **feeds}
+        for n, v in feeds.items():
+            if isinstance(v, np.generic):  # e.g. a scalar taken from a scan input
+                feeds[n] = np.asarray(v)
         plan = self.plan_for(feeds)
         return run_plan(plan, feeds, profile=profile)

@@ -1,1 +1,480 @@
-"""(being written)"""
+"""Index-driven ops: gathers and scatters, sorting and selection (TopK, Unique, NonZero...),
+cumulative ops, block rearrangements (DepthToSpace, Col2Im, MaxUnpool) and a few odd ones
+(Einsum, Det, BitCast)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ... import dtypes
+from ..registry import kernel
+from ._util import ALL, FLOATS_BF16, NUMERIC, norm_axis
+
+_ACC = {np.dtype(np.float16): np.float32}  # types computed in a wider float, then cast back
+
+
+def _wide(dt):
+    """The float dtype arithmetic in `dt` is done in (float32 for float16/bfloat16)."""
+    dt = np.dtype(dt)
+    if dt in (np.float32, np.float64) or dt.kind in "iub":
+        return dt
+    return np.dtype(np.float32)
+
+
+def _fix_indices(idx, n, what="index"):
+    """int64 indices with negatives counted from the end; raises on anything out of [-n, n)."""
+    idx = np.asarray(idx).astype(np.int64, copy=False)
+    if idx.size:
+        lo, hi = idx.min(), idx.max()
+        if lo < -n or hi >= n:
+            bad = idx[(idx < -n) | (idx >= n)].reshape(-1)[0]
+            raise IndexError(f"{what} {bad} is out of range for a dim of size {n}")
+        if lo < 0:
+            idx = np.where(idx < 0, idx + n, idx)
+    return idx
+
+
+def _axis_index(indices, axis):
+    """The full index tuple for element-wise ops along `axis`: `indices` on that axis, the
+    position itself on every other (open grids broadcasting to indices.shape)."""
+    grids = np.ogrid[tuple(slice(0, d) for d in indices.shape)] if indices.ndim else []
+    grids = list(grids)
+    grids[axis] = indices
+    return tuple(grids)
+
+
+# ---------------------------------------------------------------- gathers
+
+
+@kernel("GatherElements", dtypes=ALL, versions=(11, None))
+def gather_elements(data, indices, *, axis=0):
+    a = norm_axis(axis, data.ndim)
+    if indices.ndim != data.ndim:
+        raise ValueError(f"indices rank {indices.ndim} differs from data rank {data.ndim}")
+    idx = _fix_indices(indices, data.shape[a])
+    if any(i > d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != a):
+        raise ValueError(f"indices shape {idx.shape} exceeds data shape {data.shape} off axis {a}")
+    if idx.shape == data.shape or all(i == d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != a):
+        return np.take_along_axis(data, idx, axis=a)
+    # indices may be smaller than data on the other axes too: index those explicitly.
+    return data[_axis_index(idx, a)]
+
+
+@kernel("GatherND", dtypes=ALL, versions=(11, None))
+def gather_nd(data, indices, *, batch_dims=0):
+    b = int(batch_dims)
+    k = indices.shape[-1]
+    if indices.shape[:b] != data.shape[:b]:
+        raise ValueError(f"batch dims of indices {indices.shape[:b]} and data {data.shape[:b]} differ")
+    if k > data.ndim - b:
+        raise ValueError(f"index tuples of length {k} are too long for data of rank {data.ndim} with {b} batch dims")
+    nb = int(np.prod(data.shape[:b], dtype=np.int64))
+    d = data.reshape((nb,) + data.shape[b:])
+    idx = indices.reshape(nb, -1, k)
+    tup = [np.arange(nb).reshape(nb, 1)]
+    tup += [_fix_indices(idx[..., j], data.shape[b + j]) for j in range(k)]
+    out = d[tuple(tup)]  # (nb, M, *data.shape[b+k:])
+    return np.ascontiguousarray(out.reshape(indices.shape[:-1] + data.shape[b + k:]))
+
+
+# ---------------------------------------------------------------- scatters
+
+_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_at(out, index, updates, reduction):
+    if reduction in ("none", None, ""):
+        # Duplicate indices: numpy keeps the last write, like a sequential loop.
+        out[index] = updates
+    elif reduction in _REDUCE:
+        if out.dtype == bool and reduction in ("add", "mul"):
+            (np.logical_or if reduction == "add" else np.logical_and).at(out, index, updates)
+        else:
+            _REDUCE[reduction].at(out, index, updates)
+    else:
+        raise ValueError(f"unknown reduction {reduction!r}")
+    return out
+
+
+def _scatter_elements(data, indices, updates, axis, reduction):
+    a = norm_axis(axis, data.ndim)
+    if indices.shape != updates.shape:
+        raise ValueError(f"indices shape {indices.shape} differs from updates shape {updates.shape}")
+    if indices.ndim != data.ndim:
+        raise ValueError(f"indices rank {indices.ndim} differs from data rank {data.ndim}")
+    idx = _fix_indices(indices, data.shape[a])
+    return _scatter_at(data.copy(), _axis_index(idx, a), updates, reduction)
+
+
+@kernel("ScatterElements", dtypes=ALL, versions=(11, None))
+def scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
+    return _scatter_elements(data, indices, updates, axis, reduction)
+
+
+@kernel("Scatter", dtypes=ALL, versions=(9, 11))
+def scatter(data, indices, updates, *, axis=0):
+    return _scatter_elements(data, indices, updates, axis, "none")
+
+
+@kernel("ScatterND", dtypes=ALL, versions=(11, None))
+def scatter_nd(data, indices, updates, *, reduction="none"):
+    k = indices.shape[-1]
+    if k > data.ndim:
+        raise ValueError(f"index tuples of length {k} are too long for data of rank {data.ndim}")
+    want = indices.shape[:-1] + data.shape[k:]
+    if updates.shape != want:
+        raise ValueError(f"updates shape {updates.shape} should be {want}")
+    index = tuple(_fix_indices(indices[..., j], data.shape[j]) for j in range(k))
+    return _scatter_at(data.copy(), index, updates, reduction)
+
+
+@kernel("TensorScatter", dtypes=ALL, versions=(24, None))
+def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axis=-2):
+    a = norm_axis(axis, past_cache.ndim)
+    if a == 0:
+        raise ValueError("TensorScatter: the sequence axis cannot be the batch axis 0")
+    if mode not in ("linear", "circular"):
+        raise ValueError(f"unknown mode {mode!r}")
+    shp, ushp = past_cache.shape, update.shape
+    if len(shp) != len(ushp) or any(s != u for i, (s, u) in enumerate(zip(shp, ushp)) if i != a) or ushp[a] > shp[a]:
+        raise ValueError(f"update shape {ushp} does not fit cache shape {shp} on axis {a}")
+    nb, max_len, seq = shp[0], shp[a], ushp[a]
+    w = np.zeros(nb, np.int64) if write_indices is None else write_indices.astype(np.int64).reshape(-1)
+    pos = w[:, None] + np.arange(seq)  # (batch, seq) cache positions
+    if mode == "circular":
+        pos %= max_len
+    elif pos.size and (pos.min() < 0 or pos.max() >= max_len):
+        raise IndexError(f"write positions {int(pos.min())}..{int(pos.max())} run past the cache length {max_len}")
+    out = past_cache.copy()
+    # Batch and sequence axes first, so that the two index arrays address (batch, seq) pairs.
+    np.moveaxis(out, a, 1)[np.arange(nb)[:, None], pos] = np.moveaxis(update, a, 1)
+    return out
+
+
+# ---------------------------------------------------------------- triangles, eye
+
+
+@kernel("Trilu", dtypes=ALL, versions=(14, None))
+def trilu(x, k=None, *, upper=1):
+    kk = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+    n, m = x.shape[-2:]
+    j = np.arange(m) - np.arange(n)[:, None]  # column - row
+    keep = j >= kk if upper else j <= kk
+    return np.where(keep, x, np.zeros((), x.dtype))
+
+
+@kernel("EyeLike", dtypes=ALL, versions=(9, None))
+def eye_like(x, *, dtype=None, k=0):
+    if x.ndim != 2:
+        raise ValueError(f"EyeLike takes a 2-D input, not rank {x.ndim}")
+    dt = x.dtype if dtype is None else dtypes.np_dtype(int(dtype))
+    out = np.zeros(x.shape, dt)
+    n, m = x.shape
+    r = np.arange(max(0, -k), min(n, m - k)) if -n < k < m else np.arange(0)
+    out[r, r + k] = np.ones((), dt)
+    return out
+
+
+# ---------------------------------------------------------------- cumulative
+
+
+def _cumulative(x, axis, exclusive, reverse, fn, identity):
+    a = norm_axis(int(np.asarray(axis).reshape(-1)[0]), max(x.ndim, 1))
+    if x.ndim == 0:
+        return x.copy()
+    if reverse:
+        x = np.flip(x, a)
+    wide = _wide(x.dtype)
+    y = fn(x, axis=a, dtype=wide)
+    if exclusive:
+        # Shift by one along the axis; the first position gets the identity.
+        y = np.concatenate([np.full(x.shape[:a] + (1,) + x.shape[a + 1:], identity, wide),
+                            np.take(y, np.arange(x.shape[a] - 1), axis=a)], axis=a)
+    if reverse:
+        y = np.flip(y, a)
+    return np.ascontiguousarray(y.astype(x.dtype, copy=False))
+
+
+@kernel("CumSum", dtypes=NUMERIC, versions=(11, None))
+def cumsum(x, axis, *, exclusive=0, reverse=0):
+    return _cumulative(x, axis, exclusive, reverse, np.cumsum, 0)
+
+
+@kernel("CumProd", dtypes=NUMERIC, versions=(26, None))
+def cumprod(x, axis, *, exclusive=0, reverse=0):
+    return _cumulative(x, axis, exclusive, reverse, np.cumprod, 1)
+
+
+# ---------------------------------------------------------------- one-hot, selection
+
+
+@kernel("OneHot", dtypes=NUMERIC, versions=(9, None))
+def one_hot(indices, depth, values, *, axis=-1):
+    d = int(np.asarray(depth).reshape(-1)[0])
+    if d < 1:
+        raise ValueError(f"OneHot depth must be positive, not {d}")
+    values = np.asarray(values).reshape(-1)
+    if values.size != 2:
+        raise ValueError(f"OneHot values must hold [off, on], not {values.size} entries")
+    a = norm_axis(axis, indices.ndim + 1)
+    idx = indices.astype(np.int64) if indices.dtype.kind != "f" else np.trunc(indices).astype(np.int64)
+    idx = np.where(idx < 0, idx + d, idx)  # out of [-d, d): matches no position below
+    ar = np.arange(d).reshape((d,) + (1,) * (indices.ndim - a))
+    hot = np.expand_dims(idx, a) == ar
+    return values[hot.astype(np.intp)]  # off at 0, on at 1
+
+
+def _topk_order(x, axis, largest):
+    """Stable sort order along `axis`: ascending, or descending with ties kept in index order."""
+    if not largest:
+        return np.argsort(x, axis=axis, kind="stable")
+    # Sorting the reversed axis stably and reading the result backwards gives descending
+    # values with equal values in increasing index order (no negation, so unsigned is fine).
+    n = x.shape[axis]
+    rev = np.argsort(np.flip(x, axis), axis=axis, kind="stable")
+    return (n - 1) - np.flip(rev, axis)
+
+
+def _topk(x, k, axis, largest):
+    a = norm_axis(axis, x.ndim)
+    k = int(np.asarray(k).reshape(-1)[0])
+    if k < 0 or k > x.shape[a]:
+        raise ValueError(f"k={k} is out of range for axis {a} of size {x.shape[a]}")
+    order = _topk_order(x, a, largest)
+    idx = np.ascontiguousarray(np.take(order, np.arange(k), axis=a)).astype(np.int64, copy=False)
+    return np.take_along_axis(x, idx, axis=a), idx
+
+
+_TOPK_TYPES = NUMERIC
+
+
+@kernel("TopK", dtypes=_TOPK_TYPES, versions=(1, 9), multi=True)
+def top_k_1(x, *, k, axis=-1):
+    return _topk(x, k, axis, True)
+
+
+@kernel("TopK", dtypes=_TOPK_TYPES, versions=(10, 10), multi=True, name="top_k_10")
+def top_k_10(x, k, *, axis=-1):
+    return _topk(x, k, axis, True)
+
+
+@kernel("TopK", dtypes=_TOPK_TYPES, versions=(11, None), multi=True, name="top_k_11")
+def top_k_11(x, k, *, axis=-1, largest=1, sorted=1):  # noqa: A002 — the ONNX attribute's name
+    # sorted=0 leaves the order unspecified: the sorted order is a valid one.
+    return _topk(x, k, axis, bool(largest))
+
+
+@kernel("Unique", dtypes=ALL, versions=(11, None), multi=True)
+def unique(x, *, axis=None, sorted=1):  # noqa: A002 — the ONNX attribute's name
+    if axis is None:
+        src, a = x.reshape(-1), 0
+        y, first, inverse, counts = np.unique(src, return_index=True, return_inverse=True, return_counts=True)
+    else:
+        a = norm_axis(axis, x.ndim)
+        src = x
+        y, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True, axis=a)
+    inverse = inverse.reshape(-1)
+    if not sorted:
+        # First-occurrence order: renumber the sorted uniques by where they first appear.
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        first, counts, inverse = first[order], counts[order], rank[inverse]
+        y = np.take(src, first, axis=a)
+    i64 = np.int64
+    return (np.ascontiguousarray(y), first.astype(i64), inverse.astype(i64), counts.astype(i64))
+
+
+@kernel("NonZero", dtypes=ALL - {dtypes.STRING}, versions=(9, None))
+def non_zero(x):
+    if x.ndim == 0:
+        return np.zeros((0, int(bool(x))), np.int64)
+    return np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)
+
+
+@kernel("Compress", dtypes=ALL, versions=(9, None))
+def compress(x, condition, *, axis=None):
+    cond = condition.reshape(-1).astype(bool, copy=False)
+    if axis is None:
+        flat = x.reshape(-1)
+        if cond.size > flat.size:
+            raise ValueError(f"condition of length {cond.size} is longer than the input's {flat.size} elements")
+        return flat[:cond.size][cond]
+    a = norm_axis(axis, x.ndim)
+    if cond.size > x.shape[a]:
+        raise ValueError(f"condition of length {cond.size} is longer than axis {a} of size {x.shape[a]}")
+    return np.compress(cond, x, axis=a)
+
+
+@kernel("ReverseSequence", dtypes=ALL, versions=(10, None))
+def reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0):
+    b, t = norm_axis(batch_axis, x.ndim), norm_axis(time_axis, x.ndim)
+    if {b, t} != {0, 1}:
+        raise ValueError(f"batch_axis and time_axis must be 0 and 1, not {batch_axis} and {time_axis}")
+    n, steps = x.shape[b], x.shape[t]
+    lens = sequence_lens.astype(np.int64).reshape(-1)
+    if lens.size != n:
+        raise ValueError(f"sequence_lens has {lens.size} entries for a batch of {n}")
+    if lens.size and (lens.min() < 0 or lens.max() > steps):
+        raise ValueError(f"sequence_lens {lens.tolist()} out of range [0, {steps}]")
+    ti = np.arange(steps)
+    src = np.where(ti < lens[:, None], lens[:, None] - 1 - ti, ti)  # (batch, time) source step
+    if b == 1:
+        src = src.T
+    src = src.reshape(src.shape + (1,) * (x.ndim - 2))
+    return np.take_along_axis(x, np.broadcast_to(src, src.shape[:2] + x.shape[2:]), axis=t)
+
+
+# ---------------------------------------------------------------- bits, linear algebra
+
+
+_SUBBYTE = {"int4": 4, "uint4": 4, "float4e2m1": 4, "int2": 2, "uint2": 2}
+
+
+def _bits(dt):
+    return _SUBBYTE.get(dtypes.name(dt), np.dtype(dt).itemsize * 8)
+
+
+@kernel("BitCast", dtypes=ALL - {dtypes.STRING}, versions=(26, None))
+def bit_cast(x, *, to):
+    dt = dtypes.np_dtype(int(to))
+    if _bits(x.dtype) != _bits(dt):
+        raise ValueError(f"BitCast between {dtypes.name(x.dtype)} and {dtypes.name(dt)}: bit widths differ")
+    if dtypes.name(x.dtype) in _SUBBYTE:
+        # Sub-byte types each sit in a byte of their own: carry the low bits over, then
+        # read them as the target type through a byte view.
+        nbits = _SUBBYTE[dtypes.name(x.dtype)]
+        raw = x.view(np.uint8) & np.uint8((1 << nbits) - 1)
+        if dtypes.name(dt).startswith("int"):
+            raw = (raw.astype(np.int8) << (8 - nbits)) >> (8 - nbits)  # sign-extend
+        return np.ascontiguousarray(raw).view(dt)
+    return np.ascontiguousarray(x).view(dt).copy()
+
+
+@kernel("Det", dtypes=FLOATS_BF16, versions=(11, None))
+def det(x):
+    if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"Det takes square matrices [..., M, M], not {list(x.shape)}")
+    return np.asarray(np.linalg.det(x.astype(_wide(x.dtype), copy=False))).astype(x.dtype, copy=False)
+
+
+@kernel("Einsum", dtypes=NUMERIC, versions=(12, None))
+def einsum(*xs, equation):
+    eq = equation.replace(" ", "")
+    dt = xs[0].dtype
+    wide = _wide(dt)
+    ops = [x.astype(wide, copy=False) for x in xs]
+    r = np.einsum(eq, *ops, optimize=len(ops) > 2 or ("->" in eq and len(ops) == 2))
+    return np.ascontiguousarray(np.asarray(r).astype(dt, copy=False))
+
+
+# ---------------------------------------------------------------- block rearrangements
+
+
+@kernel("DepthToSpace", dtypes=ALL, versions=(1, None))
+def depth_to_space(x, *, blocksize, mode="DCR"):
+    bs = int(blocksize)
+    n, c, h, w = x.shape
+    if c % (bs * bs):
+        raise ValueError(f"channels {c} are not divisible by blocksize² = {bs * bs}")
+    oc = c // (bs * bs)
+    if mode == "DCR":
+        t = x.reshape(n, bs, bs, oc, h, w).transpose(0, 3, 4, 1, 5, 2)
+    elif mode == "CRD":
+        t = x.reshape(n, oc, bs, bs, h, w).transpose(0, 1, 4, 2, 5, 3)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    return np.ascontiguousarray(t).reshape(n, oc, h * bs, w * bs)
+
+
+@kernel("SpaceToDepth", dtypes=ALL, versions=(1, None))
+def space_to_depth(x, *, blocksize, mode="DCR"):
+    bs = int(blocksize)
+    n, c, h, w = x.shape
+    if h % bs or w % bs:
+        raise ValueError(f"spatial dims {h}x{w} are not divisible by blocksize {bs}")
+    t = x.reshape(n, c, h // bs, bs, w // bs, bs)
+    if mode == "DCR":
+        t = t.transpose(0, 3, 5, 1, 2, 4)
+    elif mode == "CRD":
+        t = t.transpose(0, 1, 3, 5, 2, 4)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    return np.ascontiguousarray(t).reshape(n, c * bs * bs, h // bs, w // bs)
+
+
+@kernel("CenterCropPad", dtypes=ALL, versions=(18, None))
+def center_crop_pad(x, shape, *, axes=None):
+    r = x.ndim
+    ax = list(range(r)) if axes is None else [norm_axis(int(a), r) for a in axes]
+    shape = [int(s) for s in np.asarray(shape).reshape(-1)]
+    if len(shape) != len(ax):
+        raise ValueError(f"shape {shape} has {len(shape)} entries for {len(ax)} axes")
+    src = [slice(None)] * r
+    dst = [slice(None)] * r
+    out_shape = list(x.shape)
+    for a, s in zip(ax, shape):
+        dim = x.shape[a]
+        out_shape[a] = s
+        if s < dim:  # crop: the extra element goes to the end
+            b = (dim - s) // 2
+            src[a] = slice(b, b + s)
+        elif s > dim:  # pad: likewise
+            b = (s - dim) // 2
+            dst[a] = slice(b, b + dim)
+    out = np.zeros(out_shape, x.dtype)
+    out[tuple(dst)] = x[tuple(src)]
+    return out
+
+
+def _col2im_geometry(image, block, dilations, pads, strides):
+    n = len(image)
+    dil = list(dilations or [1] * n)
+    st = list(strides or [1] * n)
+    pd = list(pads or [0] * (2 * n))
+    blocks = [(image[i] + pd[i] + pd[i + n] - dil[i] * (block[i] - 1) - 1) // st[i] + 1 for i in range(n)]
+    return dil, st, pd, blocks
+
+
+@kernel("Col2Im", dtypes=NUMERIC, versions=(18, None))
+def col2im(x, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    image = [int(v) for v in image_shape.reshape(-1)]
+    block = [int(v) for v in block_shape.reshape(-1)]
+    nd = len(image)
+    dil, st, pd, blocks = _col2im_geometry(image, block, dilations, pads, strides)
+    taps = int(np.prod(block))
+    n, ck, length = x.shape
+    if ck % taps or length != int(np.prod(blocks)) or min(blocks) < 1:
+        raise ValueError(f"input {list(x.shape)} does not match image {image}, block {block} "
+                         f"({blocks} block positions)")
+    c = ck // taps
+    cols = x.reshape((n, c, taps) + tuple(blocks))
+    wide = _wide(x.dtype)
+    padded = np.zeros((n, c) + tuple(image[i] + pd[i] + pd[i + nd] for i in range(nd)), wide)
+    # One strided accumulation per kernel tap (taps in row-major order over the block).
+    for t, offs in enumerate(itertools.product(*[range(b) for b in block])):
+        sl = tuple(slice(offs[i] * dil[i], offs[i] * dil[i] + (blocks[i] - 1) * st[i] + 1, st[i]) for i in range(nd))
+        padded[(slice(None), slice(None)) + sl] += cols[:, :, t]
+    crop = tuple(slice(pd[i], pd[i] + image[i]) for i in range(nd))
+    return np.ascontiguousarray(padded[(slice(None), slice(None)) + crop]).astype(x.dtype, copy=False)
+
+
+@kernel("MaxUnpool", dtypes=NUMERIC, versions=(9, None))
+def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, strides=None):
+    nd = len(kernel_shape)
+    st = list(strides or [1] * nd)
+    pd = list(pads or [0] * (2 * nd))
+    inferred = list(x.shape[:2]) + [(x.shape[2 + i] - 1) * st[i] - pd[i] - pd[i + nd] + kernel_shape[i]
+                                    for i in range(nd)]
+    shape = inferred if output_shape is None else [int(v) for v in output_shape.reshape(-1)]
+    if len(shape) != x.ndim:
+        raise ValueError(f"output_shape {shape} must have rank {x.ndim}")
+    if indices.shape != x.shape:
+        raise ValueError(f"indices shape {indices.shape} differs from X shape {x.shape}")
+    # Indices are flat positions in the whole output tensor (as MaxPool numbers them).
+    total = int(np.prod(shape, dtype=np.int64))
+    idx = _fix_indices(indices.reshape(-1), total)
+    out = np.zeros(total, x.dtype)
+    out[idx] = x.reshape(-1)
+    return out.reshape(shape)
