@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
@@ -288,7 +289,9 @@ def to_type_proto(t) -> onnx.TypeProto | None:
         if t.shape is None:
             return helper.make_tensor_type_proto(dtypes.elem_type(t.dtype), None)
         dims = [d if isinstance(d, int) else str(d) for d in t.shape]
-        return helper.make_tensor_type_proto(dtypes.elem_type(t.dtype), dims)
+        tp = helper.make_tensor_type_proto(dtypes.elem_type(t.dtype), dims)
+        tp.tensor_type.shape.SetInParent()  # rank 0 must read as a scalar, not as unknown rank
+        return tp
     if isinstance(t, SequenceType):
         inner = to_type_proto(t.elem)
         if inner is None:

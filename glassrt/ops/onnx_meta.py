@@ -39,7 +39,9 @@ def onnx_meta(ctx):
                             break
                     names[key] = d
                     dims.append(key)
-            return helper.make_tensor_type_proto(dtypes.elem_type(t.dtype), dims)
+            tp = helper.make_tensor_type_proto(dtypes.elem_type(t.dtype), dims)
+            tp.tensor_type.shape.SetInParent()  # rank 0 must read as a scalar, not as unknown rank
+            return tp
         inner = to_proto(t.elem)
         if inner is None:
             return None
@@ -58,7 +60,7 @@ def onnx_meta(ctx):
         v = ctx.const(i)
         if v is not None and v.size <= _MAX_DATA and v.dtype != object:
             try:
-                input_data[name] = numpy_helper.from_array(np.ascontiguousarray(v), name)
+                input_data[name] = numpy_helper.from_array(v.copy(order="C"), name)
             except Exception:
                 pass
     try:

@@ -160,7 +160,7 @@ def _check_value(name, value, t, bound):
                             f"{prev[0]}; got {got}")
                     bound[want.name] = (got, name)
         if not value.flags.c_contiguous:
-            value = np.ascontiguousarray(value)
+            value = value.copy(order="C")
         return value
     if isinstance(t, SequenceType):
         if not isinstance(value, (list, tuple)):

@@ -13,6 +13,11 @@ SIGNED = dtypes.SIGNED_INTS | dtypes.FLOATS_BF16
 ALL = dtypes.ALL
 
 
+def contiguous(x: np.ndarray) -> np.ndarray:
+    """C-contiguous x, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    return x if x.flags.c_contiguous else x.copy(order="C")
+
+
 def norm_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 

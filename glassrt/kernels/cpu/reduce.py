@@ -48,11 +48,11 @@ def _empty_ok(fn, identity):
 
 
 def _low(dt):
-    return -np.inf if dt.kind == "f" else np.iinfo(dt).min
+    return -np.inf if dt.kind == "f" else False if dt.kind == "b" else np.iinfo(dt).min
 
 
 def _high(dt):
-    return np.inf if dt.kind == "f" else np.iinfo(dt).max
+    return np.inf if dt.kind == "f" else True if dt.kind == "b" else np.iinfo(dt).max
 
 
 _acc = {np.dtype(np.float16): np.float32}

@@ -5,7 +5,7 @@ import numpy as np
 
 from ...ops.meta.shape import constant_value, reshape_dims, uneven_split
 from ..registry import kernel
-from ._util import ALL, norm_axis
+from ._util import ALL, contiguous, norm_axis
 
 INT_MAX = 2**63 - 1
 
@@ -90,7 +90,7 @@ def identity(x):
 def transpose(x, *, out=None, perm=None):
     t = np.transpose(x, perm)
     if out is None:
-        return np.ascontiguousarray(t)
+        return contiguous(t)
     np.copyto(out, t)
     return out
 
@@ -123,7 +123,7 @@ def split(ctx):
         if sum(sizes) != x.shape[a] or len(sizes) != n:
             raise ValueError(f"split sizes {sizes} do not match axis {a} of size {x.shape[a]} and {n} outputs")
         bounds = np.cumsum([0] + sizes)
-        return tuple(np.ascontiguousarray(np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=a)) for i in range(n))
+        return tuple(contiguous(np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=a)) for i in range(n))
 
     return step
 
@@ -167,7 +167,7 @@ def slice_(ctx):
 
 def _put(v, out):
     if out is None:
-        return np.ascontiguousarray(v)
+        return contiguous(v)
     np.copyto(out, v)
     return out
 

@@ -1,0 +1,182 @@
+"""The `glassrt` command line: run, explain, profile, check."""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from . import dtypes, symbolic
+from .errors import GlassrtError
+
+console = Console()
+
+
+def _parse_pairs(items, what):
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise click.BadParameter(f"expected NAME=VALUE, got {item!r}", param_hint=what)
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out
+
+
+def _parse_dims(items) -> dict[str, int]:
+    dims = {}
+    for k, v in _parse_pairs(items, "--dim").items():
+        try:
+            dims[k] = int(v)
+        except ValueError:
+            raise click.BadParameter(f"dim {k} must be an integer, got {v!r}", param_hint="--dim") from None
+    return dims
+
+
+def generate_inputs(sess, dims: dict, seed: int = 0) -> dict:
+    """Inputs from the declared shapes: random for floats, small ints for ints, --dim binds symbols."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for arg, vi in zip(sess.get_inputs(), sess._inputs):
+        t = vi.type
+        if t is None or getattr(t, "shape", None) is None:
+            raise GlassrtError(f"input '{arg.name}' has no declared shape; pass it with --input {arg.name}=FILE.npy")
+        shape = []
+        for d in t.shape:
+            if isinstance(d, int):
+                shape.append(d)
+                continue
+            names = symbolic.free_names(d)
+            missing = sorted(n for n in names if n not in dims)
+            if missing and all(n.startswith("unk__") for n in missing):
+                shape.append(1)
+                continue
+            if missing:
+                raise GlassrtError(f"input '{arg.name}' has symbolic dim '{d}'; bind it with --dim {missing[0]}=N")
+            shape.append(int(symbolic.evaluate(d, dims)))
+        dt = t.dtype
+        if dt.kind == "f":
+            feeds[arg.name] = rng.random(shape).astype(dt)
+        elif dt.kind in "iu":
+            feeds[arg.name] = rng.integers(0, 10, shape).astype(dt)
+        elif dt.kind == "b":
+            feeds[arg.name] = rng.random(shape) > 0.5
+        else:
+            raise GlassrtError(f"cannot generate input '{arg.name}' of type {arg.type}; pass --input")
+    return feeds
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="glassrt")
+def main():
+    """glassrt — an ONNX inference runtime that shows every decision it makes."""
+
+
+def _model_arg(model):
+    """(model source, name of the embedded default or None)."""
+    if model:
+        return model, None
+    from .tools import light_models
+
+    return str(light_models.path(light_models.DEFAULT)), light_models.DEFAULT
+
+
+@main.command()
+@click.argument("model", required=False)
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="Feed an input from a .npy file.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim for generated inputs.")
+@click.option("--providers", default="cpu,reference", show_default=True, help="Provider priority list.")
+@click.option("--strict", is_flag=True, help="Fail if any node would fall back (fallback='error').")
+@click.option("--save", type=click.Path(file_okay=False), help="Write each output to DIR/NAME.npy.")
+@click.option("--runs", default=5, show_default=True, help="Timed runs after the first (latency is their median).")
+def run(model, inputs, dims, providers, strict, save, runs):
+    """Run MODEL (default: the embedded light_resnet50 from the onnx package) and report."""
+    from . import InferenceSession
+    from .runtime.session import FallbackWarning
+
+    source, default_name = _model_arg(model)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FallbackWarning)
+            t0 = time.perf_counter()
+            sess = InferenceSession(source, providers=providers.split(","), fallback="error" if strict else "warn")
+            created = time.perf_counter() - t0
+        feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
+        t0 = time.perf_counter()
+        outputs = sess.run(None, feeds)
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            sess.run(None, feeds)
+            times.append(time.perf_counter() - t0)
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+        sys.exit(1)
+
+    console.print(f"[bold]{Path(source).name}[/]  created in {created * 1e3:.0f} ms", highlight=False)
+    table = Table(title="outputs", title_justify="left")
+    for col in ("name", "shape", "dtype", "values"):
+        table.add_column(col)
+    for arg, value in zip(sess.get_outputs(), outputs):
+        if isinstance(value, np.ndarray):
+            flat = value.reshape(-1)[:5]
+            table.add_row(arg.name, str(list(value.shape)), dtypes.name(value.dtype),
+                          np.array2string(flat, precision=4, separator=", ") + (" ..." if value.size > 5 else ""))
+        else:
+            table.add_row(arg.name, "-", type(value).__name__, repr(value)[:60])
+    console.print(table)
+    lat = statistics.median(times) if times else first
+    console.print(f"latency: first run {first * 1e3:.1f} ms (plan built), then median {lat * 1e3:.2f} ms over {len(times)} runs")
+    counts = sess.placement.counts()
+    console.print("nodes per provider: " + ", ".join(f"{p}={n}" for p, n in counts.items()), highlight=False)
+    if sess.fallbacks:
+        console.print(f"[yellow]fallbacks: {len(sess.fallbacks)}[/]")
+        for f in sess.fallbacks:
+            console.print(f"  {f}", highlight=False)
+    else:
+        console.print("fallbacks: 0")
+    if default_name:
+        from .tools import light_models
+
+        expected = light_models.expected_output(default_name)
+        diff = float(np.max(np.abs(outputs[0].astype(np.float64) - expected)))
+        ok = np.allclose(outputs[0], expected, rtol=1e-3, atol=1e-7)
+        console.print(f"expected output (shipped with onnx): max |diff| = {diff:.3g} -> "
+                      + ("[green]match[/]" if ok else "[red]MISMATCH[/]"))
+        if not ok:
+            sys.exit(1)
+    if save:
+        Path(save).mkdir(parents=True, exist_ok=True)
+        for arg, value in zip(sess.get_outputs(), outputs):
+            if isinstance(value, np.ndarray):
+                np.save(Path(save) / f"{arg.name.replace('/', '_')}.npy", value)
+        console.print(f"saved outputs to {save}/")
+
+
+def _load_inputs(sess, inputs, dims, default_name):
+    given = {}
+    for name, file in _parse_pairs(inputs, "--input").items():
+        try:
+            given[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise GlassrtError(f"cannot read --input {name}={file}: {e}") from e
+    if default_name and not given:
+        from .tools import light_models
+
+        (arg,) = sess.get_inputs()
+        return {arg.name: light_models.reference_input(arg.shape)}
+    missing = [a for a in sess.get_inputs() if a.name not in given]
+    if missing:
+        generated = generate_inputs(sess, dims)
+        given.update({a.name: generated[a.name] for a in missing})
+    return given
+
+
+if __name__ == "__main__":
+    main()

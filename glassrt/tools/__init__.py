@@ -1,0 +1,1 @@
+"""Tools on top of the runtime: explain, profile, compare, check, the light model zoo."""

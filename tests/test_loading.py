@@ -1,0 +1,94 @@
+"""Loading: external data stays inside the model's folder; protos, bytes and paths load alike."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import glassrt
+from tests.helpers import add_model, model, tensor
+
+
+def _external_model(location: str, data_bytes: bytes = None, length=None):
+    t = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[3])
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in {"location": location, "offset": "0", "length": str(length if length is not None else 12)}.items():
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return model([helper.make_node("Add", ["x", "w"], ["y"])], [tensor("x", [3])], [tensor("y", [3])], [t])
+
+
+def test_external_data_inside_folder(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(np.array([1, 2, 3], np.float32).tobytes())
+    p = tmp_path / "m.onnx"
+    onnx.save(_external_model("weights.bin"), p)
+    y = glassrt.InferenceSession(p).run(None, {"x": np.zeros(3, np.float32)})[0]
+    np.testing.assert_array_equal(y, [1, 2, 3])
+
+
+@pytest.mark.parametrize("location", ["../secret.bin", "sub/../../secret.bin", "/etc/passwd"])
+def test_external_data_escaping_the_folder_is_refused(tmp_path, location):
+    inner = tmp_path / "model"
+    inner.mkdir()
+    (inner / "sub").mkdir()
+    (tmp_path / "secret.bin").write_bytes(b"\x00" * 12)
+    p = inner / "m.onnx"
+    onnx.save(_external_model(location), p)
+    with pytest.raises(glassrt.UnsafeModelError, match="initializer 'w'.*outside|initializer 'w'.*absolute|initializer 'w'.*climbs"):
+        glassrt.InferenceSession(p)
+
+
+def test_external_data_through_symlink_out_is_refused(tmp_path):
+    inner = tmp_path / "model"
+    inner.mkdir()
+    (tmp_path / "secret.bin").write_bytes(b"\x00" * 12)
+    os.symlink(tmp_path / "secret.bin", inner / "link.bin")
+    p = inner / "m.onnx"
+    onnx.save(_external_model("link.bin"), p)
+    with pytest.raises(glassrt.UnsafeModelError, match="outside the model's folder"):
+        glassrt.InferenceSession(p)
+
+
+def test_external_data_without_a_folder_is_refused():
+    with pytest.raises(glassrt.UnsafeModelError, match="not loaded from a path"):
+        glassrt.InferenceSession(_external_model("weights.bin").SerializeToString())
+
+
+def test_external_data_range_outside_file(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\x00" * 8)
+    p = tmp_path / "m.onnx"
+    onnx.save(_external_model("weights.bin"), p)
+    with pytest.raises(glassrt.InvalidModelError, match="outside 'weights.bin'"):
+        glassrt.InferenceSession(p)
+
+
+def test_path_bytes_and_proto_load_alike(tmp_path):
+    m = add_model()
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    outs = [glassrt.InferenceSession(src).run(None, {"x": x})[0] for src in (m, m.SerializeToString(), p, str(p))]
+    for o in outs:
+        np.testing.assert_array_equal(o, x + 1)
+
+
+def test_symbolic_dims_in_get_inputs_and_outputs():
+    sess = glassrt.InferenceSession(add_model())
+    (i,) = sess.get_inputs()
+    (o,) = sess.get_outputs()
+    assert (i.name, i.shape, i.type) == ("x", ["batch", 3], "tensor(float)")
+    assert (o.name, o.shape, o.type) == ("y", ["batch", 3], "tensor(float)")
+
+
+def test_model_local_functions_are_inlined():
+    fn = helper.make_function("local", "AddTwice", ["a"], ["b"],
+                              [helper.make_node("Add", ["a", "a"], ["t"]), helper.make_node("Add", ["t", "a"], ["b"])],
+                              [helper.make_opsetid("", 18)])
+    m = model([helper.make_node("AddTwice", ["x"], ["y"], domain="local")], [tensor("x", [2])], [tensor("y", [2])],
+              domains={"local": 1})
+    m.functions.append(fn)
+    y = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": np.array([1, 2], np.float32)})[0]
+    np.testing.assert_array_equal(y, [3, 6])
