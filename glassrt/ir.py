@@ -109,6 +109,7 @@ class Graph:
     # Names this graph reads from an enclosing graph (subgraphs only).
     outer_names: list[str] = field(default_factory=list)
     doc: str = ""
+    ir_version: int = 0
 
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o}
@@ -122,8 +123,20 @@ class Graph:
         return out
 
     def input_names(self) -> list[str]:
-        """Inputs a caller feeds: declared inputs that are not also initializers."""
+        """Inputs a caller must feed: declared inputs that are not also initializers."""
         return [v.name for v in self.inputs if v.name not in self.initializers]
+
+    def overridable(self) -> set[str]:
+        """Initializers a caller may replace by feeding them: those also listed as graph
+        inputs, from IR version 4 on (before it every initializer had to be listed as an
+        input, and all are constants — onnxruntime reads them the same way)."""
+        if self.ir_version and self.ir_version < 4:
+            return set()
+        return {v.name for v in self.inputs} & set(self.initializers)
+
+    def constants(self) -> dict:
+        over = self.overridable()
+        return {k: v for k, v in self.initializers.items() if k not in over}
 
     def output_names(self) -> list[str]:
         return [v.name for v in self.outputs]

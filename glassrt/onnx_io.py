@@ -78,6 +78,7 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
     parser = _Parser(opsets, base_dir)
     graph = parser.graph(proto.graph, outer=frozenset())
     graph.doc = proto.doc_string
+    graph.ir_version = int(proto.ir_version)
     return graph
 
 

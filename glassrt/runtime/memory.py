@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import sys
+
+import numpy as np
+
 ALIGN = 64
 
 
@@ -148,3 +152,69 @@ def _lower_bound(groups: list[_Group], n_steps: int) -> int:
         for k in range(g.first, g.last + 1):
             live[k] += g.size
     return max(live, default=0)
+
+
+class BufferPool:
+    """Run-time allocations for values whose size is only known while running
+    (downstream of NonZero, Loop bodies with changing shapes...).
+
+    Freed buffers are kept per byte size and handed out again, so a plan replayed with
+    the same data-dependent sizes stops allocating. `reserved` counts every byte the
+    pool holds, `allocated` the bytes handed out now: their gap is the fragmentation.
+    """
+
+    def __init__(self, max_reserved: int = 1 << 30):
+        self.free: dict[int, list[np.ndarray]] = {}
+        self.in_use: dict[int, np.ndarray] = {}  # id(buffer) -> buffer
+        self.reserved = 0
+        self.allocated = 0
+        self.peak_allocated = 0
+        self.max_reserved = max_reserved
+        self.hits = 0
+        self.misses = 0
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        size = _align(max(nbytes, 1))
+        bucket = self.free.get(size)
+        if bucket:
+            raw = bucket.pop()
+            self.hits += 1
+        else:
+            raw = np.empty(size, np.uint8)
+            self.reserved += size
+            self.misses += 1
+        self.in_use[id(raw)] = raw
+        self.allocated += size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return raw[:nbytes].view(dtype).reshape(shape)
+
+    def release(self, array) -> bool:
+        """Give back a buffer `empty` handed out (True), or ignore anything else (False)."""
+        base = array
+        while isinstance(base, np.ndarray) and base.base is not None:
+            base = base.base
+        raw = self.in_use.pop(id(base), None)
+        if raw is None:
+            return False
+        self.allocated -= raw.size
+        # A kernel may have returned a view of this buffer that is still alive somewhere:
+        # then it must not be handed out again. References now: in_use's (gone), the
+        # released array's .base, `base`, `raw`, getrefcount's argument.
+        shared = sys.getrefcount(raw) > 4 + (array is not base)
+        if shared or self.reserved > self.max_reserved:  # do not reuse it, do not hoard
+            self.reserved -= raw.size
+            self.reserved -= raw.size
+        else:
+            self.free.setdefault(raw.size, []).append(raw)
+        return True
+
+    def trim(self) -> None:
+        for bucket in self.free.values():
+            self.reserved -= sum(b.size for b in bucket)
+        self.free.clear()
+
+    def stats(self) -> dict:
+        return {"allocated_bytes": self.allocated, "reserved_bytes": self.reserved,
+                "peak_allocated_bytes": self.peak_allocated, "hits": self.hits, "misses": self.misses}

@@ -7,7 +7,7 @@ fallback: warned once per node, counted, and an error under fallback="error".
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -220,9 +220,7 @@ def place(graph: Graph, providers, input_types: dict | None = None, *, outer_typ
         if subs:
             subgraphs[node.name] = subs
 
-    placed_graph = Graph(graph.name, placed_nodes, graph.inputs, graph.outputs, graph.initializers,
-                         types={**graph.types, **types}, opsets=graph.opsets, outer_names=graph.outer_names,
-                         doc=graph.doc)
+    placed_graph = replace(graph, nodes=placed_nodes, types={**graph.types, **types})
     placement = Placement(placed_graph, decisions, subgraphs, _transfers(placed_graph, decisions, providers),
                           expansions, inference)
     if outer_types is not None:

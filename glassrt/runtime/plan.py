@@ -61,15 +61,18 @@ class Plan:
     selections: list  # Selection per executed node
     build_seconds: float = 0.0
     step_io: list = field(default_factory=list)
+    pool: object = None  # BufferPool for values sized at run time
 
 
-def compile_plan(placement, input_types: dict, options, make_runner, outer_values=None) -> Plan:
+def compile_plan(placement, input_types: dict, options, make_runner, outer_values=None, pool=None) -> Plan:
     t0 = time.perf_counter()
     graph = placement.graph
     inf = infer(graph, input_types, strict=True)
     types = inf.types
-    consts = dict(graph.initializers)
+    consts = {k: v for k, v in graph.initializers.items() if k not in input_types}
     for name, v in inf.values.items():
+        if name in input_types:
+            continue
         t = types.get(name)
         if isinstance(t, TensorType) and v.dtype == t.dtype and v.dtype != object:
             consts[name] = v
@@ -167,7 +170,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
         if _is_static(ctx):
             st.fn = _bind(kern, ctx, make_runner, placement)
         else:
-            st.fn = _DynamicStep(kern, ctx, make_runner, placement)
+            st.fn = _DynamicStep(kern, ctx, make_runner, placement, pool, options.memory_limit())
         st.ins = tuple(slot(i) if i else -1 for i in node.inputs) + tuple(slot(i) for i in node.implicit_inputs)
         st.outs = tuple(slot(o) if o else -1 for o in node.outputs)
         st.bufs = bufs if kern.multi else bufs[0]
@@ -184,10 +187,16 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
         slot(name)
     for o in keep:
         slot(o)
-    # Free what nobody reads any more (arena values need no freeing; the rest may be big).
+    # Free what nobody reads any more (arena values need no freeing; the rest may be big,
+    # and pool buffers go back to the pool). A view keeps its base alive: memory.values'
+    # last_step already covers the views of a value.
+    last = dict(last_read)
+    for n, pv in memory.values.items():
+        last[n] = max(last.get(n, -1), pv.last_step)
     for k, st in enumerate(steps):
-        st.free = tuple(slots[n] for n, last in last_read.items() if last == k and n not in keep
-                        and n not in consts and n not in feeds and (memory.values.get(n) is None or memory.values[n].offset is None))
+        st.free = tuple(slots[n] for n, at in last.items() if at == k and n in slots and n not in keep
+                        and n not in consts and n not in feeds
+                        and (memory.values.get(n) is None or memory.values[n].offset is None))
     template = [None] * len(slots)
     for name, v in consts.items():
         template[slots[name]] = v
@@ -196,7 +205,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
              (memory.values.get(o) is None or memory.values[o].offset is None)}
     outputs = [(name, slots[name], name not in owned) for name in graph.output_names()]
     plan = Plan(signature=(), steps=steps, slots=slots, template=template,
-                inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena,
+                inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
                 types=types, folded=folded, selections=selections, step_io=step_io)
     plan.build_seconds = time.perf_counter() - t0
     return plan
@@ -217,9 +226,10 @@ class _DynamicStep:
 
     MAX_CACHED = 16
 
-    def __init__(self, kern, ctx, make_runner, placement):
+    def __init__(self, kern, ctx, make_runner, placement, pool, limit):
         self.kern, self.ctx = kern, ctx
         self.make_runner, self.placement = make_runner, placement
+        self.pool, self.limit = pool, limit
         self.cache = {}
 
     def __call__(self, *args, out=None):
@@ -235,7 +245,8 @@ class _DynamicStep:
         fn, alloc = entry
         if not self.kern.out:
             return fn(*args)
-        bufs = [np.empty(shape, dt) if shape is not None else None for shape, dt in alloc]
+        empty = self.pool.empty if self.pool is not None else np.empty
+        bufs = [empty(shape, dt) if shape is not None else None for shape, dt in alloc]
         return fn(*args, out=tuple(bufs) if self.kern.multi else bufs[0])
 
     def _prepare(self, args):
@@ -258,6 +269,11 @@ class _DynamicStep:
         ctx.workspace = None
         alloc = [((tuple(t.shape), t.dtype) if isinstance(t, TensorType) and t.is_static and t.dtype != object
                   else (None, None)) for t in out_types]
+        need = sum(int(np.prod(s, dtype=np.int64)) * dt.itemsize for s, dt in alloc if s is not None)
+        if need > self.limit:
+            raise MemoryLimitError(f"{describe_node(node)} would allocate {need:,} bytes for inputs "
+                                   f"{[getattr(a, 'shape', None) for a in args]}, over the session's memory "
+                                   f"limit of {self.limit:,} bytes")
         return _bind(self.kern, ctx, self.make_runner, self.placement), alloc
 
 
@@ -339,6 +355,7 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None) -> list:
             if name in slots:
                 env[slots[name]] = v
     clock = time.perf_counter
+    pool = plan.pool
     for st in plan.steps:
         args = [env[i] if i >= 0 else None for i in st.ins]
         out = st.bufs
@@ -369,7 +386,10 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None) -> list:
                     f"{st.describe(args)}: output {st.node.outputs[st.outs.index(s)]!r} is "
                     f"{dtypes.name(v.dtype)}{list(v.shape)} but the op's meta says {dtypes.name(dt)}{list(shape)}")
         for s in st.free:
+            v = env[s]
             env[s] = None
+            if pool is not None and isinstance(v, np.ndarray):
+                pool.release(v)
     res = []
     for name, s, copy in plan.outputs:
         v = env[s]

@@ -11,6 +11,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..ir import SequenceType, TensorType
+from .memory import BufferPool
 from .plan import compile_plan, run_plan
 
 
@@ -36,6 +37,7 @@ class GraphRunner:
         self.plans_built = 0
         self.plans_evicted = 0
         self._sub_runners = {}
+        self.pool = BufferPool()
 
     def make_runner(self, sub_placement):
         key = id(sub_placement)
@@ -64,7 +66,7 @@ class GraphRunner:
             return plan
         types = {n: type_of_value(v) for n, v in feeds.items()}
         outer_types = {n: type_of_value(v) for n, v in (outer or {}).items()}
-        plan = compile_plan(self.placement, {**outer_types, **types}, self.options, self.make_runner)
+        plan = compile_plan(self.placement, {**outer_types, **types}, self.options, self.make_runner, pool=self.pool)
         plan.signature = sig
         self.plans[sig] = plan
         self.plans_built += 1

@@ -17,6 +17,7 @@ from ..ir import OptionalType, SequenceType, TensorType
 from ..passes import run_passes
 from . import providers as providers_mod
 from .options import SessionOptions
+from .folding import fold_constants
 from .placement import place
 from .runner import GraphRunner
 
@@ -77,6 +78,8 @@ class InferenceSession:
         if fallback == "warn":
             for f in self.fallbacks:
                 warnings.warn(f"glassrt fallback: {f}", FallbackWarning, stacklevel=2)
+        self.placement, self.folded = fold_constants(self.placement, self.options,
+                                                     GraphRunner(self.placement, self.options).make_runner)
         self.runner = GraphRunner(self.placement, self.options)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
         self._last_profile = None
@@ -113,7 +116,7 @@ class InferenceSession:
         if not isinstance(input_feed, dict):
             raise InputTypeError(f"feeds must be a dict of input name to array, got {type(input_feed).__name__}")
         declared = {v.name: v for v in self._inputs}
-        overridable = set(self.graph.initializers) & {v.name for v in self.graph.inputs}
+        overridable = self.graph.overridable()
         unknown = [n for n in input_feed if n not in declared and n not in overridable]
         if unknown:
             raise UnknownInputError(f"unexpected input name(s) {unknown}; the model's inputs are {list(declared)}")
