@@ -159,6 +159,68 @@ def run(model, inputs, dims, providers, strict, save, runs):
         console.print(f"saved outputs to {save}/")
 
 
+@main.command()
+@click.argument("model", required=False)
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim (e.g. batch=64).")
+@click.option("--providers", default="cpu,reference", show_default=True)
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Also write the report as JSON.")
+@click.option("--width", default=70, show_default=True, help="Truncate reasons to this many characters.")
+def explain(model, dims, providers, json_file, width):
+    """Show every decision for MODEL without running it: placement, kernels, memory plan."""
+    import json
+
+    from . import InferenceSession
+    from .tools.explain import explain as build_report
+    from .tools.explain import render
+
+    source, _ = _model_arg(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sess = InferenceSession(source, providers=providers.split(","), fallback="warn")
+        report = build_report(sess, _parse_dims(dims))
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(1)
+    render(report, console, width)
+    if json_file:
+        Path(json_file).write_text(json.dumps(report, indent=1, default=str))
+        console.print(f"wrote {json_file}")
+
+
+@main.command()
+@click.argument("model", required=False)
+@click.option("--runs", default=10, show_default=True)
+@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome trace (chrome://tracing, Perfetto).")
+@click.option("--top", default=15, show_default=True, help="Rows in each table.")
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
+@click.option("--providers", default="cpu,reference", show_default=True)
+def profile(model, runs, trace, top, inputs, dims, providers):
+    """Run MODEL several times and show where the time goes, per op type and per node."""
+    from rich.progress import Progress
+
+    from . import InferenceSession
+    from .tools.profile import profile_session, render
+
+    source, default_name = _model_arg(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sess = InferenceSession(source, providers=providers.split(","), fallback="warn")
+        feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
+        with Progress(transient=True, console=console) as bar:
+            task = bar.add_task("profiling", total=runs)
+            prof = profile_session(sess, feeds, runs, warmup=1, progress=lambda i: bar.update(task, completed=i))
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(1)
+    render(prof, console, top)
+    if trace:
+        prof.write_trace(trace)
+        console.print(f"wrote {trace} ({len(prof.records)} node events over {len(prof.runs)} runs)")
+
+
 def _load_inputs(sess, inputs, dims, default_name):
     given = {}
     for name, file in _parse_pairs(inputs, "--input").items():

@@ -137,7 +137,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
         for op in [ops] if isinstance(ops, str) else ops:
             kname = name or fn.__name__
             register(Kernel(
-                name=f"{provider}.{op}.{kname}" if kname.lower() != op.lower() else f"{provider}.{op}",
+                name=f"{provider}.{op}.{kname}" if kname.replace("_", "").lower() != op.lower() else f"{provider}.{op}",
                 provider=provider, domain=domain, op_type=op, fn=fn, versions=versions,
                 dtypes=None if dtypes is None else frozenset(np.dtype(d) for d in dtypes),
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,

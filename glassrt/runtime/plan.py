@@ -290,21 +290,23 @@ def _small(types, limit):
 
 def _select(decision, ctx, options):
     """The best eligible kernel for these concrete shapes, and why."""
-    reasons = []
+    rejected = []
     for k in decision.kernels:
         why = kernel_reason(k, ctx)
-        if why is None:
-            if decision.fallback:
-                text = "fallback: " + "; ".join(f"{p}: {r}" for p, r in decision.rejected)
-            else:
-                text = k.doc or k.name
-            skipped = [f"{x.name}: {r}" for x, r in zip(decision.kernels, reasons)]
-            if skipped:
-                text += " (not " + "; ".join(skipped) + ")"
-            return k, text
-        reasons.append(why)
+        if why is not None:
+            rejected.append(f"{k.name}: {why}")
+            continue
+        if decision.fallback:
+            text = "fallback — " + "; ".join(f"{p}: {r}" for p, r in decision.rejected)
+        elif len(decision.kernels) == 1:
+            text = k.doc or f"the only {decision.provider} kernel for {ctx.node.op_type}"
+        else:
+            text = f"highest-priority eligible kernel ({k.priority})" + (f": {k.doc}" if k.doc else "")
+        if rejected:
+            text += " [not " + "; ".join(rejected) + "]"
+        return k, text
     raise NodeExecutionError(f"{describe_node(ctx.node)}: no {decision.provider} kernel accepts these "
-                             f"input shapes: {'; '.join(reasons)}")
+                             f"input shapes: {'; '.join(rejected)}")
 
 
 def _bind(kern, ctx, make_runner, placement):
@@ -364,7 +366,8 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None) -> list:
                 out = [np.empty(f[0], f[1]) if f is not None else b for f, b in zip(st.fresh, out)]
             else:
                 out = np.empty(st.fresh[0][0], st.fresh[0][1])
-        t0 = clock() if profile is not None else 0.0
+        if profile is not None:
+            t0 = clock()
         try:
             r = st.fn(*args, out=tuple(out) if st.multi else out) if st.uses_out else st.fn(*args)
         except GlassrtError:
@@ -372,7 +375,7 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None) -> list:
         except Exception as e:
             raise NodeExecutionError(f"{st.describe(args)} failed: {type(e).__name__}: {e}") from e
         if profile is not None:
-            profile.append((st, clock() - t0, args, r))
+            profile.append((st, t0, clock(), _shapes(args), _shapes(r if st.multi else (r,))))
         if st.multi:
             for s, v in zip(st.outs, r):
                 if s >= 0:
@@ -395,6 +398,10 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None) -> list:
         v = env[s]
         res.append(v.copy() if copy and isinstance(v, np.ndarray) else v)
     return res
+
+
+def _shapes(values):
+    return [(dtypes.name(v.dtype), list(v.shape)) if isinstance(v, np.ndarray) else None for v in values]
 
 
 def signature_of(feeds: dict) -> tuple:

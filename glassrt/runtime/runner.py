@@ -51,12 +51,12 @@ class GraphRunner:
         for src in (feeds, outer or {}):
             for n, v in src.items():
                 if isinstance(v, np.ndarray):
-                    sig.append((n, v.shape, v.dtype.str))
+                    sig.append((n, tuple(v.shape), v.dtype.str))
                 elif isinstance(v, list):
                     sig.append((n, "seq", tuple((x.shape, x.dtype.str) if isinstance(x, np.ndarray) else None for x in v)))
                 else:
                     sig.append((n, type(v).__name__))
-        return tuple(sig)
+        return tuple(sorted(sig, key=lambda e: e[0]))
 
     def plan_for(self, feeds: dict, outer: dict | None = None):
         sig = self.signature(feeds, outer)
@@ -68,12 +68,25 @@ class GraphRunner:
         outer_types = {n: type_of_value(v) for n, v in (outer or {}).items()}
         plan = compile_plan(self.placement, {**outer_types, **types}, self.options, self.make_runner, pool=self.pool)
         plan.signature = sig
+        self._remember(sig, plan)
+        return plan
+
+    def plan_for_types(self, types: dict):
+        """The plan for these concrete input types, compiled without running anything."""
+        sig = tuple(sorted(((n, tuple(t.shape), t.dtype.str) for n, t in types.items()), key=lambda e: e[0]))
+        plan = self.plans.get(sig)
+        if plan is None:
+            plan = compile_plan(self.placement, types, self.options, self.make_runner, pool=self.pool)
+            plan.signature = sig
+            self._remember(sig, plan)
+        return plan
+
+    def _remember(self, sig, plan):
         self.plans[sig] = plan
         self.plans_built += 1
         while len(self.plans) > max(1, self.options.plan_cache_size):
             self.plans.popitem(last=False)
             self.plans_evicted += 1
-        return plan
 
     def run(self, feeds: dict, outer: dict | None = None, profile=None) -> list:
         """Outputs in graph order. `outer`: values this (sub)graph reads from outside."""

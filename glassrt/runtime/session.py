@@ -82,7 +82,9 @@ class InferenceSession:
                                                      GraphRunner(self.placement, self.options).make_runner)
         self.runner = GraphRunner(self.placement, self.options)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
-        self._last_profile = None
+        from ..tools.profile import Profile
+
+        self._profile = Profile()
 
     # ---------------------------------------------------------------- onnxruntime API
 
@@ -98,10 +100,14 @@ class InferenceSession:
 
     def run(self, output_names, input_feed: dict, run_options=None) -> list:
         feeds = self._check_feeds(input_feed)
-        profile = [] if self.options.enable_profiling else None
-        outs = self.runner.run(feeds, profile=profile)
-        if profile is not None:
-            self._last_profile = profile
+        if self.options.enable_profiling:
+            import time
+
+            steps, start = [], time.perf_counter()
+            outs = self.runner.run(feeds, profile=steps)
+            self._profile.add_run(steps, start, time.perf_counter())
+        else:
+            outs = self.runner.run(feeds)
         names = self.graph.output_names()
         if not output_names:
             return outs
@@ -109,6 +115,38 @@ class InferenceSession:
         if missing:
             raise UnknownInputError(f"unknown output name(s) {missing}; the model's outputs are {names}")
         return [outs[names.index(n)] for n in output_names]
+
+    # ---------------------------------------------------------------- glass box
+
+    def profile(self, input_feed: dict, runs: int = 10, warmup: int = 1):
+        """Time `runs` runs node by node; returns a tools.profile.Profile (tables, Chrome trace)."""
+        from ..tools.profile import profile_session
+
+        return profile_session(self, input_feed, runs, warmup)
+
+    def end_profiling(self, path: str | None = None) -> str:
+        """Like onnxruntime's: write the Chrome trace of the runs recorded with
+        SessionOptions(enable_profiling=True) and return its path."""
+        import time
+
+        path = path or f"glassrt_profile_{time.strftime('%Y-%m-%d_%H-%M-%S')}.json"
+        self._profile.write_trace(path)
+        from ..tools.profile import Profile
+
+        self._profile = Profile()
+        return path
+
+    def explain(self, dims: dict | None = None) -> dict:
+        """Every decision as plain data: see tools/explain.py and the README."""
+        from ..tools.explain import explain
+
+        return explain(self, dims)
+
+    def memory_stats(self) -> dict:
+        return {"plans_cached": len(self.runner.plans), "plans_built": self.runner.plans_built,
+                "plans_evicted": self.runner.plans_evicted,
+                "arena_bytes": {str(sig): p.memory.arena_bytes for sig, p in self.runner.plans.items()},
+                "pool": self.runner.pool.stats()}
 
     # ---------------------------------------------------------------- validation
 

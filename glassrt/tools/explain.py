@@ -1,0 +1,172 @@
+"""`glassrt explain`: every decision for a model, without running it.
+
+Per node: provider, kernel and why, output shapes (symbolic where dims are not bound),
+and for each output its arena offset, size and lifetime. Summary: nodes per provider,
+fallbacks with reasons, FLOPs, and the memory plan's naive / arena / lower-bound bytes.
+The JSON form (`--json`) holds the same data; see README "explain JSON".
+"""
+from __future__ import annotations
+
+from .. import dtypes, symbolic
+from ..ir import OptionalType, SequenceType, TensorType
+from ..ops.flops import node_flops
+from ..ops.registry import get_contract
+
+
+def _type_json(name, t, dims):
+    if isinstance(t, TensorType):
+        shape = None if t.shape is None else [_dim(d, dims) for d in t.shape]
+        return {"name": name, "dtype": dtypes.name(t.dtype), "shape": shape}
+    if isinstance(t, (SequenceType, OptionalType)):
+        return {"name": name, "dtype": str(t), "shape": None}
+    return {"name": name, "dtype": None, "shape": None}
+
+
+def _dim(d, dims):
+    d = symbolic.evaluate(d, dims) if dims and not isinstance(d, int) else d
+    return d if isinstance(d, int) else str(d)
+
+
+def bound_input_types(sess, dims: dict):
+    """The session's input types with --dim values substituted (may stay symbolic)."""
+    out = {}
+    for vi in sess._inputs:
+        t = vi.type
+        if isinstance(t, TensorType) and t.shape is not None:
+            shape = []
+            for d in t.shape:
+                if isinstance(d, int):
+                    shape.append(d)
+                    continue
+                v = symbolic.evaluate(d, dims)
+                if not isinstance(v, int) and all(n.startswith("unk__") for n in symbolic.free_names(v)):
+                    v = 1  # a dim nobody named: the smallest real case
+                shape.append(v)
+            t = TensorType(t.dtype, tuple(shape))
+        out[vi.name] = t
+    return out
+
+
+def explain(sess, dims: dict | None = None) -> dict:
+    dims = dims or {}
+    types = bound_input_types(sess, dims)
+    static = all(isinstance(t, TensorType) and t.is_static for t in types.values())
+    plan = sess.runner.plan_for_types(types) if static else None
+    placement = sess.placement
+    inferred = plan.types if plan else placement.inference.types
+
+    selection = {s.node: s for s in plan.selections} if plan else {}
+    folded_in_plan = set(plan.folded) if plan else set()
+    step_of = {st.node.name: k for k, st in enumerate(plan.steps)} if plan else {}
+    nodes, total_flops = [], 0
+    for node in placement.graph.nodes:
+        d = placement.decisions[node.name]
+        contract = get_contract(node.domain, node.op_type, node.opset)
+        attrs = contract.attrs_with_defaults(node) if contract else node.attrs
+        in_t = [inferred.get(i) if i else None for i in node.inputs]
+        out_t = [inferred.get(o) if o else None for o in node.outputs]
+        flops = node_flops(node, attrs, in_t, out_t)
+        if flops is not None and node.name not in folded_in_plan:
+            total_flops = total_flops + flops
+        if node.name in selection:
+            kernel, reason = selection[node.name].kernel, selection[node.name].reason
+        elif node.name in folded_in_plan:
+            kernel, reason = "folded", "all inputs known when the plan was built: evaluated once, at plan time"
+        else:
+            kernel = d.kernels[0].name if d.kernels else None
+            reason = d.reason if not d.fallback else "fallback: " + "; ".join(f"{p}: {r}" for p, r in d.rejected)
+        nodes.append({
+            "name": node.name, "op": node.op_type, "domain": node.domain, "opset": node.opset,
+            "provider": d.provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,
+            "origin": node.origin or None, "step": step_of.get(node.name),
+            "outputs": [_type_json(o, t, dims) for o, t in zip(node.outputs, out_t) if o],
+            "flops": _dim(flops, dims) if flops is not None else None,
+        })
+
+    values, summary_mem = [], {}
+    if plan:
+        for pv in plan.memory.values.values():
+            values.append({"name": pv.name, "bytes": pv.bytes, "offset": pv.offset, "first_step": pv.first_step,
+                           "last_step": pv.last_step, "kind": pv.kind, "shares_with": pv.shares_with})
+        m = plan.memory
+        summary_mem = {"naive_bytes": m.naive_bytes, "arena_bytes": m.arena_bytes,
+                       "lower_bound_bytes": m.lower_bound_bytes, "arena_over_lower_bound": round(m.ratio, 4)}
+    else:
+        summary_mem = {"naive_bytes": None, "arena_bytes": None, "lower_bound_bytes": None,
+                       "arena_over_lower_bound": None,
+                       "unbound_dims": sorted({n for t in types.values() if isinstance(t, TensorType) and t.shape
+                                               for d in t.shape for n in symbolic.free_names(d)})}
+    fallbacks = [{"node": f.node, "op": f.op, "provider": f.provider, "reason": f.reason} for f in sess.fallbacks]
+    summary = {
+        "nodes": len(nodes), "nodes_per_provider": placement.counts(), "fallback_count": len(fallbacks),
+        "fallbacks": fallbacks, "folded_at_load": len(sess.folded), "folded_in_plan": len(folded_in_plan),
+        "expansions": [{"node": n, "op": op, "into_nodes": k, "because": why} for n, op, k, why in placement.expansions],
+        "transfers": len(placement.transfers), "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
+        **summary_mem,
+    }
+    return {
+        "inputs": [_type_json(n, t, dims) for n, t in types.items()],
+        "dims": dims, "passes": sess.pass_log, "nodes": nodes, "values": values, "summary": summary,
+    }
+
+
+def fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    if not isinstance(n, (int, float)):
+        return str(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def fmt_flops(f) -> str:
+    if not isinstance(f, (int, float)):
+        return str(f)
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if f >= scale:
+            return f"{f / scale:.2f} {unit}FLOP"
+    return f"{f} FLOP"
+
+
+def render(report: dict, console, max_reason: int = 70) -> None:
+    from rich.table import Table
+
+    values = {v["name"]: v for v in report["values"]}
+    table = Table(title="nodes", title_justify="left", show_lines=False)
+    for col in ("#", "node", "op", "provider", "kernel", "outputs", "offset", "bytes", "life", "reason"):
+        table.add_column(col, overflow="fold")
+    for i, n in enumerate(report["nodes"]):
+        outs = n["outputs"] or [{"name": "", "shape": None, "dtype": None}]
+        for j, o in enumerate(outs):
+            v = values.get(o["name"], {})
+            shape = "?" if o["shape"] is None else "[" + ", ".join(map(str, o["shape"])) + "]"
+            life = f"{v['first_step']}..{v['last_step']}" if v else ""
+            offset = "" if not v else (str(v["offset"]) if v["offset"] is not None else v["kind"])
+            reason = n["reason"] or ""
+            reason = reason if len(reason) <= max_reason else reason[: max_reason - 1] + "…"
+            style = "yellow" if n["fallback"] else None
+            first = j == 0
+            table.add_row(str(i) if first else "", n["name"] if first else "", n["op"] if first else "",
+                          (n["provider"] or "") if first else "", (n["kernel"] or "") if first else "",
+                          f"{(o['dtype'] or '')}{shape}", offset, fmt_bytes(v.get("bytes")) if v else "", life,
+                          reason if first else "", style=style)
+    console.print(table)
+    s = report["summary"]
+    console.print(f"nodes: {s['nodes']}  per provider: " + ", ".join(f"{p}={c}" for p, c in s["nodes_per_provider"].items())
+                  + f"  folded: {s['folded_at_load']} at load, {s['folded_in_plan']} in the plan", highlight=False)
+    if s["expansions"]:
+        console.print(f"expanded composites: {len(s['expansions'])} (" + ", ".join(
+            f"{e['op']} '{e['node']}' → {e['into_nodes']} nodes" for e in s["expansions"][:5]) + ")", highlight=False)
+    console.print(f"fallbacks: {s['fallback_count']}", style="yellow" if s["fallback_count"] else None)
+    for f in s["fallbacks"]:
+        console.print(f"  {f['op']} '{f['node']}' → {f['provider']}: {f['reason']}", highlight=False)
+    console.print(f"FLOPs: {fmt_flops(s['flops'])}   transfers: {s['transfers']}", highlight=False)
+    if s["arena_bytes"] is not None:
+        console.print(f"memory: naive {fmt_bytes(s['naive_bytes'])}, arena {fmt_bytes(s['arena_bytes'])}, "
+                      f"lower bound {fmt_bytes(s['lower_bound_bytes'])} (arena / lower bound = "
+                      f"{s['arena_over_lower_bound']:.3f})", highlight=False)
+    else:
+        console.print("memory: bind " + ", ".join(f"--dim {d}=N" for d in s["unbound_dims"]) +
+                      " to plan the arena", highlight=False)
