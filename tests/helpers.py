@@ -34,3 +34,64 @@ def expose(m: onnx.ModelProto, names) -> onnx.ModelProto:
     for n in names:
         out.graph.output.append(onnx.ValueInfoProto(name=n))
     return out
+
+
+def transformer_encoder(d_model=64, heads=4, d_ff=128, layers=2, seed=0, opset=17):
+    """A post-LN transformer encoder as exporters write it: symbolic batch and seq, reshapes
+    through Shape/Gather/Concat, LayerNormalization, Erf-based GELU."""
+    rng = np.random.default_rng(seed)
+    dh = d_model // heads
+    nodes, inits = [], []
+
+    def w(name, *shape, scale=None):
+        scale = scale if scale is not None else 1 / np.sqrt(shape[0])
+        inits.append(init(name, (rng.standard_normal(shape) * scale).astype(np.float32)))
+        return name
+
+    def node(op, ins, outs, **attrs):
+        nodes.append(helper.make_node(op, ins, outs, name=outs[0], **attrs))
+        return outs[0]
+
+    inits += [init("i0", np.array([0], np.int64)), init("i1", np.array([1], np.int64)),
+              init("heads_dh", np.array([heads, dh], np.int64)), init("dmodel", np.array([d_model], np.int64)),
+              init("sqrt_dh", np.array(np.sqrt(dh), np.float32)), init("half", np.array(0.5, np.float32)),
+              init("one", np.array(1.0, np.float32)), init("rsqrt2", np.array(1 / np.sqrt(2), np.float32))]
+    x = "x"
+    shape = node("Shape", [x], ["shape"])
+    b = node("Gather", [shape, "i0"], ["b"], axis=0)
+    s = node("Gather", [shape, "i1"], ["s"], axis=0)
+    split_shape = node("Concat", [b, s, "heads_dh"], ["split_shape"], axis=0)
+    merge_shape = node("Concat", [b, s, "dmodel"], ["merge_shape"], axis=0)
+    for L in range(layers):
+        p = f"l{L}_"
+        heads_out = {}
+        for t in ("q", "k", "v"):
+            y = node("MatMul", [x, w(p + "w" + t, d_model, d_model)], [p + t + "_mm"])
+            y = node("Add", [y, w(p + "b" + t, d_model, scale=0.1)], [p + t])
+            y = node("Reshape", [y, split_shape], [p + t + "_split"])
+            perm = [0, 2, 3, 1] if t == "k" else [0, 2, 1, 3]
+            heads_out[t] = node("Transpose", [y], [p + t + "_heads"], perm=perm)
+        sc = node("MatMul", [heads_out["q"], heads_out["k"]], [p + "scores"])
+        sc = node("Div", [sc, "sqrt_dh"], [p + "scaled"])
+        pr = node("Softmax", [sc], [p + "probs"], axis=-1)
+        ctxv = node("MatMul", [pr, heads_out["v"]], [p + "ctx"])
+        ctxv = node("Transpose", [ctxv], [p + "ctx_t"], perm=[0, 2, 1, 3])
+        ctxv = node("Reshape", [ctxv, merge_shape], [p + "ctx_merged"])
+        att = node("MatMul", [ctxv, w(p + "wo", d_model, d_model)], [p + "att"])
+        res = node("Add", [att, x], [p + "res1"])
+        ln1 = node("LayerNormalization", [res, w(p + "g1", d_model, scale=1.0), w(p + "be1", d_model, scale=0.1)],
+                   [p + "ln1"], axis=-1, epsilon=1e-5)
+        h = node("MatMul", [ln1, w(p + "w1", d_model, d_ff)], [p + "ff1"])
+        h = node("Add", [h, w(p + "b1", d_ff, scale=0.1)], [p + "ff1b"])
+        e = node("Mul", [h, "rsqrt2"], [p + "gx"])
+        e = node("Erf", [e], [p + "erf"])
+        e = node("Add", [e, "one"], [p + "erf1"])
+        e = node("Mul", [h, e], [p + "gh"])
+        g = node("Mul", [e, "half"], [p + "gelu"])
+        h2 = node("MatMul", [g, w(p + "w2", d_ff, d_model)], [p + "ff2"])
+        res2 = node("Add", [h2, ln1], [p + "res2"])
+        x = node("LayerNormalization", [res2, w(p + "g2", d_model, scale=1.0), w(p + "be2", d_model, scale=0.1)],
+                 [p + "out"], axis=-1, epsilon=1e-5)
+    out = node("Identity", [x], ["y"])
+    return model(nodes, [tensor("x", ["batch", "seq", d_model])], [tensor("y", ["batch", "seq", d_model])],
+                 inits, opset=opset)

@@ -39,7 +39,7 @@ def fold_constants(placement, options, make_runner):
             continue
         ctx = BindContext(node, contract.attrs_with_defaults(node), in_types, out_types,
                           [consts.get(i) if i else None for i in node.inputs], contract=contract)
-        kern, _ = _select(placement.decisions[node.name], ctx, options)
+        kern, _ = _select(placement.decisions[node.name], ctx, options, make_runner, placement)
         results = _run_once(kern, ctx, make_runner, placement)
         if not all(isinstance(r, np.ndarray) for o, r in zip(node.outputs, results) if o):
             keep_nodes.append(node)

@@ -97,7 +97,7 @@ def infer_node(graph, node, types, vals, problems, strict):
             t = _normalize(t)
             types[o] = t if t is not None else declared.get(o)
 
-    if contract.values is not None and any(v is not None for v in in_values):
+    if contract.values is not None:  # Shape/Size need only types; the rules say None when they can't
         try:
             new_vals = contract.values(ctx)
         except Exception:

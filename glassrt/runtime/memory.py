@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import random
 import sys
+import time
 
 import numpy as np
 
@@ -125,20 +127,67 @@ def plan_memory(steps: list[StepIO], keep: set) -> MemoryPlan:
     return MemoryPlan(planned, arena, naive, _lower_bound(list(groups.values()), len(steps)))
 
 
+SEARCH_SECONDS = 0.3  # per plan, spent only while the arena is above the lower bound
+
+
 def _assign_offsets(groups: list[_Group]) -> int:
-    """Greedy by size: biggest first, each at the lowest offset that fits beside every
-    already placed buffer whose lifetime overlaps (TFLite's arena planner does the same)."""
+    """Place every buffer; try several orderings and keep the smallest arena.
+
+    Each ordering is placed greedily: a buffer goes into the smallest gap (best fit)
+    between already placed buffers whose lifetimes overlap its own, or on top. Tried in
+    turn: TFLite's two orderings (by size; by breadth — the busiest steps first), two by
+    lifetime, then seeded random perturbations of the size order and moves of whichever
+    buffer ends highest, until the lower bound is reached or the time budget is spent.
+    Deterministic: the same graph always gets the same plan.
+    """
+    if not groups:
+        return 0
+    n_steps = max(g.last for g in groups) + 1
+    live = [0] * (n_steps + 1)
+    for g in groups:
+        for k in range(g.first, g.last + 1):
+            live[k] += g.size
+    lower = max(live)
+    by_breadth, seen = [], set()
+    for k in sorted(range(n_steps), key=lambda k: -live[k]):
+        for g in sorted((g for g in groups if g.first <= k <= g.last and id(g) not in seen), key=lambda g: -g.size):
+            seen.add(id(g))
+            by_breadth.append(g)
+    orders = [sorted(groups, key=lambda g: (-g.size, g.first)), by_breadth,
+              sorted(groups, key=lambda g: (-(g.last - g.first + 1) * g.size, g.first)),
+              sorted(groups, key=lambda g: (g.first, -g.size))]
+    best, best_order = None, None
+    for order in orders:
+        top = _place(order)
+        if best is None or top < best:
+            best, best_order = top, order
+    rng = random.Random(0)
+    deadline = time.perf_counter() + SEARCH_SECONDS
+    while best > lower and time.perf_counter() < deadline:
+        if rng.random() < 0.5:  # perturb the size order
+            order = sorted(groups, key=lambda g: -g.size * rng.uniform(0.6, 1.4))
+        else:  # place the buffer that ends highest earlier
+            _place(best_order)
+            culprit = max(best_order, key=lambda g: g.offset + g.size)
+            i = best_order.index(culprit)
+            j = rng.randrange(0, i + 1)
+            order = best_order[:j] + [culprit] + best_order[j:i] + best_order[i + 1:]
+        top = _place(order)
+        if top <= best:
+            best, best_order = top, order
+    _place(best_order)
+    return best
+
+
+def _place(order: list[_Group]) -> int:
     placed: list[_Group] = []
     top = 0
-    for g in sorted(groups, key=lambda g: (-g.size, g.first)):
+    for g in order:
         busy = sorted((p.offset, p.offset + p.size) for p in placed if p.first <= g.last and g.first <= p.last)
-        offset = 0
-        best = None
+        offset, best = 0, None
         for lo, hi in busy:
-            if lo - offset >= g.size:
-                gap = lo - offset
-                if best is None or gap < best[1]:
-                    best = (offset, gap)  # best fit: the smallest gap that holds it
+            if lo - offset >= g.size and (best is None or lo - offset < best[1]):
+                best = (offset, lo - offset)  # the smallest gap that holds it
             offset = max(offset, hi)
         g.offset = best[0] if best is not None else offset
         placed.append(g)

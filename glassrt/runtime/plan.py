@@ -90,7 +90,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
         ctx = BindContext(node, contract.attrs_with_defaults(node), [types.get(i) if i else None for i in node.inputs],
                           [types.get(o) if o else None for o in node.outputs],
                           [consts.get(i) if i else None for i in node.inputs], contract=contract)
-        kern, why = _select(decision, ctx, options)
+        kern, why = _select(decision, ctx, options, make_runner, placement)
         if (options.constant_folding and not subgraphs and node.op_type not in NONDETERMINISTIC
                 and all(i in consts for i in node.inputs if i) and not (set(node.inputs) & feeds)
                 and _small(ctx.output_types, options.fold_limit_bytes)):
@@ -288,8 +288,20 @@ def _small(types, limit):
     return total <= limit
 
 
-def _select(decision, ctx, options):
+def _select(decision, ctx, options, make_runner=None, placement=None):
     """The best eligible kernel for these concrete shapes, and why."""
+    if options.autotune and len(decision.kernels) > 1 and _is_static(ctx):
+        eligible = [k for k in decision.kernels if kernel_reason(k, ctx) is None]
+        if len(eligible) > 1:
+            from . import autotune
+
+            def bind(k):
+                ctx.workspace = None
+                return _bind(k, ctx, make_runner, placement)
+
+            picked = autotune.choose(eligible, ctx, bind, options)
+            if picked is not None:
+                return picked
     rejected = []
     for k in decision.kernels:
         why = kernel_reason(k, ctx)

@@ -91,16 +91,28 @@ def conv_depthwise(ctx):
     return step
 
 
+# im2col works on tiles of output rows so its buffer stays about this size: the tile is
+# reused while it is hot in cache, and the arena does not need one huge buffer per conv.
+IM2COL_TILE_BYTES = 2 << 20
+
+
+def _im2col_tiling(x, w, k, out_sp, itemsize):
+    """(rows of the first output spatial dim per tile, bytes of the column buffer)."""
+    per_row = int(x[0]) * int(w[1]) * int(np.prod(k)) * int(np.prod(out_sp[1:])) * itemsize
+    rows = max(1, min(int(out_sp[0]), IM2COL_TILE_BYTES // max(per_row, 1)))
+    return rows, rows * per_row
+
+
 def _im2col_workspace(ctx):
     x, w, k, begin, end, out, strides, dil = _geometry(ctx)
     item = np.dtype(ctx.dtype(0)).itemsize
-    cols = int(x[0]) * int(w[1]) * int(np.prod(k)) * int(np.prod(out))
-    return _padded_bytes(x, begin, end, item) + cols * item
+    return _padded_bytes(x, begin, end, item) + _im2col_tiling(x, w, k, out, item)[1]
 
 
 @kernel("Conv", dtypes=FLOATS, out=True, bind=True, workspace=_im2col_workspace, name="im2col_gemm")
 def conv_im2col(ctx):
-    """General N-d conv: im2col into the planned workspace, then one GEMM per group."""
+    """General N-d conv: im2col of a tile of output rows into the planned workspace, then
+    one GEMM per group and tile, written straight into the output (BLAS takes its stride)."""
     x_shape, w_shape, k, begin, end, out_sp, strides, dil = _geometry(ctx)
     group = int(ctx.attrs.get("group", 1))
     dt = np.dtype(ctx.dtype(0))
@@ -108,23 +120,29 @@ def conv_im2col(ctx):
     m, mg = w_shape[0], w_shape[0] // group
     kk = cg * int(np.prod(k))
     pix = int(np.prod(out_sp))
+    row_pix = int(np.prod(out_sp[1:]))
+    rows, cols_bytes = _im2col_tiling(x_shape, w_shape, k, out_sp, dt.itemsize)
     ws = ctx.workspace
     pad_bytes = _padded_bytes(x_shape, begin, end, dt.itemsize)
+    nd = len(k)
 
     def step(x, w, b=None, *, out):
         if ws is not None:
-            pad_buf = ws[:pad_bytes] if pad_bytes else None
-            cols = ws[pad_bytes:pad_bytes + n * cg * int(np.prod(k)) * pix * dt.itemsize].view(dt)
+            pad_buf, cols_buf = (ws[:pad_bytes] if pad_bytes else None), ws[pad_bytes:pad_bytes + cols_bytes].view(dt)
         else:
-            pad_buf, cols = None, np.empty(n * cg * int(np.prod(k)) * pix, dt)
+            pad_buf, cols_buf = None, np.empty(cols_bytes // dt.itemsize, dt)
         xp = pad_spatial(x, begin, end, 0, pad_buf)
         view = windows(xp, k, strides, dil, out_sp)  # (N, C, *k, *out)
-        cols = cols.reshape((n, cg) + tuple(k) + tuple(out_sp))
         out3 = out.reshape(n, m, pix)
         wm = w.reshape(m, kk)
-        for g in range(group):
-            np.copyto(cols, view[:, g * cg:(g + 1) * cg])
-            np.matmul(wm[g * mg:(g + 1) * mg], cols.reshape(n, kk, pix), out=out3[:, g * mg:(g + 1) * mg])
+        for r0 in range(0, out_sp[0], rows):
+            r1 = min(out_sp[0], r0 + rows)
+            tile = (slice(None),) * (2 + nd) + (slice(r0, r1),)
+            cols = cols_buf[: n * kk * (r1 - r0) * row_pix].reshape((n, cg) + tuple(k) + (r1 - r0,) + tuple(out_sp[1:]))
+            for g in range(group):
+                np.copyto(cols, view[(slice(None), slice(g * cg, (g + 1) * cg)) + tile[2:]])
+                np.matmul(wm[g * mg:(g + 1) * mg], cols.reshape(n, kk, (r1 - r0) * row_pix),
+                          out=out3[:, g * mg:(g + 1) * mg, r0 * row_pix:r1 * row_pix])
         _add_bias(out, b)
         return out
 

@@ -1,0 +1,203 @@
+"""The runtime's decisions, made and shown: placement, kernel choice, memory plan, plans, profile."""
+from __future__ import annotations
+
+import json
+import tracemalloc
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import glassrt
+from glassrt.kernels import registry
+from glassrt.tools import light_models as lm
+from tests.helpers import add_model, model, tensor, transformer_encoder
+
+
+def _check_plan_valid(report):
+    """No two values live at the same step overlap in the arena (read from the explain JSON)."""
+    vals = [v for v in report["values"] if v["offset"] is not None]
+    assert vals, "nothing was planned into the arena"
+    by_offset = sorted(vals, key=lambda v: v["offset"])
+    for i, a in enumerate(by_offset):
+        for b in by_offset[i + 1:]:
+            if b["offset"] >= a["offset"] + max(a["bytes"], 1):
+                break
+            same_buffer = a["offset"] == b["offset"] and (a.get("shares_with") == b["name"] or
+                                                           b.get("shares_with") == a["name"])
+            overlap_in_time = a["first_step"] <= b["last_step"] and b["first_step"] <= a["last_step"]
+            if same_buffer:  # in-place reuse: the input dies exactly where the output is born
+                assert min(a["last_step"], b["last_step"]) <= max(a["first_step"], b["first_step"])
+                continue
+            assert not overlap_in_time, f"{a['name']} and {b['name']} overlap in the arena while both live"
+    s = report["summary"]
+    assert s["arena_bytes"] >= s["lower_bound_bytes"] > 0
+    assert s["naive_bytes"] >= s["arena_bytes"]
+
+
+def _explain(source, dims=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = glassrt.InferenceSession(source)
+    report = sess.explain(dims)
+    json.dumps(report, default=str)  # the report is plain data
+    return report
+
+
+@pytest.mark.parametrize("name", lm.NAMES)
+def test_memory_plan_of_light_models(name):
+    report = _explain(lm.path(name))
+    _check_plan_valid(report)
+    s = report["summary"]
+    assert s["arena_bytes"] <= 1.10 * s["lower_bound_bytes"], s
+
+
+def test_memory_plan_of_transformer_encoder():
+    report = _explain(transformer_encoder(d_model=128, heads=4, d_ff=512, layers=3), {"batch": 4, "seq": 64})
+    _check_plan_valid(report)
+    s = report["summary"]
+    assert s["arena_bytes"] <= 1.10 * s["lower_bound_bytes"], s
+    # batch/seq were bound: every shape is concrete and no node waits for run time.
+    assert all(isinstance(d, int) for n in report["nodes"] for o in n["outputs"] for d in (o["shape"] or []))
+
+
+def test_explain_keeps_symbols_when_unbound():
+    report = _explain(transformer_encoder())
+    shapes = {o["name"]: o["shape"] for n in report["nodes"] for o in n["outputs"]}
+    assert shapes["l0_q_split"] == ["batch", "seq", 4, 16]  # Reshape via Shape/Gather/Concat keeps symbols
+    assert shapes["y"] == ["batch", "seq", 64]
+    assert report["summary"]["arena_bytes"] is None and report["summary"]["unbound_dims"] == ["batch", "seq"]
+    assert "batch" in str(report["summary"]["flops"]) and "seq" in str(report["summary"]["flops"])
+
+
+def test_explain_answers_memory_for_a_batch_size_before_running():
+    sess = glassrt.InferenceSession(transformer_encoder())
+    small = sess.explain({"batch": 1, "seq": 32})["summary"]["arena_bytes"]
+    big = sess.explain({"batch": 64, "seq": 32})["summary"]["arena_bytes"]
+    assert big >= 32 * small
+
+
+def test_replay_allocates_no_intermediates():
+    name = "resnet50"
+    m = onnx.load(lm.path(name))
+    x_name, shape = lm.input_shape(m)
+    sess = glassrt.InferenceSession(lm.path(name), providers=["cpu"])
+    feeds = {x_name: lm.reference_input(shape)}
+    out = sess.run(None, feeds)  # builds and caches the plan
+    out_bytes = sum(o.nbytes for o in out)
+    tracemalloc.start()
+    try:
+        sess.run(None, feeds)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 2 * out_bytes + (1 << 20), f"replay peak {peak} bytes"
+    assert sess.runner.plans_built == 1
+
+
+def test_plan_cache_is_bounded_and_evicts():
+    opts = glassrt.SessionOptions(plan_cache_size=3)
+    sess = glassrt.InferenceSession(add_model(), sess_options=opts)
+    for b in range(1, 11):
+        y = sess.run(None, {"x": np.ones((b, 3), np.float32)})[0]
+        assert y.shape == (b, 3)
+    stats = sess.memory_stats()
+    assert stats["plans_cached"] == 3 and stats["plans_built"] == 10 and stats["plans_evicted"] == 7
+    sess.run(None, {"x": np.ones((10, 3), np.float32)})  # still cached: no new plan
+    assert sess.memory_stats()["plans_built"] == 10
+
+
+@pytest.fixture
+def cpu_without_tanh():
+    """A cpu provider that lacks Tanh (an op with no ONNX function body to expand into)."""
+    saved = list(registry.kernels_for("cpu", "", "Tanh"))
+    registry.unregister("cpu", "", "Tanh")
+    yield
+    for k in saved:
+        registry.register(k)
+
+
+def _tanh_model():
+    return model([helper.make_node("Neg", ["x"], ["a"], name="neg"), helper.make_node("Tanh", ["a"], ["y"], name="tanh")],
+                 [tensor("x", ["n"])], [tensor("y", ["n"])])
+
+
+def test_forced_fallback_is_shown_counted_and_can_be_refused(cpu_without_tanh):
+    with pytest.warns(glassrt.FallbackWarning, match="tanh.*reference.*no cpu kernel for Tanh"):
+        sess = glassrt.InferenceSession(_tanh_model())
+    assert [(f.node, f.provider) for f in sess.fallbacks] == [("tanh", "reference")]
+    report = sess.explain({"n": 4})
+    row = next(n for n in report["nodes"] if n["name"] == "tanh")
+    assert row["provider"] == "reference" and row["fallback"] and "no cpu kernel for Tanh" in row["reason"]
+    assert report["summary"]["fallback_count"] == 1
+    x = np.array([1.0, -2.0], np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.tanh(-x), rtol=1e-6)
+    with pytest.raises(glassrt.FallbackError, match="tanh.*no cpu kernel for Tanh"):
+        glassrt.InferenceSession(_tanh_model(), fallback="error")
+    with pytest.raises(glassrt.UnsupportedOperatorError, match="tanh"):
+        glassrt.InferenceSession(_tanh_model(), providers=["cpu"])
+
+
+def test_composite_without_kernel_is_expanded_not_fallen_back(cpu_without_tanh):
+    # Relu (opset 14+) has an ONNX function body: with no cpu kernel it is expanded into
+    # primitives the cpu provider runs, and explain says so — no fallback.
+    saved = list(registry.kernels_for("cpu", "", "Relu"))
+    registry.unregister("cpu", "", "Relu")
+    try:
+        m = model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [tensor("x", ["n"])], [tensor("y", ["n"])])
+        sess = glassrt.InferenceSession(m, providers=["cpu"], fallback="error")
+        np.testing.assert_array_equal(sess.run(None, {"x": np.array([1.0, -2.0], np.float32)})[0], [1.0, 0.0])
+        (exp,) = sess.explain()["summary"]["expansions"]
+        assert exp["node"] == "relu" and exp["op"] == "Relu" and "no cpu kernel for Relu" in exp["because"]
+    finally:
+        for k in saved:
+            registry.register(k)
+
+
+def test_kernel_choice_is_recorded():
+    report = _explain(lm.path("squeezenet"))
+    kernels = {n["name"]: n for n in report["nodes"] if n["op"] == "Conv"}
+    assert {n["kernel"] for n in kernels.values()} >= {"cpu.Conv.gemm_1x1", "cpu.Conv.im2col_gemm"}
+    one = next(n for n in kernels.values() if n["kernel"] == "cpu.Conv.im2col_gemm")
+    assert "gemm_1x1" in one["reason"]  # says why the faster 1x1 kernel was not taken
+
+
+def test_autotune_times_candidates_and_caches_winners(tmp_path):
+    cache = tmp_path / "tune.json"
+    opts = glassrt.SessionOptions(autotune=True, autotune_cache=str(cache))
+    sess = glassrt.InferenceSession(lm.path("squeezenet"), sess_options=opts)
+    report = sess.explain()
+    tuned = [n for n in report["nodes"] if n["reason"].startswith("autotuned")]
+    assert tuned and all("ms" in n["reason"] for n in tuned)
+    saved = json.loads(cache.read_text())
+    assert len(saved) >= 1 and all(v["winner"] in v["ms"] for v in saved.values())
+    again = glassrt.InferenceSession(lm.path("squeezenet"), sess_options=opts).explain()
+    assert any(n["reason"].startswith("autotuned (cached)") for n in again["nodes"])
+
+
+def test_profile_trace_is_chrome_trace_with_one_event_per_node_per_run(tmp_path):
+    sess = glassrt.InferenceSession(transformer_encoder())
+    x = np.random.default_rng(0).standard_normal((2, 8, 64)).astype(np.float32)
+    prof = sess.profile({"x": x}, runs=3)
+    path = prof.write_trace(tmp_path / "trace.json")
+    events = json.loads(open(path).read())
+    node_events = [e for e in events if e["cat"] == "Node"]
+    executed = len(next(iter(sess.runner.plans.values())).steps)
+    assert len(node_events) == 3 * executed
+    for e in node_events:
+        assert e["ph"] == "X" and e["dur"] >= 0 and {"op_name", "provider", "input_type_shape",
+                                                      "output_type_shape"} <= set(e["args"])
+    assert len([e for e in events if e["name"] == "model_run"]) == 3
+    ops = {r["key"] for r in prof.by_op()}
+    assert "MatMul" in ops and abs(sum(r["percent"] for r in prof.by_op()) - 100) < 50
+
+
+def test_session_option_profiling_like_onnxruntime(tmp_path):
+    sess = glassrt.InferenceSession(add_model(), sess_options=glassrt.SessionOptions(enable_profiling=True))
+    for _ in range(2):
+        sess.run(None, {"x": np.ones((2, 3), np.float32)})
+    path = sess.end_profiling(str(tmp_path / "p.json"))
+    events = json.loads(open(path).read())
+    assert len([e for e in events if e["cat"] == "Node"]) == 2
