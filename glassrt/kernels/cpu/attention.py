@@ -1,1 +1,403 @@
-"""(being written)"""
+"""Attention-family ops: Attention, FlexAttention (ai.onnx.preview), RotaryEmbedding,
+LinearAttention, CausalConvWithState, SwiGLU.
+
+Arithmetic runs in float32 (float64 for float64 inputs) with BLAS matmuls; for half types the
+values are rounded back to the op's type where the ONNX function body casts (after the
+scaled Q·K product, after the softmax, at the end), so the results track the reference
+within one rounding. Grouped-query attention never materializes repeated K/V: the query
+heads that share a K/V head are stacked along the sequence axis of one batched GEMM.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import helper
+
+from ..registry import kernel
+from ._util import FLOATS_BF16
+
+_HALF = frozenset(FLOATS_BF16 - {np.dtype(np.float32), np.dtype(np.float64)})
+
+
+def _work(dt):
+    return np.dtype(np.float64) if np.dtype(dt) == np.float64 else np.dtype(np.float32)
+
+
+def _round_to(a, dt):
+    """`a` rounded through dtype `dt` when that is a half type (what a cast in the function body does)."""
+    return a.astype(dt).astype(a.dtype) if np.dtype(dt) in _HALF else a
+
+
+def _split_heads(x, heads, what):
+    """(B, S, H*D) -> (B, H, S, D)."""
+    b, s, hd = x.shape
+    if heads is None or heads <= 0 or hd % heads:
+        raise ValueError(f"{what} hidden size {hd} is not divisible by its number of heads ({heads})")
+    return x.reshape(b, s, heads, hd // heads).transpose(0, 2, 1, 3)
+
+
+def _gqa_matmul(a, b, hq):
+    """a (B, Hq, L, X) @ b (B, Hkv, X, Y) with query head h using K/V head h // (Hq // Hkv)."""
+    bsz, hkv = b.shape[:2]
+    if hkv == hq:
+        return np.matmul(a, b)
+    if hkv <= 0 or hq % hkv:
+        raise ValueError(f"q_num_heads ({hq}) must be a multiple of kv_num_heads ({hkv})")
+    g, ln = hq // hkv, a.shape[2]
+    r = np.matmul(a.reshape(bsz, hkv, g * ln, a.shape[3]), b)
+    return r.reshape(bsz, hq, ln, r.shape[-1])
+
+
+def _softmax_last(x, dt=None):
+    """Softmax over the last axis; an all -inf row gives zeros (no NaN, no warning).
+    With a half type `dt`, every step is rounded to it, as a softmax computed in `dt` would be."""
+    rnd = (lambda v: _round_to(v, dt)) if dt is not None and np.dtype(dt) in _HALF else (lambda v: v)
+    m = x.max(axis=-1, keepdims=True)
+    m[np.isneginf(m)] = 0
+    with np.errstate(invalid="ignore"):  # inf - inf in rows the caller zeroes anyway
+        e = rnd(np.exp(rnd(x - m)))
+    s = rnd(e.sum(axis=-1, keepdims=True))
+    s[s == 0] = 1
+    e /= s
+    return rnd(e)
+
+
+# ---------------------------------------------------------------- Attention
+
+
+def _attention_bias(attn_mask, is_causal, left, right, nonpad, past_len, b, sq, skv, wd):
+    """The additive bias (broadcastable to (B, Hq, Sq, Skv)): float mask where allowed, -inf where
+    the boolean mask, the causal frontier, the sliding window or the padding disallow a key."""
+    allowed, add = None, None
+    if attn_mask is not None:
+        m = attn_mask
+        if m.shape[-1] < skv:  # a mask shorter than the keys masks the rest out
+            if m.dtype != np.bool_:
+                m = m.astype(wd)
+            fill = False if m.dtype == np.bool_ else -np.inf
+            m = np.concatenate([m, np.full(m.shape[:-1] + (skv - m.shape[-1],), fill, m.dtype)], axis=-1)
+        elif m.shape[-1] > skv:
+            raise ValueError(f"attn_mask last dim {attn_mask.shape[-1]} exceeds the key length {skv}")
+        if m.dtype == np.bool_:
+            allowed = m
+        else:
+            add = m.astype(wd, copy=False)
+    if is_causal or left >= 0 or right >= 0:
+        # Offset of the query block inside the keys: cached keys, or the valid ones (per batch).
+        if past_len is not None:
+            offset = np.int64(past_len)
+        elif nonpad is not None:
+            offset = nonpad.reshape(-1, 1, 1, 1).astype(np.int64) - sq
+        else:
+            offset = np.int64(0)
+        diff = (np.arange(sq).reshape(sq, 1) + offset) - np.arange(skv)  # query position - key index
+        ok = np.ones(np.shape(diff), bool)
+        if is_causal:
+            ok &= diff >= 0
+        if left >= 0:
+            ok &= diff <= left
+        if right >= 0:
+            ok &= -diff <= right
+        allowed = ok if allowed is None else allowed & ok
+    if nonpad is not None:
+        if nonpad.shape != (b,):
+            raise ValueError(f"nonpad_kv_seqlen must have shape ({b},), got {nonpad.shape}")
+        ok = np.arange(skv) < nonpad.reshape(-1, 1, 1, 1)
+        allowed = ok if allowed is None else allowed & ok
+    if allowed is None:
+        return add
+    zero = add if add is not None else wd.type(0)
+    return np.where(allowed, zero, wd.type(-np.inf))
+
+
+@kernel("Attention", versions=(23, None), dtypes=FLOATS_BF16, bind=True, multi=True)
+def attention(ctx):
+    """Scaled dot-product attention with masks, KV cache, GQA, softcap and the debug output."""
+    a = ctx.attrs
+    is_causal = int(a.get("is_causal", 0))
+    mode = int(a.get("qk_matmul_output_mode", 0))
+    softcap = float(a.get("softcap", 0.0) or 0.0)
+    scale_attr = a.get("scale")
+    hq_attr, hkv_attr = a.get("q_num_heads"), a.get("kv_num_heads")
+    sp = a.get("softmax_precision")
+    left, right = int(a.get("left_window_size", -1)), int(a.get("right_window_size", -1))
+    outs = ctx.node.outputs
+    want_qk = len(outs) > 3 and bool(outs[3])
+    want_present = any(outs[1:3])
+
+    def step(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
+        t1 = q.dtype
+        three_d = q.ndim == 3
+        if three_d:
+            if hq_attr is None or hkv_attr is None:
+                raise ValueError("3-D Q/K/V need the q_num_heads and kv_num_heads attributes")
+            qh = _split_heads(q, int(hq_attr), "Q")
+            kh, vh = _split_heads(k, int(hkv_attr), "K"), _split_heads(v, int(hkv_attr), "V")
+        elif q.ndim == 4 and k.ndim == 4 and v.ndim == 4:
+            qh, kh, vh = q, k, v
+        else:
+            raise ValueError(f"Q, K, V must all be 3-D or all 4-D, got {q.shape}, {k.shape}, {v.shape}")
+        if (past_key is None) != (past_value is None):
+            raise ValueError("past_key and past_value must be given together")
+        if nonpad_kv_seqlen is not None and past_key is not None:
+            raise ValueError("nonpad_kv_seqlen cannot be combined with past_key / past_value")
+        if past_key is not None:
+            kh = np.concatenate([past_key, kh], axis=2)
+            vh = np.concatenate([past_value, vh], axis=2)
+        elif want_present:
+            kh, vh = np.array(kh), np.array(vh)  # outputs never alias the inputs
+        bsz, hq, sq, d = qh.shape
+        skv = kh.shape[2]
+        if kh.shape[3] != d:
+            raise ValueError(f"Q head size {d} differs from K head size {kh.shape[3]}")
+        wd = _work(t1)
+        # The softmax runs in softmax_precision, else in T1 (spec).
+        sd_true = np.dtype(helper.tensor_dtype_to_np_dtype(int(sp))) if sp else t1
+        sd = _work(sd_true)
+
+        # Q and K are each scaled by sqrt(scale), cast to T1 like the function body does.
+        s = float(scale_attr) if scale_attr is not None else 1.0 / math.sqrt(d)
+        root = t1.type(math.sqrt(s))
+        qs = _round_to(qh.astype(wd, copy=False) * wd.type(root), t1)
+        ks = _round_to(kh.astype(wd, copy=False) * wd.type(root), t1)
+        scores = _round_to(_gqa_matmul(qs, ks.transpose(0, 1, 3, 2), hq), t1)
+        qk = scores if want_qk and mode == 0 else None
+        if softcap > 0:
+            scores = _round_to(np.tanh(scores / wd.type(softcap)) * wd.type(softcap), t1)
+        if want_qk and mode == 1:
+            qk = scores
+        bias = _attention_bias(attn_mask, is_causal, left, right, nonpad_kv_seqlen,
+                               past_key.shape[2] if past_key is not None else None, bsz, sq, skv, wd)
+        if bias is not None:
+            scores = _round_to(scores + bias, t1)
+        if want_qk and mode == 2:
+            qk = np.broadcast_to(scores, (bsz, hq, sq, skv))
+        probs = _softmax_last(scores.astype(sd, copy=False), sd_true)
+        if bias is not None:
+            # A row whose bias disallows every key is a zero row (decided on the bias, so NaN
+            # logits in such a row cannot leak).
+            dead = np.isneginf(bias.max(axis=-1, keepdims=True))
+            if dead.any():
+                probs = np.where(dead, sd.type(0), probs)
+        if want_qk and mode == 3:
+            qk = probs
+        probs = _round_to(probs.astype(wd, copy=False), t1)
+        y = _gqa_matmul(probs, vh.astype(wd, copy=False), hq).astype(t1)
+        if three_d:
+            y = y.transpose(0, 2, 1, 3).reshape(bsz, sq, -1)
+        qk_out = np.ascontiguousarray(qk).astype(t1, copy=False) if qk is not None else None
+        return y, kh, vh, qk_out
+
+    return step
+
+
+# ---------------------------------------------------------------- FlexAttention (ai.onnx.preview)
+
+
+@kernel("FlexAttention", domain="ai.onnx.preview", dtypes=FLOATS_BF16, bind=True)
+def flex_attention(ctx):
+    """Attention whose scores / probabilities pass through user subgraphs (score_mod, prob_mod)."""
+    a = ctx.attrs
+    scale_attr, sp = a.get("scale"), a.get("softmax_precision")
+    mods = {}
+    for name in ("score_mod", "prob_mod"):
+        if a.get(name) is not None:
+            r = ctx.session.runner(name)
+            mods[name] = (r, r.placement.graph.inputs[0].name)
+    def run_mod(name, x, outer):
+        if name not in mods:
+            return x
+        r, inp = mods[name]
+        res = r.run({inp: x}, outer)
+        if len(res) != 1:
+            raise ValueError(f"{name} must produce exactly one output, got {len(res)}")
+        out = np.asarray(res[0])
+        if out.shape != x.shape:
+            raise ValueError(f"{name} changed the shape {x.shape} to {out.shape}")
+        return out.astype(x.dtype, copy=False)
+
+    def step(q, k, v, *implicit):
+        outer = dict(zip(ctx.node.implicit_inputs, implicit))
+        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+            raise ValueError(f"FlexAttention needs rank-4 Q, K, V, got {q.shape}, {k.shape}, {v.shape}")
+        if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2] or k.shape[3] != q.shape[3]:
+            raise ValueError(f"incompatible Q {q.shape}, K {k.shape}, V {v.shape}")
+        t1 = q.dtype
+        wd = _work(t1)
+        if sp:
+            cd = np.dtype(helper.tensor_dtype_to_np_dtype(int(sp)))
+        else:
+            cd = np.dtype(np.float64) if t1 == np.float64 else np.dtype(np.float32)
+        s = float(scale_attr) if scale_attr is not None else 1.0 / math.sqrt(q.shape[3])
+        root = t1.type(np.sqrt(np.float32(s)))
+        qs = _round_to(q.astype(wd, copy=False) * wd.type(root), t1)
+        ks = _round_to(k.astype(wd, copy=False) * wd.type(root), t1)
+        scores = _round_to(_gqa_matmul(qs, ks.transpose(0, 1, 3, 2), q.shape[1]), t1).astype(cd)
+        scores = run_mod("score_mod", scores, outer)
+        sw = _work(cd)
+        x = scores.astype(sw, copy=False)
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        probs = (e / e.sum(axis=-1, keepdims=True)).astype(cd, copy=False)
+        probs = run_mod("prob_mod", probs, outer)
+        y = _gqa_matmul(probs.astype(sw, copy=False), v.astype(cd).astype(sw, copy=False), q.shape[1])
+        return y.astype(cd).astype(v.dtype)
+
+    return step
+
+
+# ---------------------------------------------------------------- RotaryEmbedding
+
+
+@kernel("RotaryEmbedding", versions=(23, None), dtypes=FLOATS_BF16)
+def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=0, num_heads=0,
+                     rotary_embedding_dim=0):
+    """Rotate the first `rotary_embedding_dim` features of every head by position-dependent angles."""
+    if x.ndim == 4:
+        xv = x.transpose(0, 2, 1, 3)  # (B, S, H, D)
+    elif x.ndim == 3:
+        if not num_heads or x.shape[2] % num_heads:
+            raise ValueError(f"3-D input needs num_heads dividing its hidden size {x.shape[2]} (got {num_heads})")
+        xv = x.reshape(x.shape[0], x.shape[1], num_heads, -1)
+    else:
+        raise ValueError(f"input must be 3-D or 4-D, got shape {x.shape}")
+    d = xv.shape[3]
+    r = int(rotary_embedding_dim) or d
+    if r % 2 or r > d:
+        raise ValueError(f"rotary_embedding_dim {r} must be even and at most the head size {d}")
+    if position_ids is not None:
+        cos, sin = cos_cache[position_ids], sin_cache[position_ids]  # (B, S, r/2)
+    else:
+        cos, sin = cos_cache, sin_cache
+    if cos.shape[-1] != r // 2 or sin.shape[-1] != r // 2:
+        raise ValueError(f"cos/sin caches have last dim {cos.shape[-1]}/{sin.shape[-1]}, expected {r // 2}")
+    wd = _work(x.dtype)
+    cos = cos.astype(wd)[:, :, None, :]
+    sin = sin.astype(wd)[:, :, None, :]
+    if interleaved:
+        x1, x2 = xv[..., 0:r:2], xv[..., 1:r:2]
+    else:
+        x1, x2 = xv[..., :r // 2], xv[..., r // 2:r]
+    x1, x2 = x1.astype(wd, copy=False), x2.astype(wd, copy=False)
+    out = x.copy()
+    ov = out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(xv.shape)
+    if interleaved:
+        ov[..., 0:r:2] = cos * x1 - sin * x2
+        ov[..., 1:r:2] = sin * x1 + cos * x2
+    else:
+        ov[..., :r // 2] = cos * x1 - sin * x2
+        ov[..., r // 2:r] = sin * x1 + cos * x2
+    return out
+
+
+# ---------------------------------------------------------------- SwiGLU
+
+
+@kernel("SwiGLU", versions=(1, None), dtypes=FLOATS_BF16)
+def swiglu(a, b, *, alpha=1.0):
+    """Y = Swish_alpha(A) * B = A * sigmoid(alpha * A) * B (no broadcasting)."""
+    if a.shape != b.shape:
+        raise ValueError(f"A {a.shape} and B {b.shape} must have the same shape")
+    wd = _work(a.dtype)
+    af = a.astype(wd, copy=False)
+    with np.errstate(over="ignore"):
+        gate = af / (1 + np.exp(-wd.type(alpha) * af))
+    gate = _round_to(gate, a.dtype)  # the body's Swish output is a T tensor
+    return (gate * b.astype(wd, copy=False)).astype(a.dtype)
+
+
+# ---------------------------------------------------------------- CausalConvWithState
+
+
+@kernel("CausalConvWithState", versions=(1, None), dtypes=FLOATS_BF16, multi=True)
+def causal_conv_with_state(x, weight, bias=None, past_state=None, *, activation="none"):
+    """Depthwise causal conv over [past_state | x] (one multiply-add per tap), optional SiLU,
+    and the last k-1 positions as the new state."""
+    if activation not in ("none", "silu", "swish"):
+        raise ValueError(f"activation must be 'none', 'silu' or 'swish', got {activation!r}")
+    if x.ndim != 3 or weight.ndim != 3 or weight.shape[1] != 1 or weight.shape[0] != x.shape[1]:
+        raise ValueError(f"input (B, C, L) {x.shape} and weight (C, 1, k) {weight.shape} do not match")
+    bsz, c, length = x.shape
+    k = weight.shape[2]
+    if past_state is None:
+        past_state = np.zeros((bsz, c, k - 1), x.dtype)
+    elif past_state.shape != (bsz, c, k - 1):
+        raise ValueError(f"past_state shape {past_state.shape} must be {(bsz, c, k - 1)}")
+    padded = np.concatenate([past_state.astype(x.dtype, copy=False), x], axis=2)
+    wd = _work(x.dtype)
+    pw = padded.astype(wd, copy=False)
+    w = weight[:, 0, :].astype(wd)
+    y = np.zeros((bsz, c, length), wd)
+    for j in range(k):
+        y += pw[:, :, j:j + length] * w[:, j:j + 1]
+    if bias is not None:
+        y += bias.astype(wd).reshape(1, c, 1)
+    y = _round_to(y, x.dtype)  # the conv's output is a T tensor
+    if activation != "none":
+        with np.errstate(over="ignore"):
+            y = y / (1 + np.exp(-y))
+    present = padded[:, :, padded.shape[2] - (k - 1):]
+    return y.astype(x.dtype), np.ascontiguousarray(present)
+
+
+# ---------------------------------------------------------------- LinearAttention
+
+
+@kernel("LinearAttention", versions=(1, None), dtypes=FLOATS_BF16, multi=True)
+def linear_attention(query, key, value, past_state=None, decay=None, beta=None, *, q_num_heads=None,
+                     kv_num_heads=None, update_rule="gated_delta", scale=0.0, chunk_size=64):
+    """Recurrent linear attention (linear / gated / delta / gated_delta), one state update per token,
+    batched over (batch, kv head); GQA reads each K/V head's state for its group of query heads."""
+    if update_rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise ValueError(f"unsupported update_rule {update_rule!r}")
+    if not q_num_heads or not kv_num_heads or q_num_heads % kv_num_heads:
+        raise ValueError(f"q_num_heads ({q_num_heads}) must be a positive multiple of kv_num_heads ({kv_num_heads})")
+    gated, delta = update_rule in ("gated", "gated_delta"), update_rule in ("delta", "gated_delta")
+    if gated != (decay is not None):
+        raise ValueError(f"update_rule {update_rule!r} {'requires' if gated else 'forbids'} the decay input")
+    if delta != (beta is not None):
+        raise ValueError(f"update_rule {update_rule!r} {'requires' if delta else 'forbids'} the beta input")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.ndim != 3:
+            raise ValueError(f"{name} must be 3-D (B, T, H*D), got {t.shape}")
+    hq, hkv = int(q_num_heads), int(kv_num_heads)
+    g = hq // hkv
+    f32 = np.float32
+    q4 = _split_heads(query, hq, "query").astype(f32)  # (B, Hq, T, dk)
+    k4 = _split_heads(key, hkv, "key").astype(f32)
+    v4 = _split_heads(value, hkv, "value").astype(f32)
+    b, _, t, dk = q4.shape
+    dv = v4.shape[3]
+    if k4.shape[3] != dk:
+        raise ValueError(f"query head size {dk} differs from key head size {k4.shape[3]}")
+    q5 = q4.reshape(b, hkv, g, t, dk)
+    if gated:
+        if decay.ndim != 3 or decay.shape[2] not in (hkv, hkv * dk):
+            raise ValueError(f"decay must be (B, T, {hkv}) or (B, T, {hkv * dk}), got {decay.shape}")
+        gexp = np.exp(decay.reshape(b, t, hkv, -1).transpose(0, 2, 1, 3).astype(f32))  # (B, Hkv, T, 1|dk)
+    if delta:
+        if beta.ndim != 3 or beta.shape[2] not in (hkv, 1):
+            raise ValueError(f"beta must be (B, T, {hkv}) or (B, T, 1), got {beta.shape}")
+        bt = beta.reshape(b, t, -1, 1).transpose(0, 2, 1, 3).astype(f32)  # (B, Hkv|1, T, 1)
+    if past_state is not None:
+        if past_state.shape != (b, hkv, dk, dv):
+            raise ValueError(f"past_state shape {past_state.shape} must be {(b, hkv, dk, dv)}")
+        state = past_state.astype(f32)
+        state_dt = past_state.dtype
+    else:
+        state = np.zeros((b, hkv, dk, dv), f32)
+        state_dt = query.dtype
+    sc = f32(scale) if scale else f32(1.0 / np.sqrt(dk))
+    out = np.empty((b, hkv, g, t, dv), f32)
+    for i in range(t):
+        kt, vt = k4[:, :, i], v4[:, :, i]  # (B, Hkv, dk), (B, Hkv, dv)
+        if gated:
+            state *= gexp[:, :, i][..., None]  # decay per head or per key dim
+        if delta:
+            retrieved = np.matmul(kt[:, :, None, :], state)[:, :, 0]  # S^T k
+            vt = bt[:, :, i] * (vt - retrieved)
+        state += kt[..., :, None] * vt[..., None, :]
+        out[:, :, :, i] = np.matmul(q5[:, :, :, i], state)  # (B, Hkv, G, dv)
+    out *= sc
+    y = out.reshape(b, hq, t, dv).transpose(0, 2, 1, 3).reshape(b, t, hq * dv)
+    return y.astype(query.dtype), state.astype(state_dt)

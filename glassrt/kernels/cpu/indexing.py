@@ -11,15 +11,14 @@ from ... import dtypes
 from ..registry import kernel
 from ._util import ALL, FLOATS_BF16, NUMERIC, norm_axis
 
-_ACC = {np.dtype(np.float16): np.float32}  # types computed in a wider float, then cast back
+# The schema types of most ops here (no float8 / sub-byte types): what np.unique, np.nonzero... handle.
+STANDARD = NUMERIC | dtypes.BOOL | dtypes.COMPLEX | {dtypes.STRING}
 
 
 def _wide(dt):
     """The float dtype arithmetic in `dt` is done in (float32 for float16/bfloat16)."""
     dt = np.dtype(dt)
-    if dt in (np.float32, np.float64) or dt.kind in "iub":
-        return dt
-    return np.dtype(np.float32)
+    return np.dtype(np.float32) if dt == np.float16 or dtypes.name(dt) == "bfloat16" else dt
 
 
 def _fix_indices(idx, n, what="index"):
@@ -33,6 +32,16 @@ def _fix_indices(idx, n, what="index"):
         if lo < 0:
             idx = np.where(idx < 0, idx + n, idx)
     return idx
+
+
+def _contig(a):
+    """A C-contiguous array, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    return np.asarray(a, order="C")
+
+
+def _zero(dt):
+    """The fill value for 'zero' elements: "" for strings."""
+    return np.array("" if dt == object else 0).astype(dt)
 
 
 def _axis_index(indices, axis):
@@ -55,7 +64,7 @@ def gather_elements(data, indices, *, axis=0):
     idx = _fix_indices(indices, data.shape[a])
     if any(i > d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != a):
         raise ValueError(f"indices shape {idx.shape} exceeds data shape {data.shape} off axis {a}")
-    if idx.shape == data.shape or all(i == d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != a):
+    if all(i == d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != a):
         return np.take_along_axis(data, idx, axis=a)
     # indices may be smaller than data on the other axes too: index those explicitly.
     return data[_axis_index(idx, a)]
@@ -71,11 +80,13 @@ def gather_nd(data, indices, *, batch_dims=0):
         raise ValueError(f"index tuples of length {k} are too long for data of rank {data.ndim} with {b} batch dims")
     nb = int(np.prod(data.shape[:b], dtype=np.int64))
     d = data.reshape((nb,) + data.shape[b:])
-    idx = indices.reshape(nb, -1, k)
+    m = int(np.prod(indices.shape[b:-1], dtype=np.int64))
+    idx = indices.reshape(nb, m, k)
     tup = [np.arange(nb).reshape(nb, 1)]
     tup += [_fix_indices(idx[..., j], data.shape[b + j]) for j in range(k)]
-    out = d[tuple(tup)]  # (nb, M, *data.shape[b+k:])
-    return np.ascontiguousarray(out.reshape(indices.shape[:-1] + data.shape[b + k:]))
+    # (nb, m, *data.shape[b+k:]); empty index tuples select whole slices.
+    out = d[tuple(tup)] if k else np.broadcast_to(d[:, None], (nb, m) + d.shape[1:])
+    return _contig(out.reshape(indices.shape[:-1] + data.shape[b + k:]))
 
 
 # ---------------------------------------------------------------- scatters
@@ -161,10 +172,10 @@ def trilu(x, k=None, *, upper=1):
     n, m = x.shape[-2:]
     j = np.arange(m) - np.arange(n)[:, None]  # column - row
     keep = j >= kk if upper else j <= kk
-    return np.where(keep, x, np.zeros((), x.dtype))
+    return np.where(keep, x, _zero(x.dtype))
 
 
-@kernel("EyeLike", dtypes=ALL, versions=(9, None))
+@kernel("EyeLike", dtypes=NUMERIC | dtypes.BOOL, versions=(9, None))
 def eye_like(x, *, dtype=None, k=0):
     if x.ndim != 2:
         raise ValueError(f"EyeLike takes a 2-D input, not rank {x.ndim}")
@@ -193,7 +204,7 @@ def _cumulative(x, axis, exclusive, reverse, fn, identity):
                             np.take(y, np.arange(x.shape[a] - 1), axis=a)], axis=a)
     if reverse:
         y = np.flip(y, a)
-    return np.ascontiguousarray(y.astype(x.dtype, copy=False))
+    return _contig(y.astype(x.dtype, copy=False))
 
 
 @kernel("CumSum", dtypes=NUMERIC, versions=(11, None))
@@ -239,11 +250,34 @@ def _topk_order(x, axis, largest):
 def _topk(x, k, axis, largest):
     a = norm_axis(axis, x.ndim)
     k = int(np.asarray(k).reshape(-1)[0])
-    if k < 0 or k > x.shape[a]:
-        raise ValueError(f"k={k} is out of range for axis {a} of size {x.shape[a]}")
-    order = _topk_order(x, a, largest)
-    idx = np.ascontiguousarray(np.take(order, np.arange(k), axis=a)).astype(np.int64, copy=False)
+    n = x.shape[a]
+    if k < 0 or k > n:
+        raise ValueError(f"k={k} is out of range for axis {a} of size {n}")
+    if 0 < k and k * 8 <= n and x.dtype.kind in "iuf" and not (x.dtype.kind == "f" and np.isnan(x).any()):
+        idx = _topk_partial(x, k, a, largest)
+    else:
+        order = _topk_order(x, a, largest)
+        idx = _contig(np.take(order, np.arange(k), axis=a)).astype(np.int64, copy=False)
     return np.take_along_axis(x, idx, axis=a), idx
+
+
+def _topk_partial(x, k, a, largest):
+    """TopK indices for k much smaller than the axis: partition, then sort only k candidates."""
+    n = x.shape[a]
+    rows = np.moveaxis(x, a, -1)
+    lead = rows.shape[:-1]
+    rows = rows.reshape(-1, n)
+    p = n - k if largest else k - 1
+    part = np.argpartition(rows, p, axis=-1)
+    cand = np.sort(part[:, p:] if largest else part[:, :k], axis=-1)  # index order: ties stay stable
+    vals = np.take_along_axis(rows, cand, -1)
+    idx = np.take_along_axis(cand, _topk_order(vals, 1, largest), -1)
+    # The k-th value may have ties that the partition split arbitrarily: such rows take the full sort.
+    kth = np.take_along_axis(rows, part[:, p:p + 1], -1)
+    bad = np.nonzero((rows == kth).sum(-1) != (vals == kth).sum(-1))[0]
+    if bad.size:
+        idx[bad] = _topk_order(rows[bad], 1, largest)[:, :k]
+    return _contig(np.moveaxis(idx.astype(np.int64, copy=False).reshape(lead + (k,)), -1, a))
 
 
 _TOPK_TYPES = NUMERIC
@@ -265,7 +299,7 @@ def top_k_11(x, k, *, axis=-1, largest=1, sorted=1):  # noqa: A002 — the ONNX 
     return _topk(x, k, axis, bool(largest))
 
 
-@kernel("Unique", dtypes=ALL, versions=(11, None), multi=True)
+@kernel("Unique", dtypes=STANDARD, versions=(11, None), multi=True)
 def unique(x, *, axis=None, sorted=1):  # noqa: A002 — the ONNX attribute's name
     if axis is None:
         src, a = x.reshape(-1), 0
@@ -283,10 +317,10 @@ def unique(x, *, axis=None, sorted=1):  # noqa: A002 — the ONNX attribute's na
         first, counts, inverse = first[order], counts[order], rank[inverse]
         y = np.take(src, first, axis=a)
     i64 = np.int64
-    return (np.ascontiguousarray(y), first.astype(i64), inverse.astype(i64), counts.astype(i64))
+    return (_contig(y), first.astype(i64), inverse.astype(i64), counts.astype(i64))
 
 
-@kernel("NonZero", dtypes=ALL - {dtypes.STRING}, versions=(9, None))
+@kernel("NonZero", dtypes=STANDARD, versions=(9, None))
 def non_zero(x):
     if x.ndim == 0:
         return np.zeros((0, int(bool(x))), np.int64)
@@ -344,12 +378,10 @@ def bit_cast(x, *, to):
     if dtypes.name(x.dtype) in _SUBBYTE:
         # Sub-byte types each sit in a byte of their own: carry the low bits over, then
         # read them as the target type through a byte view.
+        # (ml_dtypes reads only the low bits of each byte, signed types included).
         nbits = _SUBBYTE[dtypes.name(x.dtype)]
-        raw = x.view(np.uint8) & np.uint8((1 << nbits) - 1)
-        if dtypes.name(dt).startswith("int"):
-            raw = (raw.astype(np.int8) << (8 - nbits)) >> (8 - nbits)  # sign-extend
-        return np.ascontiguousarray(raw).view(dt)
-    return np.ascontiguousarray(x).view(dt).copy()
+        return _contig(x.view(np.uint8) & np.uint8((1 << nbits) - 1)).view(dt)
+    return _contig(x).view(dt).copy()
 
 
 @kernel("Det", dtypes=FLOATS_BF16, versions=(11, None))
@@ -365,8 +397,9 @@ def einsum(*xs, equation):
     dt = xs[0].dtype
     wide = _wide(dt)
     ops = [x.astype(wide, copy=False) for x in xs]
-    r = np.einsum(eq, *ops, optimize=len(ops) > 2 or ("->" in eq and len(ops) == 2))
-    return np.ascontiguousarray(np.asarray(r).astype(dt, copy=False))
+    # optimize: contraction order for 3+ operands, BLAS (tensordot) for pairs.
+    r = np.einsum(eq, *ops, optimize=len(ops) > 1)
+    return _contig(np.asarray(r).astype(dt, copy=False))
 
 
 # ---------------------------------------------------------------- block rearrangements
@@ -385,7 +418,7 @@ def depth_to_space(x, *, blocksize, mode="DCR"):
         t = x.reshape(n, oc, bs, bs, h, w).transpose(0, 1, 4, 2, 5, 3)
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    return np.ascontiguousarray(t).reshape(n, oc, h * bs, w * bs)
+    return _contig(t).reshape(n, oc, h * bs, w * bs)
 
 
 @kernel("SpaceToDepth", dtypes=ALL, versions=(1, None))
@@ -401,7 +434,7 @@ def space_to_depth(x, *, blocksize, mode="DCR"):
         t = t.transpose(0, 1, 3, 5, 2, 4)
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    return np.ascontiguousarray(t).reshape(n, c * bs * bs, h // bs, w // bs)
+    return _contig(t).reshape(n, c * bs * bs, h // bs, w // bs)
 
 
 @kernel("CenterCropPad", dtypes=ALL, versions=(18, None))
@@ -423,7 +456,7 @@ def center_crop_pad(x, shape, *, axes=None):
         elif s > dim:  # pad: likewise
             b = (s - dim) // 2
             dst[a] = slice(b, b + dim)
-    out = np.zeros(out_shape, x.dtype)
+    out = np.full(out_shape, _zero(x.dtype), x.dtype)
     out[tuple(dst)] = x[tuple(src)]
     return out
 
@@ -457,10 +490,10 @@ def col2im(x, image_shape, block_shape, *, dilations=None, pads=None, strides=No
         sl = tuple(slice(offs[i] * dil[i], offs[i] * dil[i] + (blocks[i] - 1) * st[i] + 1, st[i]) for i in range(nd))
         padded[(slice(None), slice(None)) + sl] += cols[:, :, t]
     crop = tuple(slice(pd[i], pd[i] + image[i]) for i in range(nd))
-    return np.ascontiguousarray(padded[(slice(None), slice(None)) + crop]).astype(x.dtype, copy=False)
+    return _contig(padded[(slice(None), slice(None)) + crop]).astype(x.dtype, copy=False)
 
 
-@kernel("MaxUnpool", dtypes=NUMERIC, versions=(9, None))
+@kernel("MaxUnpool", dtypes=FLOATS_BF16, versions=(9, None))
 def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, strides=None):
     nd = len(kernel_shape)
     st = list(strides or [1] * nd)
@@ -472,9 +505,17 @@ def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, stride
         raise ValueError(f"output_shape {shape} must have rank {x.ndim}")
     if indices.shape != x.shape:
         raise ValueError(f"indices shape {indices.shape} differs from X shape {x.shape}")
-    # Indices are flat positions in the whole output tensor (as MaxPool numbers them).
-    total = int(np.prod(shape, dtype=np.int64))
+    # Indices are flat positions in the tensor of the inferred shape (as MaxPool numbers
+    # them). An explicit output_shape then places that tensor at its origin, as onnx's
+    # reference and the node tests do (onnxruntime instead reads them in output_shape).
+    total = int(np.prod(inferred, dtype=np.int64))
     idx = _fix_indices(indices.reshape(-1), total)
-    out = np.zeros(total, x.dtype)
-    out[idx] = x.reshape(-1)
-    return out.reshape(shape)
+    y = np.zeros(total, x.dtype)
+    y[idx] = x.reshape(-1)
+    y = y.reshape(inferred)
+    if output_shape is None:
+        return y
+    out = np.zeros(shape, x.dtype)
+    common = tuple(slice(0, min(a, b)) for a, b in zip(shape, inferred))
+    out[common] = y[common]
+    return out

@@ -1,1 +1,275 @@
-"""(being written)"""
+"""Quantization: (De)QuantizeLinear, DynamicQuantizeLinear and the integer / QLinear products.
+
+Integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv) run as float64
+GEMMs: every 8-bit product is exact there and sums stay exact up to 2**53, far beyond any
+int32 accumulator, so BLAS gives the integer result without NumPy's slow integer matmul.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from onnx import helper
+
+from ... import dtypes
+from ..registry import kernel
+from ._util import norm_axis, pad_spatial, spatial_pads, windows
+
+_INT_QUANT = [np.int8, np.uint8, np.int16, np.uint16] + sorted(dtypes.SMALL_INTS, key=str)
+_FLOAT8 = dtypes.FLOAT8 - {np.dtype(ml_dtypes.float8_e8m0fnu)}
+_QUANT_FLOATS = _FLOAT8 | dtypes.FLOAT4  # float8 / float6 / float4 targets (no integer rounding)
+_QUANT_TYPES = frozenset(map(np.dtype, _INT_QUANT)) | _QUANT_FLOATS
+_I8 = [np.int8, np.uint8]
+
+
+def _np(elem_type):
+    return np.dtype(helper.tensor_dtype_to_np_dtype(int(elem_type)))
+
+
+def _int_range(dt):
+    info = ml_dtypes.iinfo(dt) if dt in dtypes.SMALL_INTS else np.iinfo(dt)
+    return int(info.min), int(info.max)
+
+
+def _broadcast_param(v, x_shape, axis, block_size, what):
+    """Scale / zero point reshaped to broadcast against x: per tensor, per axis or blocked."""
+    if v.ndim == 0 or v.size == 1 and block_size <= 0:
+        return v.reshape(())
+    rank = len(x_shape)
+    a = norm_axis(axis, rank)
+    if not 0 <= a < rank:
+        raise ValueError(f"axis {axis} out of range for input of rank {rank}")
+    if block_size <= 0:
+        if v.ndim != 1 or v.shape[0] != x_shape[a]:
+            raise ValueError(f"{what} of shape {v.shape} must be a scalar or a 1-D tensor of length "
+                             f"{x_shape[a]} (input dim {a})")
+        return v.reshape((1,) * a + (-1,) + (1,) * (rank - a - 1))
+    # Blocked: one value per block of `block_size` consecutive elements along `axis`.
+    want = tuple(-(-d // block_size) if i == a else d for i, d in enumerate(x_shape))
+    if v.shape != want:
+        raise ValueError(f"{what} of shape {v.shape} does not match input {tuple(x_shape)} blocked by "
+                         f"{block_size} along axis {a} (expected {want})")
+    return np.repeat(v, block_size, axis=a)[(slice(None),) * a + (slice(0, x_shape[a]),)]
+
+
+def _same_shape(zp, scale, name):
+    # A scalar and a one-element vector both mean per-tensor.
+    if zp.shape != scale.shape and not (zp.size == 1 and scale.size == 1):
+        raise ValueError(f"{name}_zero_point shape {zp.shape} differs from {name}_scale shape {scale.shape}")
+
+
+def _float_of(dt):
+    """A NumPy float dtype that can compute in `dt`'s precision (float8 scales compute in float32)."""
+    return np.dtype(dt) if np.dtype(dt) in dtypes.FLOATS_BF16 else np.dtype(np.float32)
+
+
+def _saturate_float(v, dt, saturate):
+    """Cast to a float8/float4 type; with `saturate`, out-of-range values (and ±inf) clamp to ±max."""
+    if saturate or dt in dtypes.FLOAT4:
+        m = float(ml_dtypes.finfo(dt).max)
+        v = np.clip(v, -m, m)  # NaN stays NaN
+    return v.astype(dt)
+
+
+# ---------------------------------------------------------------- QuantizeLinear
+
+
+@kernel("QuantizeLinear", versions=(10, None), dtypes=dtypes.FLOATS_BF16 | {np.dtype(np.int32)})
+def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, saturate=1, block_size=0, output_dtype=0,
+                    precision=0):
+    """y = saturate(round_half_even(x / y_scale) + y_zero_point), per tensor, per axis or blocked."""
+    if y_zero_point is not None:
+        out_dt = y_zero_point.dtype
+        if output_dtype and _np(output_dtype) != out_dt:
+            raise ValueError(f"output_dtype {dtypes.name(_np(output_dtype))} contradicts the zero point's type "
+                             f"{dtypes.name(out_dt)}")
+    else:
+        out_dt = _np(output_dtype) if output_dtype else np.dtype(np.uint8)
+    if out_dt not in _QUANT_TYPES:
+        raise ValueError(f"QuantizeLinear cannot produce {dtypes.name(out_dt)}")
+    if y_zero_point is not None:
+        _same_shape(y_zero_point, y_scale, "y")
+    scale = _broadcast_param(y_scale, x.shape, axis, block_size, "y_scale")
+    # The division runs in `precision` when given, else in the scale's type (spec).
+    work = _np(precision) if precision else _float_of(y_scale.dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.divide(x.astype(work, copy=False), scale.astype(work, copy=False))
+        if out_dt in _QUANT_FLOATS:
+            q = q.astype(np.float32) if q.dtype != np.float64 else q
+            if y_zero_point is not None:
+                q = q + _broadcast_param(y_zero_point, x.shape, axis, block_size, "y_zero_point").astype(q.dtype)
+            return np.asarray(_saturate_float(q, out_dt, saturate))
+        # Rounded values plus a (16-bit at most) zero point are exact in float32 up to 2**24,
+        # and anything beyond saturates anyway; half precision would round the sum, so widen it.
+        q = np.rint(q, out=q) if q.dtype in (np.float32, np.float64) else np.rint(q).astype(np.float32)
+        if y_zero_point is not None:
+            q += _broadcast_param(y_zero_point, x.shape, axis, block_size, "y_zero_point").astype(q.dtype)
+        lo, hi = _int_range(out_dt)
+        np.clip(q, lo, hi, out=q)
+        return q.astype(out_dt)
+
+
+# ---------------------------------------------------------------- DequantizeLinear
+
+
+@kernel("DequantizeLinear", versions=(10, None),
+        dtypes=frozenset(map(np.dtype, _INT_QUANT + [np.int32])) | _QUANT_FLOATS)
+def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0):
+    """y = (x - x_zero_point) * x_scale, in the output type's precision (float32 for half types)."""
+    out_dt = _np(output_dtype) if output_dtype else x_scale.dtype
+    if out_dt not in dtypes.FLOATS_BF16:
+        raise ValueError(f"DequantizeLinear cannot produce {dtypes.name(out_dt)}; set output_dtype")
+    if x_zero_point is not None:
+        if x_zero_point.dtype != x.dtype:
+            raise ValueError(f"x_zero_point type {dtypes.name(x_zero_point.dtype)} differs from x type "
+                             f"{dtypes.name(x.dtype)}")
+        _same_shape(x_zero_point, x_scale, "x")
+    work = np.float64 if out_dt == np.float64 else np.float32
+    scale = _broadcast_param(x_scale, x.shape, axis, block_size, "x_scale").astype(work)
+    if x.dtype in _QUANT_FLOATS or x.dtype.itemsize <= 2:
+        # float8/4 values and integers of at most 16 bits (and their differences) are exact in float32.
+        d = x.astype(work)
+        if x_zero_point is not None:
+            d -= _broadcast_param(x_zero_point, x.shape, axis, block_size, "x_zero_point").astype(work)
+    else:
+        # Integer difference first (exact), then one conversion.
+        d = x.astype(np.int64)
+        if x_zero_point is not None:
+            d -= _broadcast_param(x_zero_point.astype(np.int64), x.shape, axis, block_size, "x_zero_point")
+        d = d.astype(work)
+    d *= scale
+    return d.astype(out_dt, copy=False)
+
+
+# ---------------------------------------------------------------- DynamicQuantizeLinear
+
+
+@kernel("DynamicQuantizeLinear", dtypes=[np.float32], multi=True)
+def dynamic_quantize_linear(x):
+    """uint8 quantization with scale / zero point taken from the data range (which always includes 0)."""
+    f32 = np.float32
+    hi = f32(max(0.0, float(x.max()))) if x.size else f32(0)
+    lo = f32(min(0.0, float(x.min()))) if x.size else f32(0)
+    scale = f32(1.0) / f32(255) if hi == lo else f32(hi - lo) / f32(255)
+    zp = np.rint(np.clip(f32(0) - lo / scale, 0, 255))
+    with np.errstate(invalid="ignore"):
+        y = np.rint(x / scale) + zp
+    np.clip(y, 0, 255, out=y)
+    return y.astype(np.uint8), np.asarray(scale, dtype=np.float32), np.asarray(zp, dtype=np.uint8)
+
+
+# ---------------------------------------------------------------- integer products
+
+
+def _centered(v, zp):
+    """v - zero point as float64 (exact for 8-bit data); float8 data likewise."""
+    d = v.astype(np.float64)
+    if zp is not None:
+        d -= zp.astype(np.float64)
+    return d
+
+
+def _row_param(p, a_shape):
+    """A per-row parameter of `a` ([M] or [..., M, 1]) shaped to broadcast against a's rows."""
+    if p.ndim == 1 and p.size > 1 and len(a_shape) >= 2 and p.shape[0] == a_shape[-2]:
+        return p.reshape(-1, 1)
+    return p
+
+
+@kernel("MatMulInteger", dtypes=_I8)
+def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    """int32 (A - a_zp) @ (B - b_zp); a_zp per tensor or per row, b_zp per tensor or per column."""
+    az = _row_param(a_zero_point, a.shape) if a_zero_point is not None else None
+    ad, bd = _centered(a, az), _centered(b, b_zero_point)
+    return np.asarray(np.matmul(ad, bd)).astype(np.int32)  # 1-D @ 1-D gives a scalar
+
+
+def _requantize(acc, mult, y_zero_point, fallback_dt):
+    """acc * mult + y_zp rounded half to even and saturated to the output type."""
+    out_dt = y_zero_point.dtype if y_zero_point is not None else np.dtype(fallback_dt)
+    r = np.array(acc * mult, dtype=np.float64)  # an ndarray even for a 1-D @ 1-D product
+    if y_zero_point is not None:
+        r += y_zero_point.astype(np.float64)
+    if out_dt in _FLOAT8:
+        return np.asarray(_saturate_float(r, out_dt, True))
+    lo, hi = _int_range(out_dt)
+    np.rint(r, out=r)
+    return np.clip(r, lo, hi, out=r).astype(out_dt)
+
+
+@kernel("QLinearMatMul", versions=(10, None), dtypes=list(_I8) + sorted(_FLOAT8, key=str))
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
+    """Quantized matmul: exact integer product, then one requantization to y's scale/zero point."""
+    az = _row_param(a_zero_point, a.shape) if a_zero_point is not None else None
+    acc = np.matmul(_centered(a, az), _centered(b, b_zero_point))
+    # The multiplier is formed in the scales' own type, as the spec's formula does.
+    mult = (_row_param(a_scale, a.shape) * b_scale / y_scale).astype(np.float64)
+    return _requantize(acc, mult, y_zero_point, a.dtype)
+
+
+def _conv_geometry(x, w, kernel_shape, strides, dilations, pads, auto_pad):
+    if x.ndim < 3 or w.ndim != x.ndim:
+        raise ValueError(f"conv input {x.shape} and weight {w.shape} must have the same rank >= 3")
+    k = list(kernel_shape) if kernel_shape else list(w.shape[2:])
+    return spatial_pads(list(x.shape[2:]), k, strides, dilations, pads, auto_pad) + (k,)
+
+
+def _int_conv(xd, wd, group, kernel_shape, strides, dilations, pads, auto_pad):
+    """N-d grouped conv of zero-point-centered float64 data via im2col + GEMM (exact integers)."""
+    begin, end, out_sp, strides, dil, k = _conv_geometry(xd, wd, kernel_shape, strides, dilations, pads, auto_pad)
+    n, c = xd.shape[:2]
+    m = wd.shape[0]
+    if c % group or m % group or wd.shape[1] * group != c:
+        raise ValueError(f"channels {c} / filters {m} do not fit group={group} with weight {wd.shape}")
+    cg, mg = c // group, m // group
+    xp = pad_spatial(xd, begin, end, 0.0)  # the centered data pads with 0 == the zero point
+    view = windows(xp, k, strides, dil, out_sp)  # (N, C, *k, *out)
+    pix = int(np.prod(out_sp))
+    kk = cg * int(np.prod(k))
+    out = np.empty((n, m, pix))
+    wm = wd.reshape(m, kk)
+    for g in range(group):
+        cols = view[:, g * cg:(g + 1) * cg].reshape(n, kk, pix)
+        np.matmul(wm[g * mg:(g + 1) * mg], cols, out=out[:, g * mg:(g + 1) * mg])
+    return out.reshape((n, m) + tuple(out_sp))
+
+
+def _per_filter(p, ndim):
+    """A per-output-channel parameter ([M]) shaped to broadcast against (N, M, ...)."""
+    p = np.asarray(p)
+    if p.ndim == 1 and p.size > 1:
+        return p.reshape((1, -1) + (1,) * (ndim - 2))
+    return p.reshape(())
+
+
+def _weight_centered(w, w_zero_point):
+    wd = w.astype(np.float64)
+    if w_zero_point is not None:
+        z = np.asarray(w_zero_point)
+        wd -= z.reshape((-1,) + (1,) * (w.ndim - 1)) if z.ndim == 1 and z.size > 1 else z.reshape(())
+    return wd
+
+
+@kernel("ConvInteger", dtypes=_I8)
+def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None):
+    """int32 conv of (x - x_zp) with (w - w_zp); w_zp per tensor or per output channel."""
+    xd = _centered(x, None if x_zero_point is None else np.asarray(x_zero_point).reshape(()))
+    acc = _int_conv(xd, _weight_centered(w, w_zero_point), int(group), kernel_shape, strides, dilations, pads,
+                    auto_pad)
+    return acc.astype(np.int32)
+
+
+@kernel("QLinearConv", dtypes=_I8)
+def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *,
+                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Quantized conv: exact integer conv (+ int32 bias), then requantization to y's scale/zero point."""
+    xd = _centered(x, np.asarray(x_zero_point).reshape(()))
+    acc = _int_conv(xd, _weight_centered(w, w_zero_point), int(group), kernel_shape, strides, dilations, pads,
+                    auto_pad)
+    if b is not None:
+        acc += b.astype(np.float64).reshape((1, -1) + (1,) * (acc.ndim - 2))
+    ws = np.asarray(w_scale)
+    if ws.size > 1 and ws.size != w.shape[0]:
+        raise ValueError(f"w_scale has {ws.size} elements, expected 1 or {w.shape[0]} (output channels)")
+    mult = (x_scale.reshape(()) * _per_filter(ws, acc.ndim) / y_scale.reshape(())).astype(np.float64)
+    return _requantize(acc, mult, y_zero_point, x.dtype)

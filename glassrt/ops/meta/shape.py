@@ -413,7 +413,7 @@ def gather_values(ctx):
     n = v.shape[a]
     if idx.size and (idx.min() < -n or idx.max() >= n):
         return [None]  # the kernel reports the bad index with the node's name
-    return [np.take(v, idx.astype(np.int64), axis=a)]
+    return [np.asarray(np.take(v, idx.astype(np.int64), axis=a), dtype=v.dtype)]  # a scalar index gives 0-d
 
 
 @meta("Expand")
