@@ -234,27 +234,24 @@ class BufferPool:
             raw = np.empty(size, np.uint8)
             self.reserved += size
             self.misses += 1
-        self.in_use[id(raw)] = raw
+        handed = raw[:nbytes].view(dtype).reshape(shape)
+        self.in_use[id(handed)] = raw
         self.allocated += size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
-        return raw[:nbytes].view(dtype).reshape(shape)
+        return handed
 
     def release(self, array) -> bool:
-        """Give back a buffer `empty` handed out (True), or ignore anything else (False)."""
-        base = array
-        while isinstance(base, np.ndarray) and base.base is not None:
-            base = base.base
-        raw = self.in_use.pop(id(base), None)
+        """Take back an array `empty` handed out (True); anything else — including a view
+        of a pool buffer — is ignored (False)."""
+        raw = self.in_use.pop(id(array), None)
         if raw is None:
             return False
         self.allocated -= raw.size
-        # A kernel may have returned a view of this buffer that is still alive somewhere:
-        # then it must not be handed out again. References now: in_use's (gone), the
-        # released array's .base, `base`, `raw`, getrefcount's argument.
-        shared = sys.getrefcount(raw) > 4 + (array is not base)
-        if shared or self.reserved > self.max_reserved:  # do not reuse it, do not hoard
-            self.reserved -= raw.size
-            self.reserved -= raw.size
+        # Reuse the buffer only if nothing but the released array still refers to it (a
+        # kernel may have returned a view of it that lives on). References now: `raw`,
+        # the released array's .base, and getrefcount's own argument.
+        if sys.getrefcount(raw) > 3 or self.reserved > self.max_reserved:
+            self.reserved -= raw.size  # leave it to the garbage collector
         else:
             self.free.setdefault(raw.size, []).append(raw)
         return True
