@@ -35,6 +35,13 @@ class ReferenceProvider(Provider):
         self._cache = {}
 
     def kernels(self, domain, op_type, opset):
+        if domain == "" and op_type in ref.NEEDS_EVALUATOR:
+            # Control flow is structure, not arithmetic: glassrt's own runners execute the
+            # bodies, whose nodes are placed on this provider list like any others.
+            from . import _load_cpu_kernels
+
+            _load_cpu_kernels()
+            return kernels_for("cpu", domain, op_type)
         if not ref.implements(domain, op_type, opset):
             return []
         key = (domain, op_type)

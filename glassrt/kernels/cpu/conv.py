@@ -32,6 +32,22 @@ def _is_depthwise(ctx):
     return "not depthwise (group == channels, one filter per channel)"
 
 
+def _compute_dtype(ctx):
+    return np.dtype(np.float32) if ctx.dtype(0) == np.float16 else np.dtype(ctx.dtype(0))
+
+
+def _in_float32(step):
+    """float16 convs accumulate in float32 (as onnxruntime and the reference do), then round."""
+
+    def step16(x, w, b=None, *, out):
+        y = step(x.astype(np.float32), w.astype(np.float32), None if b is None else b.astype(np.float32),
+                 out=np.empty(out.shape, np.float32))
+        np.copyto(out, y, casting="unsafe")
+        return out
+
+    return step16
+
+
 def _add_bias(out, b):
     if b is not None:
         out += b.reshape((1, -1) + (1,) * (out.ndim - 2))
@@ -48,7 +64,7 @@ def conv_1x1(ctx):
         _add_bias(out, b)
         return out
 
-    return step
+    return _in_float32(step) if ctx.dtype(0) == np.float16 else step
 
 
 def _padded_bytes(x, begin, end, itemsize):
@@ -60,7 +76,7 @@ def _padded_bytes(x, begin, end, itemsize):
 
 def _depthwise_workspace(ctx):
     x, w, k, begin, end, out, strides, dil = _geometry(ctx)
-    item = np.dtype(ctx.dtype(0)).itemsize
+    item = _compute_dtype(ctx).itemsize
     return _padded_bytes(x, begin, end, item) + int(x[0]) * int(w[0]) * int(np.prod(out)) * item
 
 
@@ -69,7 +85,8 @@ def _depthwise_workspace(ctx):
 def conv_depthwise(ctx):
     """Depthwise conv: one shifted multiply-add per kernel tap over the whole tensor."""
     x, w, k, begin, end, out_sp, strides, dil = _geometry(ctx)
-    dt = np.dtype(ctx.dtype(0))
+    half = ctx.dtype(0) == np.float16
+    dt = _compute_dtype(ctx)
     pad_bytes = _padded_bytes(x, begin, end, dt.itemsize)
     ws = ctx.workspace
 
@@ -88,7 +105,7 @@ def conv_depthwise(ctx):
         _add_bias(out, b)
         return out
 
-    return step
+    return _in_float32(step) if half else step
 
 
 # im2col works on tiles of output rows so its buffer stays about this size: the tile is
@@ -105,7 +122,7 @@ def _im2col_tiling(x, w, k, out_sp, itemsize):
 
 def _im2col_workspace(ctx):
     x, w, k, begin, end, out, strides, dil = _geometry(ctx)
-    item = np.dtype(ctx.dtype(0)).itemsize
+    item = _compute_dtype(ctx).itemsize
     return _padded_bytes(x, begin, end, item) + _im2col_tiling(x, w, k, out, item)[1]
 
 
@@ -115,7 +132,8 @@ def conv_im2col(ctx):
     one GEMM per group and tile, written straight into the output (BLAS takes its stride)."""
     x_shape, w_shape, k, begin, end, out_sp, strides, dil = _geometry(ctx)
     group = int(ctx.attrs.get("group", 1))
-    dt = np.dtype(ctx.dtype(0))
+    half = ctx.dtype(0) == np.float16
+    dt = _compute_dtype(ctx)
     n, cg = x_shape[0], w_shape[1]
     m, mg = w_shape[0], w_shape[0] // group
     kk = cg * int(np.prod(k))
@@ -146,4 +164,4 @@ def conv_im2col(ctx):
         _add_bias(out, b)
         return out
 
-    return step
+    return _in_float32(step) if half else step

@@ -4,9 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import kernel
-from ._util import FLOATS, INTS
+from ... import dtypes
+from ._util import INTS
 
-MATMUL_TYPES = list(FLOATS) + list(INTS)
+MATMUL_TYPES = [np.float32, np.float64] + list(INTS)
+HALF_TYPES = [np.float16] + [d for d in dtypes.FLOATS_BF16 if d.name == "bfloat16"]
 
 
 def _bcast_rhs(ctx):
@@ -31,7 +33,24 @@ def matmul(a, b, *, out=None):
     return np.matmul(a, b, out=out)
 
 
-@kernel("Gemm", dtypes=list(FLOATS) + list(INTS), out=True)
+@kernel("MatMul", dtypes=HALF_TYPES, out=True, name="half_via_float32")
+def matmul_half(a, b, *, out=None):
+    """float16/bfloat16 through float32 BLAS (NumPy has no half-precision GEMM)."""
+    y = np.matmul(a.astype(np.float32), b.astype(np.float32))
+    if out is None:
+        return y.astype(a.dtype)
+    np.copyto(out, y, casting="unsafe")
+    return out
+
+
+@kernel("Gemm", dtypes=HALF_TYPES, name="half_via_float32")
+def gemm_half(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    f = np.float32
+    return gemm(a.astype(f), b.astype(f), None if c is None else c.astype(f), alpha=alpha, beta=beta,
+                transA=transA, transB=transB).astype(a.dtype)
+
+
+@kernel("Gemm", dtypes=MATMUL_TYPES, out=True)
 def gemm(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0):
     a = a.T if transA else a
     b = b.T if transB else b
