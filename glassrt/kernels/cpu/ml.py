@@ -1,1 +1,672 @@
-"""(being written)"""
+"""ai.onnx.ml operators: encoders, scalers, linear models and tree ensembles.
+
+Where the spec leaves details open (binary classifiers, scores of classes no tree voted
+for, post transforms), the kernels follow onnxruntime, which is what models exported by
+skl2onnx and friends are validated against.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import dtypes
+from ..registry import kernel
+
+ML = "ai.onnx.ml"
+STRING = dtypes.STRING
+NUMBERS = [np.float32, np.float64, np.int64, np.int32]
+
+
+def _rows(x):
+    """A 2-D [N, C] view: a 1-D input is one row."""
+    if x.ndim == 1:
+        return x.reshape(1, -1)
+    if x.ndim != 2:
+        raise ValueError(f"expected a [N, C] tensor, got shape {list(x.shape)}")
+    return x
+
+
+# ---------------------------------------------------------------- post transforms (onnxruntime's)
+
+
+def _logistic(v):
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-v))
+
+
+def _probit(v):
+    # sqrt(2) * erfinv(2v - 1), with the same closed-form erfinv approximation
+    # (Winitzki, a = 0.147) as onnxruntime and onnx's reference.
+    # Computed in float32 like onnxruntime: near 0 and 1 the result is steep.
+    f = np.float32
+    x = f(2) * np.asarray(v, f) - f(1)
+    sgn = np.where(x < 0, f(-1), f(1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ln = np.log((f(1) - x) * (f(1) + x))
+        a = f(2 / (np.pi * 0.147)) + f(0.5) * ln
+        return f(np.sqrt(2)) * sgn * np.sqrt(-a + np.sqrt(a * a - ln / f(0.147)))
+
+
+def _softmax(s):
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _softmax_zero(s):
+    # Scores that are exactly (nearly) zero stay zero.
+    zero = np.abs(s) <= 1e-7
+    e = np.where(zero, 0.0, np.exp(s - s.max(axis=1, keepdims=True)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return e / e.sum(axis=1, keepdims=True)
+
+
+_TRANSFORMS = {"NONE": lambda s: s, "LOGISTIC": _logistic, "SOFTMAX": _softmax,
+               "SOFTMAX_ZERO": _softmax_zero, "PROBIT": _probit}
+_TRANSFORM_CODES = ["NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT"]  # TreeEnsemble's ints
+
+
+def _transform(name):
+    if name not in _TRANSFORMS:
+        raise ValueError(f"unknown post_transform {name!r}")
+    return _TRANSFORMS[name]
+
+
+def _scores_transform(s, post_transform):
+    """Scores [N, K] after the post transform, for K >= 2 (or a regression target per column)."""
+    if s.shape[1] == 1 and post_transform in ("SOFTMAX", "SOFTMAX_ZERO"):
+        return s  # onnxruntime leaves a single score as is
+    return _transform(post_transform)(s)
+
+
+# ---------------------------------------------------------------- simple transformers
+
+
+@kernel("Binarizer", domain=ML, dtypes=NUMBERS)
+def binarizer(x, *, threshold=0.0):
+    return (x > threshold).astype(x.dtype)
+
+
+@kernel("Scaler", domain=ML, dtypes=NUMBERS)
+def scaler(x, *, offset=None, scale=None):
+    off = np.asarray(offset if offset is not None else [0.0], np.float32)
+    sc = np.asarray(scale if scale is not None else [1.0], np.float32)
+    c = x.shape[-1] if x.ndim else 1
+    for name, v in (("offset", off), ("scale", sc)):
+        if v.size not in (1, c):
+            raise ValueError(f"Scaler {name} has {v.size} values for {c} features")
+    return ((x.astype(np.float32) - off) * sc).astype(np.float32)
+
+
+@kernel("Normalizer", domain=ML, dtypes=NUMBERS)
+def normalizer(x, *, norm="MAX"):
+    r = _rows(x).astype(np.float32)
+    if norm == "MAX":
+        d = r.max(axis=1, keepdims=True)
+    elif norm == "L1":
+        d = np.abs(r).sum(axis=1, keepdims=True)
+    elif norm == "L2":
+        d = np.sqrt((r * r).sum(axis=1, keepdims=True))
+    else:
+        raise ValueError(f"unknown norm {norm!r} (MAX, L1 or L2)")
+    # A zero norm leaves the row as it is.
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = np.where(d != 0, r / np.where(d != 0, d, 1), r)
+    return y.reshape(x.shape).astype(np.float32)
+
+
+@kernel("Imputer", domain=ML, dtypes=NUMBERS)
+def imputer(x, *, imputed_value_floats=None, imputed_value_int64s=None, replaced_value_float=0.0,
+            replaced_value_int64=0):
+    if x.dtype.kind == "f":
+        values, replaced = imputed_value_floats, replaced_value_float
+    else:
+        values, replaced = imputed_value_int64s, replaced_value_int64
+    if not values:
+        raise ValueError(f"Imputer has no imputed values for a {dtypes.name(x.dtype)} input")
+    values = np.asarray(values).astype(x.dtype)
+    c = x.shape[-1] if x.ndim else 1
+    if values.size not in (1, c):
+        raise ValueError(f"Imputer has {values.size} imputed values for {c} features")
+    missing = np.isnan(x) if x.dtype.kind == "f" and np.isnan(replaced) else x == x.dtype.type(replaced)
+    return np.where(missing, values, x).astype(x.dtype)
+
+
+@kernel("ArrayFeatureExtractor", domain=ML, dtypes=NUMBERS + [STRING])
+def array_feature_extractor(x, indices):
+    idx = indices.reshape(-1).astype(np.int64)
+    n = x.shape[-1]
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError(f"index {idx[(idx < 0) | (idx >= n)][0]} is out of range for the last axis of size {n}")
+    y = np.take(x, idx, axis=-1)
+    return y.reshape(1, -1) if x.ndim == 1 else y
+
+
+@kernel("FeatureVectorizer", domain=ML, dtypes=NUMBERS)
+def feature_vectorizer(*xs, inputdimensions=None):
+    dims = list(inputdimensions or [])
+    if len(dims) != len(xs):
+        raise ValueError(f"FeatureVectorizer has {len(dims)} inputdimensions for {len(xs)} inputs")
+    rows = [x.reshape(1, -1) if x.ndim < 2 else x.reshape(x.shape[0], -1) for x in xs]  # [C] is [1, C]
+    n = rows[0].shape[0]
+    if any(r.shape[0] != n for r in rows):
+        raise ValueError(f"inputs have different batch sizes {[r.shape[0] for r in rows]}")
+    y = np.zeros((n, sum(dims)), np.float32)
+    at = 0
+    for r, d in zip(rows, dims):
+        k = min(d, r.shape[1])  # longer inputs are cut, shorter ones padded with zeros
+        y[:, at:at + k] = r[:, :k]
+        at += d
+    return y
+
+
+@kernel("OneHotEncoder", domain=ML, dtypes=NUMBERS + [STRING], bind=True)
+def one_hot_encoder(ctx):
+    strings = ctx.dtype(0) == STRING
+    cats = ctx.attrs.get("cats_strings") if strings else ctx.attrs.get("cats_int64s")
+    if not cats:
+        raise ValueError(f"OneHotEncoder needs {'cats_strings' if strings else 'cats_int64s'} for this input")
+    zeros = int(ctx.attrs.get("zeros", 1))
+    index = {c: i for i, c in enumerate(cats)}
+    ordered = np.asarray(sorted(index), dtype=np.int64) if not strings else None
+    column = np.asarray([index[c] for c in sorted(index)], np.int64) if not strings else None
+
+    def step(x):
+        if strings:
+            pos = np.array([index.get(v, -1) for v in x.reshape(-1)], np.int64).reshape(x.shape)
+        else:
+            v = x.astype(np.int64)  # floats are truncated to integer categories
+            k = np.clip(np.searchsorted(ordered, v), 0, len(ordered) - 1)
+            pos = np.where(ordered[k] == v, column[k], -1)
+        if not zeros and (pos < 0).any():
+            raise ValueError(f"value {x.reshape(-1)[np.flatnonzero(pos.reshape(-1) < 0)[0]]!r} is not a category "
+                             f"and zeros=0")
+        return ((pos[..., None] == np.arange(len(cats))) & (pos[..., None] >= 0)).astype(np.float32)
+
+    return step
+
+
+# ---------------------------------------------------------------- LabelEncoder
+
+
+def _lookup_table(keys, values, default, key_dtype):
+    """A function mapping an array of keys to values (default for the unknown ones)."""
+    values = np.asarray(values)
+    if key_dtype == STRING:
+        table = dict(zip(keys, values.tolist()))
+        out_dtype = values.dtype if values.dtype != object and values.dtype.kind != "U" else object
+        default = default.item() if isinstance(default, np.generic) else default
+
+        def by_dict(x):
+            out = np.array([table.get(k, default) for k in x.reshape(-1)], dtype=out_dtype)
+            return out.reshape(x.shape)
+
+        return by_dict
+    k = np.asarray(keys).astype(key_dtype)
+    # The last of duplicate keys wins, as in a dict; NaN keys are matched separately.
+    nan_value = None
+    if k.dtype.kind == "f" and np.isnan(k).any():
+        nan_value = values[np.flatnonzero(np.isnan(k))[-1]]
+        keep = ~np.isnan(k)
+        k, values = k[keep], values[keep]
+    uk, first = np.unique(k[::-1], return_index=True)
+    uv = values[::-1][first]
+    out_dtype = object if uv.dtype.kind == "U" else uv.dtype
+
+    def by_search(x):
+        out = np.empty(x.shape, dtype=out_dtype)
+        out[...] = default
+        if uk.size:
+            pos = np.clip(np.searchsorted(uk, x), 0, uk.size - 1)
+            hit = uk[pos] == x
+            out[hit] = uv[pos[hit]]
+        if nan_value is not None:
+            out[np.isnan(x)] = nan_value
+        return out
+
+    return by_search
+
+
+@kernel("LabelEncoder", domain=ML, versions=(1, 1), dtypes=[STRING, np.int64], bind=True, name="label_encoder_v1")
+def label_encoder_v1(ctx):
+    """Opset 1: strings → their index in classes_strings, int64 → the class string."""
+    classes = list(ctx.attrs.get("classes_strings") or [])
+    if ctx.dtype(0) == STRING:
+        return _lookup_table(classes, np.arange(len(classes), dtype=np.int64),
+                             np.int64(ctx.attrs.get("default_int64", -1)), STRING)
+    return _lookup_table(np.arange(len(classes)), np.array(classes, dtype=object),
+                         ctx.attrs.get("default_string", "_Unused"), np.dtype(np.int64))
+
+
+@kernel("LabelEncoder", domain=ML, versions=(2, None), bind=True)
+def label_encoder(ctx):
+    a = ctx.attrs
+    key_dtype = ctx.dtype(0)
+
+    def first(*names):
+        for n in names:
+            v = a.get(n)
+            if v is not None:
+                return n, v
+        return None, None
+
+    kname, keys = first("keys_tensor", "keys_strings", "keys_int64s", "keys_floats")
+    vname, values = first("values_tensor", "values_strings", "values_int64s", "values_floats")
+    if keys is None or values is None:
+        raise ValueError("LabelEncoder needs keys_* and values_* attributes")
+    keys = np.asarray(keys).reshape(-1).tolist() if kname == "keys_tensor" else list(keys)
+    if vname == "values_tensor":
+        vt = np.asarray(values)
+        values = vt.reshape(-1)
+        out_dtype = vt.dtype
+        d = a.get("default_tensor")
+        if d is not None:
+            default = np.asarray(d).reshape(-1)[0]
+        elif out_dtype == object:
+            default = "_Unused"
+        elif out_dtype.kind == "f":
+            default = -0.0
+        else:
+            default = -1
+        default = default if out_dtype == object else np.asarray(default).astype(out_dtype)
+    elif vname == "values_strings":
+        values, out_dtype = np.array(values, dtype=object), np.dtype(object)
+        default = a.get("default_string", "_Unused")
+    elif vname == "values_int64s":
+        values, out_dtype = np.asarray(values, np.int64), np.dtype(np.int64)
+        default = np.int64(a.get("default_int64", -1))
+    else:
+        values, out_dtype = np.asarray(values, np.float32), np.dtype(np.float32)
+        default = np.float32(a.get("default_float", -0.0))
+    if len(keys) != len(values):
+        raise ValueError(f"LabelEncoder has {len(keys)} keys but {len(values)} values")
+    if out_dtype == object:
+        values = np.array(list(values), dtype=object)
+    fn = _lookup_table(keys, values, default, key_dtype if key_dtype is not None else np.dtype(np.float32))
+
+    def step(x):
+        y = fn(x)
+        return y if y.dtype == out_dtype else y.astype(out_dtype)
+
+    return step
+
+
+# ---------------------------------------------------------------- linear models
+
+
+def _coefs(coefficients, n_out, c):
+    w = np.asarray(coefficients, np.float64)
+    if w.size != n_out * c:
+        raise ValueError(f"{w.size} coefficients do not make {n_out} rows of {c} features")
+    return w.reshape(n_out, c)
+
+
+@kernel("LinearRegressor", domain=ML, dtypes=NUMBERS)
+def linear_regressor(x, *, coefficients=None, intercepts=None, targets=1, post_transform="NONE"):
+    r = _rows(x).astype(np.float64)
+    w = _coefs(coefficients, targets, r.shape[1])
+    y = r @ w.T
+    if intercepts:
+        y = y + np.asarray(intercepts, np.float64)
+    if targets == 1 and post_transform != "PROBIT":
+        return y.astype(np.float32)  # onnxruntime transforms a single target only with PROBIT
+    return _scores_transform(y, post_transform).astype(np.float32)
+
+
+@kernel("LinearClassifier", domain=ML, dtypes=NUMBERS, multi=True)
+def linear_classifier(x, *, coefficients=None, intercepts=None, classlabels_ints=None, classlabels_strings=None,
+                      multi_class=0, post_transform="NONE"):
+    labels = classlabels_strings if classlabels_strings else classlabels_ints
+    if not labels:
+        raise ValueError("LinearClassifier needs classlabels_ints or classlabels_strings")
+    r = _rows(x).astype(np.float64)
+    n_classes = len(labels)
+    n_rows = np.asarray(coefficients).size // max(r.shape[1], 1)
+    w = _coefs(coefficients, n_rows, r.shape[1])
+    s = r @ w.T
+    if intercepts:
+        s = s + np.asarray(intercepts, np.float64)
+    labels_arr = np.array(labels, dtype=object if classlabels_strings else np.int64)
+    if n_rows == 1:
+        # One score per row: the positive class when it is > 0 (onnxruntime).
+        pos = s[:, 0] > 0
+        if n_classes == 2:
+            # [1 - p, p] with p the (transformed) score of the positive class, as onnxruntime writes it.
+            label = np.where(pos, labels_arr[1], labels_arr[0])
+            p = {"LOGISTIC": _logistic, "PROBIT": _probit}.get(post_transform, lambda v: v)(s[:, 0])
+            z = np.stack([1 - p, p], axis=1)
+        else:
+            label = np.where(pos, 1, 0).astype(labels_arr.dtype) if not classlabels_strings else \
+                np.where(pos, "1", "0").astype(object)
+            z = _scores_transform(s, post_transform)
+    else:
+        label = labels_arr[np.argmax(s, axis=1)]
+        z = _scores_transform(s, post_transform)
+    return np.asarray(label, dtype=labels_arr.dtype), z.astype(np.float32)
+
+
+# ---------------------------------------------------------------- tree ensembles
+
+_LEQ, _LT, _GTE, _GT, _EQ, _NEQ, _MEMBER = range(7)
+_OLD_MODES = {"BRANCH_LEQ": _LEQ, "BRANCH_LT": _LT, "BRANCH_GTE": _GTE, "BRANCH_GT": _GT, "BRANCH_EQ": _EQ,
+              "BRANCH_NEQ": _NEQ}
+_COMPARE = [np.less_equal, np.less, np.greater_equal, np.greater, np.equal, np.not_equal]
+
+
+class _Forest:
+    """Decision trees flattened into arrays, evaluated for all (row, tree) pairs at once.
+
+    Internal nodes are 0..n_nodes-1; a child index >= n_nodes is leaf (index - n_nodes).
+    Each step of `leaves` moves every pair still on an internal node one level down,
+    so a batch costs about (tree depth) vectorized steps.
+    """
+
+    def __init__(self, feature, threshold, mode, missing_true, true_next, false_next, roots, members=None):
+        self.feature = np.asarray(feature, np.int64)
+        self.threshold = np.asarray(threshold, np.float64)
+        self.mode = np.asarray(mode, np.int64)
+        self.missing_true = np.asarray(missing_true, bool)
+        self.true_next = np.asarray(true_next, np.int64)
+        self.false_next = np.asarray(false_next, np.int64)
+        self.roots = np.asarray(roots, np.int64)
+        self.n_nodes = len(self.feature)
+        self.modes = sorted(set(self.mode.tolist()))
+        self.any_missing = bool(self.missing_true.any())
+        # Set membership: one boolean row per MEMBER node over all member values.
+        self.member_row = np.full(self.n_nodes, -1, np.int64)
+        if members:
+            self.values = np.unique(np.concatenate([np.asarray(sorted(s), np.float64) for s in members.values()]))
+            self.member = np.zeros((len(members), len(self.values)), bool)
+            for r, (node, s) in enumerate(members.items()):
+                self.member_row[node] = r
+                self.member[r, np.searchsorted(self.values, sorted(s))] = True
+
+    def leaves(self, x):
+        """Leaf index reached in every tree: [N, n_trees]."""
+        x = np.asarray(x, np.float64)
+        n, t = x.shape[0], len(self.roots)
+        if self.n_nodes and x.shape[1] <= self.feature.max():
+            raise ValueError(f"the trees read feature {self.feature.max()} but X has {x.shape[1]} features")
+        cur = np.tile(self.roots, n)
+        row = np.repeat(np.arange(n), t)
+        act = np.flatnonzero(cur < self.n_nodes)
+        for _ in range(self.n_nodes + 1):
+            if not act.size:
+                return (cur - self.n_nodes).reshape(n, t)
+            nd = cur[act]
+            v = x[row[act], self.feature[nd]]
+            cur[act] = np.where(self._go_true(v, nd), self.true_next[nd], self.false_next[nd])
+            act = act[cur[act] < self.n_nodes]
+        raise ValueError("the tree ensemble has a cycle")
+
+    def _go_true(self, v, nd):
+        th = self.threshold[nd]
+        if len(self.modes) == 1 and self.modes[0] != _MEMBER:
+            go = _COMPARE[self.modes[0]](v, th)
+        else:
+            m = self.mode[nd]
+            go = np.zeros(len(nd), bool)
+            for code in self.modes:
+                sel = m == code
+                if code == _MEMBER:
+                    go[sel] = self._is_member(v[sel], nd[sel])
+                else:
+                    go[sel] = _COMPARE[code](v[sel], th[sel])
+        if self.any_missing:
+            go |= self.missing_true[nd] & np.isnan(v)
+        return go
+
+    def _is_member(self, v, nd):
+        pos = np.clip(np.searchsorted(self.values, v), 0, len(self.values) - 1)
+        return (self.values[pos] == v) & self.member[self.member_row[nd], pos]
+
+
+class _Ensemble:
+    """A forest plus what each leaf adds to which output column, and the aggregation."""
+
+    def __init__(self, forest, n_leaves, n_out, leaf, column, weight, aggregate="SUM"):
+        self.forest, self.n_out, self.aggregate = forest, n_out, aggregate
+        leaf, column = np.asarray(leaf, np.int64), np.asarray(column, np.int64)
+        weight = np.asarray(weight, np.float64)
+        if column.size and (column.min() < 0 or column.max() >= n_out):
+            raise ValueError(f"a leaf targets column {column.max()} of {n_out}")
+        self.has = np.zeros((n_leaves, n_out), bool)
+        self.has[leaf, column] = True
+        if aggregate in ("SUM", "AVERAGE"):
+            self.w = np.zeros((n_leaves, n_out))
+            np.add.at(self.w, (leaf, column), weight)
+        elif aggregate in ("MIN", "MAX"):
+            self.w = np.full((n_leaves, n_out), np.inf if aggregate == "MIN" else -np.inf)
+            (np.minimum if aggregate == "MIN" else np.maximum).at(self.w, (leaf, column), weight)
+        else:
+            raise ValueError(f"unknown aggregate_function {aggregate!r}")
+
+    def scores(self, x):
+        """(scores [N, n_out], has [N, n_out]): aggregated leaf values, and which columns got any."""
+        lv = self.forest.leaves(x)
+        n, t = lv.shape
+        has = np.zeros((n, self.n_out), bool)
+        if self.aggregate in ("SUM", "AVERAGE"):
+            s = np.zeros((n, self.n_out))
+            for j in range(t):  # one tree at a time keeps memory at [N, n_out]
+                s += self.w[lv[:, j]]
+                has |= self.has[lv[:, j]]
+            if self.aggregate == "AVERAGE" and t:
+                s /= t
+        else:
+            pick = np.minimum if self.aggregate == "MIN" else np.maximum
+            s = np.full((n, self.n_out), np.inf if self.aggregate == "MIN" else -np.inf)
+            for j in range(t):
+                s = pick(s, self.w[lv[:, j]])
+                has |= self.has[lv[:, j]]
+            s = np.where(has, s, 0.0)  # a column no tree voted for scores 0
+        return s, has
+
+
+def _old_forest(a):
+    """TreeEnsembleRegressor/Classifier attributes → a _Forest, a leaf index per (tree, node)."""
+    tree_ids = list(a["nodes_treeids"])
+    node_ids = list(a["nodes_nodeids"])
+    modes = list(a["nodes_modes"])
+    values = a.get("nodes_values_as_tensor")
+    values = np.asarray(values).reshape(-1) if values is not None else np.asarray(a.get("nodes_values") or
+                                                                                   [0.0] * len(tree_ids), np.float32)
+    n = len(tree_ids)
+    for name in ("nodes_nodeids", "nodes_modes", "nodes_featureids", "nodes_truenodeids", "nodes_falsenodeids"):
+        if len(a.get(name) or []) != n:
+            raise ValueError(f"{name} has {len(a.get(name) or [])} entries for {n} nodes")
+    missing = list(a.get("nodes_missing_value_tracks_true") or [0] * n)
+    is_leaf = np.array([m == "LEAF" for m in modes])
+    for m in modes:
+        if m != "LEAF" and m not in _OLD_MODES:
+            raise ValueError(f"unknown node mode {m!r}")
+    internal = np.flatnonzero(~is_leaf)
+    leaves = np.flatnonzero(is_leaf)
+    slot = np.empty(n, np.int64)
+    slot[internal] = np.arange(len(internal))
+    slot[leaves] = len(internal) + np.arange(len(leaves))
+    where = {(t, i): k for k, (t, i) in enumerate(zip(tree_ids, node_ids))}
+
+    def child(k, ids):
+        key = (tree_ids[k], ids[k])
+        if key not in where:
+            raise ValueError(f"node {node_ids[k]} of tree {tree_ids[k]} points to missing node {ids[k]}")
+        return slot[where[key]]
+
+    tn, fn = a["nodes_truenodeids"], a["nodes_falsenodeids"]
+    roots, seen = [], set()
+    for k, t in enumerate(tree_ids):  # a tree's root is its first node
+        if t not in seen:
+            seen.add(t)
+            roots.append((t, slot[k]))
+    roots = [r for _, r in sorted(roots)]
+    forest = _Forest([a["nodes_featureids"][k] for k in internal], values[internal].astype(np.float64),
+                     [_OLD_MODES[modes[k]] for k in internal], [missing[k] for k in internal],
+                     [child(k, tn) for k in internal], [child(k, fn) for k in internal], roots)
+    leaf_of = {(tree_ids[k], node_ids[k]): j for j, k in enumerate(leaves)}
+    return forest, len(leaves), leaf_of
+
+
+def _old_leaf_weights(a, prefix, leaf_of):
+    tids, nids = a.get(f"{prefix}_treeids") or [], a.get(f"{prefix}_nodeids") or []
+    w = a.get(f"{prefix}_weights_as_tensor")
+    w = np.asarray(w).reshape(-1) if w is not None else np.asarray(a.get(f"{prefix}_weights") or [], np.float32)
+    leaf = []
+    for t, i in zip(tids, nids):
+        if (t, i) not in leaf_of:
+            raise ValueError(f"{prefix} weight for node {i} of tree {t}, which is not a leaf")
+        leaf.append(leaf_of[(t, i)])
+    return leaf, w.astype(np.float64)
+
+
+def _base_values(a):
+    b = a.get("base_values_as_tensor")
+    b = np.asarray(b).reshape(-1) if b is not None else np.asarray(a.get("base_values") or [], np.float32)
+    return b.astype(np.float64)
+
+
+@kernel("TreeEnsembleRegressor", domain=ML, dtypes=NUMBERS, bind=True)
+def tree_ensemble_regressor(ctx):
+    a = ctx.attrs
+    forest, n_leaves, leaf_of = _old_forest(a)
+    leaf, w = _old_leaf_weights(a, "target", leaf_of)
+    n_targets = int(a["n_targets"])
+    ens = _Ensemble(forest, n_leaves, n_targets, leaf, a.get("target_ids") or [], w, a.get("aggregate_function", "SUM"))
+    base = _base_values(a)
+    if base.size not in (0, n_targets):
+        raise ValueError(f"{base.size} base_values for {n_targets} targets")
+    post = a.get("post_transform", "NONE")
+    _transform(post)
+
+    def step(x):
+        s, has = ens.scores(_rows(x))
+        if base.size:
+            s = s + np.where(has, base, 0.0)  # onnxruntime: a target no tree voted for stays 0
+        if n_targets == 1 and post != "PROBIT":
+            return s.astype(np.float32)  # onnxruntime transforms a single target only with PROBIT
+        return _scores_transform(s, post).astype(np.float32)
+
+    return step
+
+
+@kernel("TreeEnsembleClassifier", domain=ML, dtypes=NUMBERS, multi=True, bind=True)
+def tree_ensemble_classifier(ctx):
+    a = ctx.attrs
+    strings = a.get("classlabels_strings") is not None
+    labels = np.array(a["classlabels_strings"], dtype=object) if strings else \
+        np.asarray(a.get("classlabels_int64s") or [], np.int64)
+    n_classes = len(labels)
+    if n_classes < 2:
+        raise ValueError("TreeEnsembleClassifier needs at least two class labels")
+    forest, n_leaves, leaf_of = _old_forest(a)
+    leaf, w = _old_leaf_weights(a, "class", leaf_of)
+    class_ids = list(a.get("class_ids") or [])
+    ens = _Ensemble(forest, n_leaves, n_classes, leaf, class_ids, w, "SUM")
+    base = _base_values(a)
+    post = a.get("post_transform", "NONE")
+    _transform(post)
+    binary = n_classes == 2 and len(set(class_ids)) == 1
+    all_positive = bool((w >= 0).all())
+
+    def step(x):
+        s, has = ens.scores(_rows(x))
+        if n_classes > 2:
+            if base.size:
+                s = s + base
+                has = has | (np.arange(n_classes) < base.size)
+            label = labels[np.argmax(np.where(has, s, -np.inf), axis=1)]
+            return label, _scores_transform(s, post).astype(np.float32)
+        return _binary_classifier(s, has, base, labels, binary, all_positive, post)
+
+    return step
+
+
+def _binary_classifier(s, has, base, labels, binary, all_positive, post):
+    """Two classes, the way onnxruntime decides them (TreeAggregatorClassifier)."""
+    s0, s1 = s[:, 0].copy(), s[:, 1].copy()
+    h0, h1 = has[:, 0], has[:, 1]
+    add_second = np.full(len(s), -1)
+    # Base values are only added to classes some tree voted for (onnxruntime 1.2x+).
+    if base.size == 2:
+        s1 = np.where(h1, base[1] + s0, s1)
+        s0 = np.where(h1, -s1, np.where(h0, s0 + base[0], s0))
+    elif base.size == 1:
+        s0 = np.where(h0, s0 + base[0], s0)
+    else:
+        add_second[:] = 3
+    single = ~h1 if base.size != 2 else np.zeros(len(s), bool)  # only one score: the second is derived
+    pos_w = np.where(h1, s1, np.where(h0, s0, 0.0))
+    if binary:
+        positive = pos_w > 0.5 if all_positive else pos_w > 0
+        add_second[:] = np.where(positive, 0, 1) if all_positive else np.where(positive, 2, 3)
+    else:
+        positive = pos_w > 0
+    label = np.where(positive, labels[1], labels[0]).astype(labels.dtype)
+    z = _scores_transform(np.stack([s0, s1], axis=1), post)
+    if single.any():
+        one = s0[single]
+        add = add_second[single]
+        if post == "PROBIT":
+            zs = np.stack([_probit(one), np.zeros_like(one)], axis=1)
+        else:
+            zs = np.stack([one, np.zeros_like(one)], axis=1)  # no second class: as written
+            flip = (add == 0) | (add == 1)
+            p = _logistic(one[flip]) if post == "LOGISTIC" else one[flip]
+            zs[flip] = np.stack([1 - p, p], axis=1)
+            neg = (add == 2) | (add == 3)
+            zs[neg] = (np.stack([_logistic(-one[neg]), _logistic(one[neg])], axis=1) if post == "LOGISTIC"
+                       else np.stack([-one[neg], one[neg]], axis=1))
+        z[single] = zs
+    return label, z.astype(np.float32)
+
+
+@kernel("TreeEnsemble", domain=ML, versions=(5, None), dtypes=[np.float32, np.float64, np.float16], bind=True)
+def tree_ensemble(ctx):
+    a = ctx.attrs
+    splits = np.asarray(a["nodes_splits"]).reshape(-1).astype(np.float64)
+    modes = np.asarray(a["nodes_modes"]).reshape(-1).astype(np.int64)
+    n = len(splits)
+    feature = list(a["nodes_featureids"])
+    tn, fn = np.asarray(a["nodes_truenodeids"], np.int64), np.asarray(a["nodes_falsenodeids"], np.int64)
+    tl, fl = np.asarray(a["nodes_trueleafs"], bool), np.asarray(a["nodes_falseleafs"], bool)
+    for name, v in (("nodes_modes", modes), ("nodes_featureids", feature), ("nodes_truenodeids", tn),
+                    ("nodes_falsenodeids", fn), ("nodes_trueleafs", tl), ("nodes_falseleafs", fl)):
+        if len(v) != n:
+            raise ValueError(f"{name} has {len(v)} entries for {n} nodes")
+    if ((modes < 0) | (modes > _MEMBER)).any():
+        raise ValueError(f"unknown node mode {modes[(modes < 0) | (modes > _MEMBER)][0]}")
+    missing = a.get("nodes_missing_value_tracks_true")
+    missing = np.zeros(n, bool) if missing is None else np.asarray(missing, bool)
+    # Members of each MEMBER node's set, in node order, NaN-separated.
+    members = {}
+    if (modes == _MEMBER).any():
+        mv = a.get("membership_values")
+        if mv is None:
+            raise ValueError("MEMBER nodes need membership_values")
+        groups, cur = [], []
+        for v in np.asarray(mv, np.float64).reshape(-1):
+            if np.isnan(v):
+                groups.append(cur)
+                cur = []
+            else:
+                cur.append(v)
+        if cur:
+            groups.append(cur)
+        member_nodes = np.flatnonzero(modes == _MEMBER)
+        if len(groups) < len(member_nodes):
+            raise ValueError(f"membership_values has {len(groups)} sets for {len(member_nodes)} MEMBER nodes")
+        members = {int(k): set(g) for k, g in zip(member_nodes, groups)}
+    forest = _Forest(feature, splits, modes, missing, np.where(tl, n + tn, tn), np.where(fl, n + fn, fn),
+                     list(a["tree_roots"]), members)
+    weights = np.asarray(a["leaf_weights"]).reshape(-1).astype(np.float64)
+    targets = list(a["leaf_targetids"])
+    agg = ["AVERAGE", "SUM", "MIN", "MAX"][int(a.get("aggregate_function", 1))]
+    n_targets = int(a["n_targets"])
+    ens = _Ensemble(forest, len(weights), n_targets, np.arange(len(weights)), targets, weights, agg)
+    post = _TRANSFORM_CODES[int(a.get("post_transform", 0))]
+
+    def step(x):
+        s, _ = ens.scores(_rows(x))
+        if n_targets == 1 and post != "PROBIT":
+            return s.astype(x.dtype)
+        return _scores_transform(s, post).astype(x.dtype)
+
+    return step

@@ -28,3 +28,58 @@ def optional_has_element(ctx):
 def optional_get_element(ctx):
     t = ctx.type(0)
     return [t.elem if isinstance(t, OptionalType) else t]
+
+
+# ---------------------------------------------------------------- ai.onnx.ml
+# onnx infers nothing for these (or a wrong [N, 0] for LinearClassifier on a [C] input);
+# the rules mirror the cpu kernels in kernels/cpu/ml.py.
+
+ML = "ai.onnx.ml"
+
+
+def _batch(ctx):
+    """N of a [N, C] input ([C] is one row), or None when the rank is unknown."""
+    s = ctx.shape(0)
+    if s is None:
+        return None
+    return 1 if len(s) < 2 else s[0]
+
+
+@meta(["Scaler", "Normalizer"], domain=ML)
+def ml_float_like(ctx):
+    return [ctx.tensor(np.float32, ctx.shape(0))]
+
+
+@meta("Imputer", domain=ML)
+def ml_imputer(ctx):
+    return [ctx.tensor(ctx.dtype(0), ctx.shape(0))]
+
+
+@meta("LinearRegressor", domain=ML)
+def ml_linear_regressor(ctx):
+    n = _batch(ctx)
+    return [ctx.tensor(np.float32, None if n is None else (n, int(ctx.attr("targets", 1))))]
+
+
+@meta("LinearClassifier", domain=ML)
+def ml_linear_classifier(ctx):
+    n = _batch(ctx)
+    strings = bool(ctx.attrs.get("classlabels_strings"))
+    n_classes = len(ctx.attrs.get("classlabels_strings") or ctx.attrs.get("classlabels_ints") or [])
+    s = ctx.shape(0)
+    c = s[-1] if s else None
+    coefs = len(ctx.attrs.get("coefficients") or [])
+    rows = len(ctx.attrs["intercepts"]) if ctx.attrs.get("intercepts") else (
+        coefs // c if isinstance(c, int) and c else None)
+    if rows == 1 and n_classes == 2:
+        rows = 2  # one score, written as [1 - p, p]
+    label = ctx.tensor(object if strings else np.int64, None if n is None else (n,))
+    scores = ctx.tensor(np.float32, None if n is None or rows is None else (n, rows))
+    return [label, scores]
+
+
+@meta("FeatureVectorizer", domain=ML)
+def ml_feature_vectorizer(ctx):
+    n = _batch(ctx)
+    dims = ctx.attrs.get("inputdimensions") or []
+    return [ctx.tensor(np.float32, None if n is None else (n, int(sum(dims))))]
