@@ -3,6 +3,8 @@ from .errors import (FallbackError, GlassrtError, InputError, InputShapeError, I
                      InvalidModelError, KernelContractError, MemoryLimitError, MissingInputError,
                      ModelLoadError, NodeExecutionError, ShapeInferenceError, UnknownInputError,
                      UnsafeModelError, UnsupportedOperatorError)
+from .ir import TensorType as TensorMeta  # noqa: F401
+from .ops.custom import CustomOp, custom_op  # noqa: F401
 from .runtime.options import SessionOptions  # noqa: F401
 from .runtime.session import FallbackWarning, InferenceSession, NodeArg  # noqa: F401
 

@@ -221,6 +221,63 @@ def profile(model, runs, trace, top, inputs, dims, providers):
         console.print(f"wrote {trace} ({len(prof.records)} node events over {len(prof.runs)} runs)")
 
 
+@main.command()
+@click.option("--op", "op_filter", help="Check only this op (e.g. Conv or my_ops::swish).")
+@click.option("--module", "modules", multiple=True, metavar="PY_MODULE",
+              help="Import this module (dotted name or .py file) first, so its custom ops register.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write every row as JSON.")
+@click.option("--custom-only", is_flag=True, help="Skip the built-in ops.")
+def check(op_filter, modules, json_file, custom_only):
+    """Validate operator contracts: meta vs real outputs, symbolic batch, dtype coverage,
+    decomposition vs fused kernel, backward vs finite differences. Exit 1 on any failure."""
+    import json
+    from dataclasses import asdict
+
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .tools import check as checks
+
+    for m in modules:
+        try:
+            checks.load_module(m)
+        except Exception as e:  # noqa: BLE001 — the user's module: report, do not crash
+            console.print(f"[bold red]error:[/] cannot import --module {m}: {type(e).__name__}: {e}", highlight=False)
+            sys.exit(2)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("checking built-in ops", total=None)
+        rows = checks.run_checks(op_filter, builtins=not custom_only,
+                                 progress=lambda i, n: bar.update(task, completed=i, total=n))
+    from .ops.custom import OPS
+
+    custom = {f"{d}::{n}" for d, n in OPS}
+    shown = [r for r in rows if r.status in ("fail", "warn") or op_filter or r.op in custom]
+    t = Table(title="contract checks", title_justify="left")
+    for c in ("op", "check", "status", "message"):
+        t.add_column(c, overflow="fold")
+    style = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim", "info": "cyan"}
+    for r in shown:
+        if r.status == "info" and not op_filter:
+            continue
+        t.add_row(r.op, r.check, f"[{style[r.status]}]{r.status}[/]", r.message)
+    console.print(t)
+    s = checks.summarize(rows)
+    for name in checks.CHECKS:
+        counts = s.get(name, {})
+        console.print(f"{name:15} " + "  ".join(f"{k}={v}" for k, v in sorted(counts.items())), highlight=False)
+    if not op_filter:
+        for r in rows:
+            if r.op == "(built-ins)":
+                console.print(f"[cyan]note:[/] {r.message}", highlight=False)
+    if json_file:
+        Path(json_file).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        console.print(f"wrote {json_file}")
+    failed = [r for r in rows if r.status == "fail"]
+    if failed:
+        console.print(f"[bold red]{len(failed)} check(s) failed[/]")
+        sys.exit(1)
+
+
 def _load_inputs(sess, inputs, dims, default_name):
     given = {}
     for name, file in _parse_pairs(inputs, "--input").items():

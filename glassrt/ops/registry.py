@@ -23,7 +23,8 @@ DATA_DEPENDENT = {
     "NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit", "TfIdfVectorizer",
     "Loop", "If", "Scan", "ImageDecoder", "Range", "ConstantOfShape", "Reshape", "Expand",
     "Tile", "Slice", "Resize", "Upsample", "Pad", "OneHot", "TopK", "CenterCropPad",
-    "MelWeightMatrix", "Split", "SplitToSequence", "RandomUniformLike",
+    "MelWeightMatrix", "Split", "SplitToSequence", "RandomUniformLike", "MaxUnpool", "StringNormalizer",
+    "STFT", "DFT", "Col2Im", "ConstantOfShape", "EyeLike",
 }
 
 
@@ -127,6 +128,7 @@ def _ensure_loaded():
     global _loaded
     if not _loaded:
         _loaded = True
+        from . import backward as _backward  # noqa: F401
         from . import meta as _meta  # noqa: F401
 
 

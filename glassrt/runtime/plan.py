@@ -64,7 +64,10 @@ class Plan:
     pool: object = None  # BufferPool for values sized at run time
 
 
-def compile_plan(placement, input_types: dict, options, make_runner, outer_values=None, pool=None) -> Plan:
+def compile_plan(placement, input_types: dict, options, make_runner, outer_values=None, pool=None,
+                 retain: bool = False) -> Plan:
+    """retain=True keeps every intermediate value alive and readable after the run (no
+    arena reuse, nothing freed): what gradients need."""
     t0 = time.perf_counter()
     graph = placement.graph
     inf = infer(graph, input_types, strict=True)
@@ -106,6 +109,8 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
 
     # ---- memory plan
     keep = set(graph.output_names())
+    if retain:
+        keep |= {o for node, _, _, _ in executed for o in node.outputs if o}
     step_io = []
     for node, kern, ctx, _ in executed:
         sizes, inplace, aliases = {}, {}, {}
@@ -359,7 +364,8 @@ def _run_once(kern, ctx, make_runner, placement):
     return [np.asarray(x) if isinstance(x, (np.generic, int, float, bool)) else x for x in rs]
 
 
-def run_plan(plan: Plan, feeds: dict, outer=None, profile=None) -> list:
+def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False):
+    """The outputs in graph order; with keep_env, (outputs, {value name: value})."""
     env = plan.template[:]
     for name, s in plan.inputs:
         env[s] = feeds[name]
@@ -409,6 +415,8 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None) -> list:
     for name, s, copy in plan.outputs:
         v = env[s]
         res.append(v.copy() if copy and isinstance(v, np.ndarray) else v)
+    if keep_env:
+        return res, {name: env[s] for name, s in plan.slots.items()}
     return res
 
 

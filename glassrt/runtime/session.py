@@ -78,6 +78,7 @@ class InferenceSession:
         if fallback == "warn":
             for f in self.fallbacks:
                 warnings.warn(f"glassrt fallback: {f}", FallbackWarning, stacklevel=2)
+        self.unfolded_placement = self.placement  # gradients need the nodes folding removes
         self.placement, self.folded = fold_constants(self.placement, self.options,
                                                      GraphRunner(self.placement, self.options).make_runner)
         self.runner = GraphRunner(self.placement, self.options)
@@ -141,6 +142,13 @@ class InferenceSession:
         from ..tools.explain import explain
 
         return explain(self, dims)
+
+    def gradients(self, input_feed: dict, output: str, wrt: list, grad_output=None) -> list:
+        """The gradient of sum(output * grad_output) with respect to each name in `wrt`
+        (graph inputs or initializers): a vector-Jacobian product. grad_output defaults to ones."""
+        from .autodiff import gradients
+
+        return gradients(self, input_feed, output, list(wrt), grad_output)
 
     def memory_stats(self) -> dict:
         return {"plans_cached": len(self.runner.plans), "plans_built": self.runner.plans_built,

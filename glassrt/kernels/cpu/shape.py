@@ -8,6 +8,7 @@ from ..registry import kernel
 from ._util import ALL, contiguous, norm_axis
 
 INT_MAX = 2**63 - 1
+HALF = [d for d in ALL if d.name == "bfloat16"]
 
 
 def _view_of(x, shape):
@@ -225,11 +226,20 @@ def constant_of_shape(shape, *, out=None, value=None):
     return out
 
 
-@kernel("Range", dtypes=[np.float32, np.float64, np.int16, np.int32, np.int64])
+@kernel("Range", dtypes=[np.float16, np.float32, np.float64, np.int16, np.int32, np.int64] + HALF)
 def range_(start, limit, delta):
-    s, l, d = start.item(), limit.item(), delta.item()
+    s, l, d = (float(v.reshape(-1)[0].astype(np.float64)) if v.dtype.kind in "fV" else int(v.reshape(-1)[0])
+               for v in (start, limit, delta))
     n = max(int(np.ceil((l - s) / d)), 0)
-    return (s + np.arange(n) * d).astype(start.dtype) if n else np.zeros(0, start.dtype)
+    if start.dtype.kind in "iu":
+        return (s + np.arange(n, dtype=np.int64) * d).astype(start.dtype)
+    # The ONNX function body accumulates in the input type: prev + delta, step after step.
+    out = np.empty(n, start.dtype)
+    acc, step = start.reshape(-1)[:1].copy(), delta.reshape(-1)[:1]
+    for i in range(n):
+        out[i] = acc[0]
+        acc = (acc + step).astype(start.dtype)
+    return out
 
 
 @kernel("Pad", dtypes=ALL, bind=True)

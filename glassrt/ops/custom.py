@@ -1,0 +1,335 @@
+"""Custom operators defined in Python: a schema string, then meta, kernels, decomposition,
+backward registered against it.
+
+    swish = glassrt.custom_op("my_ops::swish(Tensor x, float beta=1.0) -> Tensor", dtypes=[np.float32])
+    swish.register_meta(lambda x, beta: x)
+    swish.register_kernel("cpu", lambda x, beta: x / (1 + np.exp(-beta * x)))
+
+A node of domain `my_ops` and type `swish` then runs through placement, planning and
+fallback like any built-in op. Nothing here ever runs because a model asked for it: only
+code the user registered is called.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import GlassrtError, ShapeInferenceError, describe_node
+from ..ir import TensorType
+from .contract import COMPOSITE, CUSTOM, OpContract
+from .registry import register_custom, unregister_custom
+
+_ATTR_TYPES = {"int": int, "float": float, "str": str, "int[]": list, "float[]": list, "str[]": list}
+REQUIRED = object()
+
+
+class SchemaError(GlassrtError, ValueError):
+    pass
+
+
+@dataclass
+class CustomSchema:
+    """A parsed schema string: what `onnx.defs.OpSchema` is for built-in ops."""
+
+    domain: str
+    name: str
+    inputs: list  # [(name, optional)]
+    attributes: dict  # name -> (type string, default or REQUIRED)
+    outputs: list  # names
+    text: str = ""
+    since_version: int = 1
+
+    @property
+    def defaults(self) -> dict:
+        return {k: d for k, (_, d) in self.attributes.items() if d is not REQUIRED}
+
+    def __str__(self):
+        return self.text
+
+
+_HEAD = re.compile(r"^\s*([A-Za-z_][\w.]*)::([A-Za-z_]\w*)\s*\((.*)\)\s*->\s*(.+?)\s*$", re.S)
+
+
+def parse_schema(text: str) -> CustomSchema:
+    """'domain::name(Tensor x, Tensor? bias, float beta=1.0, int[] axes=[0]) -> (Tensor y, Tensor)'."""
+    m = _HEAD.match(text)
+    if not m:
+        raise SchemaError(f"cannot parse op schema {text!r}: expected 'domain::name(args) -> outputs'")
+    domain, name, args, rets = m.groups()
+    inputs, attrs = [], {}
+    for i, arg in enumerate(_split_commas(args)):
+        parts = arg.split("=", 1)
+        decl = parts[0].split()
+        if len(decl) != 2:
+            raise SchemaError(f"{text!r}: argument {i} {arg!r} must be 'Type name' or 'Type name=default'")
+        typ, arg_name = decl
+        if typ in ("Tensor", "Tensor?"):
+            if len(parts) > 1:
+                raise SchemaError(f"{text!r}: tensor input '{arg_name}' cannot have a default")
+            if attrs:
+                raise SchemaError(f"{text!r}: tensor input '{arg_name}' must come before the attributes")
+            inputs.append((arg_name, typ == "Tensor?"))
+        elif typ in _ATTR_TYPES:
+            default = REQUIRED
+            if len(parts) > 1:
+                try:
+                    default = ast.literal_eval(parts[1].strip())
+                except (ValueError, SyntaxError):
+                    raise SchemaError(f"{text!r}: default of '{arg_name}' is not a literal: {parts[1].strip()!r}") from None
+                default = _coerce(typ, default, f"{text!r}: default of '{arg_name}'")
+            attrs[arg_name] = (typ, default)
+        else:
+            raise SchemaError(f"{text!r}: unknown type {typ!r} for '{arg_name}' "
+                              f"(use Tensor, Tensor?, {', '.join(_ATTR_TYPES)})")
+    rets = rets.strip()
+    if rets.startswith("(") and rets.endswith(")"):
+        rets = rets[1:-1]
+    outputs = []
+    for k, r in enumerate(_split_commas(rets)):
+        decl = r.split()
+        if not decl or decl[0] != "Tensor" or len(decl) > 2:
+            raise SchemaError(f"{text!r}: output {k} {r!r} must be 'Tensor' or 'Tensor name'")
+        outputs.append(decl[1] if len(decl) == 2 else f"output{k}")
+    if not outputs:
+        raise SchemaError(f"{text!r}: an op needs at least one output")
+    return CustomSchema(domain, name, inputs, attrs, outputs, text.strip())
+
+
+def _split_commas(s: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        depth += ch in "[(" and 1 or (-1 if ch in "])" else 0)
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _coerce(typ, value, where):
+    try:
+        if typ == "int":
+            if isinstance(value, bool) or int(value) != value:
+                raise TypeError
+            return int(value)
+        if typ == "float":
+            return float(value)
+        if typ == "str":
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+        if not isinstance(value, (list, tuple)):
+            raise TypeError
+        inner = typ[:-2]
+        return [_coerce(inner, v, where) for v in value]
+    except (TypeError, ValueError):
+        raise SchemaError(f"{where} must be {typ}, got {value!r}") from None
+
+
+@dataclass
+class CustomOp:
+    schema: CustomSchema
+    dtypes: list
+    differentiable: bool = False
+    meta_fn: object = None
+    kernels: dict = field(default_factory=dict)  # provider -> fn
+    decomposition_fn: object = None
+    backward_fn: object = None
+    example_fn: object = None
+
+    @property
+    def domain(self):
+        return self.schema.domain
+
+    @property
+    def name(self):
+        return self.schema.name
+
+    def __call__(self, fn):
+        """Used as a decorator: the function becomes the op's cpu kernel."""
+        return self.register_kernel("cpu", fn)
+
+    # -------------------------------------------------------- registration
+
+    def register_meta(self, fn):
+        """fn(*input_metas, **attrs) -> meta or tuple of metas (glassrt.TensorMeta: .dtype, .shape)."""
+        self.meta_fn = fn
+        self._publish()
+        return fn
+
+    def register_kernel(self, provider, fn=None, *, dtypes=None):
+        """fn(*inputs, **attrs) -> array or tuple of arrays, for `provider` ("cpu"...)."""
+        if fn is None:
+            return lambda f: self.register_kernel(provider, f, dtypes=dtypes)
+        from ..kernels.registry import Kernel, register, unregister
+
+        unregister(provider, self.domain, self.name)
+        multi = len(self.schema.outputs) > 1
+        call = fn if not multi else (lambda *a, _fn=fn, **k: tuple(_fn(*a, **k)))
+        register(Kernel(name=f"{provider}.{self.domain}::{self.name}", provider=provider, domain=self.domain,
+                        op_type=self.name, fn=call, multi=multi,
+                        dtypes=frozenset(np.dtype(d) for d in (dtypes or self.dtypes)) if (dtypes or self.dtypes) else None,
+                        attrs=None, doc=(fn.__doc__ or "").strip().split("\n")[0] or "user kernel"))
+        self.kernels[provider] = fn
+        self._publish()
+        return self
+
+    def register_decomposition(self, fn):
+        """fn(g, *input_names, **attrs) -> output name(s), built with g.Op(...) calls on
+        existing ops (see glassrt.ops.custom.GraphBuilder); any provider can then run it."""
+        self.decomposition_fn = fn
+        self._publish()
+        return fn
+
+    def register_backward(self, fn):
+        """fn(ctx, *grad_outputs) -> [grad per input] (ctx.inputs, ctx.outputs, ctx.attrs)."""
+        self.backward_fn = fn
+        self.differentiable = True
+        self._publish()
+        return fn
+
+    def register_example(self, fn):
+        """fn(dtype) -> list of input arrays: sample inputs for `glassrt check` when the
+        generated ones (every input the same shape) do not suit the op."""
+        self.example_fn = fn
+        return fn
+
+    def unregister(self):
+        from ..kernels.registry import unregister
+
+        for p in list(self.kernels):
+            unregister(p, self.domain, self.name)
+        unregister_custom(self.domain, self.name)
+        if OPS.get((self.domain, self.name)) is self:
+            del OPS[(self.domain, self.name)]
+
+    # -------------------------------------------------------- the contract
+
+    def _publish(self):
+        register_custom(OpContract(
+            domain=self.domain, op_type=self.name, since_version=1, schema=self.schema,
+            meta=self._meta, category=COMPOSITE if self.decomposition_fn else CUSTOM,
+            decomposition=self._decompose if self.decomposition_fn else None,
+            backward=self.backward_fn, differentiable=self.differentiable,
+            notes=[f"custom op {self.schema.text}"]))
+
+    def attrs_of(self, node) -> dict:
+        out = {}
+        for name, (typ, default) in self.schema.attributes.items():
+            if name in node.attrs:
+                out[name] = _coerce(typ, node.attrs[name], f"{describe_node(node)} attribute '{name}'")
+            elif default is REQUIRED:
+                raise ShapeInferenceError(f"{describe_node(node)}: required attribute '{name}' ({typ}) is missing")
+            else:
+                out[name] = default
+        unknown = set(node.attrs) - set(self.schema.attributes)
+        if unknown:
+            raise ShapeInferenceError(f"{describe_node(node)}: unknown attribute(s) {sorted(unknown)} for "
+                                      f"{self.schema.text}")
+        return out
+
+    def _meta(self, ctx):
+        node = ctx.node
+        n_req = sum(1 for _, opt in self.schema.inputs if not opt)
+        given = len([i for i in node.inputs])
+        if given < n_req or given > len(self.schema.inputs):
+            ctx.fail(f"{self.schema.text} takes {n_req}..{len(self.schema.inputs)} inputs, the node has {given}")
+        if len(node.outputs) > len(self.schema.outputs):
+            ctx.fail(f"{self.schema.text} has {len(self.schema.outputs)} output(s), the node has {len(node.outputs)}")
+        if self.meta_fn is None:
+            return [None] * len(node.outputs)  # shapes decided at run time
+        metas = [ctx.type(i) if ctx.has(i) else None for i in range(len(self.schema.inputs))]
+        try:
+            res = self.meta_fn(*metas, **self.attrs_of(node))
+        except GlassrtError:
+            raise
+        except Exception as e:
+            ctx.fail(f"meta function of {self.schema.text} raised {type(e).__name__}: {e}")
+        res = list(res) if isinstance(res, (tuple, list)) else [res]
+        for k, r in enumerate(res):
+            if r is not None and not isinstance(r, TensorType):
+                ctx.fail(f"meta function of {self.schema.text} returned {type(r).__name__} for output {k}; "
+                         "expected glassrt.TensorMeta(dtype, shape)")
+        return [TensorType(np.dtype(r.dtype), tuple(r.shape) if r.shape is not None else None) if r is not None else None
+                for r in res]
+
+    def _decompose(self, node, input_types, visible):
+        g = GraphBuilder(node, visible)
+        names = [i if i else None for i in node.inputs]
+        names += [None] * (len(self.schema.inputs) - len(names))
+        outs = self.decomposition_fn(g, *names, **self.attrs_of(node))
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        return g.finish(outs)
+
+
+class GraphBuilder:
+    """Builds a decomposition out of existing ops: g.Mul(a, g.Sigmoid(b)) returns names."""
+
+    def __init__(self, node, visible):
+        self.node, self.visible = node, visible
+        self.protos = []
+        self.counter = 0
+
+    def _fresh(self, hint):
+        self.counter += 1
+        return f"{self.node.name}/{hint}_{self.counter}"
+
+    def op(self, op_type, *inputs, domain="", outputs=1, **attrs):
+        from onnx import helper
+
+        outs = [self._fresh(op_type) for _ in range(outputs)]
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        self.protos.append(helper.make_node(op_type, [i or "" for i in inputs], outs, domain=domain,
+                                            name=self._fresh(op_type + "_node"), **attrs))
+        return outs[0] if outputs == 1 else tuple(outs)
+
+    def __getattr__(self, op_type):
+        if op_type[:1].isupper():
+            return lambda *inputs, **attrs: self.op(op_type, *inputs, **attrs)
+        raise AttributeError(op_type)
+
+    def constant(self, value, dtype=np.float32):
+        from onnx import numpy_helper
+
+        return self.op("Constant", value=numpy_helper.from_array(np.asarray(value, dtype=dtype)))
+
+    def finish(self, outs):
+        from onnx import helper
+
+        from ..onnx_io import _Parser
+
+        # Route the decomposition's results into the node's own output names.
+        for res, name in zip(outs, self.node.outputs):
+            if name:
+                self.protos.append(helper.make_node("Identity", [res], [name], name=self._fresh("out")))
+        opsets = {"": 21, self.node.domain: self.node.opset}
+        parser = _Parser(opsets, None)
+        scope = set(self.visible) | {o for p in self.protos for o in p.output}
+        used: set = set()
+        nodes = []
+        for i, p in enumerate(self.protos):
+            n = parser.node(p, i, used, scope)
+            n.origin = f"expanded from {self.node.op_type} '{self.node.name}'"
+            nodes.append(n)
+        return nodes
+
+
+OPS: dict[tuple[str, str], CustomOp] = {}
+
+
+def custom_op(schema: str, *, dtypes=None, differentiable: bool = False) -> CustomOp:
+    """Define an op from a schema string; register meta/kernels/decomposition/backward on
+    the returned object (or decorate the cpu kernel with it directly). `differentiable`
+    declares that the op should have a backward (`glassrt check` reports it missing)."""
+    op = CustomOp(parse_schema(schema), list(dtypes or []), differentiable)
+    if (op.domain, op.name) in OPS:
+        OPS[(op.domain, op.name)].unregister()
+    OPS[(op.domain, op.name)] = op
+    op._publish()
+    return op

@@ -1,0 +1,624 @@
+"""`glassrt check`: validate operator contracts, built-in and custom.
+
+Per op, five checks, each a row with a precise message on failure:
+  meta_vs_real   the meta's output shapes and dtypes equal the kernel's real outputs
+  dynamic_dims   with a symbolic batch, the meta keeps the symbol where the real size follows it
+  dtype_coverage every declared dtype runs (built-ins: a table of schema dtypes vs kernels, info only)
+  decomposition  a composite's fused kernel agrees with its decomposition
+  backward       the backward matches central finite differences in float64; an op declared
+                 differentiable without a backward is a failure
+Built-in ops take their sample inputs from the ONNX node test cases that ship in the
+`onnx` package; custom ops get generated ones (or their `register_example`).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import sympy
+
+from .. import dtypes, symbolic
+from ..errors import GlassrtError, UnsupportedOperatorError
+from ..ir import TensorType
+from ..ops.backward import GradContext
+
+PASS, FAIL, WARN, SKIP, INFO = "pass", "fail", "warn", "skip", "info"
+CHECKS = ("meta_vs_real", "dynamic_dims", "dtype_coverage", "decomposition", "backward")
+
+
+@dataclass
+class Row:
+    op: str
+    check: str
+    status: str
+    message: str = ""
+
+
+def load_module(spec: str) -> None:
+    """Import a module by dotted name or file path (so its custom ops register)."""
+    path = Path(spec)
+    if path.suffix == ".py" and path.exists():
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[path.stem] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        importlib.import_module(spec)
+
+
+def _fmt(t) -> str:
+    if isinstance(t, TensorType):
+        return f"{dtypes.name(t.dtype)}{symbolic.shape_str(t.shape)}"
+    if isinstance(t, np.ndarray):
+        return f"{dtypes.name(t.dtype)}{list(t.shape)}"
+    return repr(t)
+
+
+def _tol(dt):
+    """(rtol, atol as a fraction of the largest magnitude): a few units in the last place."""
+    dt = np.dtype(dt)
+    if dt == np.float64:
+        return 1e-9, 1e-12
+    if dt == np.float32:
+        return 1e-5, 1e-6
+    return 2e-2, 1e-2  # float16, bfloat16 (8 significant bits), float8...
+
+
+# ==================================================================== custom ops
+
+
+def _generated(op, dt, batch=2):
+    if op.example_fn is not None:
+        xs = [np.asarray(x) if x is not None else None for x in op.example_fn(np.dtype(dt))]
+        if batch != 2:
+            xs = [np.concatenate([x] * (batch // 2 + 1), axis=0)[:max(batch, 1)] if isinstance(x, np.ndarray) and x.ndim
+                  else x for x in xs]
+        return xs
+    rng = np.random.default_rng(0)
+    dt = np.dtype(dt)
+    out = []
+    for name, optional in op.schema.inputs:
+        if optional:
+            out.append(None)
+        elif dt.kind == "f" or dt.kind == "V":
+            out.append(rng.standard_normal((batch, 3, 4)).astype(dt))
+        elif dt.kind in "iu":
+            out.append(rng.integers(1, 5, (batch, 3, 4)).astype(dt))
+        elif dt.kind == "b":
+            out.append(rng.random((batch, 3, 4)) > 0.5)
+        else:
+            out.append(np.full((batch, 3, 4), "a", dtype=object))
+    return out
+
+
+def _call(fn, inputs, attrs):
+    res = fn(*inputs, **attrs)
+    return list(res) if isinstance(res, (tuple, list)) else [res]
+
+
+def check_custom(op) -> list[Row]:
+    name = f"{op.domain}::{op.name}"
+    rows = []
+    from ..ops.custom import REQUIRED
+
+    required = [a for a, (_, d) in op.schema.attributes.items() if d is REQUIRED]
+    if required and op.example_fn is None:
+        return [Row(name, c, SKIP, f"attributes {required} have no default; register_example to check") for c in CHECKS]
+    attrs = op.schema.defaults
+    dts = [np.dtype(d) for d in (op.dtypes or [np.float32])]
+
+    # meta_vs_real and dtype_coverage, per kernel and declared dtype
+    problems, coverage = [], []
+    if op.meta_fn is None:
+        rows.append(Row(name, "meta_vs_real", FAIL, "no meta registered (register_meta): shapes cannot be planned"))
+    for dt in dts:
+        ran = False
+        for provider, fn in op.kernels.items():
+            xs = _generated(op, dt)
+            try:
+                real = _call(fn, xs, attrs)
+                ran = True
+            except Exception as e:  # noqa: BLE001
+                coverage.append(f"declared dtype {dtypes.name(dt)}: kernel '{provider}' raised "
+                                f"{type(e).__name__}: {e} (inputs {', '.join(_fmt(x) for x in xs if x is not None)})")
+                continue
+            if op.meta_fn is None:
+                continue
+            try:
+                meta = _call(op.meta_fn, [TensorType(x.dtype, x.shape) if x is not None else None for x in xs], attrs)
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"meta raised {type(e).__name__}: {e}")
+                continue
+            if len(meta) != len(real):
+                problems.append(f"meta gives {len(meta)} outputs, kernel '{provider}' returns {len(real)}")
+                continue
+            for k, (m, r) in enumerate(zip(meta, real)):
+                r = np.asarray(r)
+                if m is None or tuple(m.shape) != r.shape or np.dtype(m.dtype) != r.dtype:
+                    problems.append(f"output {k}: meta says {_fmt(m)}, kernel '{provider}' returned {_fmt(r)} "
+                                    f"for inputs {', '.join(_fmt(x) for x in xs if x is not None)}")
+        if not ran and not op.kernels:
+            coverage.append(f"declared dtype {dtypes.name(dt)}: no kernel registered")
+    if op.meta_fn is not None:
+        rows.append(Row(name, "meta_vs_real", FAIL if problems else PASS, "; ".join(dict.fromkeys(problems))))
+    rows.append(Row(name, "dtype_coverage", FAIL if coverage else PASS,
+                    "; ".join(coverage) or f"{', '.join(dtypes.name(d) for d in dts)} run"))
+    if problems:  # the symbolic check only means something once concrete shapes are right
+        rows.append(Row(name, "dynamic_dims", SKIP, "skipped: meta_vs_real fails"))
+    else:
+        rows.append(_custom_dynamic(op, name, attrs, dts[0]))
+    rows.append(_custom_decomposition(op, name, attrs, dts))
+    rows.append(_custom_backward(op, name, attrs))
+    return rows
+
+
+def _custom_dynamic(op, name, attrs, dt):
+    if op.meta_fn is None or not op.kernels:
+        return Row(name, "dynamic_dims", SKIP, "needs a meta and a kernel")
+    fn = next(iter(op.kernels.values()))
+    batch = symbolic.symbol("batch")
+    try:
+        xs2, xs3 = _generated(op, dt, 2), _generated(op, dt, 3)
+        r2, r3 = _call(fn, xs2, attrs), _call(fn, xs3, attrs)
+        sym_in = [TensorType(x.dtype, (batch,) + tuple(x.shape[1:])) if isinstance(x, np.ndarray) and x.ndim else
+                  (TensorType(x.dtype, x.shape) if x is not None else None) for x in xs2]
+        meta = _call(op.meta_fn, sym_in, attrs)
+    except Exception as e:  # noqa: BLE001
+        return Row(name, "dynamic_dims", FAIL, f"with a symbolic batch: {type(e).__name__}: {e}")
+    bad = []
+    for k, (m, a, b) in enumerate(zip(meta, r2, r3)):
+        a, b = np.asarray(a), np.asarray(b)
+        if m is None or m.shape is None or len(m.shape) != a.ndim:
+            bad.append(f"output {k}: meta gives {_fmt(m)} for a symbolic batch, the kernel returns rank {a.ndim}")
+            continue
+        for j, (md, da, db) in enumerate(zip(m.shape, a.shape, b.shape)):
+            follows = da != db
+            has_batch = not isinstance(md, int) and batch in md.free_symbols
+            if follows and not has_batch:
+                bad.append(f"output {k} dim {j}: meta gives {md} for input batch 'batch', but the real size follows "
+                           f"the batch ({da} at batch 2, {db} at batch 3)")
+            elif not follows and has_batch:
+                bad.append(f"output {k} dim {j}: meta gives {md}, but the real size stays {da} when the batch changes")
+            elif not follows and isinstance(md, int) and md != da:
+                bad.append(f"output {k} dim {j}: meta gives {md}, the kernel returns {da}")
+    return Row(name, "dynamic_dims", FAIL if bad else PASS, "; ".join(bad))
+
+
+def _custom_decomposition(op, name, attrs, dts):
+    if op.decomposition_fn is None:
+        return Row(name, "decomposition", SKIP, "no decomposition registered")
+    if not op.kernels:
+        return Row(name, "decomposition", SKIP, "no fused kernel to compare with")
+    import onnx
+    from onnx import helper
+
+    from ..ops.custom import GraphBuilder
+    from ..runtime.session import InferenceSession
+
+    bad = []
+    for dt in dts:
+        xs = _generated(op, dt)
+        names = [n for (n, _), x in zip(op.schema.inputs, xs)]
+        node = type("N", (), {"name": "decomposition", "outputs": op.schema.outputs, "domain": op.domain,
+                              "opset": 1, "op_type": op.name})()
+        g = GraphBuilder(node, set(names))
+        outs = op.decomposition_fn(g, *[n if x is not None else None for n, x in zip(names, xs)], **attrs)
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        vis = [helper.make_tensor_value_info(n, dtypes.elem_type(x.dtype), list(x.shape)) for n, x in zip(names, xs)
+               if x is not None]
+        model = helper.make_model(helper.make_graph(g.protos, "decomposition", vis,
+                                                    [onnx.ValueInfoProto(name=o) for o in outs]),
+                                  opset_imports=[helper.make_opsetid("", 21)])
+        try:
+            got = InferenceSession(model, providers=["cpu", "reference"], fallback="silent").run(
+                None, {n: x for n, x in zip(names, xs) if x is not None})
+        except GlassrtError as e:
+            return Row(name, "decomposition", FAIL, f"the decomposition does not run: {e}")
+        for provider, fn in op.kernels.items():
+            fused = _call(fn, xs, attrs)
+            rtol, atol = _tol(dt)
+            for k, (a, b) in enumerate(zip(fused, got)):
+                a, b = np.asarray(a), np.asarray(b)
+                if a.shape != b.shape:
+                    bad.append(f"output {k}: kernel '{provider}' gives shape {list(a.shape)}, decomposition {list(b.shape)}")
+                    continue
+                scale = float(np.max(np.abs(b))) or 1.0
+                err = np.abs(a.astype(np.float64) - b.astype(np.float64))
+                if not np.all(err <= atol * scale + rtol * np.abs(b)):
+                    i = np.unravel_index(np.argmax(err), err.shape)
+                    bad.append(f"output {k} ({dtypes.name(dt)}): kernel '{provider}' differs from the decomposition by "
+                               f"up to {float(err.max()):.3g} (at {tuple(int(v) for v in i)}: {a[i]} vs {b[i]}; "
+                               f"tolerance rtol={rtol}, atol={atol}·max|y|)")
+    return Row(name, "decomposition", FAIL if bad else PASS, "; ".join(bad))
+
+
+def _numeric_vjp(fn, xs, attrs, k_out, g, i, eps=1e-6):
+    base = xs[i]
+    out = np.zeros(base.shape)
+    for idx in np.ndindex(base.shape):
+        vals = []
+        for d in (eps, -eps):
+            x = base.copy()
+            x[idx] += d
+            vals.append(np.sum(np.asarray(_call(fn, [*xs[:i], x, *xs[i + 1:]], attrs)[k_out]) * g))
+        out[idx] = (vals[0] - vals[1]) / (2 * eps)
+    return out
+
+
+def _custom_backward(op, name, attrs):
+    if op.backward_fn is None:
+        if op.differentiable:
+            return Row(name, "backward", FAIL, "declared differentiable, but no backward is registered "
+                                               "(register_backward)")
+        return Row(name, "backward", SKIP, "not differentiable")
+    if not op.kernels:
+        return Row(name, "backward", SKIP, "no kernel to differentiate")
+    fn = next(iter(op.kernels.values()))
+    xs = _generated(op, np.float64)
+    xs = [x.astype(np.float64) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x for x in xs]
+    ys = _call(fn, xs, attrs)
+    rng = np.random.default_rng(1)
+    gys = [rng.standard_normal(np.shape(y)) for y in ys]
+    node = type("N", (), {"name": name, "op_type": op.name, "domain": op.domain})()
+    try:
+        grads = op.backward_fn(GradContext(node, attrs, xs, ys, 1), *gys)
+    except Exception as e:  # noqa: BLE001
+        return Row(name, "backward", FAIL, f"backward raised {type(e).__name__}: {e}")
+    bad = []
+    for i, ((in_name, _), x) in enumerate(zip(op.schema.inputs, xs)):
+        if x is None or x.dtype.kind != "f":
+            continue
+        g = grads[i] if i < len(grads) else None
+        if g is None:
+            bad.append(f"input '{in_name}': backward returns no gradient")
+            continue
+        numeric = sum(_numeric_vjp(fn, xs, attrs, k, gy, i) for k, gy in enumerate(gys))
+        g = np.asarray(g, dtype=np.float64)
+        if g.shape != numeric.shape:
+            bad.append(f"input '{in_name}': gradient shape {list(g.shape)}, input shape {list(numeric.shape)}")
+            continue
+        err = np.abs(g - numeric)
+        if not np.all(err <= 1e-6 + 1e-4 * np.abs(numeric)):
+            j = np.unravel_index(np.argmax(err), err.shape)
+            bad.append(f"input '{in_name}': backward differs from central differences by up to {float(err.max()):.3g} "
+                       f"(at {tuple(int(v) for v in j)}: backward {g[j]:.6g}, numeric {numeric[j]:.6g})")
+    return Row(name, "backward", FAIL if bad else PASS, "; ".join(bad))
+
+
+# ==================================================================== built-in ops
+
+
+def _samples_by_op(limit=3):
+    from onnx import numpy_helper
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = sorted(collect_testcases(), key=lambda c: c.name)
+    out = defaultdict(list)
+    for c in cases:
+        nodes = [n for n in c.model.graph.node]
+        if len(nodes) != 1 or c.name.endswith("_expanded") or not c.data_sets:
+            continue
+        inputs, _ = c.data_sets[0]
+        inputs = [numpy_helper.to_array(x) if hasattr(x, "SerializeToString") else x for x in inputs]
+        if not all(isinstance(x, np.ndarray) for x in inputs):
+            continue  # sequences and optionals: covered by the conformance suite
+        key = (nodes[0].domain or "", nodes[0].op_type)
+        if len(out[key]) < limit:
+            out[key].append((c, inputs))
+    return out
+
+
+def _builtin_rows(key, samples, with_backward=True):
+    from ..kernels.registry import kernels_for
+    from ..ops.registry import get_contract
+    from ..runtime.session import InferenceSession
+
+    domain, op = key
+    name = f"{domain + '::' if domain else ''}{op}"
+    rows = []
+    meta_bad, dyn_bad, dyn_warn, ran = [], [], [], 0
+    for case, inputs in samples:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                sess = InferenceSession(case.model, providers=["cpu"], fallback="silent")
+                feeds = dict(zip([i.name for i in sess.get_inputs()], inputs))
+                outs = sess.run(None, feeds)
+        except GlassrtError:
+            continue
+        ran += 1
+        meta_bad += _builtin_meta_vs_real(case, sess, feeds, outs)
+        d = _builtin_dynamic(case, sess, inputs, outs)
+        if d:
+            (dyn_bad if d[0] == FAIL else dyn_warn).append(f"{case.name}: {d[1]}")
+    if not ran:
+        return [Row(name, c, SKIP, "no sample runs natively") for c in ("meta_vs_real", "dynamic_dims")]
+    rows.append(Row(name, "meta_vs_real", FAIL if meta_bad else PASS, "; ".join(meta_bad) or f"{ran} sample(s)"))
+    rows.append(Row(name, "dynamic_dims", FAIL if dyn_bad else (WARN if dyn_warn else PASS), "; ".join(dyn_bad or dyn_warn)))
+    contract = get_contract(domain, op, samples[0][0].model.opset_import[0].version if not domain else 1)
+    if contract is not None and contract.category == "composite" and kernels_for("cpu", domain, op):
+        rows.append(_builtin_decomposition(name, key, samples))
+    if with_backward and contract is not None and contract.backward is not None:
+        rows.append(_builtin_backward(name, samples))
+    return rows
+
+
+def _builtin_meta_vs_real(case, sess, feeds, outs):
+    """The meta, told every input's shape and value (so data-steered shapes are known),
+    against the kernel's real outputs. A dim the meta leaves open is right only for ops
+    whose output shape depends on input values (NonZero, Unique...)."""
+    from ..ops.registry import get_contract
+    from ..runtime.infer import infer
+    from ..runtime.runner import type_of_value
+
+    graph = sess.placement.graph
+    types = {n: type_of_value(v) for n, v in feeds.items()}
+    try:
+        inf = infer(graph, types, outer_values=dict(feeds), strict=True)
+    except GlassrtError as e:
+        return [f"{case.name}: meta fails on the sample's inputs: {e}"]
+    node = graph.nodes[0] if graph.nodes else None
+    contract = get_contract(node.domain, node.op_type, node.opset) if node is not None else None
+    data_dependent = contract is not None and contract.data_dependent
+    bad = []
+    for o, v in zip(sess.graph.output_names(), outs):
+        t = inf.types.get(o)
+        if not isinstance(v, np.ndarray) or not isinstance(t, TensorType):
+            continue
+        if t.dtype != v.dtype or (t.shape is not None and len(t.shape) != v.ndim):
+            bad.append(f"{case.name}: output '{o}': meta says {_fmt(t)}, kernel returned {_fmt(v)}")
+            continue
+        if t.shape is None:
+            if not data_dependent:
+                bad.append(f"{case.name}: output '{o}': meta leaves the rank open, kernel returned {_fmt(v)}")
+            continue
+        for md, d in zip(t.shape, v.shape):
+            if (isinstance(md, int) and md != d) or (not isinstance(md, int) and not data_dependent):
+                bad.append(f"{case.name}: output '{o}': meta says {_fmt(t)}, kernel returned {_fmt(v)}")
+                break
+    return bad
+
+
+def _builtin_dynamic(case, sess, inputs, outs):
+    """Double input 0's batch (dim 0) and compare with the meta for a symbolic batch."""
+    from ..runtime.infer import infer
+
+    if not inputs:
+        return None
+    x = inputs[0]
+    if not isinstance(x, np.ndarray) or x.ndim < 2 or x.dtype.kind not in "fiu" or x.shape[0] < 1:
+        return None
+    bigger = [np.concatenate([x, x], axis=0)] + list(inputs[1:])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outs2 = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], bigger)))
+    except GlassrtError:
+        return None  # doubling the batch is not valid for this op: nothing to say
+    batch = symbolic.symbol("batch")
+    types = {vi.name: TensorType(a.dtype, ((batch,) + tuple(a.shape[1:])) if k == 0 else tuple(a.shape))
+             for k, (vi, a) in enumerate(zip(sess._inputs, inputs))}
+    try:
+        inf = infer(sess.placement.graph, types, strict=False)
+    except GlassrtError as e:
+        return FAIL, f"meta fails for a symbolic batch: {e}"
+    for o, a, b in zip(sess.graph.output_names(), outs, outs2):
+        if not isinstance(a, np.ndarray):
+            continue
+        t = inf.types.get(o)
+        if not isinstance(t, TensorType) or t.shape is None:
+            return WARN, f"output '{o}': rank unknown for a symbolic batch"
+        for j, (md, da, db) in enumerate(zip(t.shape, a.shape, b.shape)):
+            if da != db:
+                if isinstance(md, int):
+                    return FAIL, (f"output '{o}' dim {j}: meta gives {md} for a symbolic batch, but the real size "
+                                  f"follows it ({da} → {db} when the batch doubles)")
+                if batch not in md.free_symbols:
+                    return WARN, f"output '{o}' dim {j}: meta gives '{md}', losing the batch symbol"
+    return None
+
+
+def _builtin_decomposition(name, key, samples):
+    from ..kernels import registry
+    from ..runtime.session import InferenceSession
+
+    from ..runtime.plan import NONDETERMINISTIC
+
+    domain, op = key
+    if op in NONDETERMINISTIC:
+        return Row(name, "decomposition", SKIP, "random: the two draw different numbers")
+    bad, compared = [], 0
+    saved = list(registry.kernels_for("cpu", domain, op))
+    for case, inputs in samples:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fused_sess = InferenceSession(case.model, providers=["cpu"], fallback="silent")
+                feeds = dict(zip([i.name for i in fused_sess.get_inputs()], inputs))
+                fused = fused_sess.run(None, feeds)
+                registry.unregister("cpu", domain, op)
+                try:
+                    expanded = InferenceSession(case.model, providers=["cpu"], fallback="silent").run(None, feeds)
+                finally:
+                    for k in saved:
+                        registry.register(k)
+        except GlassrtError as e:
+            if isinstance(e, UnsupportedOperatorError) and f"{op} node" in str(e):
+                continue  # the function body cannot be built for these inputs: nothing to compare
+            bad.append(f"{case.name}: {e}")
+            continue
+        for k, (a, b) in enumerate(zip(fused, expanded)):
+            if not isinstance(a, np.ndarray):
+                continue
+            compared += 1
+            rtol, atol = _tol(a.dtype) if a.dtype.kind in "fV" else (0, 0)
+            finite = np.abs(b.astype(np.float64))[np.isfinite(b.astype(np.float64))] if b.size else np.zeros(0)
+            scale = float(finite.max()) if finite.size else 1.0
+            if a.shape != b.shape or not np.allclose(a.astype(np.float64), b.astype(np.float64),
+                                                     rtol=max(rtol, 1e-4), atol=max(atol, 1e-5) * max(scale, 1.0),
+                                                     equal_nan=True):
+                bad.append(f"{case.name}: output {k}: fused kernel and decomposition disagree "
+                           f"(max |diff| {float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.shape == b.shape else 'shape'})")
+    if not compared and not bad:
+        return Row(name, "decomposition", SKIP, "no sample to compare")
+    return Row(name, "decomposition", FAIL if bad else PASS, "; ".join(bad) or f"{compared} output(s) agree")
+
+
+def _builtin_backward(name, samples):
+    from onnx import defs
+
+    from ..runtime.session import InferenceSession
+    from .gradcheck import gradcheck
+
+    bad, done = [], 0
+    rng = np.random.default_rng(0)
+    for case, inputs in samples[:2]:
+        model = _as_float64(case.model)
+        if model is None:
+            continue
+        node = case.model.graph.node[0]
+        schema = defs.get_schema(node.op_type, case.model.opset_import[0].version, node.domain)
+        D = defs.OpSchema.DifferentiationCategory.Differentiable
+        xs = []
+        for x in inputs:
+            if x.dtype.kind == "f":
+                # Off the kinks (relu at 0, ties in max): a tiny random nudge.
+                x = x.astype(np.float64) * (1 + 1e-3 * rng.standard_normal(x.shape)) + 1e-4 * rng.standard_normal(x.shape)
+            xs.append(x)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                sess = InferenceSession(model, providers=["cpu"], fallback="silent")
+            names = [i.name for i in sess.get_inputs()]
+            diff = []
+            for k, (n, x) in enumerate(zip(names, xs)):
+                formal = schema.inputs[min(k, len(schema.inputs) - 1)] if schema.inputs else None
+                if x.dtype == np.float64 and (formal is None or formal.differentiation_category == D):
+                    diff.append(n)
+            out_name = sess.get_outputs()[0].name
+            if not diff:
+                continue
+            ok, worst, msg = gradcheck(sess, dict(zip(names, xs)), out_name, diff, max_elems=16)
+            done += 1
+            if not ok:
+                bad.append(f"{case.name}: {msg} (worst relative error {worst:.3g})")
+        except GlassrtError as e:
+            if "no backward" in str(e) or "does not cover" in str(e) or "not covered" in str(e):
+                continue
+            bad.append(f"{case.name}: {e}")
+    if not done and not bad:
+        return Row(name, "backward", SKIP, "no float64 sample")
+    return Row(name, "backward", FAIL if bad else PASS, "; ".join(bad) or f"{done} sample(s) match central differences")
+
+
+def _as_float64(model):
+    """The sample model with float inputs/outputs declared double (None if it has none)."""
+    import onnx
+    from onnx import TensorProto
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    changed = False
+    for vi in [*m.graph.input, *m.graph.output]:
+        tt = vi.type.tensor_type
+        if tt.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
+            tt.elem_type = TensorProto.DOUBLE
+            changed = True
+    for n in m.graph.node:
+        for a in n.attribute:
+            if a.name == "to" and a.i in (TensorProto.FLOAT, TensorProto.FLOAT16):
+                a.i = TensorProto.DOUBLE
+    return m if changed else None
+
+
+def coverage_table():
+    """Per built-in op with a cpu kernel: dtypes the schema allows vs dtypes kernels cover."""
+    from onnx import defs
+
+    from ..kernels.registry import all_kernels
+
+    by_op = defaultdict(set)
+    for k in all_kernels("cpu"):
+        by_op[(k.domain, k.op_type)] |= set(k.dtypes) if k.dtypes is not None else {"any"}
+    rows = []
+    for (domain, op), covered in sorted(by_op.items()):
+        try:
+            schema = defs.get_schema(op, domain=domain)
+        except defs.SchemaError:
+            continue
+        allowed = set()
+        if schema.type_constraints and schema.inputs:
+            first = schema.inputs[0].type_str
+            for tc in schema.type_constraints:
+                if tc.type_param_str == first:
+                    allowed = {s[len("tensor("):-1] for s in tc.allowed_type_strs if s.startswith("tensor(")}
+        names = {"any"} if "any" in covered else {dtypes.name(d) for d in covered}
+        missing = sorted(allowed - names) if "any" not in names else []
+        rows.append(Row(f"{domain + '::' if domain else ''}{op}", "dtype_coverage", INFO,
+                        ("schema dtypes without a cpu kernel: " + ", ".join(missing)) if missing else "all schema dtypes"))
+    return rows
+
+
+# ==================================================================== driver
+
+
+def run_checks(op_filter=None, *, builtins=True, progress=None) -> list[Row]:
+    from ..ops.custom import OPS
+
+    rows = []
+    for op in list(OPS.values()):
+        if op_filter and op_filter not in (op.name, f"{op.domain}::{op.name}"):
+            continue
+        try:
+            rows += check_custom(op)
+        except Exception as e:  # noqa: BLE001
+            rows.append(Row(f"{op.domain}::{op.name}", "meta_vs_real", FAIL, f"checking raised {type(e).__name__}: {e}"))
+    if builtins:
+        samples = _samples_by_op()
+        keys = [k for k in sorted(samples) if not op_filter or op_filter in (k[1], f"{k[0]}::{k[1]}")]
+        for i, key in enumerate(keys):
+            try:
+                rows += _builtin_rows(key, samples[key])
+            except Exception as e:  # noqa: BLE001 — a crash in one op's checks is that op's failure
+                rows.append(Row(f"{key[0] + '::' if key[0] else ''}{key[1]}", "meta_vs_real", FAIL,
+                                f"checking raised {type(e).__name__}: {e}"))
+            if progress:
+                progress(i + 1, len(keys))
+        rows += [r for r in coverage_table() if not op_filter or r.op.split("::")[-1] == op_filter]
+        rows += _differentiable_without_backward(op_filter)
+    return rows
+
+
+def _differentiable_without_backward(op_filter):
+    """Built-in ops the ONNX schema calls differentiable that have no backward in glassrt
+    (information: the schema describes the math; glassrt's backward set is what it claims)."""
+    from onnx import defs
+
+    from ..ops.registry import get_contract
+
+    missing = []
+    for s in defs.get_all_schemas():
+        if s.domain != "" or s.deprecated or (op_filter and s.name != op_filter):
+            continue
+        c = get_contract("", s.name, s.since_version)
+        if c is not None and c.differentiable and c.backward is None:
+            missing.append(s.name)
+    if not missing:
+        return []
+    return [Row("(built-ins)", "backward", INFO, f"{len(missing)} ops are differentiable per their ONNX schema and have "
+                                                  f"no glassrt backward: {', '.join(sorted(missing))}")]
+
+
+def summarize(rows) -> dict:
+    out = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        out[r.check][r.status] += 1
+    return {k: dict(v) for k, v in out.items()}
