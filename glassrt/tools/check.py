@@ -520,23 +520,14 @@ def _builtin_backward(name, samples):
 
 
 def _as_float64(model):
-    """The sample model with float inputs/outputs declared double (None if it has none)."""
-    import onnx
+    """The sample model computing in float64 (None if it has no float input)."""
     from onnx import TensorProto
 
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    changed = False
-    for vi in [*m.graph.input, *m.graph.output]:
-        tt = vi.type.tensor_type
-        if tt.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
-            tt.elem_type = TensorProto.DOUBLE
-            changed = True
-    for n in m.graph.node:
-        for a in n.attribute:
-            if a.name == "to" and a.i in (TensorProto.FLOAT, TensorProto.FLOAT16):
-                a.i = TensorProto.DOUBLE
-    return m if changed else None
+    from .gradcheck import model_to_float64
+
+    if not any(vi.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.FLOAT16) for vi in model.graph.input):
+        return None
+    return model_to_float64(model)
 
 
 def coverage_table():

@@ -84,3 +84,35 @@ def to_float64(arrays):
 
 
 __all__ = ["single_node_model", "gradcheck", "to_float64", "numpy_helper"]
+
+
+def model_to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy computing in float64: float initializers, declared types, Cast targets and
+    constant attributes widened (finite differences need the precision)."""
+    from onnx import TensorProto
+
+    F = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+
+    def widen_tensor(t):
+        if t.data_type in F:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+
+    def widen_graph(g):
+        for t in g.initializer:
+            widen_tensor(t)
+        for vi in [*g.input, *g.output, *g.value_info]:
+            if vi.type.tensor_type.elem_type in F:
+                vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+        for n in g.node:
+            for a in n.attribute:
+                if a.name == "to" and a.i in F:
+                    a.i = TensorProto.DOUBLE
+                if a.type == onnx.AttributeProto.TENSOR:
+                    widen_tensor(a.t)
+                if a.type == onnx.AttributeProto.GRAPH:
+                    widen_graph(a.g)
+
+    widen_graph(m.graph)
+    return m
