@@ -52,6 +52,19 @@ def _node_arg(name, t) -> NodeArg:
     return NodeArg(name, None, "unknown")
 
 
+def _refine(declared, inferred):
+    if declared is None:
+        return inferred
+    if not isinstance(declared, TensorType) or not isinstance(inferred, TensorType) or inferred.dtype != declared.dtype:
+        return declared
+    if declared.shape is None:
+        return inferred
+    if inferred.shape is None or len(inferred.shape) != len(declared.shape):
+        return declared
+    unnamed = lambda d: not isinstance(d, int) and str(d).startswith("unk__")  # noqa: E731
+    return TensorType(declared.dtype, tuple(i if unnamed(d) else d for d, i in zip(declared.shape, inferred.shape)))
+
+
 class InferenceSession:
     """glassrt.InferenceSession(model, providers=None, *, fallback="warn", sess_options=None)
 
@@ -93,8 +106,9 @@ class InferenceSession:
         return [_node_arg(v.name, v.type) for v in self._inputs]
 
     def get_outputs(self) -> list[NodeArg]:
+        """Declared output types, completed by inference where the model leaves them open."""
         types = self.placement.inference.types
-        return [_node_arg(v.name, v.type if v.type is not None else types.get(v.name)) for v in self.graph.outputs]
+        return [_node_arg(v.name, _refine(v.type, types.get(v.name))) for v in self.graph.outputs]
 
     def get_providers(self) -> list[str]:
         return [p.name for p in self.providers]

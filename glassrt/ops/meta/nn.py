@@ -54,6 +54,9 @@ def conv(ctx):
         ctx.fail(f"input {symbolic.shape_str(x)} and weight {symbolic.shape_str(w)} must have the same rank (>= 3)")
     group = int(ctx.attr("group", 1))
     kernel = list(ctx.attrs.get("kernel_shape") or w[2:])
+    if len(kernel) != len(w) - 2 or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                        for a, b in zip(kernel, w[2:])):
+        ctx.fail(f"kernel_shape {kernel} contradicts the weight's shape {symbolic.shape_str(w)}")
     if isinstance(x[1], int) and isinstance(w[1], int) and x[1] != w[1] * group:
         ctx.fail(f"input has {x[1]} channels but weight {symbolic.shape_str(w)} with group={group} "
                  f"expects {w[1] * group}")

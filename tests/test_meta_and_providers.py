@@ -1,0 +1,109 @@
+"""Meta rules keep symbolic dims; the reference provider refuses ops it gets wrong."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import glassrt
+from glassrt.kernels import registry
+from tests.helpers import init, model, tensor
+
+
+def _out_shape(m, dims=None):
+    sess = glassrt.InferenceSession(m)
+    return sess.get_outputs()[0].shape
+
+
+def test_reshape_flatten_concat_keep_batch():
+    x = tensor("x", ["batch", 2048, 1, 1])
+    assert _out_shape(model([helper.make_node("Reshape", ["x", "s"], ["y"])], [x], [tensor("y", None)],
+                            [init("s", np.array([-1, 2048], np.int64))])) == ["batch", 2048]
+    assert _out_shape(model([helper.make_node("Reshape", ["x", "s"], ["y"])], [x], [tensor("y", None)],
+                            [init("s", np.array([0, -1], np.int64))])) == ["batch", 2048]
+    assert _out_shape(model([helper.make_node("Flatten", ["x"], ["y"], axis=1)], [x], [tensor("y", None)])) == \
+        ["batch", 2048]
+    assert _out_shape(model([helper.make_node("Concat", ["x", "x"], ["y"], axis=0)], [x], [tensor("y", None)])) == \
+        ["2*batch", 2048, 1, 1]
+    assert _out_shape(model([helper.make_node("Concat", ["x", "x"], ["y"], axis=1)], [x], [tensor("y", None)])) == \
+        ["batch", 4096, 1, 1]
+
+
+def test_shape_arithmetic_stays_symbolic():
+    # Reshape(x, Concat(Shape(x)[0], [-1])) as exporters write it.
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+             helper.make_node("Unsqueeze", ["b", "zero"], ["b1"]),
+             helper.make_node("Concat", ["b1", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    m = model(nodes, [tensor("x", ["batch", "seq", 8])], [tensor("y", None)],
+              [init("zero", np.array(0, np.int64)), init("minus1", np.array([-1], np.int64))])
+    assert _out_shape(m) == ["batch", "8*seq"]
+
+
+def test_conv_and_pool_keep_symbols():
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+               helper.make_node("MaxPool", ["c"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+              [tensor("x", ["n", 3, "h", "w"])], [tensor("y", None)], [init("w", np.zeros((8, 3, 3, 3), np.float32))])
+    shape = _out_shape(m)
+    assert shape[:2] == ["n", 8] and "h" in shape[2] and "w" in shape[3]
+    sess = glassrt.InferenceSession(m)
+    y = sess.run(None, {"x": np.zeros((2, 3, 17, 12), np.float32)})[0]
+    assert y.shape == (2, 8, 4, 3)
+
+
+def test_conv_kernel_shape_contradicting_weights_is_an_error():
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[5, 5], name="c")],
+              [tensor("x", [1, 3, 8, 8])], [tensor("y", None)], [init("w", np.zeros((2, 3, 3, 3), np.float32))])
+    with pytest.raises(glassrt.ShapeInferenceError, match="kernel_shape"):
+        glassrt.InferenceSession(m)
+
+
+@pytest.fixture
+def no_cpu(request):
+    ops = request.param
+    saved = {op: list(registry.kernels_for("cpu", "", op)) for op in ops}
+    for op in ops:
+        registry.unregister("cpu", "", op)
+    yield
+    for op, ks in saved.items():
+        for k in ks:
+            registry.register(k)
+
+
+@pytest.mark.parametrize("no_cpu, node, inputs, opset, why", [
+    (["BatchNormalization"], helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"]),
+     [tensor("x", [2, 3, 4])], 9, "batch statistics"),
+    (["GlobalMaxPool"], helper.make_node("GlobalMaxPool", ["x"], ["y"]), [tensor("x", [2, 3, 4])], 13, "3-D"),
+    (["Softmax"], helper.make_node("Softmax", ["x"], ["y"]), [tensor("x", [2, 3, 4])], 11, "flatten"),
+], indirect=["no_cpu"])
+def test_reference_refuses_its_known_defects(no_cpu, node, inputs, opset, why):
+    inits = [init(n, np.ones(3, np.float32)) for n in ("s", "b", "m", "v")] if node.op_type == "BatchNormalization" else []
+    m = model([node], inputs, [tensor("y", None)], inits, opset=opset)
+    with pytest.raises(glassrt.UnsupportedOperatorError, match=why):
+        glassrt.InferenceSession(m)
+
+
+def test_cpu_is_right_where_reference_is_wrong():
+    # Softmax-11 flattens to 2-D at axis=1: the whole [3, 4] slice sums to one.
+    m = model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [tensor("x", [2, 3, 4])], [tensor("y", None)], opset=11)
+    y = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": np.random.rand(2, 3, 4).astype(np.float32)})[0]
+    np.testing.assert_allclose(y.sum(axis=(1, 2)), [1, 1], rtol=1e-6)
+    # BatchNormalization-9 uses the running statistics it is given.
+    m = model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"])], [tensor("x", [2, 3, 2])],
+              [tensor("y", None)], [init("s", np.ones(3, np.float32)), init("b", np.zeros(3, np.float32)),
+                                    init("m", np.full(3, 5, np.float32)), init("v", np.full(3, 4, np.float32))], opset=9)
+    x = np.random.rand(2, 3, 2).astype(np.float32)
+    y = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, (x - 5) / np.sqrt(4 + 1e-5), rtol=1e-5)
+
+
+def test_sequence_and_optional_outputs():
+    m = model([helper.make_node("SequenceConstruct", ["x", "x"], ["s"]),
+               helper.make_node("Optional", [], ["o"], type=helper.make_tensor_type_proto(TensorProto.FLOAT, [2]))],
+              [tensor("x", [2])], [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2]),
+                                   helper.make_value_info("o", helper.make_optional_type_proto(
+                                       helper.make_tensor_type_proto(TensorProto.FLOAT, [2])))])
+    sess = glassrt.InferenceSession(m)
+    s, o = sess.run(None, {"x": np.ones(2, np.float32)})
+    assert isinstance(s, list) and len(s) == 2 and o is None
+    assert sess.get_outputs()[0].type == "seq(tensor(float))"
