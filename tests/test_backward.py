@@ -564,8 +564,6 @@ def test_slice_index_negative_step_through_zero():
         np.testing.assert_array_equal(x[idx], expected)
 
 
-@pytest.mark.xfail(strict=True, reason="cpu Slice kernel: a negative step whose end runs past index 0 gives an "
-                                       "empty slice (kernels/cpu/shape.py _slice_index)")
 def test_slice_negative_step_to_start_end_to_end():
     check("Slice", [randn(6, 2), ints([-1]), ints([-100]), ints([0]), ints([-1])])
 

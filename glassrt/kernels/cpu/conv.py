@@ -110,7 +110,7 @@ def conv_depthwise(ctx):
 
 # im2col works on tiles of output rows so its buffer stays about this size: the tile is
 # reused while it is hot in cache, and the arena does not need one huge buffer per conv.
-IM2COL_TILE_BYTES = 2 << 20
+IM2COL_TILE_BYTES = 4 << 20
 
 
 def _im2col_tiling(x, w, k, out_sp, itemsize):

@@ -19,7 +19,8 @@ def batch_norm(ctx):
 
     def step(x, scale, bias, mean, var, *, out):
         s, b = folded if folded is not None else _fold(scale, bias, mean, var, eps)
-        shape = (1, -1) + (1,) * (x.ndim - 2)
+        # Opsets 7-8 with spatial=0 give statistics per (C, D1, ...) element, not per channel.
+        shape = (1,) + s.shape if s.ndim > 1 else (1, -1) + (1,) * (x.ndim - 2)
         y = out[0] if out[0] is not None else np.empty_like(x)
         np.multiply(x, s.reshape(shape).astype(x.dtype, copy=False), out=y)
         y += b.reshape(shape).astype(x.dtype, copy=False)

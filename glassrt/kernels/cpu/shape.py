@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops.meta.shape import constant_value, reshape_dims, uneven_split
+from ...ops.meta.shape import clamped_slice, constant_value, reshape_dims, uneven_split
 from ..registry import kernel
 from ._util import ALL, contiguous, norm_axis
 
@@ -140,7 +140,7 @@ def _slice_index(shape, starts, ends, axes, steps):
         s, e, st = int(s), int(e), int(st)
         if st == 0:
             raise ValueError("slice step cannot be 0")
-        idx[a] = slice(*slice(s, e, st).indices(shape[a]))
+        idx[a] = clamped_slice(s, e, st, shape[a])
     return tuple(idx)
 
 
@@ -249,7 +249,9 @@ def pad(ctx):
 
     def step(x, pads=None, value=None, axes=None):
         if ctx.opset < 11:
-            pads_, cval = list(ctx.attrs["pads"]), float(ctx.attrs.get("value", 0.0))
+            # Pad-1 called the attribute "paddings"; Pad-2 renamed it "pads".
+            pads_ = list(ctx.attrs["pads"] if "pads" in ctx.attrs else ctx.attrs["paddings"])
+            cval = float(ctx.attrs.get("value", 0.0))
         else:
             pads_ = [int(p) for p in pads]
             cval = value.reshape(-1)[0] if value is not None and value.size else 0

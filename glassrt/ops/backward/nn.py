@@ -22,11 +22,13 @@ def matmul(ctx, gy):
     a, b = ctx.inputs
     a2 = a[None, :] if a.ndim == 1 else a
     b2 = b[:, None] if b.ndim == 1 else b
+    # Restore the unit dims the 1-D operands dropped from Y: b's trailing one first, so a
+    # 1-D @ 1-D (a 0-d Y) becomes (1, 1).
     g = gy
-    if a.ndim == 1:
-        g = np.expand_dims(g, -2)
     if b.ndim == 1:
         g = np.expand_dims(g, -1)
+    if a.ndim == 1:
+        g = np.expand_dims(g, -2)
     ga = np.matmul(g, np.swapaxes(b2, -1, -2))
     gb = np.matmul(np.swapaxes(a2, -1, -2), g)
     ga = unbroadcast(ga, a2.shape).reshape(a.shape)
@@ -405,3 +407,65 @@ def dropout(ctx, gy, *_):
     # was kept; without it y != 0 does (wrong only where x is exactly 0, a measure-zero set).
     mask = ctx.outputs[1] if len(ctx.outputs) > 1 and ctx.outputs[1] is not None else (ctx.outputs[0] != 0)
     return [(gy * mask.astype(bool) / (1 - ratio)).astype(x.dtype)] + rest
+
+
+# ---------------------------------------------------------------- Einsum
+
+
+def _einsum_subscripts(equation, shapes):
+    """Explicit per-operand and output subscripts (ellipses replaced by letters, right-aligned
+    the way NumPy broadcasts them; an implicit output spelled out)."""
+    eq = equation.replace(" ", "")
+    lhs, rhs = eq.split("->") if "->" in eq else (eq, None)
+    terms = lhs.split(",")
+    used = set(c for c in eq if c.isalpha())
+    spare = [c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in used]
+    ell_rank = max([len(s) - (len(t) - 3) for t, s in zip(terms, shapes) if "..." in t], default=0)
+    ell = spare[:ell_rank]
+    subs = []
+    for t, s in zip(terms, shapes):
+        if "..." in t:
+            r = len(s) - (len(t) - 3)
+            t = t.replace("...", "".join(ell[ell_rank - r:]))
+        subs.append(t)
+    if rhs is None:  # implicit: the ellipsis, then the letters seen exactly once, sorted
+        letters = "".join(subs)
+        rhs = "".join(ell) + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in ell))
+    else:
+        rhs = rhs.replace("...", "".join(ell))
+    return subs, rhs
+
+
+@backward("Einsum")
+def einsum(ctx, gy):
+    xs = ctx.inputs
+    subs, out = _einsum_subscripts(ctx.attr("equation"), [x.shape for x in xs])
+    sizes = {}
+    for s, x in zip(subs + [out], list(xs) + [gy]):
+        for c, d in zip(s, x.shape):
+            sizes[c] = max(sizes.get(c, 1), d)
+    grads = []
+    for i, (s, x) in enumerate(zip(subs, xs)):
+        if x.dtype.kind not in "fc":
+            grads.append(None)
+            continue
+        others = [(subs[j], xs[j]) for j in range(len(xs)) if j != i]
+        seen = set(out).union(*[set(t) for t, _ in others]) if others else set(out)
+        uniq = "".join(dict.fromkeys(s))  # x's letters, a repeated one (a diagonal) once
+        # d/dx of sum(gy * Y) is gy contracted with the other operands onto x's letters; a letter
+        # that only x has was summed out of Y, so the gradient is constant (broadcast) along it.
+        kept = "".join(c for c in uniq if c in seen)
+        g = np.einsum(",".join([out] + [t for t, _ in others]) + "->" + kept, gy, *[v for _, v in others],
+                      optimize=len(others) > 1)
+        g = np.expand_dims(g, tuple(k for k, c in enumerate(uniq) if c not in seen))
+        g = np.broadcast_to(g, tuple(sizes[c] for c in uniq))
+        # x's own size-1 dims that broadcast against larger ones: sum the gradient back.
+        xsz = {c: d for c, d in zip(s, x.shape)}
+        g = g.sum(axis=tuple(k for k, c in enumerate(uniq) if xsz[c] == 1 and sizes[c] > 1), keepdims=True)
+        if uniq == s:
+            gx = np.array(g)  # own memory (g may be a broadcast view)
+        else:
+            gx = np.zeros(x.shape, g.dtype)
+            np.einsum(s + "->" + uniq, gx)[...] = g  # a writeable view of the diagonal
+        grads.append(gx.astype(x.dtype, copy=False))
+    return grads

@@ -110,3 +110,20 @@ def _log_sum_exp(x, y, g, axes):
 @_reducer("ReduceLogSum")
 def _log_sum(x, y, g, axes):
     return g / np.exp(y)  # 1 / sum
+
+
+@backward("CumSum")
+def cum_sum(ctx, gy):
+    x, axis = ctx.inputs
+    if x.dtype.kind not in "fc":
+        return [None, None]
+    a = int(np.asarray(axis).reshape(-1)[0])
+    a = a + x.ndim if a < 0 else a
+    exclusive, reverse = int(ctx.attr("exclusive", 0)), int(ctx.attr("reverse", 0))
+    # y_i sums x_j over j <= i (j < i when exclusive); so x_j collects gy_i over i >= j (i > j):
+    # the same cumulative sum run the other way.
+    g = gy if reverse else np.flip(gy, a)
+    c = np.cumsum(g, axis=a)
+    if exclusive:
+        c = c - g
+    return [c if reverse else np.flip(c, a).copy(), None]

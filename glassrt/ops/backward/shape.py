@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..meta.shape import clamped_slice
 from . import backward, unbroadcast
 
 
@@ -53,10 +54,7 @@ def _slice_index(shape, starts, ends, axes, steps):
     steps = [1] * len(starts) if steps is None else steps
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = _norm_axis(a, len(shape))
-        start, stop, step = slice(int(s), int(e), int(st)).indices(shape[a])
-        # .indices() clamps a negative-step stop that runs past index 0 to -1, which as a
-        # slice bound would wrap to the end: None is "through index 0".
-        idx[a] = slice(start, None if stop < 0 else stop, step)
+        idx[a] = clamped_slice(int(s), int(e), int(st), shape[a])
     return tuple(idx)
 
 
@@ -165,3 +163,118 @@ def pad(ctx, gy):
         v = ctx.inputs[2]
         out[2] = np.asarray(gy[~valid].sum(), dtype=v.dtype).reshape(v.shape)
     return out
+
+
+@backward("GatherND")
+def gather_nd(ctx, gy):
+    x, indices = ctx.inputs
+    b = int(ctx.attr("batch_dims", 0))
+    k = indices.shape[-1]
+    nb = int(np.prod(x.shape[:b], dtype=np.int64))
+    m = int(np.prod(indices.shape[b:-1], dtype=np.int64))
+    idx = indices.astype(np.int64).reshape(nb, m, k)
+    # The kernel's index tuple: the flattened batch, then one index array per indexed dim.
+    tup = [np.arange(nb).reshape(nb, 1)]
+    for j in range(k):
+        n = x.shape[b + j]
+        tup.append(np.where(idx[..., j] < 0, idx[..., j] + n, idx[..., j]))
+    gx = np.zeros((nb,) + x.shape[b:], gy.dtype)
+    g = gy.reshape((nb, m) + x.shape[b + k:])
+    if k:
+        np.add.at(gx, tuple(tup), g)  # repeated tuples sum
+    else:
+        gx += g.sum(axis=1)  # empty tuples select whole slices
+    return [gx.reshape(x.shape), None]
+
+
+def _scatter_backward(gy, data, updates, index, reduction):
+    """(grad data, grad updates) of data[index] = updates (reduction 'none') or += ('add')."""
+    if reduction in ("add",):
+        return gy, gy[index]
+    if reduction not in ("none", "", None):
+        from ...errors import GlassrtError
+
+        raise GlassrtError(f"no backward for scatter reduction '{reduction}' (only 'none' and 'add')")
+    # 'none': overwritten elements of data get no gradient; of duplicate indices only the
+    # update that was written last (the kernel's NumPy assignment order) reaches the output.
+    gd = gy.copy()
+    gd[index] = 0
+    writer = np.full(data.shape, -1, np.int64)
+    ids = np.arange(updates.size, dtype=np.int64).reshape(updates.shape)
+    writer[index] = ids
+    gu = np.where(writer[index] == ids, gy[index], 0)
+    return gd, gu
+
+
+@backward(["ScatterElements", "Scatter"])
+def scatter_elements(ctx, gy):
+    data, indices, updates = ctx.inputs
+    a = _norm_axis(ctx.attr("axis", 0), data.ndim)
+    index = _element_index(indices, a, data.shape[a])
+    gd, gu = _scatter_backward(gy, data, updates, index, ctx.attr("reduction", "none"))
+    return [gd, None, gu.astype(updates.dtype, copy=False)]
+
+
+@backward("ScatterND")
+def scatter_nd(ctx, gy):
+    data, indices, updates = ctx.inputs
+    k = indices.shape[-1]
+    idx = indices.astype(np.int64)
+    index = tuple(np.where(idx[..., j] < 0, idx[..., j] + data.shape[j], idx[..., j]) for j in range(k))
+    gd, gu = _scatter_backward(gy, data, updates, index, ctx.attr("reduction", "none"))
+    return [gd, None, gu.astype(updates.dtype, copy=False)]
+
+
+@backward("TopK")
+def top_k(ctx, gy, *_):
+    x = ctx.inputs[0]
+    rest = [None] * (len(ctx.inputs) - 1)
+    if gy is None:
+        return [None] + rest
+    a = _norm_axis(ctx.attr("axis", -1), x.ndim)
+    # Values are x gathered at the Indices output (distinct along the axis): put gy back there.
+    gx = np.zeros(x.shape, gy.dtype)
+    np.put_along_axis(gx, ctx.outputs[1], gy, axis=a)
+    return [gx] + rest
+
+
+@backward("Trilu")
+def trilu(ctx, gy):
+    x = ctx.inputs[0]
+    k = ctx.inputs[1] if len(ctx.inputs) > 1 else None
+    kk = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
+    n, m = x.shape[-2:]
+    j = np.arange(m) - np.arange(n)[:, None]  # column - row
+    keep = j >= kk if int(ctx.attr("upper", 1)) else j <= kk
+    return [np.where(keep, gy, np.zeros((), gy.dtype))] + [None] * (len(ctx.inputs) - 1)
+
+
+def _block_perm(mode, space_to_depth):
+    """The kernels' 6-d transposes (kernels/cpu/indexing.py)."""
+    if space_to_depth:
+        return (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    return (0, 3, 4, 1, 5, 2) if mode == "DCR" else (0, 1, 4, 2, 5, 3)
+
+
+@backward("DepthToSpace")
+def depth_to_space(ctx, gy):
+    (x,) = ctx.inputs
+    bs, mode = int(ctx.attr("blocksize")), ctx.attr("mode", "DCR")
+    n, c, h, w = x.shape
+    oc = c // (bs * bs)
+    perm = _block_perm(mode, False)
+    # Forward: reshape to 6-d, transpose by perm, reshape to the output. Backward: undo each.
+    six = (n, bs, bs, oc, h, w) if mode == "DCR" else (n, oc, bs, bs, h, w)
+    moved = tuple(six[p] for p in perm)
+    return [np.transpose(gy.reshape(moved), np.argsort(perm)).reshape(x.shape)]
+
+
+@backward("SpaceToDepth")
+def space_to_depth(ctx, gy):
+    (x,) = ctx.inputs
+    bs, mode = int(ctx.attr("blocksize")), ctx.attr("mode", "DCR")
+    n, c, h, w = x.shape
+    perm = _block_perm(mode, True)
+    six = (n, c, h // bs, bs, w // bs, bs)
+    moved = tuple(six[p] for p in perm)
+    return [np.transpose(gy.reshape(moved), np.argsort(perm)).reshape(x.shape)]

@@ -323,6 +323,14 @@ def split(ctx):
     return [ctx.tensor(ctx.dtype(0), tuple(s if k == a else d for k, d in enumerate(shp))) for s in sizes]
 
 
+def clamped_slice(start: int, end: int, step: int, dim: int) -> slice:
+    """ONNX Slice bounds for one axis as a Python slice on a dim of this size. slice.indices
+    gives stop=-1 when a negative step runs past index 0, and -1 as a bound would wrap
+    to the end: that case becomes None (run to the start)."""
+    s, e, st = slice(start, end, step).indices(dim)
+    return slice(s, None if e < 0 else e, st)
+
+
 def uneven_split(dim: int, parts: int) -> list[int]:
     """num_outputs that do not divide the dim: chunks of ceil(dim/parts), the last ones
     shorter (possibly empty), as onnx.reference slices them."""
@@ -388,7 +396,7 @@ def slice_values(ctx):
         return [None]
     index = [slice(None)] * v.ndim
     for a, s, e, st in params:
-        index[a] = slice(*slice(s, e, st).indices(v.shape[a]))
+        index[a] = clamped_slice(s, e, st, v.shape[a])
     return [v[tuple(index)]]
 
 
