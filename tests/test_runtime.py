@@ -158,9 +158,9 @@ def test_composite_without_kernel_is_expanded_not_fallen_back(cpu_without_tanh):
 
 def test_kernel_choice_is_recorded():
     report = _explain(lm.path("squeezenet"))
-    kernels = {n["name"]: n for n in report["nodes"] if n["op"] == "Conv"}
-    assert {n["kernel"] for n in kernels.values()} >= {"cpu.Conv.gemm_1x1", "cpu.Conv.im2col_gemm"}
-    one = next(n for n in kernels.values() if n["kernel"] == "cpu.Conv.im2col_gemm")
+    kernels = {n["name"]: n for n in report["nodes"] if n["op"] == "FusedConv"}  # Conv + Relu, fused
+    assert {n["kernel"] for n in kernels.values()} >= {"cpu.FusedConv.gemm_1x1", "cpu.FusedConv.im2col_gemm"}
+    one = next(n for n in kernels.values() if n["kernel"] == "cpu.FusedConv.im2col_gemm")
     assert "gemm_1x1" in one["reason"]  # says why the faster 1x1 kernel was not taken
 
 
@@ -201,3 +201,19 @@ def test_session_option_profiling_like_onnxruntime(tmp_path):
     path = sess.end_profiling(str(tmp_path / "p.json"))
     events = json.loads(open(path).read())
     assert len([e for e in events if e["cat"] == "Node"]) == 2
+
+
+def test_fusions_are_logged_shown_and_exact():
+    name = "inception_v2"  # Conv -> BatchNormalization -> Mul -> Add -> Relu chains
+    m = lm.randomize_weights(onnx.load(lm.path(name)), seed=0)
+    x_name, shape = lm.input_shape(m)
+    x = np.random.default_rng(0).random(shape, dtype=np.float32)
+    fused = glassrt.InferenceSession(m, providers=["cpu"])
+    plain = glassrt.InferenceSession(m, providers=["cpu"], sess_options=glassrt.SessionOptions(fusion=False))
+    assert any(line.startswith("fold BatchNormalization") for line in fused.pass_log)
+    assert any(line.startswith("fuse Relu") for line in fused.pass_log)
+    assert len(fused.placement.graph.nodes) < len(plain.placement.graph.nodes)
+    np.testing.assert_allclose(fused.run(None, {x_name: x})[0], plain.run(None, {x_name: x})[0], rtol=1e-4, atol=1e-6)
+    rows = fused.explain()["nodes"]
+    conv = next(r for r in rows if r["op"] == "FusedConv")
+    assert "BatchNormalization" in conv["origin"] and "Relu" in conv["origin"]

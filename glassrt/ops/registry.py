@@ -74,9 +74,9 @@ def custom_contracts() -> list[OpContract]:
 @lru_cache(maxsize=4096)
 def get_contract(domain: str, op_type: str, opset: int) -> OpContract | None:
     """The contract a node of (domain, op_type) at `opset` follows, or None if unknown."""
+    _ensure_loaded()
     if (domain, op_type) in _CUSTOM:
         return _CUSTOM[(domain, op_type)]
-    _ensure_loaded()
     try:
         schema = defs.get_schema(op_type, opset, domain)
     except defs.SchemaError:
@@ -129,6 +129,7 @@ def _ensure_loaded():
     if not _loaded:
         _loaded = True
         from . import backward as _backward  # noqa: F401
+        from . import fused as _fused  # noqa: F401
         from . import meta as _meta  # noqa: F401
 
 

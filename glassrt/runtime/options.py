@@ -24,6 +24,8 @@ class SessionOptions:
     autotune_cache: str | None = None  # JSON file that keeps autotune winners across runs
     # Evaluate nodes whose inputs are all known when a plan is built.
     constant_folding: bool = True
+    # Fold BatchNormalization into Conv weights; fuse Conv + activation (passes/fusion.py).
+    fusion: bool = True
     fold_limit_bytes: int = 64 << 20
     # Refuse a plan whose arena, or a tensor, would exceed this many bytes.
     memory_limit_bytes: int = 0  # 0: 80% of physical memory

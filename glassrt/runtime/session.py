@@ -17,6 +17,7 @@ from ..ir import OptionalType, SequenceType, TensorType
 from ..passes import run_passes
 from . import providers as providers_mod
 from .options import SessionOptions
+from ..passes.fusion import fuse
 from .folding import fold_constants
 from .placement import place
 from .runner import GraphRunner
@@ -94,6 +95,13 @@ class InferenceSession:
         self.unfolded_placement = self.placement  # gradients need the nodes folding removes
         self.placement, self.folded = fold_constants(self.placement, self.options,
                                                      GraphRunner(self.placement, self.options).make_runner)
+        if self.options.fusion:
+            fused, log = fuse(self.placement.graph)
+            if log:  # the rewritten nodes need decisions of their own
+                self.pass_log += log
+                expansions = self.placement.expansions
+                self.placement = place(fused, self.providers)
+                self.placement.expansions = expansions + self.placement.expansions
         self.runner = GraphRunner(self.placement, self.options)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
         from ..tools.profile import Profile

@@ -344,6 +344,9 @@ def _builtin_rows(key, samples, with_backward=True):
     rows.append(Row(name, "meta_vs_real", FAIL if meta_bad else PASS, "; ".join(meta_bad) or f"{ran} sample(s)"))
     rows.append(Row(name, "dynamic_dims", FAIL if dyn_bad else (WARN if dyn_warn else PASS), "; ".join(dyn_bad or dyn_warn)))
     contract = get_contract(domain, op, samples[0][0].model.opset_import[0].version if not domain else 1)
+    if domain == "glassrt" and contract is not None:  # internal ops: their decomposition is their definition
+        rows.append(_builtin_decomposition(name, key, samples))
+        return rows
     if contract is not None and contract.category == "composite" and kernels_for("cpu", domain, op):
         rows.append(_builtin_decomposition(name, key, samples))
     if with_backward and contract is not None and contract.backward is not None:
@@ -573,7 +576,7 @@ def run_checks(op_filter=None, *, builtins=True, progress=None) -> list[Row]:
         except Exception as e:  # noqa: BLE001
             rows.append(Row(f"{op.domain}::{op.name}", "meta_vs_real", FAIL, f"checking raised {type(e).__name__}: {e}"))
     if builtins:
-        samples = _samples_by_op()
+        samples = {**_samples_by_op(), **_internal_samples()}
         keys = [k for k in sorted(samples) if not op_filter or op_filter in (k[1], f"{k[0]}::{k[1]}")]
         for i, key in enumerate(keys):
             try:
@@ -586,6 +589,29 @@ def run_checks(op_filter=None, *, builtins=True, progress=None) -> list[Row]:
         rows += [r for r in coverage_table() if not op_filter or r.op.split("::")[-1] == op_filter]
         rows += _differentiable_without_backward(op_filter)
     return rows
+
+
+def _internal_samples():
+    """Samples for the ops glassrt's own passes create (no ONNX node test covers them)."""
+    from types import SimpleNamespace
+
+    from onnx import helper
+
+    from .gradcheck import single_node_model
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    samples = []
+    for act, params in (("Relu", []), ("LeakyRelu", [0.1]), ("Clip", [0.0, 6.0]), ("Sigmoid", [])):
+        attrs = {"activation": act, "pads": [1, 1, 1, 1], "strides": [2, 1]}
+        if params:
+            attrs["activation_params"] = params
+        m = single_node_model("FusedConv", [x, w, b], attrs, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
+        samples.append((SimpleNamespace(name=f"fused_conv_{act.lower()}", model=m), [x, w, b]))
+    return {("glassrt", "FusedConv"): samples}
 
 
 def _differentiable_without_backward(op_filter):

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import replace
+
+from .. import registry
 from ..registry import kernel
 from ._util import FLOATS, pad_spatial, spatial_pads, window_views, windows
 
@@ -48,6 +51,28 @@ def _in_float32(step):
     return step16
 
 
+# Activations a fused conv applies in place on its output (passes/fusion.py makes them).
+ACTIVATIONS = {
+    "Relu": lambda y, p: np.maximum(y, 0, out=y),
+    "LeakyRelu": lambda y, p: np.maximum(y, y * (p[0] if p else 0.01), out=y),
+    "Clip": lambda y, p: np.clip(y, p[0], p[1], out=y),
+    "Sigmoid": lambda y, p: np.reciprocal(np.add(np.exp(np.negative(y, out=y), out=y), 1, out=y), out=y),
+}
+
+
+def _finish(ctx, step, half):
+    """Wrap a conv step with its fused activation (FusedConv) and float16 handling."""
+    act = ctx.attrs.get("activation")
+    if act:
+        apply, params = ACTIVATIONS[act], [float(v) for v in ctx.attrs.get("activation_params") or []]
+        conv = step
+
+        def step(x, w, b=None, *, out):
+            return apply(conv(x, w, b, out=out), params)
+
+    return _in_float32(step) if half else step
+
+
 def _add_bias(out, b):
     if b is not None:
         out += b.reshape((1, -1) + (1,) * (out.ndim - 2))
@@ -64,7 +89,7 @@ def conv_1x1(ctx):
         _add_bias(out, b)
         return out
 
-    return _in_float32(step) if ctx.dtype(0) == np.float16 else step
+    return _finish(ctx, step, ctx.dtype(0) == np.float16)
 
 
 def _padded_bytes(x, begin, end, itemsize):
@@ -105,7 +130,7 @@ def conv_depthwise(ctx):
         _add_bias(out, b)
         return out
 
-    return _in_float32(step) if half else step
+    return _finish(ctx, step, half)
 
 
 # im2col works on tiles of output rows so its buffer stays about this size: the tile is
@@ -164,4 +189,10 @@ def conv_im2col(ctx):
         _add_bias(out, b)
         return out
 
-    return _in_float32(step) if half else step
+    return _finish(ctx, step, half)
+
+
+# The same kernels run glassrt::FusedConv (a conv with its activation applied in place).
+for _k in [k for k in list(registry.kernels_for("cpu", "", "Conv"))]:
+    registry.register(replace(_k, name=_k.name.replace("cpu.Conv", "cpu.FusedConv"), domain="glassrt",
+                              op_type="FusedConv"))
