@@ -33,7 +33,7 @@ def fuse(graph):
         nodes = _fold_affine(graph, nodes, {**consts, **new_inits}, new_inits, log)
         if len(log) == before:
             break
-    nodes = _fold_batchnorm(graph, nodes, consts, new_inits, log)
+    nodes = _fold_batchnorm(graph, nodes, {**consts, **new_inits}, new_inits, log)
     nodes = _fuse_activation(graph, nodes, {**consts, **new_inits}, log)
     if not log:
         return graph, []
