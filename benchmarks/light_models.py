@@ -1,7 +1,8 @@
 """glassrt vs onnxruntime latency on the nine light models (same inputs, same threads).
 
-Runs are interleaved (glassrt, onnxruntime, glassrt, ...) in rounds so that noise from a
-busy machine hits both alike; each cell is the median over rounds.
+Runs alternate in blocks (a few glassrt runs, then a few onnxruntime runs, ...) so that
+noise from a busy machine hits both alike; the first run of each block is dropped, since
+the other runtime's worker threads may still be spinning. Each cell is the median.
 """
 from __future__ import annotations
 
@@ -36,13 +37,14 @@ def bench(name, runs, threads):
         g.run(None, feeds)
         o.run(None, feeds)
     tg, to = [], []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        g.run(None, feeds)
-        tg.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        o.run(None, feeds)
-        to.append(time.perf_counter() - t0)
+    block = 4
+    for _ in range(max(1, runs // (block - 1))):
+        for sess, acc in ((g, tg), (o, to)):
+            for k in range(block):
+                t0 = time.perf_counter()
+                sess.run(None, feeds)
+                if k:
+                    acc.append(time.perf_counter() - t0)
     a, b = g.run(None, feeds)[0], o.run(None, feeds)[0]
     return statistics.median(tg) * 1e3, statistics.median(to) * 1e3, float(np.abs(a - b).max())
 
@@ -56,7 +58,7 @@ def main(argv=None):
     rows = []
     for name in track(a.models, description="benchmarking", transient=True):
         rows.append((name, *bench(name, a.runs, a.threads)))
-    t = Table(title=f"median latency, {a.threads} threads, {a.runs} interleaved runs (random weights)")
+    t = Table(title=f"median latency, {a.threads} threads, about {a.runs} runs each in alternating blocks (random weights)")
     for c in ("model", "glassrt ms", "onnxruntime ms", "glassrt / ort", "max |diff|"):
         t.add_column(c, justify="right" if c != "model" else "left")
     for name, g, o, d in rows:
