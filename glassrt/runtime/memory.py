@@ -203,6 +203,17 @@ def _lower_bound(groups: list[_Group], n_steps: int) -> int:
     return max(live, default=0)
 
 
+def allocate_arena(nbytes: int) -> np.ndarray:
+    """The arena's memory, mapped straight from the OS (anonymous mmap) rather than from
+    malloc: when a plan is evicted its arena goes back to the OS at once, whatever malloc's
+    heuristics (glibc keeps freed blocks below its sliding mmap threshold in the heap)."""
+    if nbytes < (1 << 20):
+        return np.empty(nbytes, np.uint8)
+    import mmap
+
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+
+
 class BufferPool:
     """Run-time allocations for values whose size is only known while running
     (downstream of NonZero, Loop bodies with changing shapes...).

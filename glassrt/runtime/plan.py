@@ -19,7 +19,7 @@ from ..ir import TensorType
 from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
 from .infer import infer
-from .memory import MemoryPlan, StepIO, plan_memory
+from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
 from .placement import kernel_reason
 
 NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
@@ -133,7 +133,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
     if memory.arena_bytes > limit:
         raise MemoryLimitError(f"the plan for inputs {_sig_str(input_types)} needs a {memory.arena_bytes:,}-byte arena, "
                                f"over the session's memory limit of {limit:,} bytes")
-    arena = np.empty(memory.arena_bytes, dtype=np.uint8)
+    arena = allocate_arena(memory.arena_bytes)
 
     # ---- slots and steps
     slots: dict[str, int] = {}
