@@ -85,12 +85,28 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
 # ---------------------------------------------------------------- parsing
 
 
+def _text(value, where: str) -> str:
+    """A string field of the protobuf. ONNX uses proto2, so invalid UTF-8 parses and comes
+    back as bytes: such a model is refused rather than carried around half-decoded."""
+    if isinstance(value, str):
+        return value
+    raise InvalidModelError(f"{where}: not valid UTF-8 text ({bytes(value)[:40]!r})")
+
+
+def _texts(values, where: str) -> list[str]:
+    return [_text(v, where) for v in values]
+
+
 class _Parser:
     def __init__(self, opsets: dict[str, int], base_dir: str | None):
         self.opsets = opsets
         self.base_dir = base_dir
 
     def graph(self, g: onnx.GraphProto, outer: frozenset[str]) -> Graph:
+        for vi in [*g.input, *g.output, *g.value_info]:
+            _text(vi.name, f"graph '{g.name}' value name")
+        for t in g.initializer:
+            _text(t.name, f"graph '{g.name}' initializer name")
         inits = {}
         for t in g.initializer:
             inits[t.name] = self.tensor(t, f"initializer '{t.name}'")
@@ -116,18 +132,24 @@ class _Parser:
         return graph
 
     def node(self, n: onnx.NodeProto, index: int, used_names: set[str], visible: set[str]) -> Node:
-        domain = "" if n.domain in DEFAULT_DOMAINS else n.domain
-        name = n.name or f"{n.op_type}_{index}"
+        where = f"node {index}"
+        op_type, raw_domain, raw_name = _text(n.op_type, where), _text(n.domain, where), _text(n.name, where)
+        inputs, outputs = _texts(n.input, where), _texts(n.output, where)
+        _texts([a.name for a in n.attribute], where)
+        if not op_type:
+            raise InvalidModelError(f"node {index} ('{raw_name}') has no op_type")
+        domain = "" if raw_domain in DEFAULT_DOMAINS else raw_domain
+        name = raw_name or f"{op_type}_{index}"
         while name in used_names:  # ORT also tolerates duplicate node names; we keep them apart
             name = f"{name}_{index}"
         used_names.add(name)
         if domain not in self.opsets:
             raise InvalidModelError(
-                f"{n.op_type} node '{name}' uses domain '{domain}', which the model does not "
+                f"{op_type} node '{name}' uses domain '{domain}', which the model does not "
                 f"import (opset_import has: {sorted(self.opsets) or 'nothing'})")
         attrs, implicit = {}, []
         for a in n.attribute:
-            where = f"{n.op_type} node '{name}' attribute '{a.name}'"
+            where = f"{op_type} node '{name}' attribute '{a.name}'"
             if a.ref_attr_name:
                 raise InvalidModelError(f"{where} refers to a function attribute outside a function")
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
@@ -138,7 +160,7 @@ class _Parser:
                 attrs[a.name] = parsed[0] if a.type == onnx.AttributeProto.GRAPH else parsed
             else:
                 attrs[a.name] = self.attribute(a, where)
-        return Node(op_type=n.op_type, domain=domain, inputs=list(n.input), outputs=list(n.output),
+        return Node(op_type=op_type, domain=domain, inputs=inputs, outputs=outputs,
                     attrs=attrs, name=name, opset=self.opsets[domain], implicit_inputs=implicit)
 
     def attribute(self, a: onnx.AttributeProto, where: str):

@@ -188,6 +188,13 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
                      if o and options.check_outputs and isinstance(t, TensorType) and t.is_static
                      and (memory.values.get(o) is None or memory.values[o].offset is None)]
         steps.append(st)
+    fresh_bytes = sum(int(np.prod(f[0], dtype=np.int64)) * np.dtype(f[1]).itemsize
+                      for st in steps if st.fresh is not None
+                      for f in (st.fresh if isinstance(st.fresh, list) else [st.fresh]) if f is not None)
+    if memory.arena_bytes + fresh_bytes > limit:
+        raise MemoryLimitError(f"the plan for inputs {_sig_str(input_types)} needs {memory.arena_bytes:,} arena "
+                               f"bytes and {fresh_bytes:,} bytes of outputs, over the session's memory limit of "
+                               f"{limit:,} bytes")
     for name in consts:
         slot(name)
     for o in keep:
