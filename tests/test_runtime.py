@@ -217,3 +217,39 @@ def test_fusions_are_logged_shown_and_exact():
     rows = fused.explain()["nodes"]
     conv = next(r for r in rows if r["op"] == "FusedConv")
     assert "BatchNormalization" in conv["origin"] and "Relu" in conv["origin"]
+
+
+def test_varying_batch_sizes_keep_memory_bounded():
+    """40 batch sizes, twice: the second pass must not peak higher than the first (the plan
+    cache evicts, and evicted arenas go back to the OS). The full-size version on
+    light_squeezenet is benchmarks/memory_growth.py."""
+    from tests.test_hostile import _small_cnn
+
+    def rss():
+        import os
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    m = _small_cnn()
+    m.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 64
+    m.graph.input[0].type.tensor_type.shape.dim[3].dim_value = 64
+    fc = next(t for t in m.graph.initializer if t.name == "fc")
+    fc.CopyFrom(onnx.numpy_helper.from_array(np.zeros((4 * 32 * 32, 5), np.float32), "fc"))
+    sess = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(plan_cache_size=4))
+    peaks = []
+    for _ in range(2):
+        peak = 0
+        for b in range(1, 41):
+            sess.run(None, {"x": np.ones((b, 3, 64, 64), np.float32)})
+            peak = max(peak, rss())
+        peaks.append(peak)
+    assert sess.memory_stats()["plans_cached"] <= 4
+    assert peaks[1] <= peaks[0] + (2 << 20), [p >> 20 for p in peaks]
+
+
+def test_plan_cache_byte_budget():
+    opts = glassrt.SessionOptions(plan_cache_size=100, plan_cache_bytes=1)  # only the newest plan fits
+    sess = glassrt.InferenceSession(transformer_encoder(), sess_options=opts)
+    for b in (1, 2, 3):
+        sess.run(None, {"x": np.ones((b, 4, 64), np.float32)})
+    assert sess.memory_stats()["plans_cached"] == 1 and sess.memory_stats()["plans_evicted"] == 2

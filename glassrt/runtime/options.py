@@ -19,6 +19,9 @@ class SessionOptions:
     # Compiled plans kept per session, one per input-shape signature (least recently used
     # evicted first), so that varying shapes cannot grow memory without bound.
     plan_cache_size: int = 8
+    # ...and at most this many arena bytes among the cached plans (the newest plan is
+    # always kept, however big). 0: no byte limit.
+    plan_cache_bytes: int = 1 << 30
     # Time every eligible kernel on the first plan for a shape and keep the fastest.
     autotune: bool = False
     autotune_cache: str | None = None  # JSON file that keeps autotune winners across runs

@@ -84,7 +84,9 @@ class GraphRunner:
     def _remember(self, sig, plan):
         self.plans[sig] = plan
         self.plans_built += 1
-        while len(self.plans) > max(1, self.options.plan_cache_size):
+        budget = self.options.plan_cache_bytes
+        while len(self.plans) > 1 and (len(self.plans) > self.options.plan_cache_size or (
+                budget and sum(p.memory.arena_bytes for p in self.plans.values()) > budget)):
             self.plans.popitem(last=False)
             self.plans_evicted += 1
 
