@@ -398,6 +398,19 @@ def _check_and_sort(graph: Graph, outer: frozenset[str]) -> None:
     graph.outer_names = reads
 
 
+def nodes_from_protos(protos, opsets: dict, visible, origin: str = "") -> list:
+    """NodeProtos a pass or a decomposition built → glassrt Nodes (subgraphs parsed too)."""
+    parser = _Parser(opsets, None)
+    scope = set(visible) | {o for p in protos for o in p.output}
+    used: set[str] = set()
+    out = []
+    for i, p in enumerate(protos):
+        node = parser.node(p, i, used, scope)
+        node.origin = origin
+        out.append(node)
+    return out
+
+
 # ---------------------------------------------------------------- Graph → protos
 
 

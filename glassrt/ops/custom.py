@@ -302,22 +302,15 @@ class GraphBuilder:
     def finish(self, outs):
         from onnx import helper
 
-        from ..onnx_io import _Parser
+        from ..onnx_io import nodes_from_protos
 
         # Route the decomposition's results into the node's own output names.
         for res, name in zip(outs, self.node.outputs):
             if name:
                 self.protos.append(helper.make_node("Identity", [res], [name], name=self._fresh("out")))
         opsets = {"": 21, self.node.domain: self.node.opset}
-        parser = _Parser(opsets, None)
-        scope = set(self.visible) | {o for p in self.protos for o in p.output}
-        used: set = set()
-        nodes = []
-        for i, p in enumerate(self.protos):
-            n = parser.node(p, i, used, scope)
-            n.origin = f"expanded from {self.node.op_type} '{self.node.name}'"
-            nodes.append(n)
-        return nodes
+        return nodes_from_protos(self.protos, opsets, self.visible,
+                                 f"expanded from {self.node.op_type} '{self.node.name}'")
 
 
 OPS: dict[tuple[str, str], CustomOp] = {}

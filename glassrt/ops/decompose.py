@@ -10,7 +10,7 @@ from __future__ import annotations
 import onnx
 from onnx import defs
 
-from ..onnx_io import _Parser, node_to_proto, to_type_proto
+from ..onnx_io import node_to_proto, nodes_from_protos, to_type_proto
 from .contract import schema_defaults
 
 
@@ -114,15 +114,7 @@ def inline_function(fn: onnx.FunctionProto, node, attr_defaults: dict, visible: 
 
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in fn.opset_import}
     opsets.setdefault(node.domain, node.opset)
-    parser = _Parser(opsets, None)
-    scope = set(visible) | {x for p in protos for x in p.output}
-    used: set[str] = set()
-    out = []
-    for i, p in enumerate(protos):
-        inner = parser.node(p, i, used, scope)
-        inner.origin = f"expanded from {node.op_type} '{node.name}'"
-        out.append(inner)
-    return out
+    return nodes_from_protos(protos, opsets, visible, f"expanded from {node.op_type} '{node.name}'")
 
 
 def _rename_outer_refs(g: onnx.GraphProto, rename: dict):

@@ -27,7 +27,7 @@ FUSED_CONV = CustomSchema(DOMAIN, "FusedConv", [("X", False), ("W", False), ("B"
 
 
 def _fused_conv_decomposition(node, input_types, visible):
-    from ..onnx_io import _Parser
+    from ..onnx_io import nodes_from_protos
 
     conv_attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
     act = node.attrs.get("activation", "Relu")
@@ -44,15 +44,7 @@ def _fused_conv_decomposition(node, input_types, visible):
     else:
         extra = {"alpha": params[0]} if act == "LeakyRelu" and params else {}
         protos.append(helper.make_node(act, [mid], list(node.outputs), name=f"{node.name}/act", **extra))
-    parser = _Parser({"": 13}, None)
-    used: set = set()
-    scope = set(visible) | {o for p in protos for o in p.output}
-    out = []
-    for i, p in enumerate(protos):
-        n = parser.node(p, i, used, scope)
-        n.origin = f"expanded from FusedConv '{node.name}'"
-        out.append(n)
-    return out
+    return nodes_from_protos(protos, {"": 13}, visible, f"expanded from FusedConv '{node.name}'")
 
 
 register_custom(OpContract(DOMAIN, "FusedConv", 1, FUSED_CONV, meta=conv_meta, category=COMPOSITE,

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from .. import registry
 from ..registry import kernel
+from . import pool
 from ._util import FLOATS, pad_spatial, spatial_pads, window_views, windows
 
 
@@ -131,6 +132,30 @@ def conv_depthwise(ctx):
         return out
 
     return _finish(ctx, step, half)
+
+
+def _depthwise_2d(ctx):
+    why = _is_depthwise(ctx)
+    return why or pool.not_2d(ctx)
+
+
+@kernel("Conv", dtypes=FLOATS, out=True, bind=True, accepts=_depthwise_2d, priority=15, name="depthwise_2d_nb")
+def conv_depthwise_2d(ctx):
+    """2-D depthwise conv compiled with Numba: per channel, a multiply-add pass per three
+    kernel taps over a phase-split copy of the plane (see pool.py), bias first."""
+    x, w, k, begin, end, out_sp, strides, dil = _geometry(ctx)
+    dt = _compute_dtype(ctx)
+    lay = pool.PlaneLayout(x, k, begin, out_sp, strides, dil)
+    run = pool._jit()["depthwise_planes"]
+    zeros = np.zeros(w[0], dt)
+
+    def step(x, w, b=None, *, out):
+        out = out if out is not None else np.empty(tuple(x.shape[:2]) + tuple(out_sp), dt)
+        wt = np.ascontiguousarray(w.reshape(w.shape[0], -1), dtype=dt)
+        bias = zeros if b is None else np.ascontiguousarray(b, dtype=dt)
+        return pool.run_planes(run, x, out, dt, *lay.args(), wt, bias)
+
+    return _finish(ctx, step, ctx.dtype(0) == np.float16)
 
 
 # im2col works on tiles of output rows so its buffer stays about this size: the tile is

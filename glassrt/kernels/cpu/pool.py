@@ -146,3 +146,234 @@ def global_max_pool(x, *, out=None):
 @kernel("GlobalLpPool", dtypes=FLOATS)
 def global_lp_pool(x, *, p=2):
     return (np.sum(np.abs(x) ** p, axis=tuple(range(2, x.ndim)), keepdims=True) ** (1.0 / p)).astype(x.dtype)
+
+
+
+# ------------------------------------------------------------------ compiled 2-D kernels
+#
+# Numba kernels for 2-D (NCHW) MaxPool and AveragePool here, and depthwise Conv (conv.py).
+# Each input plane is first copied into a scratch buffer split by stride phase (a padded
+# space-to-depth): phase (rh, rw) holds padded pixel (a*sh + rh, b*sw + rw) at (a, b), in
+# rows of wq. Tap (i, j) of output (oh, ow) then lies in phase ((i*dh) % sh, (j*dw) % sw) at
+# (oh + (i*dh) // sh, ow + (j*dw) // sw), so for each tap the outputs of a whole plane read
+# one contiguous run of the buffer (rows of wq: the wq - OW extra columns are computed and
+# never stored). Every tap is thus one long vectorizable loop, whatever the pads, strides,
+# dilations or ceil mode; pad cells hold `fill` (lowest value for max, 0 for sums).
+
+class PlaneLayout:
+    """Bind-time geometry of the phase-split scratch plane of one 2-D window op."""
+
+    def __init__(self, x_shape, k, begin, out_sp, strides, dil):
+        (h, w), (kh, kw), (pt, pl), (oh, ow), (sh, sw), (dh, dw) = x_shape[2:], k, begin, out_sp, strides, dil
+        self.sw = sw
+        self.wq = wq = ow + (kw - 1) * dw // sw
+        hq = oh + (kh - 1) * dh // sh + 1  # a spare row: the last row's extra columns read into it
+        self.n = -(-oh * wq // 8) * 8  # outputs computed per tap, rounded up to whole vectors
+        self.size = sh * sw * hq * wq + 8
+        # One block copy per phase: (first cell, first source element in the flat plane,
+        # columns, rows); rows step by wq in the buffer, sh * W in x; columns by sw in x.
+        runs = []
+        for rh in range(sh):
+            a0, a1 = max(0, -(-(pt - rh) // sh)), min(hq, (h - 1 + pt - rh) // sh + 1)
+            for rw in range(sw):
+                lo, hi = max(0, -(-(pl - rw) // sw)), min(wq, (w - 1 + pl - rw) // sw + 1)
+                if a1 > a0 and hi > lo:
+                    runs.append(((rh * sw + rw) * hq * wq + a0 * wq + lo, (a0 * sh + rh - pt) * w + lo * sw + rw - pl,
+                                 hi - lo, a1 - a0))
+        self.runs = np.array(runs, np.int64).reshape(-1, 4)
+        self.row_step = sh * w
+        # Where each tap (row-major over the kernel) starts reading.
+        self.taps = np.array([((i * dh % sh) * sw + j * dw % sw) * hq * wq + (i * dh // sh) * wq + j * dw // sw
+                              for i in range(kh) for j in range(kw)], np.int64)
+
+    def args(self):
+        return self.runs, self.row_step, self.sw, self.taps, self.wq, self.n, self.size
+
+
+def run_planes(fn, x, y, dtype, *args):
+    """fn(x planes, y planes, *args) on (N*C, H, W) views in `dtype` (float16 runs in
+    float32); writes y, allocated when None, and returns it."""
+    xc = np.ascontiguousarray(x, dtype=dtype)
+    yc = y if y.dtype == dtype and y.flags.c_contiguous else np.empty(y.shape, dtype)
+    fn(xc.reshape((-1,) + xc.shape[2:]), yc.reshape((-1,) + yc.shape[2:]), *args)
+    if yc is not y:
+        np.copyto(y, yc, casting="unsafe")
+    return y
+
+
+def not_2d(ctx):
+    """Why the compiled 2-D kernels cannot run this node, or None."""
+    x = ctx.shape(0)
+    if x is None or len(x) != 4:
+        return f"not 2-D (input rank {None if x is None else len(x)}, the compiled kernels take NCHW)"
+    if any(int(p) < 0 for p in ctx.attrs.get("pads") or []):
+        return "negative pads"
+    return None
+
+
+_NB = {}
+
+
+def _jit():
+    """The compiled plane kernels (Numba: built on first use, machine code cached on disk)."""
+    if _NB:
+        return _NB
+    import numba
+
+    # Single-threaded on purpose: parallel=True (prange over planes) halved the times on an
+    # idle 2-core machine but made them 10-100x slower whenever another process held a
+    # core, as every call then waits for a descheduled worker thread.
+    njit = numba.njit(cache=True, nogil=True, fastmath=False)
+
+    @njit
+    def load_plane(x, runs, row_step, sw, wq, buf):
+        """Copy plane x (H, W) into the phase-split buffer (pad cells keep their fill)."""
+        xf = x.ravel()
+        for r in range(runs.shape[0]):
+            for a in range(runs[r, 3]):
+                dst, src = buf[runs[r, 0] + a * wq:], xf[runs[r, 1] + a * row_step:]
+                if sw == 1:
+                    for t in range(runs[r, 2]):
+                        dst[t] = src[t]
+                else:
+                    for t in range(runs[r, 2]):
+                        dst[t] = src[t * sw]
+
+    @njit
+    def store(acc, wq, y):
+        """y (OH, OW) = the first OW columns of each wq-wide row of acc."""
+        for oh in range(y.shape[0]):
+            a, yr = acc[oh * wq:], y[oh]
+            for ow in range(y.shape[1]):
+                yr[ow] = a[ow]
+
+    @njit
+    def weighted_sum(buf, taps, w, acc, n):
+        """acc += sum over taps t of w[t] * (the run of buf that tap reads), three taps a pass."""
+        t = 0
+        while t + 3 <= taps.shape[0]:
+            a, b, c = buf[taps[t]:], buf[taps[t + 1]:], buf[taps[t + 2]:]
+            wa, wb, wc = w[t], w[t + 1], w[t + 2]
+            for q in range(n):
+                acc[q] += wa * a[q] + wb * b[q] + wc * c[q]
+            t += 3
+        for t in range(t, taps.shape[0]):
+            a, wa = buf[taps[t]:], w[t]
+            for q in range(n):
+                acc[q] += wa * a[q]
+
+    @njit
+    def max_planes(x, y, runs, row_step, sw, taps, wq, n, size, low):
+        buf, acc = np.full(size, low, x.dtype), np.empty(n, x.dtype)
+        last = taps.shape[0] - 1
+        for p in range(x.shape[0]):
+            load_plane(x[p], runs, row_step, sw, wq, buf)
+            acc[:] = low
+            for t in range(0, last + 1, 3):  # three taps a pass (repeating the last: max is idempotent)
+                a, b, c = buf[taps[t]:], buf[taps[min(t + 1, last)]:], buf[taps[min(t + 2, last)]:]
+                for q in range(n):
+                    m = acc[q]
+                    m = a[q] if a[q] > m else m
+                    m = b[q] if b[q] > m else m
+                    acc[q] = c[q] if c[q] > m else m
+            store(acc, wq, y[p])
+
+    @njit
+    def avg_planes(x, y, runs, row_step, sw, taps, wq, n, size, inv):
+        buf, acc, ones = np.zeros(size, x.dtype), np.empty(n, x.dtype), np.ones(taps.shape[0], x.dtype)
+        for p in range(x.shape[0]):
+            load_plane(x[p], runs, row_step, sw, wq, buf)
+            acc[:] = 0
+            weighted_sum(buf, taps, ones, acc, n)
+            yp = y[p]
+            for oh in range(yp.shape[0]):
+                a, yr, s = acc[oh * wq:], yp[oh], inv[oh]
+                for ow in range(yp.shape[1]):
+                    yr[ow] = a[ow] * s[ow]
+
+    @njit
+    def depthwise_planes(x, y, runs, row_step, sw, taps, wq, n, size, w, b):
+        """Plane p is channel p % C: w (C, taps), b (C,)."""
+        buf, acc = np.zeros(size, x.dtype), np.empty(n, x.dtype)
+        for p in range(x.shape[0]):
+            c = p % w.shape[0]
+            load_plane(x[p], runs, row_step, sw, wq, buf)
+            acc[:] = b[c]
+            weighted_sum(buf, taps, w[c], acc, n)
+            store(acc, wq, y[p])
+
+    @njit
+    def max_indices(x, y, idx, low, kh, kw, sh, sw, dh, dw, pt, pl, col_major):
+        """Direct MaxPool with the flat index of each maximum (first in row-major window order)."""
+        planes, h, w = x.shape
+        for p in range(planes):
+            for oh in range(y.shape[1]):
+                for ow in range(y.shape[2]):
+                    best, m = -1, low
+                    for i in range(kh):
+                        r = oh * sh - pt + i * dh
+                        if 0 <= r < h:
+                            for j in range(kw):
+                                s = ow * sw - pl + j * dw
+                                if 0 <= s < w and (best < 0 or x[p, r, s] > m):
+                                    best, m = (s * h + r if col_major else r * w + s), x[p, r, s]
+                    y[p, oh, ow] = m
+                    idx[p, oh, ow] = p * h * w + best
+
+    _NB.update(max_planes=max_planes, avg_planes=avg_planes, depthwise_planes=depthwise_planes,
+               max_indices=max_indices)
+    return _NB
+
+
+def _compute_dtype(dt):
+    return np.dtype(np.float32) if dt == np.float16 else np.dtype(dt)
+
+
+@kernel("MaxPool", dtypes=list(FLOATS) + INT8, out=True, bind=True, multi=True, accepts=not_2d, priority=10,
+        name="max_pool_2d_nb")
+def max_pool_2d(ctx):
+    """2-D MaxPool compiled with Numba: a pass per kernel tap over a phase-split copy of
+    each plane; with Indices, a direct loop over each window."""
+    x_shape, k, begin, end, extra, out_sp, strides, dil = _geometry(ctx)
+    dt = _compute_dtype(ctx.dtype(0))
+    low = dt.type(-np.inf) if dt.kind == "f" else dt.type(np.iinfo(dt).min)
+    lay = PlaneLayout(x_shape, k, begin, out_sp, strides, dil)
+    want_indices = len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
+    geo = (*k, *strides, *dil, *begin, int(ctx.attrs.get("storage_order", 0)) == 1)
+    nb = _jit()
+
+    def step(x, *, out):
+        shape = tuple(x.shape[:2]) + tuple(out_sp)
+        y = out[0] if out[0] is not None else np.empty(shape, x.dtype)
+        if not want_indices:
+            return run_planes(nb["max_planes"], x, y, dt, *lay.args(), low), None
+        idx = out[1] if out[1] is not None else np.empty(shape, np.int64)
+        return run_planes(lambda xp, yp: nb["max_indices"](xp, yp, idx.reshape(yp.shape), low, *geo), x, y, dt), idx
+
+    return step
+
+
+def _window_counts(size, k, begin, end, n_out, stride, dil, include_pad):
+    """Cells of each window along one axis that the average divides by."""
+    pos = np.arange(n_out)[:, None] * stride - begin + np.arange(k)[None, :] * dil
+    lo, hi = (-begin, size + end) if include_pad else (0, size)  # the ceil-mode overhang never counts
+    return ((pos >= lo) & (pos < hi)).sum(1)
+
+
+@kernel("AveragePool", dtypes=FLOATS, out=True, bind=True, accepts=not_2d, priority=10, name="average_pool_2d_nb")
+def average_pool_2d(ctx):
+    """2-D AveragePool compiled with Numba: a sum over a phase-split copy of each plane,
+    three kernel taps a pass, times each window's precomputed 1 / count."""
+    x_shape, k, begin, end, extra, out_sp, strides, dil = _geometry(ctx)
+    dt = _compute_dtype(ctx.dtype(0))
+    include_pad = bool(ctx.attrs.get("count_include_pad", 0))
+    counts = [_window_counts(*a, include_pad) for a in zip(x_shape[2:], k, begin, end, out_sp, strides, dil)]
+    inv = (1.0 / np.maximum(np.outer(*counts), 1)).astype(dt)
+    lay = PlaneLayout(x_shape, k, begin, out_sp, strides, dil)
+    nb = _jit()
+
+    def step(x, *, out):
+        y = out if out is not None else np.empty(tuple(x.shape[:2]) + tuple(out_sp), x.dtype)
+        return run_planes(nb["avg_planes"], x, y, dt, *lay.args(), inv)
+
+    return step
