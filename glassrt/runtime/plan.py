@@ -318,19 +318,26 @@ def _select(decision, ctx, options, make_runner=None, placement=None):
     for k in decision.kernels:
         why = kernel_reason(k, ctx)
         if why is not None:
-            rejected.append(f"{k.name}: {why}")
+            rejected.append(f"{_algorithm(k)}: {why}")
             continue
         if decision.fallback:
             text = "fallback — " + "; ".join(f"{p}: {r}" for p, r in decision.rejected)
         elif len(decision.kernels) == 1:
             text = k.doc or f"the only {decision.provider} kernel for {ctx.node.op_type}"
         else:
-            text = f"highest-priority eligible kernel ({k.priority})" + (f": {k.doc}" if k.doc else "")
-        if rejected:
-            text += " [not " + "; ".join(rejected) + "]"
+            text = f"{_algorithm(k)} (priority {k.priority})"
+            if rejected:
+                text += " over " + "; ".join(rejected)
+            if k.doc:
+                text += f" — {k.doc}"
         return k, text
     raise NodeExecutionError(f"{describe_node(ctx.node)}: no {decision.provider} kernel accepts these "
                              f"input shapes: {'; '.join(rejected)}")
+
+
+def _algorithm(k) -> str:
+    """'im2col_gemm' for 'cpu.Conv.im2col_gemm'."""
+    return k.name.split(".", 2)[-1] if k.name.count(".") >= 2 else k.name
 
 
 def _bind(kern, ctx, make_runner, placement):

@@ -134,22 +134,22 @@ def render(report: dict, console, max_reason: int = 70) -> None:
     from rich.table import Table
 
     values = {v["name"]: v for v in report["values"]}
-    table = Table(title="nodes", title_justify="left", show_lines=False)
-    for col in ("#", "node", "op", "provider", "kernel", "outputs", "offset", "bytes", "life", "reason"):
+    table = Table(title="nodes (kernel = provider.op.algorithm)", title_justify="left", show_lines=False)
+    for col in ("#", "node", "kernel", "outputs", "offset", "bytes", "life", "reason"):
         table.add_column(col, overflow="fold")
     for i, n in enumerate(report["nodes"]):
         outs = n["outputs"] or [{"name": "", "shape": None, "dtype": None}]
         for j, o in enumerate(outs):
             v = values.get(o["name"], {})
-            shape = "?" if o["shape"] is None else "[" + ", ".join(map(str, o["shape"])) + "]"
+            shape = "?" if o["shape"] is None else "[" + ",".join(map(str, o["shape"])) + "]"
             life = f"{v['first_step']}..{v['last_step']}" if v else ""
             offset = "" if not v else (str(v["offset"]) if v["offset"] is not None else v["kind"])
             reason = n["reason"] or ""
             reason = reason if len(reason) <= max_reason else reason[: max_reason - 1] + "…"
             style = "yellow" if n["fallback"] else None
             first = j == 0
-            table.add_row(str(i) if first else "", n["name"] if first else "", n["op"] if first else "",
-                          (n["provider"] or "") if first else "", (n["kernel"] or "") if first else "",
+            kernel = n["kernel"] or f"{n['provider']}.{n['op']}"
+            table.add_row(str(i) if first else "", n["name"] if first else "", kernel if first else "",
                           f"{(o['dtype'] or '')}{shape}", offset, fmt_bytes(v.get("bytes")) if v else "", life,
                           reason if first else "", style=style)
     console.print(table)
