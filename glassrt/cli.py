@@ -278,6 +278,63 @@ def check(op_filter, modules, json_file, custom_only):
         sys.exit(1)
 
 
+@main.command()
+@click.argument("model", required=False)
+@click.option("--a", "prov_a", default="cpu", show_default=True, help="First provider list.")
+@click.option("--b", "prov_b", default="reference,cpu", show_default=True,
+              help="Second provider list (reference first; cpu where the reference is known wrong).")
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
+@click.option("--rtol", default=1e-4, show_default=True)
+@click.option("--atol", default=1e-5, show_default=True)
+def compare(model, prov_a, prov_b, inputs, dims, rtol, atol):
+    """Run MODEL on two provider lists and name the first node where they disagree."""
+    from . import InferenceSession
+    from .tools.compare import first_disagreement
+
+    source, default_name = _model_arg(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sess = InferenceSession(source, providers=prov_a.split(","), fallback="warn")
+        feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
+        found, n = first_disagreement(source, feeds, prov_a.split(","), prov_b.split(","), rtol, atol)
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(1)
+    if found is None:
+        console.print(f"[green]agree[/]: {n} values compared (rtol={rtol}, atol={atol})")
+        return
+    console.print(f"[bold red]first disagreement[/] (after {n} values compared): {found}", highlight=False)
+    sys.exit(1)
+
+
+@main.command()
+@click.argument("model", required=False)
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
+@click.option("--providers", default="cpu,reference", show_default=True)
+def nan(model, inputs, dims, providers):
+    """Run MODEL and name the first node that produced a NaN or an Inf."""
+    from . import InferenceSession
+    from .tools.compare import first_anomaly
+
+    source, default_name = _model_arg(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sess = InferenceSession(source, providers=providers.split(","), fallback="warn")
+        found = first_anomaly(sess, _load_inputs(sess, inputs, _parse_dims(dims), default_name))
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(1)
+    if found is None:
+        console.print("[green]no NaN or Inf[/] in any intermediate value")
+        return
+    console.print(f"[bold red]first non-finite value:[/] {found}", highlight=False)
+    sys.exit(1)
+
+
 def _load_inputs(sess, inputs, dims, default_name):
     given = {}
     for name, file in _parse_pairs(inputs, "--input").items():

@@ -1,0 +1,119 @@
+"""Where two providers first disagree, and which node first produced a NaN or an Inf.
+
+Both questions need every intermediate value, so the model runs once through a plan
+that keeps them all (no arena reuse); values are then walked in execution order.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..runtime.plan import compile_plan, run_plan
+from ..runtime.runner import type_of_value
+
+
+def all_values(sess, feeds: dict) -> tuple[dict, list]:
+    """({value name: value} after one run, the executed steps in order)."""
+    checked = sess._check_feeds(feeds)
+    types = {n: type_of_value(v) for n, v in checked.items()}
+    plan = compile_plan(sess.placement, types, replace(sess.options, check_outputs=True), sess.runner.make_runner,
+                        retain=True)
+    _, env = run_plan(plan, checked, keep_env=True)
+    return env, plan.steps
+
+
+@dataclass
+class Disagreement:
+    node: str
+    op: str
+    value: str
+    kernel_a: str
+    kernel_b: str
+    max_abs: float
+    max_rel: float
+    where: tuple
+    a: float
+    b: float
+
+    def __str__(self):
+        return (f"{self.op} node '{self.node}' output '{self.value}': {self.kernel_a} and {self.kernel_b} differ by up "
+                f"to {self.max_abs:.3g} (relative {self.max_rel:.3g}) at {self.where}: {self.a!r} vs {self.b!r}")
+
+
+def first_disagreement(model, feeds: dict, providers_a, providers_b, rtol=1e-4, atol=1e-5):
+    """(the first value, in execution order, on which the two provider lists disagree, or
+    None; the number of values compared)."""
+    from .. import InferenceSession
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sa = InferenceSession(model, providers=providers_a, fallback="warn")
+        sb = InferenceSession(model, providers=providers_b, fallback="warn")
+    va, steps = all_values(sa, feeds)
+    vb, steps_b = all_values(sb, feeds)
+    kernel_b = {o: st.kernel.name for st in steps_b for o in st.node.outputs if o}
+    compared = 0
+    for st in steps:
+        for o in st.node.outputs:
+            if not o or o not in vb or not isinstance(va.get(o), np.ndarray) or not isinstance(vb[o], np.ndarray):
+                continue
+            a, b = va[o], vb[o]
+            compared += 1
+            if a.shape != b.shape or a.dtype != b.dtype:
+                return Disagreement(st.node.name, st.node.op_type, o, st.kernel.name, kernel_b.get(o, "?"),
+                                    float("inf"), float("inf"), (), f"{a.dtype}{list(a.shape)}",
+                                    f"{b.dtype}{list(b.shape)}"), compared
+            if a.dtype.kind not in "fc" or a.size == 0:
+                if not np.array_equal(a, b):
+                    i = tuple(int(v) for v in np.argwhere(a != b)[0]) if a.shape else ()
+                    return Disagreement(st.node.name, st.node.op_type, o, st.kernel.name, kernel_b.get(o, "?"),
+                                        1.0, 1.0, i, a[i].item() if a.shape else a.item(),
+                                        b[i].item() if b.shape else b.item()), compared
+                continue
+            x, y = a.astype(np.float64), b.astype(np.float64)
+            diff = np.abs(x - y)
+            same = (x == y) | (np.isnan(x) & np.isnan(y))  # equal infinities and NaN meet NaN agree
+            with np.errstate(invalid="ignore"):
+                bad = ~same & ~(diff <= atol + rtol * np.abs(y))
+            if bad.any():
+                i = tuple(int(v) for v in np.argwhere(bad)[0])
+                rel = float(np.nanmax(np.where(bad, diff / np.maximum(np.abs(y), 1e-30), 0)))
+                return Disagreement(st.node.name, st.node.op_type, o, st.kernel.name, kernel_b.get(o, "?"),
+                                    float(np.nanmax(np.where(bad, diff, 0))), rel, i, float(x[i]), float(y[i])), compared
+    return None, compared
+
+
+@dataclass
+class Anomaly:
+    node: str
+    op: str
+    value: str
+    kind: str  # "NaN" or "Inf"
+    count: int
+    size: int
+    inputs_finite: bool  # False: it came in through an input (propagated), True: produced here
+
+    def __str__(self):
+        how = "produced here (every input was finite)" if self.inputs_finite else "carried in by a non-finite input"
+        return f"{self.op} node '{self.node}' output '{self.value}': {self.count} of {self.size} values are {self.kind}, {how}"
+
+
+def first_anomaly(sess, feeds: dict) -> Anomaly | None:
+    """The first node, in execution order, whose output holds a NaN or an Inf."""
+    env, steps = all_values(sess, feeds)
+
+    def finite(v):
+        return not isinstance(v, np.ndarray) or v.dtype.kind not in "fc" or bool(np.isfinite(v).all())
+
+    for st in steps:
+        for o in st.node.outputs:
+            v = env.get(o) if o else None
+            if isinstance(v, np.ndarray) and v.dtype.kind in "fc" and not finite(v):
+                nan = int(np.isnan(v).sum())
+                kind = "NaN" if nan else "Inf"
+                count = nan or int(np.isinf(v).sum())
+                ins_ok = all(finite(env.get(i)) for i in st.node.inputs if i)
+                return Anomaly(st.node.name, st.node.op_type, o, kind, count, int(v.size), ins_ok)
+    return None
