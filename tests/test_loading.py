@@ -92,3 +92,15 @@ def test_model_local_functions_are_inlined():
     m.functions.append(fn)
     y = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": np.array([1, 2], np.float32)})[0]
     np.testing.assert_array_equal(y, [3, 6])
+
+
+def test_onnxruntime_argument_order_and_provider_names():
+    opts = glassrt.SessionOptions(plan_cache_size=2)
+    sess = glassrt.InferenceSession(add_model(), opts)  # onnxruntime passes sess_options second
+    assert sess.options is opts
+    sess = glassrt.InferenceSession(add_model(), providers=["CPUExecutionProvider"])
+    assert sess.get_providers() == ["cpu"]
+    with pytest.raises(glassrt.GlassrtError, match="unknown provider 'CUDAExecutionProvider'"):
+        glassrt.InferenceSession(add_model(), providers=["CUDAExecutionProvider"])
+    with pytest.raises(glassrt.GlassrtError, match="list of provider names"):
+        glassrt.InferenceSession(add_model(), "cpu")

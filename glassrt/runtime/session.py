@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import dtypes, onnx_io, symbolic
-from ..errors import (FallbackError, InputShapeError, InputTypeError, MissingInputError,
+from ..errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, MissingInputError,
                       UnknownInputError)
 from ..ir import OptionalType, SequenceType, TensorType
 from ..passes import run_passes
@@ -76,6 +76,11 @@ class InferenceSession:
 
     def __init__(self, model, providers=None, *, fallback: str = "warn", sess_options: SessionOptions | None = None,
                  base_dir: str | None = None):
+        if isinstance(providers, SessionOptions):  # onnxruntime's order: (model, sess_options, providers)
+            providers, sess_options = None, providers
+        if providers is not None and not isinstance(providers, (list, tuple)):
+            raise GlassrtError(f"providers must be a list of provider names, got {type(providers).__name__} "
+                               "(glassrt takes glassrt.SessionOptions, not onnxruntime's)")
         if fallback not in ("warn", "error", "silent"):
             raise ValueError(f"fallback must be 'warn' or 'error', got {fallback!r}")
         self.options = sess_options or SessionOptions()
