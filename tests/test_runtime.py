@@ -253,3 +253,21 @@ def test_plan_cache_byte_budget():
     for b in (1, 2, 3):
         sess.run(None, {"x": np.ones((b, 4, 64), np.float32)})
     assert sess.memory_stats()["plans_cached"] == 1 and sess.memory_stats()["plans_evicted"] == 2
+
+
+def test_folding_a_conv_on_constants():
+    rng = np.random.default_rng(0)
+    x = onnx.numpy_helper.from_array(rng.standard_normal((1, 2, 5, 5)).astype(np.float32), "cx")
+    w = onnx.numpy_helper.from_array(rng.standard_normal((2, 1, 3)).astype(np.float32), "cw")
+    m = model([helper.make_node("Reshape", ["cx", "s"], ["x3"]),
+               helper.make_node("Conv", ["x3", "cw"], ["c"], group=2, name="conv1d"),
+               helper.make_node("Add", ["c", "y0"], ["y"])],
+              [tensor("y0", [1, 2, 23])], [tensor("y", None)],
+              [x, w, onnx.numpy_helper.from_array(np.array([1, 2, 25], np.int64), "s")])
+    sess = glassrt.InferenceSession(m, providers=["cpu"])
+    assert "conv1d" in sess.folded
+    y = sess.run(None, {"y0": np.zeros((1, 2, 23), np.float32)})[0]
+    xs = onnx.numpy_helper.to_array(x).reshape(2, 25)
+    ws = onnx.numpy_helper.to_array(w).reshape(2, 3)
+    expected = np.stack([np.correlate(xs[c], ws[c], "valid") for c in range(2)])[None]
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)

@@ -367,8 +367,11 @@ def _run_once(kern, ctx, make_runner, placement):
     ctx.workspace = None
     fn = _bind(kern, ctx, make_runner, placement)
     args = [c if n else None for c, n in zip(ctx.const_inputs, ctx.node.inputs)]
+    # Kernels that write into their outputs get real buffers here too, where shapes are known.
+    bufs = [np.empty(t.shape, t.dtype) if o and isinstance(t, TensorType) and t.is_static and t.dtype != object
+            else None for o, t in zip(ctx.node.outputs, ctx.output_types)]
     try:
-        r = fn(*args, out=(None,) * len(ctx.node.outputs) if kern.multi else None) if kern.out else fn(*args)
+        r = fn(*args, out=tuple(bufs) if kern.multi else bufs[0]) if kern.out else fn(*args)
     except GlassrtError:
         raise
     except Exception as e:

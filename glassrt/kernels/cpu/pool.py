@@ -148,7 +148,6 @@ def global_lp_pool(x, *, p=2):
     return (np.sum(np.abs(x) ** p, axis=tuple(range(2, x.ndim)), keepdims=True) ** (1.0 / p)).astype(x.dtype)
 
 
-
 # ------------------------------------------------------------------ compiled 2-D kernels
 #
 # Numba kernels for 2-D (NCHW) MaxPool and AveragePool here, and depthwise Conv (conv.py).
@@ -211,132 +210,161 @@ def not_2d(ctx):
     return None
 
 
-_NB = {}
+# The compiled functions are plain module-level functions, compiled by _jit() on first use
+# (importing Numba costs a quarter second; not every model pools). Module level, not
+# closures: Numba's disk cache misses every time for a closure over other compiled functions.
+_JIT: dict = {}  # name: (python function, extra numba.njit options)
+_NB: dict = {}  # name: compiled function
+
+
+def _numba(**opts):
+    def mark(fn):
+        _JIT[fn.__name__] = (fn, opts)
+        return fn
+
+    return mark
 
 
 def _jit():
-    """The compiled plane kernels (Numba: built on first use, machine code cached on disk)."""
-    if _NB:
-        return _NB
-    import numba
+    """The compiled functions by name (Numba: compiled on first use, machine code cached on disk).
+    Single-threaded on purpose: parallel=True (prange over planes) halved the times on an idle
+    2-core machine but made them 10-100x slower while another process held a core, since each
+    call then waits for a descheduled worker thread."""
+    if not _NB:
+        import numba
 
-    # Single-threaded on purpose: parallel=True (prange over planes) halved the times on an
-    # idle 2-core machine but made them 10-100x slower whenever another process held a
-    # core, as every call then waits for a descheduled worker thread.
-    njit = numba.njit(cache=True, nogil=True, fastmath=False)
-
-    @njit
-    def load_plane(x, runs, row_step, sw, wq, buf):
-        """Copy plane x (H, W) into the phase-split buffer (pad cells keep their fill)."""
-        xf = x.ravel()
-        for r in range(runs.shape[0]):
-            for a in range(runs[r, 3]):
-                dst, src = buf[runs[r, 0] + a * wq:], xf[runs[r, 1] + a * row_step:]
-                if sw == 1:
-                    for t in range(runs[r, 2]):
-                        dst[t] = src[t]
-                else:
-                    for t in range(runs[r, 2]):
-                        dst[t] = src[t * sw]
-
-    @njit
-    def store(acc, wq, y):
-        """y (OH, OW) = the first OW columns of each wq-wide row of acc."""
-        for oh in range(y.shape[0]):
-            a, yr = acc[oh * wq:], y[oh]
-            for ow in range(y.shape[1]):
-                yr[ow] = a[ow]
-
-    @njit
-    def weighted_sum(buf, taps, w, acc, n):
-        """acc += sum over taps t of w[t] * (the run of buf that tap reads), three taps a pass."""
-        t = 0
-        while t + 3 <= taps.shape[0]:
-            a, b, c = buf[taps[t]:], buf[taps[t + 1]:], buf[taps[t + 2]:]
-            wa, wb, wc = w[t], w[t + 1], w[t + 2]
-            for q in range(n):
-                acc[q] += wa * a[q] + wb * b[q] + wc * c[q]
-            t += 3
-        for t in range(t, taps.shape[0]):
-            a, wa = buf[taps[t]:], w[t]
-            for q in range(n):
-                acc[q] += wa * a[q]
-
-    @njit
-    def max_planes(x, y, runs, row_step, sw, taps, wq, n, size, low):
-        buf, acc = np.full(size, low, x.dtype), np.empty(n, x.dtype)
-        last = taps.shape[0] - 1
-        for p in range(x.shape[0]):
-            load_plane(x[p], runs, row_step, sw, wq, buf)
-            acc[:] = low
-            for t in range(0, last + 1, 3):  # three taps a pass (repeating the last: max is idempotent)
-                a, b, c = buf[taps[t]:], buf[taps[min(t + 1, last)]:], buf[taps[min(t + 2, last)]:]
-                for q in range(n):
-                    m = acc[q]
-                    m = a[q] if a[q] > m else m
-                    m = b[q] if b[q] > m else m
-                    acc[q] = c[q] if c[q] > m else m
-            store(acc, wq, y[p])
-
-    @njit
-    def avg_planes(x, y, runs, row_step, sw, taps, wq, n, size, inv):
-        buf, acc, ones = np.zeros(size, x.dtype), np.empty(n, x.dtype), np.ones(taps.shape[0], x.dtype)
-        for p in range(x.shape[0]):
-            load_plane(x[p], runs, row_step, sw, wq, buf)
-            acc[:] = 0
-            weighted_sum(buf, taps, ones, acc, n)
-            yp = y[p]
-            for oh in range(yp.shape[0]):
-                a, yr, s = acc[oh * wq:], yp[oh], inv[oh]
-                for ow in range(yp.shape[1]):
-                    yr[ow] = a[ow] * s[ow]
-
-    @njit
-    def depthwise_planes(x, y, runs, row_step, sw, taps, wq, n, size, w, b):
-        """Plane p is channel p % C: w (C, taps), b (C,)."""
-        buf, acc = np.zeros(size, x.dtype), np.empty(n, x.dtype)
-        for p in range(x.shape[0]):
-            c = p % w.shape[0]
-            load_plane(x[p], runs, row_step, sw, wq, buf)
-            acc[:] = b[c]
-            weighted_sum(buf, taps, w[c], acc, n)
-            store(acc, wq, y[p])
-
-    @njit
-    def max_indices(x, y, idx, low, kh, kw, sh, sw, dh, dw, pt, pl, col_major):
-        """Direct MaxPool with the flat index of each maximum (first in row-major window order)."""
-        planes, h, w = x.shape
-        for p in range(planes):
-            for oh in range(y.shape[1]):
-                for ow in range(y.shape[2]):
-                    best, m = -1, low
-                    for i in range(kh):
-                        r = oh * sh - pt + i * dh
-                        if 0 <= r < h:
-                            for j in range(kw):
-                                s = ow * sw - pl + j * dw
-                                if 0 <= s < w and (best < 0 or x[p, r, s] > m):
-                                    best, m = (s * h + r if col_major else r * w + s), x[p, r, s]
-                    y[p, oh, ow] = m
-                    idx[p, oh, ow] = p * h * w + best
-
-    _NB.update(max_planes=max_planes, avg_planes=avg_planes, depthwise_planes=depthwise_planes,
-               max_indices=max_indices)
+        compiled = {name: numba.njit(cache=True, nogil=True, fastmath=False, **opts)(fn)
+                    for name, (fn, opts) in _JIT.items()}
+        globals().update(compiled)  # each compiles on its first call, finding the others as globals
+        _NB.update(compiled)
     return _NB
+
+
+# Helpers are inlined: a call that takes array views costs about 50 ns, too much per plane.
+# Arrays travel flat with offsets, and loops index slices from 0 (no negative-index checks).
+
+@_numba(inline="always")
+def _load_plane(xf, base, runs, row_step, sw, wq, buf):
+    """Copy the plane at xf[base:] into the phase-split buffer (pad cells keep their fill)."""
+    for r in range(runs.shape[0]):
+        d, s, cols = runs[r, 0], base + runs[r, 1], runs[r, 2]
+        for _ in range(runs[r, 3]):
+            dst, src = buf[d:], xf[s:]
+            if sw == 1:
+                for t in range(cols):
+                    dst[t] = src[t]
+            else:
+                for t in range(cols):
+                    dst[t] = src[t * sw]
+            d += wq
+            s += row_step
+
+
+@_numba(inline="always")
+def _store(acc, wq, yf, base, oh, ow):
+    """yf[base:] as (oh, ow) = the first ow columns of each wq-wide row of acc."""
+    for i in range(oh):
+        a, yr = acc[i * wq:], yf[base + i * ow:]
+        for j in range(ow):
+            yr[j] = a[j]
+
+
+@_numba(inline="always")
+def _weighted_sum(buf, taps, w, acc, n):
+    """acc += sum over taps t of w[t] * (the run of buf that tap reads), three taps a pass."""
+    t = 0
+    while t + 3 <= taps.shape[0]:
+        a, b, c = buf[taps[t]:], buf[taps[t + 1]:], buf[taps[t + 2]:]
+        wa, wb, wc = w[t], w[t + 1], w[t + 2]
+        for q in range(n):
+            acc[q] += wa * a[q] + wb * b[q] + wc * c[q]
+        t += 3
+    for t in range(t, taps.shape[0]):
+        a, wa = buf[taps[t]:], w[t]
+        for q in range(n):
+            acc[q] += wa * a[q]
+
+
+@_numba()
+def _max_planes(x, y, runs, row_step, sw, taps, wq, n, size, low):
+    (planes, h, w), (_, oh, ow) = x.shape, y.shape
+    xf, yf = x.ravel(), y.ravel()
+    buf, acc = np.full(size, low, x.dtype), np.empty(n, x.dtype)
+    last = taps.shape[0] - 1
+    for p in range(planes):
+        _load_plane(xf, p * h * w, runs, row_step, sw, wq, buf)
+        acc[:] = low
+        for t in range(0, last + 1, 3):  # three taps a pass (repeating the last: max is idempotent)
+            a, b, c = buf[taps[t]:], buf[taps[min(t + 1, last)]:], buf[taps[min(t + 2, last)]:]
+            for q in range(n):
+                m = acc[q]
+                m = a[q] if a[q] > m else m
+                m = b[q] if b[q] > m else m
+                acc[q] = c[q] if c[q] > m else m
+        _store(acc, wq, yf, p * oh * ow, oh, ow)
+
+
+@_numba()
+def _avg_planes(x, y, runs, row_step, sw, taps, wq, n, size, inv):
+    (planes, h, w), (_, oh, ow) = x.shape, y.shape
+    xf, yf = x.ravel(), y.ravel()
+    buf, acc, ones = np.zeros(size, x.dtype), np.empty(n, x.dtype), np.ones(taps.shape[0], x.dtype)
+    for p in range(planes):
+        _load_plane(xf, p * h * w, runs, row_step, sw, wq, buf)
+        acc[:] = 0
+        _weighted_sum(buf, taps, ones, acc, n)
+        for i in range(oh):
+            a, s, yr = acc[i * wq:], inv[i], yf[(p * oh + i) * ow:]
+            for j in range(ow):
+                yr[j] = a[j] * s[j]
+
+
+@_numba()
+def _depthwise_planes(x, y, runs, row_step, sw, taps, wq, n, size, w, b):
+    """Plane p is channel p % C: w (C, taps), b (C,)."""
+    (planes, h, ww), (_, oh, ow) = x.shape, y.shape
+    xf, yf = x.ravel(), y.ravel()
+    buf, acc = np.zeros(size, x.dtype), np.empty(n, x.dtype)
+    for p in range(planes):
+        c = p % w.shape[0]
+        _load_plane(xf, p * h * ww, runs, row_step, sw, wq, buf)
+        acc[:] = b[c]
+        _weighted_sum(buf, taps, w[c], acc, n)
+        _store(acc, wq, yf, p * oh * ow, oh, ow)
+
+
+@_numba()
+def _max_indices(x, y, idx, low, kh, kw, sh, sw, dh, dw, pt, pl, col_major):
+    """Direct MaxPool with the flat index of each maximum (first in row-major window order)."""
+    planes, h, w = x.shape
+    for p in range(planes):
+        for oh in range(y.shape[1]):
+            for ow in range(y.shape[2]):
+                best, m = -1, low
+                for i in range(kh):
+                    r = oh * sh - pt + i * dh
+                    if 0 <= r < h:
+                        for j in range(kw):
+                            s = ow * sw - pl + j * dw
+                            if 0 <= s < w and (best < 0 or x[p, r, s] > m):
+                                best, m = (s * h + r if col_major else r * w + s), x[p, r, s]
+                y[p, oh, ow] = m
+                idx[p, oh, ow] = p * h * w + best
 
 
 def _compute_dtype(dt):
     return np.dtype(np.float32) if dt == np.float16 else np.dtype(dt)
 
 
-@kernel("MaxPool", dtypes=list(FLOATS) + INT8, out=True, bind=True, multi=True, accepts=not_2d, priority=10,
+# int8/uint8 stay with the NumPy kernel: compiled, they measured no faster than np.maximum.
+@kernel("MaxPool", dtypes=FLOATS, out=True, bind=True, multi=True, accepts=not_2d, priority=10,
         name="max_pool_2d_nb")
 def max_pool_2d(ctx):
-    """2-D MaxPool compiled with Numba: a pass per kernel tap over a phase-split copy of
-    each plane; with Indices, a direct loop over each window."""
+    """2-D MaxPool compiled with Numba: a pass per three kernel taps over a phase-split
+    copy of each plane; with Indices, a direct loop over each window."""
     x_shape, k, begin, end, extra, out_sp, strides, dil = _geometry(ctx)
     dt = _compute_dtype(ctx.dtype(0))
-    low = dt.type(-np.inf) if dt.kind == "f" else dt.type(np.iinfo(dt).min)
+    low = dt.type(-np.inf)
     lay = PlaneLayout(x_shape, k, begin, out_sp, strides, dil)
     want_indices = len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
     geo = (*k, *strides, *dil, *begin, int(ctx.attrs.get("storage_order", 0)) == 1)
@@ -346,9 +374,9 @@ def max_pool_2d(ctx):
         shape = tuple(x.shape[:2]) + tuple(out_sp)
         y = out[0] if out[0] is not None else np.empty(shape, x.dtype)
         if not want_indices:
-            return run_planes(nb["max_planes"], x, y, dt, *lay.args(), low), None
+            return run_planes(nb["_max_planes"], x, y, dt, *lay.args(), low), None
         idx = out[1] if out[1] is not None else np.empty(shape, np.int64)
-        return run_planes(lambda xp, yp: nb["max_indices"](xp, yp, idx.reshape(yp.shape), low, *geo), x, y, dt), idx
+        return run_planes(lambda xp, yp: nb["_max_indices"](xp, yp, idx.reshape(yp.shape), low, *geo), x, y, dt), idx
 
     return step
 
@@ -374,6 +402,6 @@ def average_pool_2d(ctx):
 
     def step(x, *, out):
         y = out if out is not None else np.empty(tuple(x.shape[:2]) + tuple(out_sp), x.dtype)
-        return run_planes(nb["avg_planes"], x, y, dt, *lay.args(), inv)
+        return run_planes(nb["_avg_planes"], x, y, dt, *lay.args(), inv)
 
     return step
