@@ -271,3 +271,10 @@ def test_folding_a_conv_on_constants():
     ws = onnx.numpy_helper.to_array(w).reshape(2, 3)
     expected = np.stack([np.correlate(xs[c], ws[c], "valid") for c in range(2)])[None]
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_flops_count_fused_convs():
+    # resnet50 is about 4 G multiply-adds: 8 GFLOP, fused or not.
+    for fusion in (True, False):
+        sess = glassrt.InferenceSession(lm.path("resnet50"), sess_options=glassrt.SessionOptions(fusion=fusion))
+        assert 7.5e9 < sess.explain()["summary"]["flops"] < 8.5e9

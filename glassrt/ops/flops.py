@@ -18,7 +18,7 @@ def node_flops(node, attrs, in_types, out_types):
     outs = [_shape(t) for t in out_types]
     op = node.op_type
     try:
-        if op in ("Conv", "ConvInteger", "QLinearConv", "DeformConv"):
+        if op in ("Conv", "FusedConv", "ConvInteger", "QLinearConv", "DeformConv"):
             x_i, w_i = (0, 3) if op == "QLinearConv" else (0, 1)
             w, y = ins[w_i], outs[0]
             if w is None or y is None:
