@@ -604,13 +604,14 @@ def _internal_samples():
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     b = rng.standard_normal(4).astype(np.float32)
     samples = []
-    for act, params in (("Relu", []), ("LeakyRelu", [0.1]), ("Clip", [0.0, 6.0]), ("Sigmoid", [])):
+    for act, params in (("Relu", []), ("LeakyRelu", [0.1]), ("LeakyRelu", [2.5]), ("Clip", [0.0, 6.0]),
+                        ("Sigmoid", [])):
         attrs = {"activation": act, "pads": [1, 1, 1, 1], "strides": [2, 1]}
         if params:
             attrs["activation_params"] = params
         m = single_node_model("FusedConv", [x, w, b], attrs, domain="glassrt", opset=21)
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
-        samples.append((SimpleNamespace(name=f"fused_conv_{act.lower()}", model=m), [x, w, b]))
+        samples.append((SimpleNamespace(name=f"fused_conv_{act.lower()}{params}", model=m), [x, w, b]))
     return {("glassrt", "FusedConv"): samples}
 
 
