@@ -4,6 +4,8 @@ kernels against it).
 
   glassrt::FusedConv(X, W, B?) — Conv followed by `activation` (Relu, LeakyRelu, Clip,
   Sigmoid) with `activation_params`; written by passes/fusion.py.
+  glassrt::FusedBatchNormalization(X, scale, B, mean, var) — inference BatchNormalization
+  followed by `activation`, likewise (pre-activation nets: DenseNet, ResNet v2).
 """
 from __future__ import annotations
 
@@ -26,14 +28,31 @@ FUSED_CONV = CustomSchema(DOMAIN, "FusedConv", [("X", False), ("W", False), ("B"
                                  "float[] activation_params, <Conv attributes>) -> Tensor")
 
 
-def _fused_conv_decomposition(node, input_types, visible):
+_BN_ATTRS = {"epsilon": ("float", 1e-5), "momentum": ("float", 0.9)}
+FUSED_BATCH_NORM = CustomSchema(DOMAIN, "FusedBatchNormalization",
+                                [("X", False), ("scale", False), ("B", False), ("mean", False), ("var", False)],
+                                {**_BN_ATTRS, "activation": ("str", "Relu"), "activation_params": ("float[]", [])},
+                                ["Y"], "glassrt::FusedBatchNormalization(Tensor X, Tensor scale, Tensor B, Tensor mean, "
+                                       "Tensor var, float epsilon, str activation, float[] activation_params) -> Tensor")
+
+
+def _fused_decomposition(op_type, own_attrs, opset):
+    """Decomposition of a fused node: `op_type` with its own attributes, then the activation."""
+
+    def decompose(node, input_types, visible):
+        return _with_activation(node, op_type, {k: v for k, v in node.attrs.items() if k in own_attrs},
+                                input_types, visible, opset)
+
+    return decompose
+
+
+def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
     from ..onnx_io import nodes_from_protos
 
-    conv_attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
     act = node.attrs.get("activation", "Relu")
     params = list(node.attrs.get("activation_params") or [])
-    mid = f"{node.name}/conv_out"
-    protos = [helper.make_node("Conv", list(node.inputs), [mid], name=f"{node.name}/conv", **conv_attrs)]
+    mid = f"{node.name}/{op_type.lower()}_out"
+    protos = [helper.make_node(op_type, list(node.inputs), [mid], name=f"{node.name}/{op_type.lower()}", **op_attrs)]
     if act == "Clip":
         lo, hi = (f"{node.name}/clip_min", f"{node.name}/clip_max")
         dt = input_types[0].dtype if input_types and input_types[0] is not None else np.float32
@@ -44,9 +63,16 @@ def _fused_conv_decomposition(node, input_types, visible):
     else:
         extra = {"alpha": params[0]} if act == "LeakyRelu" and params else {}
         protos.append(helper.make_node(act, [mid], list(node.outputs), name=f"{node.name}/act", **extra))
-    return nodes_from_protos(protos, {"": 13}, visible, f"expanded from FusedConv '{node.name}'")
+    return nodes_from_protos(protos, {"": opset}, visible, f"expanded from {node.op_type} '{node.name}'")
+
+
+def _same_as_x(ctx):
+    return [ctx.tensor(ctx.dtype(0), ctx.shape(0))]
 
 
 register_custom(OpContract(DOMAIN, "FusedConv", 1, FUSED_CONV, meta=conv_meta, category=COMPOSITE,
-                           decomposition=_fused_conv_decomposition,
+                           decomposition=_fused_decomposition("Conv", _CONV_ATTRS, 13),
                            notes=["Conv + activation, fused by passes/fusion.py"]))
+register_custom(OpContract(DOMAIN, "FusedBatchNormalization", 1, FUSED_BATCH_NORM, meta=_same_as_x, category=COMPOSITE,
+                           decomposition=_fused_decomposition("BatchNormalization", ("epsilon",), 15),
+                           notes=["inference BatchNormalization + activation, fused by passes/fusion.py"]))

@@ -5,7 +5,8 @@
   * Conv / BatchNormalization → Mul or Add by a per-channel constant (the "scale" layers
     old exporters write after a BatchNormalization): folded into the weights and bias;
   * Conv → Relu / LeakyRelu / Clip (constant bounds) / Sigmoid: one glassrt::FusedConv
-    node that applies the activation in place on the conv's output.
+    node that applies the activation in place on the conv's output; the same after an
+    inference BatchNormalization that could not be folded (glassrt::FusedBatchNormalization).
 
 Each rewrite keeps the output names, only fires when the intermediate value has no other
 reader and is not a graph output, and is logged; the fused node's `origin` names the
@@ -161,8 +162,13 @@ def _fuse_activation(graph, nodes, consts, log):
         if n.op_type not in ACTIVATIONS or n.domain or len(n.outputs) != 1:
             continue
         conv = producer.get(n.inputs[0])
-        if conv is None or conv.op_type != "Conv" or conv.domain or conv.name in fused \
-                or _single_reader(graph, nodes, n.inputs[0]) is not n:
+        if conv is None or conv.domain or conv.name in fused or _single_reader(graph, nodes, n.inputs[0]) is not n:
+            continue
+        if conv.op_type == "BatchNormalization":
+            if int(conv.attrs.get("training_mode", 0)) or not int(conv.attrs.get("spatial", 1)) \
+                    or len([o for o in conv.outputs if o]) != 1:
+                continue
+        elif conv.op_type != "Conv":
             continue
         params = []
         if n.op_type == "LeakyRelu":
@@ -176,12 +182,14 @@ def _fuse_activation(graph, nodes, consts, log):
                     continue  # bounds known only at run time
                 params = [float(bounds[0]) if bounds[0] is not None else -np.inf,
                           float(bounds[1]) if bounds[1] is not None else np.inf]
-        fused[conv.name] = Node("FusedConv", "glassrt", list(conv.inputs), list(n.outputs),
-                                {**conv.attrs, "activation": n.op_type, "activation_params": params},
+        kind = "FusedConv" if conv.op_type == "Conv" else "FusedBatchNormalization"
+        attrs = dict(conv.attrs) if kind == "FusedConv" else {"epsilon": conv.attrs.get("epsilon", 1e-5)}
+        fused[conv.name] = Node(kind, "glassrt", list(conv.inputs[:5]), list(n.outputs[:1]),
+                                {**attrs, "activation": n.op_type, "activation_params": params},
                                 conv.name, 1, list(conv.implicit_inputs),
                                 origin=_origin(conv, f"{n.op_type} '{n.name}' fused in"))
         dropped.add(n.name)
-        log.append(f"fuse {n.op_type} '{n.name}' into Conv '{conv.name}'")
+        log.append(f"fuse {n.op_type} '{n.name}' into {conv.op_type} '{conv.name}'")
     return [fused.get(n.name, n) for n in nodes if n.name not in dropped]
 
 

@@ -612,7 +612,17 @@ def _internal_samples():
         m = single_node_model("FusedConv", [x, w, b], attrs, domain="glassrt", opset=21)
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
         samples.append((SimpleNamespace(name=f"fused_conv_{act.lower()}{params}", model=m), [x, w, b]))
-    return {("glassrt", "FusedConv"): samples}
+    bn_samples = []
+    stats = [rng.uniform(0.5, 1.5, 3).astype(np.float32), rng.standard_normal(3).astype(np.float32),
+             rng.standard_normal(3).astype(np.float32), rng.uniform(0.5, 1.5, 3).astype(np.float32)]
+    for act, params in (("Relu", []), ("Clip", [-0.5, 0.5]), ("LeakyRelu", [0.2]), ("Sigmoid", [])):
+        attrs = {"activation": act, "epsilon": 1e-3}
+        if params:
+            attrs["activation_params"] = params
+        m = single_node_model("FusedBatchNormalization", [x] + stats, attrs, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
+        bn_samples.append((SimpleNamespace(name=f"fused_batch_norm_{act.lower()}", model=m), [x] + stats))
+    return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples}
 
 
 def _differentiable_without_backward(op_filter):

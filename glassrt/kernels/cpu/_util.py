@@ -91,3 +91,26 @@ def window_views(xp, kernel, strides, dilations, out_shape):
             slice(offs[i] * dilations[i], offs[i] * dilations[i] + (out_shape[i] - 1) * strides[i] + 1, strides[i])
             for i in range(n))
         yield offs, xp[idx]
+
+
+# Activations a fused node (glassrt::FusedConv, glassrt::FusedBatchNormalization) applies
+# in place on its output; passes/fusion.py makes those nodes.
+ACTIVATIONS = {
+    "Relu": lambda y, p: np.maximum(y, 0, out=y),
+    "LeakyRelu": lambda y, p: np.multiply(y, y.dtype.type(p[0] if p else 0.01), out=y, where=y < 0),
+    "Clip": lambda y, p: np.clip(y, p[0], p[1], out=y),
+    "Sigmoid": lambda y, p: np.reciprocal(np.add(np.exp(np.negative(y, out=y), out=y), 1, out=y), out=y),
+}
+
+
+def clamp_bounds(attrs):
+    """(lo, hi) when the fused activation is a clamp (Relu, Clip), else None."""
+    act = attrs.get("activation")
+    if act == "Relu":
+        return 0.0, np.inf
+    if act == "Clip":
+        p = [float(v) for v in attrs.get("activation_params") or []]
+        return p[0], p[1]
+    if not act:
+        return -np.inf, np.inf
+    return None

@@ -8,7 +8,7 @@ from dataclasses import replace
 from .. import registry
 from ..registry import kernel
 from . import pool
-from ._util import FLOATS, pad_spatial, spatial_pads, window_views, windows
+from ._util import ACTIVATIONS, FLOATS, pad_spatial, spatial_pads, window_views, windows
 
 
 def _geometry(ctx):
@@ -50,15 +50,6 @@ def _in_float32(step):
         return out
 
     return step16
-
-
-# Activations a fused conv applies in place on its output (passes/fusion.py makes them).
-ACTIVATIONS = {
-    "Relu": lambda y, p: np.maximum(y, 0, out=y),
-    "LeakyRelu": lambda y, p: np.multiply(y, y.dtype.type(p[0] if p else 0.01), out=y, where=y < 0),
-    "Clip": lambda y, p: np.clip(y, p[0], p[1], out=y),
-    "Sigmoid": lambda y, p: np.reciprocal(np.add(np.exp(np.negative(y, out=y), out=y), 1, out=y), out=y),
-}
 
 
 def _finish(ctx, step, half):

@@ -1,14 +1,20 @@
 """Normalizations and softmax-like ops."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from .. import registry
 from ..registry import kernel
-from ._util import FLOATS, FLOATS_BF16, norm_axis
+from ._util import ACTIVATIONS, FLOATS, FLOATS_BF16, clamp_bounds, norm_axis
 
 
-@kernel("BatchNormalization", dtypes=FLOATS, out=True, bind=True, multi=True,
-        accepts=lambda ctx: None if not int(ctx.attrs.get("training_mode", 0)) else "training_mode=1 not supported")
+def _inference_only(ctx):
+    return None if not int(ctx.attrs.get("training_mode", 0)) else "training_mode=1 not supported"
+
+
+@kernel("BatchNormalization", dtypes=FLOATS, out=True, bind=True, multi=True, accepts=_inference_only)
 def batch_norm(ctx):
     """Inference BatchNormalization: y = x * scale' + bias', folded per channel once."""
     eps = float(ctx.attrs.get("epsilon", 1e-5))
@@ -16,6 +22,8 @@ def batch_norm(ctx):
     folded = None
     if all(c is not None for c in consts[1:5]):
         folded = _fold(*consts[1:5], eps)
+    act = ctx.attrs.get("activation")  # glassrt::FusedBatchNormalization
+    params = [float(v) for v in ctx.attrs.get("activation_params") or []]
 
     def step(x, scale, bias, mean, var, *, out):
         s, b = folded if folded is not None else _fold(scale, bias, mean, var, eps)
@@ -24,9 +32,73 @@ def batch_norm(ctx):
         y = out[0] if out[0] is not None else np.empty_like(x)
         np.multiply(x, s.reshape(shape).astype(x.dtype, copy=False), out=y)
         y += b.reshape(shape).astype(x.dtype, copy=False)
+        if act:
+            ACTIVATIONS[act](y, params)
         return (y,) + (None,) * (len(out) - 1)
 
     return step
+
+
+def _affine_reason(ctx):
+    why = _inference_only(ctx)
+    if why:
+        return why
+    x = ctx.shape(0)
+    if x is None or len(x) < 2 or ctx.dtype(0) not in (np.float32, np.float64):
+        return "needs float32/float64 input of rank >= 2"
+    if clamp_bounds(ctx.attrs) is None:
+        return f"activation {ctx.attrs.get('activation')} is not a clamp"
+    if any(c is not None and c.ndim != 1 for c in ctx.const_inputs[1:5]):
+        return "statistics are not per channel"
+    return None
+
+
+_AFFINE = {}
+
+
+def _affine_loop():
+    """y = clamp(x * s[c] + b[c], lo, hi): one pass instead of three (mul, add, activation)."""
+    if "f" not in _AFFINE:
+        _AFFINE["f"] = __import__("numba").njit(cache=True, nogil=True)(_channel_affine)
+    return _AFFINE["f"]
+
+
+def _channel_affine(x, s, b, lo, hi, out):
+    n, c, p = x.shape
+    for i in range(n):
+        for k in range(c):
+            sk, bk = s[k], b[k]
+            for j in range(p):
+                v = x[i, k, j] * sk + bk
+                out[i, k, j] = min(max(v, lo), hi)
+
+
+@kernel("BatchNormalization", dtypes=FLOATS, out=True, bind=True, multi=True, accepts=_affine_reason, priority=10,
+        name="affine_nb")
+def batch_norm_affine(ctx):
+    """Inference BatchNormalization (and a fused Relu/Clip) as one compiled pass per channel."""
+    eps = float(ctx.attrs.get("epsilon", 1e-5))
+    dt = np.dtype(ctx.dtype(0))
+    lo, hi = clamp_bounds(ctx.attrs)
+    consts = ctx.const_inputs
+    folded = tuple(v.astype(dt) for v in _fold(*consts[1:5], eps)) if all(c is not None for c in consts[1:5]) else None
+    loop = _affine_loop()
+
+    def step(x, scale, bias, mean, var, *, out):
+        s, b = folded if folded is not None else (v.astype(dt) for v in _fold(scale, bias, mean, var, eps))
+        y = out[0] if out[0] is not None else np.empty_like(x)
+        n, c = x.shape[:2]
+        loop(x.reshape(n, c, -1), s, b, dt.type(lo), dt.type(hi), y.reshape(n, c, -1))
+        return (y,) + (None,) * (len(out) - 1)
+
+    return step
+
+
+# glassrt::FusedBatchNormalization (passes/fusion.py) runs on the same kernels.
+for _k in list(registry.kernels_for("cpu", "", "BatchNormalization")):
+    if _k.fn in (batch_norm, batch_norm_affine):
+        registry.register(replace(_k, name=_k.name.replace("cpu.BatchNormalization", "cpu.FusedBatchNormalization"),
+                                  domain="glassrt", op_type="FusedBatchNormalization"))
 
 
 def _fold(scale, bias, mean, var, eps):
