@@ -151,7 +151,8 @@ def per_op_table(results: dict) -> str:
     for name in sorted(results["_ops"]):
         bad = [(m, results[m][name]) for m in modes if results[m][name][0] != "pass"]
         if bad:
-            detail = "; ".join(f"{m}: {st} — {msg[:160]}" for m, (st, msg) in bad)
+            # Only the stable part of a mismatch message: the values themselves may be random.
+            detail = "; ".join(f"{m}: {st} — {msg.split(' Mismatch')[0][:160]}" for m, (st, msg) in bad)
             lines.append(f"- `{name}` — {detail.replace('|', '/')}")
     return "\n".join(lines) + "\n"
 
