@@ -7,5 +7,6 @@ from .ir import TensorType as TensorMeta  # noqa: F401
 from .ops.custom import CustomOp, custom_op  # noqa: F401
 from .runtime.options import SessionOptions  # noqa: F401
 from .runtime.session import FallbackWarning, InferenceSession, NodeArg  # noqa: F401
+from . import contrib  # noqa: F401
 
 __version__ = "0.1.0"

@@ -158,3 +158,35 @@ def test_check_cli_exit_status(tmp_path):
     res = subprocess.run([sys.executable, "-m", "glassrt.cli", "check", "--custom-only", "--module",
                           str(ROOT / "tests/custom_ops/good_ops.py")], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_default_domain_custom_ops_cannot_shadow_standard_ops():
+    with pytest.raises(glassrt.GlassrtError, match="standard ONNX op"):
+        glassrt.custom_op("ai.onnx::Relu(Tensor x) -> Tensor")
+    op = glassrt.custom_op("ai.onnx::MyOwnNorm(Tensor x) -> Tensor", dtypes=[np.float32])
+    try:
+        assert op.domain == ""
+        op.register_meta(lambda x: x)
+        op.register_kernel("cpu", lambda x: x / np.abs(x).max())
+        node = helper.make_node("MyOwnNorm", ["x"], ["y"])
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+        sess = glassrt.InferenceSession(m, providers=["cpu"])
+        np.testing.assert_allclose(sess.run(None, {"x": np.array([1, -4, 2], np.float32)})[0], [0.25, -1, 0.5])
+        assert sess.explain()["nodes"][0]["kernel"] == "cpu.MyOwnNorm"
+    finally:
+        op.unregister()
+
+
+def test_register_example_may_set_attributes():
+    op = glassrt.custom_op("ex::scale(Tensor x, float k) -> Tensor", dtypes=[np.float64])
+    try:
+        op.register_meta(lambda x, k: x)
+        op.register_kernel("cpu", lambda x, k: x * k)
+        op.register_example(lambda dt: ([np.ones((2, 3), dt)], {"k": 3.0}))
+        rows = [r for r in checks.run_checks("ex::scale", builtins=False)]
+        assert {r.check: r.status for r in rows}["meta_vs_real"] == "pass"
+        assert {r.check: r.status for r in rows}["dynamic_dims"] == "pass"
+    finally:
+        op.unregister()

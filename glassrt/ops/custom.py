@@ -59,6 +59,8 @@ def parse_schema(text: str) -> CustomSchema:
     if not m:
         raise SchemaError(f"cannot parse op schema {text!r}: expected 'domain::name(args) -> outputs'")
     domain, name, args, rets = m.groups()
+    if domain == "ai.onnx":  # the default ONNX domain, spelled as models may spell it
+        domain = ""
     inputs, attrs = [], {}
     for i, arg in enumerate(_split_commas(args)):
         parts = arg.split("=", 1)
@@ -172,7 +174,8 @@ class CustomOp:
         unregister(provider, self.domain, self.name)
         multi = len(self.schema.outputs) > 1
         call = fn if not multi else (lambda *a, _fn=fn, **k: tuple(_fn(*a, **k)))
-        register(Kernel(name=f"{provider}.{self.domain}::{self.name}", provider=provider, domain=self.domain,
+        register(Kernel(name=f"{provider}.{self.domain + '::' if self.domain else ''}{self.name}", provider=provider,
+                        domain=self.domain,
                         op_type=self.name, fn=call, multi=multi,
                         dtypes=frozenset(np.dtype(d) for d in (dtypes or self.dtypes)) if (dtypes or self.dtypes) else None,
                         attrs=None, doc=(fn.__doc__ or "").strip().split("\n")[0] or "user kernel"))
@@ -195,8 +198,10 @@ class CustomOp:
         return fn
 
     def register_example(self, fn):
-        """fn(dtype) -> list of input arrays: sample inputs for `glassrt check` when the
-        generated ones (every input the same shape) do not suit the op."""
+        """fn(dtype) -> list of input arrays, or (inputs, {attribute: value}): sample inputs
+        for `glassrt check` when the generated ones (every input of shape (batch, 3, 4),
+        attributes at their defaults) do not suit the op. For the symbolic-batch check,
+        inputs whose first dim equals the first input's are lengthened with the batch."""
         self.example_fn = fn
         return fn
 
@@ -321,6 +326,12 @@ def custom_op(schema: str, *, dtypes=None, differentiable: bool = False) -> Cust
     the returned object (or decorate the cpu kernel with it directly). `differentiable`
     declares that the op should have a backward (`glassrt check` reports it missing)."""
     op = CustomOp(parse_schema(schema), list(dtypes or []), differentiable)
+    if op.domain == "":
+        from onnx import defs
+
+        if defs.has(op.name):
+            raise SchemaError(f"{schema!r}: '{op.name}' is a standard ONNX op; a custom op of the default domain "
+                              "would shadow it at every opset — use a domain of your own")
     if (op.domain, op.name) in OPS:
         OPS[(op.domain, op.name)].unregister()
     OPS[(op.domain, op.name)] = op

@@ -33,7 +33,7 @@ def node_flops(node, attrs, in_types, out_types):
             a, y = ins[0], outs[0]
             if a is None or y is None:
                 return None
-            k = a[-1]
+            k = a[-2] if op == "FusedMatMul" and attrs.get("transA", 0) else a[-1]
             return 2 * symbolic.prod(y) * k
         if op == "Gemm":
             a, y = ins[0], outs[0]
@@ -41,7 +41,7 @@ def node_flops(node, attrs, in_types, out_types):
                 return None
             k = a[0] if attrs.get("transA", 0) else a[-1]
             return 2 * symbolic.prod(y) * k + (symbolic.prod(y) if len(ins) > 2 and ins[2] is not None else 0)
-        if op == "Attention":
+        if op == "Attention" and node.domain == "":
             q, k = ins[0], ins[1]
             if q is None or k is None:
                 return None

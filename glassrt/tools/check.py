@@ -74,12 +74,18 @@ def _tol(dt):
 
 
 def _generated(op, dt, batch=2):
+    """(sample inputs, attributes) for a custom op: its example, or generated ones."""
+    attrs = dict(op.schema.defaults)
     if op.example_fn is not None:
-        xs = [np.asarray(x) if x is not None else None for x in op.example_fn(np.dtype(dt))]
-        if batch != 2:
-            xs = [np.concatenate([x] * (batch // 2 + 1), axis=0)[:max(batch, 1)] if isinstance(x, np.ndarray) and x.ndim
-                  else x for x in xs]
-        return xs
+        ex = op.example_fn(np.dtype(dt))
+        xs, extra = (ex if isinstance(ex, tuple) and len(ex) == 2 and isinstance(ex[1], dict) else (ex, {}))
+        xs = [np.asarray(x) if x is not None else None for x in xs]
+        attrs.update(extra)
+        if batch != 2 and xs and isinstance(xs[0], np.ndarray) and xs[0].ndim:
+            b0 = xs[0].shape[0]  # only inputs that share the first input's batch follow it
+            xs = [np.concatenate([x] * (batch // 2 + 1), axis=0)[:max(batch * b0 // 2, 1)]
+                  if isinstance(x, np.ndarray) and x.ndim and x.shape[0] == b0 else x for x in xs]
+        return xs, attrs
     rng = np.random.default_rng(0)
     dt = np.dtype(dt)
     out = []
@@ -94,7 +100,7 @@ def _generated(op, dt, batch=2):
             out.append(rng.random((batch, 3, 4)) > 0.5)
         else:
             out.append(np.full((batch, 3, 4), "a", dtype=object))
-    return out
+    return out, attrs
 
 
 def _call(fn, inputs, attrs):
@@ -110,8 +116,8 @@ def check_custom(op) -> list[Row]:
     required = [a for a, (_, d) in op.schema.attributes.items() if d is REQUIRED]
     if required and op.example_fn is None:
         return [Row(name, c, SKIP, f"attributes {required} have no default; register_example to check") for c in CHECKS]
-    attrs = op.schema.defaults
     dts = [np.dtype(d) for d in (op.dtypes or [np.float32])]
+    attrs = _generated(op, dts[0])[1]
 
     # meta_vs_real and dtype_coverage, per kernel and declared dtype
     problems, coverage = [], []
@@ -120,7 +126,7 @@ def check_custom(op) -> list[Row]:
     for dt in dts:
         ran = False
         for provider, fn in op.kernels.items():
-            xs = _generated(op, dt)
+            xs, attrs = _generated(op, dt)
             try:
                 real = _call(fn, xs, attrs)
                 ran = True
@@ -164,7 +170,7 @@ def _custom_dynamic(op, name, attrs, dt):
     fn = next(iter(op.kernels.values()))
     batch = symbolic.symbol("batch")
     try:
-        xs2, xs3 = _generated(op, dt, 2), _generated(op, dt, 3)
+        (xs2, attrs), (xs3, _) = _generated(op, dt, 2), _generated(op, dt, 3)
         r2, r3 = _call(fn, xs2, attrs), _call(fn, xs3, attrs)
         sym_in = [TensorType(x.dtype, (batch,) + tuple(x.shape[1:])) if isinstance(x, np.ndarray) and x.ndim else
                   (TensorType(x.dtype, x.shape) if x is not None else None) for x in xs2]
@@ -203,7 +209,7 @@ def _custom_decomposition(op, name, attrs, dts):
 
     bad = []
     for dt in dts:
-        xs = _generated(op, dt)
+        xs, attrs = _generated(op, dt)
         names = [n for (n, _), x in zip(op.schema.inputs, xs)]
         node = type("N", (), {"name": "decomposition", "outputs": op.schema.outputs, "domain": op.domain,
                               "opset": 1, "op_type": op.name})()
@@ -260,7 +266,7 @@ def _custom_backward(op, name, attrs):
     if not op.kernels:
         return Row(name, "backward", SKIP, "no kernel to differentiate")
     fn = next(iter(op.kernels.values()))
-    xs = _generated(op, np.float64)
+    xs, attrs = _generated(op, np.float64)
     xs = [x.astype(np.float64) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x for x in xs]
     ys = _call(fn, xs, attrs)
     rng = np.random.default_rng(1)
