@@ -40,7 +40,7 @@ def bench(name, runs, threads):
     block = 4
     for _ in range(max(1, runs // (block - 1))):
         for sess, acc in ((g, tg), (o, to)):
-            time.sleep(0.05)  # let the other runtime's idle worker threads stop spinning
+            time.sleep(0.25)  # let the other runtime's idle worker threads stop spinning (OpenBLAS: ~0.1 s)
             for k in range(block):
                 t0 = time.perf_counter()
                 sess.run(None, feeds)

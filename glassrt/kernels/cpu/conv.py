@@ -22,10 +22,12 @@ def _geometry(ctx):
 
 def _is_1x1(ctx):
     x, w, k, begin, end, out, strides, dil = _geometry(ctx)
-    if all(d == 1 for d in k) and all(s == 1 for s in strides) and not any(begin) and not any(end) \
-            and int(ctx.attrs.get("group", 1)) == 1:
-        return None
-    return "not a 1x1, stride-1, unpadded, ungrouped conv"
+    if not (all(d == 1 for d in k) and all(s == 1 for s in strides) and not any(begin) and not any(end)):
+        return "not a 1x1, stride-1, unpadded conv"
+    group = int(ctx.attrs.get("group", 1))
+    if group > 1 and w[1] < 8:
+        return f"{w[1]} channel(s) per group: too few for a GEMM per group"
+    return None
 
 
 def _is_depthwise(ctx):
@@ -72,9 +74,11 @@ def _add_bias(out, b):
 
 @kernel("Conv", dtypes=FLOATS, out=True, bind=True, accepts=_is_1x1, priority=20, name="gemm_1x1")
 def conv_1x1(ctx):
-    """1x1 conv as one GEMM over all pixels (no im2col), then one pass (compiled) for the
-    bias and a fused Relu/Clip."""
+    """1x1 conv as one GEMM per group over all pixels (no im2col), then one pass (compiled)
+    for the bias and a fused Relu/Clip."""
     m = ctx.shape(1)[0]
+    group = int(ctx.attrs.get("group", 1))
+    mg = m // group
     if _numba_missing() is None:
         ctx, lo, hi = _epilogue(ctx)
         clamp = np.array([lo, hi], _compute_dtype(ctx))
@@ -86,7 +90,13 @@ def conv_1x1(ctx):
 
     def step(x, w, b=None, *, out):
         n = x.shape[0]
-        np.matmul(w.reshape(m, -1), x.reshape(n, x.shape[1], -1), out=out.reshape(n, m, -1))
+        if group == 1:
+            np.matmul(w.reshape(m, -1), x.reshape(n, x.shape[1], -1), out=out.reshape(n, m, -1))
+        else:  # ShuffleNet-style grouped pointwise convs: one GEMM per group, no copies
+            x3, o3, w2 = x.reshape(n, x.shape[1], -1), out.reshape(n, m, -1), w.reshape(m, -1)
+            cg = x.shape[1] // group
+            for g in range(group):
+                np.matmul(w2[g * mg:(g + 1) * mg], x3[:, g * cg:(g + 1) * cg], out=o3[:, g * mg:(g + 1) * mg])
         if bias_act is None:
             _add_bias(out, b)
         elif b is not None or clamps:
