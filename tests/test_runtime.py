@@ -193,7 +193,8 @@ def test_profile_trace_is_chrome_trace_with_one_event_per_node_per_run(tmp_path)
                                                       "output_type_shape"} <= set(e["args"])
     assert len([e for e in events if e["name"] == "model_run"]) == 3
     ops = {r["key"] for r in prof.by_op()}
-    assert "MatMul" in ops and abs(sum(r["percent"] for r in prof.by_op()) - 100) < 50
+    # Node times are parts of run times: together at most 100% of the runs.
+    assert "MatMul" in ops and 0 < sum(r["percent"] for r in prof.by_op()) <= 100.001
 
 
 def test_session_option_profiling_like_onnxruntime(tmp_path):

@@ -64,151 +64,39 @@ class Plan:
     pool: object = None  # BufferPool for values sized at run time
 
 
-def compile_plan(placement, input_types: dict, options, make_runner, outer_values=None, pool=None,
-                 retain: bool = False) -> Plan:
+def compile_plan(placement, input_types: dict, options, make_runner, pool=None, retain: bool = False) -> Plan:
     """retain=True keeps every intermediate value alive and readable after the run (no
-    arena reuse, nothing freed): what gradients need."""
+    arena reuse, nothing freed): what gradients and `compare` need."""
     t0 = time.perf_counter()
     graph = placement.graph
     inf = infer(graph, input_types, strict=True)
-    types = inf.types
     consts = {k: v for k, v in graph.initializers.items() if k not in input_types}
-    for name, v in inf.values.items():
-        if name in input_types:
-            continue
-        t = types.get(name)
-        if isinstance(t, TensorType) and v.dtype == t.dtype and v.dtype != object:
+    for name, v in inf.values.items():  # values inference already knows (Shape of a static tensor...)
+        t = inf.types.get(name)
+        if name not in input_types and isinstance(t, TensorType) and v.dtype == t.dtype and v.dtype != object:
             consts[name] = v
-
-    feeds = set(input_types) | set(outer_values or {})
-    executed, folded, selections = [], [], []
-    for node in graph.nodes:
-        decision = placement.decisions[node.name]
-        contract = get_contract(node.domain, node.op_type, node.opset)
-        outs = [o for o in node.outputs if o]
-        subgraphs = list(node.subgraphs())
-        if outs and all(o in consts for o in outs) and not subgraphs and node.op_type not in NONDETERMINISTIC:
-            folded.append(node.name)
-            continue
-        ctx = BindContext(node, contract.attrs_with_defaults(node), [types.get(i) if i else None for i in node.inputs],
-                          [types.get(o) if o else None for o in node.outputs],
-                          [consts.get(i) if i else None for i in node.inputs], contract=contract)
-        kern, why = _select(decision, ctx, options, make_runner, placement)
-        if (options.constant_folding and not subgraphs and node.op_type not in NONDETERMINISTIC
-                and all(i in consts for i in node.inputs if i) and not (set(node.inputs) & feeds)
-                and _small(ctx.output_types, options.fold_limit_bytes)):
-            results = _run_once(kern, ctx, make_runner, placement)
-            for o, r in zip(node.outputs, results):
-                if o and isinstance(r, np.ndarray):
-                    consts[o] = r
-            if all(o in consts for o in outs):
-                folded.append(node.name)
-                continue
-        executed.append((node, kern, ctx, decision))
-        selections.append(Selection(node.name, node.op_type, decision.provider, kern.name, why))
-
-    # ---- memory plan
+    executed, folded, selections = _select_or_fold(placement, inf.types, consts, set(input_types), options,
+                                                   make_runner)
     keep = set(graph.output_names())
     if retain:
         keep |= {o for node, _, _, _ in executed for o in node.outputs if o}
-    step_io = []
-    for node, kern, ctx, _ in executed:
-        sizes, inplace, aliases = {}, {}, {}
-        for k, o in enumerate(node.outputs):
-            t = ctx.output_types[k]
-            if o and kern.out and isinstance(t, TensorType) and t.is_static and t.dtype != object:
-                sizes[o] = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
-        if kern.alias and node.inputs and node.outputs[0]:
-            aliases[node.outputs[0]] = node.inputs[0]
-        elif kern.inplace and node.inputs and node.inputs[0] and node.outputs[0] in sizes:
-            t_in = ctx.input_types[0]
-            if isinstance(t_in, TensorType) and t_in.is_static and t_in.dtype == ctx.output_types[0].dtype \
-                    and tuple(t_in.shape) == tuple(ctx.output_types[0].shape):
-                inplace[node.outputs[0]] = node.inputs[0]
-        ws = int(kern.workspace(ctx)) if kern.workspace and _is_static(ctx) else 0
-        step_io.append(StepIO([i for i in [*node.inputs, *node.implicit_inputs] if i],
-                              [o for o in node.outputs if o], sizes, inplace, aliases, ws))
+    step_io = [_step_io(node, kern, ctx) for node, kern, ctx, _ in executed]
     memory = plan_memory(step_io, keep)
+    fresh_bytes = sum(_nbytes(t) for node, kern, ctx, _ in executed if kern.out
+                      for o, t in zip(node.outputs, ctx.output_types) if o in keep and _nbytes(t))
     limit = options.memory_limit()
-    if memory.arena_bytes > limit:
-        raise MemoryLimitError(f"the plan for inputs {_sig_str(input_types)} needs a {memory.arena_bytes:,}-byte arena, "
-                               f"over the session's memory limit of {limit:,} bytes")
+    if memory.arena_bytes + fresh_bytes > limit:
+        raise MemoryLimitError(f"the plan for inputs {_sig_str(input_types)} needs a {memory.arena_bytes:,}-byte arena "
+                               f"and {fresh_bytes:,} bytes of outputs, over the session's memory limit of {limit:,} bytes")
     arena = allocate_arena(memory.arena_bytes)
 
-    # ---- slots and steps
     slots: dict[str, int] = {}
+    for name in [*input_types, *(o for node, _, _, _ in executed for o in node.outputs if o), *consts, *keep]:
+        slots.setdefault(name, len(slots))
+    steps = [_make_step(k, entry, memory, arena, keep, slots, selections[k].reason, options, make_runner, placement, pool)
+             for k, entry in enumerate(executed)]
+    _free_lists(steps, step_io, memory, slots, keep | set(consts) | set(input_types))
 
-    def slot(name):
-        if name not in slots:
-            slots[name] = len(slots)
-        return slots[name]
-
-    for name in input_types:
-        slot(name)
-    for name in outer_values or {}:
-        slot(name)
-    last_read = {}
-    for k, s in enumerate(step_io):
-        for r in s.reads:
-            last_read[r] = k
-    steps = []
-    for k, (node, kern, ctx, decision) in enumerate(executed):
-        bufs, fresh = [], []
-        for j, o in enumerate(node.outputs):
-            pv = memory.values.get(o) if o else None
-            t = ctx.output_types[j]
-            if pv is not None and pv.offset is not None:
-                nbytes = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
-                bufs.append(arena[pv.offset:pv.offset + nbytes].view(t.dtype).reshape(t.shape))
-                fresh.append(None)
-            else:
-                bufs.append(None)
-                fresh.append((tuple(t.shape), t.dtype) if (o in keep and kern.out and isinstance(t, TensorType)
-                                                           and t.is_static and t.dtype != object) else None)
-        ws_name = f"<workspace {k}>"
-        if ws_name in memory.values:
-            pv = memory.values[ws_name]
-            ctx.workspace = arena[pv.offset:pv.offset + pv.bytes]
-        else:
-            ctx.workspace = None
-        st = Step()
-        if _is_static(ctx):
-            st.fn = _bind(kern, ctx, make_runner, placement)
-        else:
-            st.fn = _DynamicStep(kern, ctx, make_runner, placement, pool, options.memory_limit())
-        st.ins = tuple(slot(i) if i else -1 for i in node.inputs) + tuple(slot(i) for i in node.implicit_inputs)
-        st.outs = tuple(slot(o) if o else -1 for o in node.outputs)
-        st.bufs = bufs if kern.multi else bufs[0]
-        st.fresh = fresh if any(f is not None for f in fresh) else None
-        st.multi = kern.multi
-        st.uses_out = kern.out
-        st.node, st.kernel, st.provider = node, kern, decision.provider
-        st.reason = selections[k].reason
-        st.expect = [(slot(o), tuple(t.shape), t.dtype) for o, t in zip(node.outputs, ctx.output_types)
-                     if o and options.check_outputs and isinstance(t, TensorType) and t.is_static
-                     and (memory.values.get(o) is None or memory.values[o].offset is None)]
-        steps.append(st)
-    fresh_bytes = sum(int(np.prod(f[0], dtype=np.int64)) * np.dtype(f[1]).itemsize
-                      for st in steps if st.fresh is not None
-                      for f in (st.fresh if isinstance(st.fresh, list) else [st.fresh]) if f is not None)
-    if memory.arena_bytes + fresh_bytes > limit:
-        raise MemoryLimitError(f"the plan for inputs {_sig_str(input_types)} needs {memory.arena_bytes:,} arena "
-                               f"bytes and {fresh_bytes:,} bytes of outputs, over the session's memory limit of "
-                               f"{limit:,} bytes")
-    for name in consts:
-        slot(name)
-    for o in keep:
-        slot(o)
-    # Free what nobody reads any more (arena values need no freeing; the rest may be big,
-    # and pool buffers go back to the pool). A view keeps its base alive: memory.values'
-    # last_step already covers the views of a value.
-    last = dict(last_read)
-    for n, pv in memory.values.items():
-        last[n] = max(last.get(n, -1), pv.last_step)
-    for k, st in enumerate(steps):
-        st.free = tuple(slots[n] for n, at in last.items() if at == k and n in slots and n not in keep
-                        and n not in consts and n not in feeds
-                        and (memory.values.get(n) is None or memory.values[n].offset is None))
     template = [None] * len(slots)
     for name, v in consts.items():
         template[slots[name]] = v
@@ -218,9 +106,107 @@ def compile_plan(placement, input_types: dict, options, make_runner, outer_value
     outputs = [(name, slots[name], name not in owned) for name in graph.output_names()]
     plan = Plan(signature=(), steps=steps, slots=slots, template=template,
                 inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
-                types=types, folded=folded, selections=selections, step_io=step_io)
+                types=inf.types, folded=folded, selections=selections, step_io=step_io)
     plan.build_seconds = time.perf_counter() - t0
     return plan
+
+
+def _nbytes(t) -> int:
+    """Bytes of a static, non-string tensor type; 0 for anything else."""
+    if isinstance(t, TensorType) and t.is_static and t.dtype != object:
+        return int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+    return 0
+
+
+def _select_or_fold(placement, types, consts, feeds, options, make_runner):
+    """Per node: fold it if its outputs are known or computable now, else pick its kernel.
+    Returns ([(node, kernel, ctx, decision)] to execute, [folded node names], [Selection])."""
+    executed, folded, selections = [], [], []
+    for node in placement.graph.nodes:
+        decision = placement.decisions[node.name]
+        contract = get_contract(node.domain, node.op_type, node.opset)
+        outs = [o for o in node.outputs if o]
+        foldable = not any(node.subgraphs()) and node.op_type not in NONDETERMINISTIC
+        if foldable and outs and all(o in consts for o in outs):
+            folded.append(node.name)
+            continue
+        ctx = BindContext(node, contract.attrs_with_defaults(node), [types.get(i) if i else None for i in node.inputs],
+                          [types.get(o) if o else None for o in node.outputs],
+                          [consts.get(i) if i else None for i in node.inputs], contract=contract)
+        kern, why = _select(decision, ctx, options, make_runner, placement)
+        if (foldable and options.constant_folding and all(i in consts for i in node.inputs if i)
+                and not (set(node.inputs) & feeds) and _small(ctx.output_types, options.fold_limit_bytes)):
+            for o, r in zip(node.outputs, _run_once(kern, ctx, make_runner, placement)):
+                if o and isinstance(r, np.ndarray):
+                    consts[o] = r
+            if all(o in consts for o in outs):
+                folded.append(node.name)
+                continue
+        executed.append((node, kern, ctx, decision))
+        selections.append(Selection(node.name, node.op_type, decision.provider, kern.name, why))
+    return executed, folded, selections
+
+
+def _step_io(node, kern, ctx) -> StepIO:
+    """What the memory planner needs to know about one step."""
+    sizes = {o: _nbytes(t) for o, t in zip(node.outputs, ctx.output_types) if o and kern.out and _nbytes(t)}
+    inplace, aliases = {}, {}
+    if kern.alias and node.inputs and node.outputs[0]:
+        aliases[node.outputs[0]] = node.inputs[0]
+    elif kern.inplace and node.inputs and node.inputs[0] and node.outputs[0] in sizes:
+        t_in, t_out = ctx.input_types[0], ctx.output_types[0]
+        if isinstance(t_in, TensorType) and t_in.is_static and t_in.dtype == t_out.dtype \
+                and tuple(t_in.shape) == tuple(t_out.shape):
+            inplace[node.outputs[0]] = node.inputs[0]
+    ws = int(kern.workspace(ctx)) if kern.workspace and _is_static(ctx) else 0
+    return StepIO([i for i in [*node.inputs, *node.implicit_inputs] if i], [o for o in node.outputs if o],
+                  sizes, inplace, aliases, ws)
+
+
+def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runner, placement, pool) -> Step:
+    """Bind one kernel: arena views for its outputs, its workspace, slots for its values."""
+    node, kern, ctx, decision = entry
+    bufs, fresh = [], []
+    for o, t in zip(node.outputs, ctx.output_types):
+        pv = memory.values.get(o) if o else None
+        if pv is not None and pv.offset is not None:
+            bufs.append(arena[pv.offset:pv.offset + _nbytes(t)].view(t.dtype).reshape(t.shape))
+            fresh.append(None)
+        else:  # a graph output: a new array per run, handed to the caller
+            bufs.append(None)
+            fresh.append((tuple(t.shape), t.dtype) if o in keep and kern.out and _nbytes(t) else None)
+    ws = memory.values.get(f"<workspace {k}>")
+    ctx.workspace = arena[ws.offset:ws.offset + ws.bytes] if ws is not None else None
+    st = Step()
+    if _is_static(ctx):
+        st.fn = _bind(kern, ctx, make_runner, placement)
+    else:
+        st.fn = _DynamicStep(kern, ctx, make_runner, placement, pool, options.memory_limit())
+    st.ins = tuple(slots[i] if i else -1 for i in node.inputs) + tuple(slots[i] for i in node.implicit_inputs)
+    st.outs = tuple(slots[o] if o else -1 for o in node.outputs)
+    st.bufs = bufs if kern.multi else bufs[0]
+    st.fresh = fresh if any(f is not None for f in fresh) else None
+    st.multi, st.uses_out = kern.multi, kern.out
+    st.node, st.kernel, st.provider, st.reason = node, kern, decision.provider, reason
+    st.expect = [(slots[o], tuple(t.shape), t.dtype) for o, t in zip(node.outputs, ctx.output_types)
+                 if o and options.check_outputs and isinstance(t, TensorType) and t.is_static
+                 and (memory.values.get(o) is None or memory.values[o].offset is None)]
+    return st
+
+
+def _free_lists(steps, step_io, memory, slots, never):
+    """After each step, drop the values nobody reads any more (arena values need no
+    freeing; the rest may be big, and pool buffers go back to the pool). A view keeps its
+    base alive: memory.values' last_step already covers the views of a value."""
+    last = {}
+    for k, s in enumerate(step_io):
+        for r in s.reads:
+            last[r] = k
+    for n, pv in memory.values.items():
+        last[n] = max(last.get(n, -1), pv.last_step)
+    for k, st in enumerate(steps):
+        st.free = tuple(slots[n] for n, at in last.items() if at == k and n in slots and n not in never
+                        and (memory.values.get(n) is None or memory.values[n].offset is None))
 
 
 def _is_static(ctx) -> bool:
