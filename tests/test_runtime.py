@@ -281,3 +281,29 @@ def test_flops_count_fused_convs():
     for fusion in (True, False):
         sess = glassrt.InferenceSession(lm.path("resnet50"), sess_options=glassrt.SessionOptions(fusion=fusion))
         assert 7.5e9 < sess.explain()["summary"]["flops"] < 8.5e9
+
+
+def test_transfers_between_devices_are_placed_and_counted():
+    """With only cpu and reference no copy is needed; a provider on another device gets
+    transfers inserted where its nodes meet cpu nodes."""
+    from glassrt.kernels.registry import Kernel
+    from glassrt.runtime.providers import Provider
+
+    class FakeAccelerator(Provider):
+        name, device = "fake", "fake0"
+
+        def kernels(self, domain, op_type, opset):
+            if op_type == "Neg":
+                return [Kernel("fake.Neg", "fake", "", "Neg", lambda x: -x)]
+            return []
+
+    m = model([helper.make_node("Neg", ["x"], ["a"], name="neg"), helper.make_node("Relu", ["a"], ["y"], name="relu")],
+              [tensor("x", [3])], [tensor("y", [3])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = glassrt.InferenceSession(m, providers=[FakeAccelerator(), "cpu"])
+    assert [(t.value, t.src, t.dst, t.consumer) for t in sess.transfers] == [("a", "fake", "cpu", "relu")]
+    summary = sess.explain()["summary"]
+    assert summary["transfers"] == 1 and summary["transfer_list"][0]["consumer"] == "relu"
+    np.testing.assert_array_equal(sess.run(None, {"x": np.array([1, -2, 3], np.float32)})[0], [0, 2, 0])
+    assert glassrt.InferenceSession(m).transfers == []  # cpu and reference share the host

@@ -1,8 +1,9 @@
 """Placement: which provider runs each node, and why every other one did not.
 
 For each node, the provider priority list is walked in order. A composite op that the
-first provider has no kernel for is expanded into its decomposition first (so it runs
-natively, op by op) rather than falling back whole. Anything a later provider runs is a
+first provider has no kernel for is expanded into its decomposition (so it runs
+natively, op by op) rather than falling back whole to the reference provider — unless
+another real provider has a kernel for it. Anything a later provider runs is a
 fallback: warned once per node, counted, and an error under fallback="error".
 """
 from __future__ import annotations
@@ -190,7 +191,10 @@ def place(graph: Graph, providers, input_types: dict | None = None, *, outer_typ
                 chosen = Decision(node, p.name, ks, why, list(rejected), fallback=rank > 0)
                 break
             rejected.append((p.name, why))
-            if rank == 0 and contract.decomposition is not None:
+            # A composite the first provider lacks is expanded rather than sent whole to the
+            # reference fallback; a real kernel on another provider is still preferred.
+            if rank == 0 and contract.decomposition is not None and not any(
+                    q.name != "reference" and provider_verdict(q, node, contract, ctx)[0] for q in providers[1:]):
                 body = _expand(node, contract, in_types, visible)
                 if body:
                     expansions.append((node.name, node.op_type, len(body), why))

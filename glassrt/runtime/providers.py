@@ -60,6 +60,9 @@ def make(names) -> list[Provider]:
 
     out = []
     for n in names or DEFAULT:
+        if isinstance(n, Provider):  # a provider object of the caller's own (tests, experiments)
+            out.append(n)
+            continue
         key = ALIASES.get(n, n)
         if key not in _PROVIDERS:
             raise GlassrtError(f"unknown provider '{n}'; available: {', '.join(sorted(_PROVIDERS))}")

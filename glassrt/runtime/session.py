@@ -123,6 +123,11 @@ class InferenceSession:
         types = self.placement.inference.types
         return [_node_arg(v.name, _refine(v.type, types.get(v.name))) for v in self.graph.outputs]
 
+    @property
+    def transfers(self) -> list:
+        """Values copied between providers that keep data on different devices."""
+        return self.placement.transfers
+
     def get_providers(self) -> list[str]:
         return [p.name for p in self.providers]
 

@@ -101,7 +101,10 @@ def explain(sess, dims: dict | None = None) -> dict:
         "nodes": len(nodes), "nodes_per_provider": placement.counts(), "fallback_count": len(fallbacks),
         "fallbacks": fallbacks, "folded_at_load": len(sess.folded), "folded_in_plan": len(folded_in_plan),
         "expansions": [{"node": n, "op": op, "into_nodes": k, "because": why} for n, op, k, why in placement.expansions],
-        "transfers": len(placement.transfers), "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
+        "transfers": len(placement.transfers),
+        "transfer_list": [{"value": t.value, "from": t.src, "to": t.dst, "consumer": t.consumer}
+                          for t in placement.transfers],
+        "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         **summary_mem,
     }
     return {

@@ -1,0 +1,63 @@
+"""The glassrt command line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+
+from tests.helpers import add_model, transformer_encoder
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "glassrt.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_default_model_checks_the_shipped_output():
+    res = _cli("run", "--runs", "1")
+    assert res.returncode == 0, res.stderr
+    assert "light_resnet50.onnx" in res.stdout and "match" in res.stdout and "fallbacks: 0" in res.stdout
+
+
+def test_run_with_inputs_dims_save_and_strict(tmp_path):
+    p = tmp_path / "enc.onnx"
+    onnx.save(transformer_encoder(), p)
+    res = _cli("run", str(p), "--dim", "batch=2", "--dim", "seq=5", "--save", str(tmp_path / "out"), "--strict",
+               "--runs", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    y = np.load(tmp_path / "out" / "y.npy")
+    assert y.shape == (2, 5, 64) and "cpu=" in res.stdout
+    x = np.ones((3, 7, 64), np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = _cli("run", str(p), "--input", f"x={tmp_path / 'x.npy'}", "--runs", "1")
+    assert res.returncode == 0 and "[3, 7, 64]" in res.stdout
+
+
+def test_run_reports_errors_without_a_traceback(tmp_path):
+    res = _cli("run", str(tmp_path / "missing.onnx"))
+    assert res.returncode == 1 and "error:" in res.stdout and "Traceback" not in res.stderr
+    p = tmp_path / "add.onnx"
+    onnx.save(add_model(), p)
+    res = _cli("run", str(p))
+    assert res.returncode == 1 and "--dim batch=N" in res.stdout
+
+
+def test_explain_json_and_symbolic_dims(tmp_path):
+    p = tmp_path / "enc.onnx"
+    onnx.save(transformer_encoder(), p)
+    res = _cli("explain", str(p), "--json", str(tmp_path / "e.json"))
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "e.json").read_text())
+    assert report["summary"]["arena_bytes"] is None and "--dim batch=N" in res.stdout
+    res = _cli("explain", str(p), "--dim", "batch=64", "--dim", "seq=32", "--json", str(tmp_path / "b.json"))
+    summary = json.loads((tmp_path / "b.json").read_text())["summary"]
+    assert summary["arena_bytes"] > 0 and "arena" in res.stdout and "lower bound" in res.stdout
+
+
+def test_profile_writes_a_trace(tmp_path):
+    res = _cli("profile", "--runs", "2", "--top", "3", "--trace", str(tmp_path / "t.json"))
+    assert res.returncode == 0, res.stderr
+    events = json.loads((tmp_path / "t.json").read_text())
+    assert any(e["cat"] == "Node" for e in events) and "per op type" in res.stdout
