@@ -10,15 +10,13 @@ time its convs take, one run each, in either runtime.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _common import ort_session  # noqa: E402
+from _common import alternating_medians, ort_session  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -90,22 +88,11 @@ def bench(shape, runs, threads, relu, batch, ort_spin=True):
         so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = threads, 1, 3
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         o = onnxruntime.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-    for _ in range(2):  # warm up: plan building, compilation, ORT's first-run allocations
-        g.run(None, feeds)
-        o.run(None, feeds)
-    tg, to = [], []
-    block = 4
-    for _ in range(max(1, runs // (block - 1))):
-        for sess, acc in ((g, tg), (o, to)):
-            for i in range(block):
-                t0 = time.perf_counter()
-                sess.run(None, feeds)
-                if i:
-                    acc.append(time.perf_counter() - t0)
+    tg, to = alternating_medians(g, o, feeds, runs, pause=0.0 if not ort_spin else 0.25)
     a, b = g.run(None, feeds)[0], o.run(None, feeds)[0]
     err = float(np.abs(a - b).max() / np.abs(b).max())
     kernel = g.explain()["nodes"][0]["kernel"].split(".")[-1]
-    return statistics.median(tg) * 1e3, statistics.median(to) * 1e3, kernel, err
+    return tg, to, kernel, err
 
 
 def main(argv=None):

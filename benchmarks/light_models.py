@@ -7,16 +7,14 @@ the other runtime's worker threads may still be spinning. Each cell is the media
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
-from _common import ort_session  # noqa: E402
+from _common import alternating_medians, ort_session  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import track  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -33,21 +31,9 @@ def bench(name, runs, threads):
     g = glassrt.InferenceSession(data, providers=["cpu"], fallback="error",
                                  sess_options=glassrt.SessionOptions(intra_op_num_threads=threads))
     o = ort_session(data, threads)
-    for _ in range(2):  # warm up: plan building, ORT's first-run allocations
-        g.run(None, feeds)
-        o.run(None, feeds)
-    tg, to = [], []
-    block = 4
-    for _ in range(max(1, runs // (block - 1))):
-        for sess, acc in ((g, tg), (o, to)):
-            time.sleep(0.25)  # let the other runtime's idle worker threads stop spinning (OpenBLAS: ~0.1 s)
-            for k in range(block):
-                t0 = time.perf_counter()
-                sess.run(None, feeds)
-                if k:
-                    acc.append(time.perf_counter() - t0)
+    tg, to = alternating_medians(g, o, feeds, runs)
     a, b = g.run(None, feeds)[0], o.run(None, feeds)[0]
-    return statistics.median(tg) * 1e3, statistics.median(to) * 1e3, float(np.abs(a - b).max())
+    return tg, to, float(np.abs(a - b).max())
 
 
 def main(argv=None):

@@ -77,6 +77,15 @@ def main():
     """glassrt — an ONNX inference runtime that shows every decision it makes."""
 
 
+def _session(source, providers, fallback="warn"):
+    """A session whose fallback warnings are left to the report (explain/profile show them)."""
+    from . import InferenceSession
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return InferenceSession(source, providers=providers.split(","), fallback=fallback)
+
+
 def _model_arg(model):
     """(model source, name of the embedded default or None)."""
     if model:
@@ -101,7 +110,7 @@ def run(model, inputs, dims, providers, strict, save, runs):
 
     source, default_name = _model_arg(model)
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings():
             warnings.simplefilter("always", FallbackWarning)
             t0 = time.perf_counter()
             sess = InferenceSession(source, providers=providers.split(","), fallback="error" if strict else "warn")
@@ -169,15 +178,12 @@ def explain(model, dims, providers, json_file, width):
     """Show every decision for MODEL without running it: placement, kernels, memory plan."""
     import json
 
-    from . import InferenceSession
     from .tools.explain import explain as build_report
     from .tools.explain import render
 
     source, _ = _model_arg(model)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sess = InferenceSession(source, providers=providers.split(","), fallback="warn")
+        sess = _session(source, providers)
         report = build_report(sess, _parse_dims(dims))
     except GlassrtError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
@@ -200,14 +206,11 @@ def profile(model, runs, trace, top, inputs, dims, providers):
     """Run MODEL several times and show where the time goes, per op type and per node."""
     from rich.progress import Progress
 
-    from . import InferenceSession
     from .tools.profile import profile_session, render
 
     source, default_name = _model_arg(model)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sess = InferenceSession(source, providers=providers.split(","), fallback="warn")
+        sess = _session(source, providers)
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
         with Progress(transient=True, console=console) as bar:
             task = bar.add_task("profiling", total=runs)
@@ -289,14 +292,11 @@ def check(op_filter, modules, json_file, custom_only):
 @click.option("--atol", default=1e-5, show_default=True)
 def compare(model, prov_a, prov_b, inputs, dims, rtol, atol):
     """Run MODEL on two provider lists and name the first node where they disagree."""
-    from . import InferenceSession
     from .tools.compare import first_disagreement
 
     source, default_name = _model_arg(model)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sess = InferenceSession(source, providers=prov_a.split(","), fallback="warn")
+        sess = _session(source, prov_a)
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
         found, n = first_disagreement(source, feeds, prov_a.split(","), prov_b.split(","), rtol, atol)
     except GlassrtError as e:
@@ -316,14 +316,11 @@ def compare(model, prov_a, prov_b, inputs, dims, rtol, atol):
 @click.option("--providers", default="cpu,reference", show_default=True)
 def nan(model, inputs, dims, providers):
     """Run MODEL and name the first node that produced a NaN or an Inf."""
-    from . import InferenceSession
     from .tools.compare import first_anomaly
 
     source, default_name = _model_arg(model)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sess = InferenceSession(source, providers=providers.split(","), fallback="warn")
+        sess = _session(source, providers)
         found = first_anomaly(sess, _load_inputs(sess, inputs, _parse_dims(dims), default_name))
     except GlassrtError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)

@@ -92,6 +92,6 @@ def transformer_encoder(d_model=64, heads=4, d_ff=128, layers=2, seed=0, opset=1
         res2 = node("Add", [h2, ln1], [p + "res2"])
         x = node("LayerNormalization", [res2, w(p + "g2", d_model, scale=1.0), w(p + "be2", d_model, scale=0.1)],
                  [p + "out"], axis=-1, epsilon=1e-5)
-    out = node("Identity", [x], ["y"])
+    node("Identity", [x], ["y"])
     return model(nodes, [tensor("x", ["batch", "seq", d_model])], [tensor("y", ["batch", "seq", d_model])],
                  inits, opset=opset)

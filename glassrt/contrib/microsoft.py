@@ -24,6 +24,7 @@ import numpy as np
 
 from ..ir import TensorType as Meta
 from ..ops.custom import custom_op
+from ..ops.meta._util import broadcast
 
 MS = "com.microsoft"
 F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
@@ -58,19 +59,7 @@ def _gelu_erf(x):
 
 def _broadcast(*shapes):
     """NumPy broadcasting of shapes whose dims may be symbolic (None: rank unknown)."""
-    if any(s is None for s in shapes):
-        return None
-    rank = max((len(s) for s in shapes), default=0)
-    out = []
-    for k in range(rank):
-        dims = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
-        dims = list(dict.fromkeys(d for d in dims if not (isinstance(d, int) and d == 1)))
-        ints = [d for d in dims if isinstance(d, int)]
-        if len(ints) > 1:
-            raise ValueError(f"shapes {[list(s) for s in shapes]} do not broadcast")
-        # A symbol that meets a concrete dim must equal it; otherwise keep the first symbol.
-        out.append(ints[0] if ints else (dims[0] if dims else 1))
-    return tuple(out)
+    return broadcast(None, *shapes)
 
 
 def _like(t, shape=None):

@@ -6,7 +6,7 @@ the round trip. Dims onnx cannot tell become fresh symbols (decided at run time)
 """
 from __future__ import annotations
 
-import numpy as np
+
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import sympy
 
 from .. import dtypes, symbolic
 from ..errors import GlassrtError, UnsupportedOperatorError

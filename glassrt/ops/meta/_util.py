@@ -7,7 +7,8 @@ from ... import symbolic
 
 
 def broadcast(ctx, *shapes):
-    """Multidirectional (NumPy) broadcasting of shapes whose dims may be symbolic."""
+    """Multidirectional (NumPy) broadcasting of shapes whose dims may be symbolic.
+    ctx: the MetaContext whose node an error names, or None (then a ValueError)."""
     if any(s is None for s in shapes):
         return None
     rank = max((len(s) for s in shapes), default=0)
@@ -23,8 +24,11 @@ def broadcast(ctx, *shapes):
             continue
         ints = [d for d in not_one if isinstance(d, int)]
         if len(ints) > 1:
-            ctx.fail(f"shapes {', '.join(symbolic.shape_str(s) for s in shapes)} do not broadcast "
-                     f"(dims {ints[0]} and {ints[1]})")
+            msg = (f"shapes {', '.join(symbolic.shape_str(s) for s in shapes)} do not broadcast "
+                   f"(dims {ints[0]} and {ints[1]})")
+            if ctx is None:
+                raise ValueError(msg)
+            ctx.fail(msg)
         if ints:
             out.append(ints[0])  # a symbol that meets a concrete dim must equal it (or be 1)
         elif len(not_one) == 1:
