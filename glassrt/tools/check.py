@@ -321,10 +321,24 @@ def _samples_by_op(limit=3):
     return out
 
 
+def _native_session(model):
+    """A cpu-only session, its warnings kept out of the check's report."""
+    from ..runtime.session import InferenceSession
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return InferenceSession(model, providers=["cpu"], fallback="silent")
+
+
+def _run(sess, inputs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sess.run(None, dict(zip([i.name for i in sess.get_inputs()], inputs)))
+
+
 def _builtin_rows(key, samples, with_backward=True):
     from ..kernels.registry import kernels_for
     from ..ops.registry import get_contract
-    from ..runtime.session import InferenceSession
 
     domain, op = key
     name = f"{domain + '::' if domain else ''}{op}"
@@ -332,11 +346,9 @@ def _builtin_rows(key, samples, with_backward=True):
     meta_bad, dyn_bad, dyn_warn, ran = [], [], [], 0
     for case, inputs in samples:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                sess = InferenceSession(case.model, providers=["cpu"], fallback="silent")
-                feeds = dict(zip([i.name for i in sess.get_inputs()], inputs))
-                outs = sess.run(None, feeds)
+            sess = _native_session(case.model)
+            feeds = dict(zip([i.name for i in sess.get_inputs()], inputs))
+            outs = _run(sess, inputs)
         except GlassrtError:
             continue
         ran += 1
@@ -406,9 +418,7 @@ def _builtin_dynamic(case, sess, inputs, outs):
         return None
     bigger = [np.concatenate([x, x], axis=0)] + list(inputs[1:])
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            outs2 = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], bigger)))
+        outs2 = _run(sess, bigger)
     except GlassrtError:
         return None  # doubling the batch is not valid for this op: nothing to say
     batch = symbolic.symbol("batch")
@@ -436,7 +446,6 @@ def _builtin_dynamic(case, sess, inputs, outs):
 
 def _builtin_decomposition(name, key, samples):
     from ..kernels import registry
-    from ..runtime.session import InferenceSession
 
     from ..runtime.plan import NONDETERMINISTIC
 
@@ -447,17 +456,13 @@ def _builtin_decomposition(name, key, samples):
     saved = list(registry.kernels_for("cpu", domain, op))
     for case, inputs in samples:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                fused_sess = InferenceSession(case.model, providers=["cpu"], fallback="silent")
-                feeds = dict(zip([i.name for i in fused_sess.get_inputs()], inputs))
-                fused = fused_sess.run(None, feeds)
-                registry.unregister("cpu", domain, op)
-                try:
-                    expanded = InferenceSession(case.model, providers=["cpu"], fallback="silent").run(None, feeds)
-                finally:
-                    for k in saved:
-                        registry.register(k)
+            fused = _run(_native_session(case.model), inputs)
+            registry.unregister("cpu", domain, op)
+            try:
+                expanded = _run(_native_session(case.model), inputs)
+            finally:
+                for k in saved:
+                    registry.register(k)
         except GlassrtError as e:
             if isinstance(e, UnsupportedOperatorError) and f"{op} node" in str(e):
                 continue  # the function body cannot be built for these inputs: nothing to compare
@@ -483,7 +488,6 @@ def _builtin_decomposition(name, key, samples):
 def _builtin_backward(name, samples):
     from onnx import defs
 
-    from ..runtime.session import InferenceSession
     from .gradcheck import gradcheck
 
     bad, done = [], 0
@@ -502,9 +506,7 @@ def _builtin_backward(name, samples):
                 x = x.astype(np.float64) * (1 + 1e-3 * rng.standard_normal(x.shape)) + 1e-4 * rng.standard_normal(x.shape)
             xs.append(x)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                sess = InferenceSession(model, providers=["cpu"], fallback="silent")
+            sess = _native_session(model)
             names = [i.name for i in sess.get_inputs()]
             diff = []
             for k, (n, x) in enumerate(zip(names, xs)):
