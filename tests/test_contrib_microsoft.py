@@ -686,3 +686,34 @@ def test_glassrt_check_passes(op):
     assert not failed, failed
     if op in DECOMPOSED or op == "BiasAdd":
         assert any(r.check == "decomposition" and r.status == "pass" for r in rows)
+
+
+def test_matmul_nbits_with_constant_weights_dequantizes_once():
+    """Weights as initializers (the usual case): the kernel dequantizes them when the plan is
+    built; the result still matches onnxruntime, and runs reuse it."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(5)
+    k, n, block = 64, 8, 32
+    packed, scales, zp = _quantize(n, k, 4, block, "packed", rng)
+    node = helper.make_node("MatMulNBits", ["a", "b", "s", "zp"], ["y"], domain="com.microsoft",
+                            K=k, N=n, bits=4, block_size=block)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+                          [numpy_helper.from_array(packed, "b"), numpy_helper.from_array(scales, "s"),
+                           numpy_helper.from_array(zp, "zp")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    a = rng.standard_normal((3, k)).astype(F32)
+    expected = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
+    import glassrt.contrib.microsoft as ms
+
+    calls = []
+    original = ms._nbits_weight
+    ms._nbits_weight = lambda *args: calls.append(1) or original(*args)
+    try:
+        sess = glassrt.InferenceSession(m, providers=["cpu"], fallback="error")
+        for _ in range(3):
+            np.testing.assert_allclose(sess.run(None, {"a": a})[0], expected, rtol=1e-4, atol=1e-4)
+    finally:
+        ms._nbits_weight = original
+    assert len(calls) == 1

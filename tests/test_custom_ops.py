@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -188,5 +189,39 @@ def test_register_example_may_set_attributes():
         rows = [r for r in checks.run_checks("ex::scale", builtins=False)]
         assert {r.check: r.status for r in rows}["meta_vs_real"] == "pass"
         assert {r.check: r.status for r in rows}["dynamic_dims"] == "pass"
+    finally:
+        op.unregister()
+
+
+def test_bound_kernel_prepares_constant_inputs_once():
+    """register_kernel(..., bind=True): per-plan work on weights known before the run."""
+    op = glassrt.custom_op("bind::scaled_matmul(Tensor x, Tensor w, float k=1.0) -> Tensor", dtypes=[np.float32])
+    prepared = []
+    try:
+        op.register_meta(lambda x, w, k: glassrt.TensorMeta(x.dtype, tuple(x.shape[:-1]) + (w.shape[1],)))
+
+        @op.register_kernel("cpu", bind=True)
+        def _bound(ctx):
+            w = ctx.const(1)
+            scaled = None if w is None else (w * ctx.attrs["k"]).astype(np.float32)
+            prepared.append(scaled is not None)
+            return lambda x, w: x @ (scaled if scaled is not None else w * np.float32(ctx.attrs["k"]))
+
+        w = np.arange(6, dtype=np.float32).reshape(3, 2)
+        node = helper.make_node("scaled_matmul", ["x", "w"], ["y"], domain="bind", k=2.0)
+        g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])],
+                              [onnx.numpy_helper.from_array(w, "w")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("bind", 1)])
+        sess = glassrt.InferenceSession(m, providers=["cpu"])
+        x = np.ones((4, 3), np.float32)
+        for _ in range(3):
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ (2 * w))
+        assert prepared == [True]  # bound once for the plan, with the weight already known
+        rows = {r.check: r.status for r in checks.run_checks("bind::scaled_matmul", builtins=False)}
+        assert rows["meta_vs_real"] == "skip"  # the generated (2, 3, 4) inputs do not multiply
+        op.register_example(lambda dt: [np.ones((2, 3), dt), np.ones((3, 5), dt)])
+        rows = {r.check: r.status for r in checks.run_checks("bind::scaled_matmul", builtins=False)}
+        assert rows["meta_vs_real"] == "pass" and rows["dtype_coverage"] == "pass"
     finally:
         op.unregister()

@@ -777,20 +777,34 @@ def _matmul_nbits_meta(a, b, scales, zero_points, g_idx, bias, K, N, block_size,
     return _like(a, shape=None if a.shape is None else tuple(a.shape[:-1]) + (N,))
 
 
-@matmul_nbits.register_kernel("cpu")
-def _matmul_nbits(a, b, scales, zero_points=None, g_idx=None, bias=None, *, K, N, block_size, bits=4,
-                  accuracy_level=0, weight_prepacked=0):
+@matmul_nbits.register_kernel("cpu", bind=True)
+def _matmul_nbits(ctx):
     """Dequantize B block-wise and multiply in float32 (accuracy_level is a speed hint: A is
-    never quantized here). An empty B is an omitted projection: zeros, plus the bias."""
-    _require(not weight_prepacked, "weight_prepacked (a CUDA layout) is not supported")
-    _require(a.shape[-1] == K, f"A's last dim {a.shape[-1]} must be K={K}")
-    if b.size == 0:
-        y = np.zeros(a.shape[:-1] + (N,), F32)
-    else:
-        y = np.matmul(a.astype(F32, copy=False), _nbits_weight(b, scales, zero_points, g_idx, K, N, block_size, bits).T)
-    if bias is not None:
-        y += bias.astype(F32, copy=False)
-    return y.astype(a.dtype, copy=False)
+    never quantized here). With B, scales, zero points and g_idx known when the plan is
+    built (the usual case: they are weights), the dequantized weight is made once per plan.
+    An empty B is an omitted projection: zeros, plus the bias."""
+    a = ctx.attrs
+    k, n, block_size, bits = int(a["K"]), int(a["N"]), int(a["block_size"]), int(a.get("bits", 4))
+    _require(not int(a.get("weight_prepacked", 0)), "weight_prepacked (a CUDA layout) is not supported")
+    weights = [ctx.const(i) for i in range(1, 5)]
+    cached = None
+    if weights[0] is not None and weights[1] is not None and all(
+            w is not None or i + 1 >= len(ctx.node.inputs) or not ctx.node.inputs[i + 1] for i, w in enumerate(weights)):
+        if weights[0].size:
+            cached = np.ascontiguousarray(_nbits_weight(*weights, k, n, block_size, bits).T)
+
+    def step(x, b, scales, zero_points=None, g_idx=None, bias=None):
+        _require(x.shape[-1] == k, f"A's last dim {x.shape[-1]} must be K={k}")
+        if b.size == 0:
+            y = np.zeros(x.shape[:-1] + (n,), F32)
+        else:
+            w_t = cached if cached is not None else _nbits_weight(b, scales, zero_points, g_idx, k, n, block_size, bits).T
+            y = np.matmul(x.astype(F32, copy=False), w_t)
+        if bias is not None:
+            y += bias.astype(F32, copy=False)
+        return y.astype(x.dtype, copy=False)
+
+    return step
 
 
 # ====================================================================== EmbedLayerNormalization

@@ -165,27 +165,36 @@ class CustomOp:
         self._publish()
         return fn
 
-    def register_kernel(self, provider, fn=None, *, dtypes=None):
-        """fn(*inputs, **attrs) -> array or tuple of arrays, for `provider` ("cpu"...)."""
+    def register_kernel(self, provider, fn=None, *, dtypes=None, bind=False):
+        """fn(*inputs, **attrs) -> array or tuple of arrays, for `provider` ("cpu"...).
+
+        With bind=True, fn(ctx) is called once per compiled plan and returns
+        step(*inputs): ctx.const(i) is input i's value when it is known before the run (a
+        weight), ctx.shape(i) / ctx.dtype(i) its type, ctx.attrs the attributes — the place
+        for work that should not be redone on every run (repacking, dequantizing weights)."""
         if fn is None:
-            return lambda f: self.register_kernel(provider, f, dtypes=dtypes)
+            return lambda f: self.register_kernel(provider, f, dtypes=dtypes, bind=bind)
         from ..kernels.registry import Kernel, register, unregister
 
         unregister(provider, self.domain, self.name)
         multi = len(self.schema.outputs) > 1
-        call = fn if not multi else (lambda *a, _fn=fn, **k: tuple(_fn(*a, **k)))
+        if bind:
+            call = fn if not multi else (lambda ctx, _fn=fn: (lambda *a, _s=_fn(ctx): tuple(_s(*a))))
+        else:
+            call = fn if not multi else (lambda *a, _fn=fn, **k: tuple(_fn(*a, **k)))
+        declared = dtypes or self.dtypes
         register(Kernel(name=f"{provider}.{self.domain + '::' if self.domain else ''}{self.name}", provider=provider,
-                        domain=self.domain,
-                        op_type=self.name, fn=call, multi=multi,
-                        dtypes=frozenset(np.dtype(d) for d in (dtypes or self.dtypes)) if (dtypes or self.dtypes) else None,
+                        domain=self.domain, op_type=self.name, fn=call, multi=multi, builder=bind,
+                        dtypes=frozenset(np.dtype(d) for d in declared) if declared else None,
                         attrs=None, doc=(fn.__doc__ or "").strip().split("\n")[0] or "user kernel"))
-        self.kernels[provider] = fn
+        self.kernels[provider] = fn if not bind else _Bound(fn)
         self._publish()
         return self
 
     def register_decomposition(self, fn):
         """fn(g, *input_names, **attrs) -> output name(s), built with g.Op(...) calls on
-        existing ops (see glassrt.ops.custom.GraphBuilder); any provider can then run it."""
+        existing ops (see glassrt.ops.custom.GraphBuilder; g.input_types has the inputs'
+        types); any provider can then run it."""
         self.decomposition_fn = fn
         self._publish()
         return fn
@@ -265,7 +274,7 @@ class CustomOp:
                 for r in res]
 
     def _decompose(self, node, input_types, visible):
-        g = GraphBuilder(node, visible)
+        g = GraphBuilder(node, visible, input_types)
         names = [i if i else None for i in node.inputs]
         names += [None] * (len(self.schema.inputs) - len(names))
         outs = self.decomposition_fn(g, *names, **self.attrs_of(node))
@@ -273,11 +282,30 @@ class CustomOp:
         return g.finish(outs)
 
 
-class GraphBuilder:
-    """Builds a decomposition out of existing ops: g.Mul(a, g.Sigmoid(b)) returns names."""
+class _Bound:
+    """A bind=True kernel, callable like a plain one (for `glassrt check`): binds per call."""
 
-    def __init__(self, node, visible):
+    def __init__(self, builder):
+        self.builder = builder
+
+    def __call__(self, *inputs, **attrs):
+        from ..kernels.registry import BindContext
+        from ..runtime.runner import type_of_value
+
+        node = type("CheckNode", (), {"inputs": ["x"] * len(inputs), "outputs": [], "opset": 1, "name": "check",
+                                      "op_type": "", "domain": ""})()
+        ctx = BindContext(node, attrs, [type_of_value(x) for x in inputs], [], list(inputs))
+        return self.builder(ctx)(*inputs)
+
+
+class GraphBuilder:
+    """Builds a decomposition out of existing ops: g.Mul(a, g.Sigmoid(b)) returns names.
+    g.input_types holds the node's input types (glassrt.TensorMeta: .dtype, .shape), for
+    decompositions that depend on them."""
+
+    def __init__(self, node, visible, input_types=()):
         self.node, self.visible = node, visible
+        self.input_types = list(input_types)
         self.protos = []
         self.counter = 0
 
