@@ -69,7 +69,20 @@ class _Group:
 
 
 def plan_memory(steps: list[StepIO], keep: set) -> MemoryPlan:
-    """`keep`: values that must not live in the arena (graph outputs: returned to the user)."""
+    """`keep`: values that must not live in the arena (graph outputs: returned to the user).
+
+    In-place reuse merges a value with its input into one longer-lived buffer, which can
+    fragment the arena; when the plan with it misses the lower bound, the plan without
+    in-place reuse is tried too, and the smaller arena wins."""
+    plan = _plan(steps, keep, inplace=True)
+    if plan.arena_bytes > plan.lower_bound_bytes and any(s.inplace for s in steps):
+        other = _plan(steps, keep, inplace=False)
+        if other.arena_bytes < plan.arena_bytes:
+            return other
+    return plan
+
+
+def _plan(steps: list[StepIO], keep: set, inplace: bool) -> MemoryPlan:
     producer, last_use, root = {}, {}, {}
     for k, s in enumerate(steps):
         for o in s.writes:
@@ -102,7 +115,7 @@ def plan_memory(steps: list[StepIO], keep: set) -> MemoryPlan:
                 kind = "output" if o in keep else "dynamic"
                 planned[o] = PlannedValue(o, size or 0, None, k, last_use.get(o, k), kind)
                 continue
-            src = s.inplace.get(o)
+            src = s.inplace.get(o) if inplace else None
             g = group_of.get(src) if src else None
             if (g is not None and last_use.get(src) == k and src not in root.values() and g.size == _align(size)):
                 g.names.append(o)
