@@ -307,3 +307,19 @@ def test_transfers_between_devices_are_placed_and_counted():
     assert summary["transfers"] == 1 and summary["transfer_list"][0]["consumer"] == "relu"
     np.testing.assert_array_equal(sess.run(None, {"x": np.array([1, -2, 3], np.float32)})[0], [0, 2, 0])
     assert glassrt.InferenceSession(m).transfers == []  # cpu and reference share the host
+
+
+def test_concurrent_runs_from_threads_are_correct():
+    """One session, several threads running at once (as a server would): each run gets a
+    plan (and arena) no other thread is using."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sess = glassrt.InferenceSession(transformer_encoder(d_model=64, heads=4, d_ff=128, layers=2))
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((2, 16, 64)).astype(np.float32) for _ in range(8)]
+    expected = [sess.run(None, {"x": x})[0] for x in xs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            got = list(pool.map(lambda x: sess.run(None, {"x": x})[0], xs))
+            for g, e in zip(got, expected):
+                np.testing.assert_array_equal(g, e)

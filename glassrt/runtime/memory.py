@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import random
 import sys
+import threading
 import time
 
 import numpy as np
@@ -245,8 +246,19 @@ class BufferPool:
         self.max_reserved = max_reserved
         self.hits = 0
         self.misses = 0
+        self._lock = threading.Lock()  # runs of one session may share the pool across threads
 
     def empty(self, shape, dtype) -> np.ndarray:
+        with self._lock:
+            return self._empty(shape, dtype)
+
+    def release(self, array) -> bool:
+        """Take back an array `empty` handed out (True); anything else — including a view
+        of a pool buffer — is ignored (False)."""
+        with self._lock:
+            return self._release(array)
+
+    def _empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         size = _align(max(nbytes, 1))
@@ -264,9 +276,7 @@ class BufferPool:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return handed
 
-    def release(self, array) -> bool:
-        """Take back an array `empty` handed out (True); anything else — including a view
-        of a pool buffer — is ignored (False)."""
+    def _release(self, array) -> bool:
         raw = self.in_use.pop(id(array), None)
         if raw is None:
             return False
