@@ -107,3 +107,22 @@ def test_sequence_and_optional_outputs():
     s, o = sess.run(None, {"x": np.ones(2, np.float32)})
     assert isinstance(s, list) and len(s) == 2 and o is None
     assert sess.get_outputs()[0].type == "seq(tensor(float))"
+
+
+def test_opsets_before_7_broadcast_from_axis():
+    """Add-6 with broadcast=1, axis=1: B (C,) lines up with axis 1, not NumPy-style with the
+    last axis; consumed_inputs (a memory hint of opsets 1-5) changes nothing."""
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal(4).astype(np.float32)
+    m = model([helper.make_node("Add", ["x", "b"], ["a"], broadcast=1, axis=1),
+               helper.make_node("Mul", ["a", "two"], ["m"], broadcast=1),
+               helper.make_node("Relu", ["m"], ["y"], consumed_inputs=[0])],
+              [tensor("x", [2, 4, 3, 5])], [tensor("y", [2, 4, 3, 5])],
+              [init("b", b), init("two", np.array([2.0], np.float32))], opset=6, ir_version=3)
+    sess = glassrt.InferenceSession(m, providers=["cpu"], fallback="error")
+    x = rng.standard_normal((2, 4, 3, 5)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.maximum((x + b[None, :, None, None]) * 2, 0))
+    bad = model([helper.make_node("Add", ["x", "b"], ["y"], name="add", broadcast=1, axis=3)],
+                [tensor("x", [2, 4, 3, 5])], [tensor("y", None)], [init("b", b)], opset=6, ir_version=3)
+    with pytest.raises(glassrt.ShapeInferenceError, match="add.*do not broadcast"):
+        glassrt.InferenceSession(bad)

@@ -66,8 +66,8 @@ def _fold_affine(graph, nodes, consts, inits, log):
     BatchNormalization before it."""
     producer = {o: n for n in nodes for o in n.outputs if o}
     for n in nodes:
-        if n.op_type not in ("Mul", "Add") or n.domain or len(n.inputs) != 2:
-            continue
+        if n.op_type not in ("Mul", "Add") or n.domain or len(n.inputs) != 2 or "broadcast" in n.attrs:
+            continue  # (opsets 1-6 broadcast differently: left alone)
         for k in (0, 1):
             x, c_name = n.inputs[k], n.inputs[1 - k]
             prev = producer.get(x)

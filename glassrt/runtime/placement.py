@@ -99,7 +99,7 @@ def kernel_reason(k: Kernel, ctx: BindContext, *, shapes: bool = True) -> str | 
     if k.attrs is not None:
         defaults = schema_defaults(ctx.contract.schema) if ctx.contract else {}
         for a, v in ctx.node.attrs.items():
-            if a not in k.attrs and not _same(defaults.get(a, _MISSING), v):
+            if a not in k.attrs and a not in NO_EFFECT_ATTRS and not _same(defaults.get(a, _MISSING), v):
                 return f"attribute {a}={_short(v)} not supported by {k.name}"
     if shapes and k.accepts is not None:
         try:
@@ -112,6 +112,8 @@ def kernel_reason(k: Kernel, ctx: BindContext, *, shapes: bool = True) -> str | 
 
 
 _MISSING = object()
+# Attributes that never change what an op computes (opsets 1-5's memory hint).
+NO_EFFECT_ATTRS = {"consumed_inputs"}
 
 
 def _same(a, b):

@@ -326,3 +326,30 @@ def cast(x, *, to, saturate=1, round_mode="up"):
 @kernel("CastLike", dtypes=ALL)
 def cast_like(x, like, *, saturate=1, round_mode="up"):
     return cast_array(x, like.dtype, saturate, round_mode)
+
+
+# ---------------------------------------------------------------- opsets 1-6
+
+
+def _legacy(op, fn, types):
+    """Opsets 1-6 broadcast B against A from `axis` when broadcast=1 (ONNX's old rule)."""
+
+    def build(ctx):
+        from ...ops.meta.elementwise import legacy_b_shape
+
+        on, axis = int(ctx.attrs.get("broadcast", 0)), ctx.attrs.get("axis")
+
+        def step(a, b):
+            return fn(a, b.reshape(legacy_b_shape(a.ndim, b.shape, axis)) if on else b)
+
+        return step
+
+    kernel(op, dtypes=types, versions=(1, 6), bind=True, priority=10, name="legacy_broadcast")(build)
+
+
+for _op, _fn, _types in [("Add", np.add, NUMERIC), ("Sub", np.subtract, NUMERIC), ("Mul", np.multiply, NUMERIC),
+                         ("Div", lambda a, b: div(a, b), NUMERIC), ("Pow", lambda a, b: pow_(a, b), NUMERIC),
+                         ("And", np.logical_and, BOOL), ("Or", np.logical_or, BOOL), ("Xor", np.logical_xor, BOOL),
+                         ("Equal", np.equal, NUMERIC | set(BOOL)), ("Greater", np.greater, NUMERIC),
+                         ("Less", np.less, NUMERIC)]:
+    _legacy(_op, _fn, _types)

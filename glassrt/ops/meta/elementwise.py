@@ -42,22 +42,55 @@ def unary_bool(ctx):
     return [ctx.tensor(np.bool_, ctx.shape(0))]
 
 
+def legacy_b_shape(a_rank, b_shape, axis):
+    """Opsets 1-6 with broadcast=1: B's dims line up with A's starting at `axis` (default:
+    at the end), not NumPy-style from the right. The shape B takes to broadcast that way."""
+    if axis is None:
+        axis = a_rank - len(b_shape)
+    axis = axis + a_rank if axis < 0 else axis
+    if axis < 0 or axis + len(b_shape) > a_rank:
+        raise ValueError(f"B {list(b_shape)} does not fit into rank {a_rank} at axis {axis}")
+    return (1,) * axis + tuple(b_shape) + (1,) * (a_rank - axis - len(b_shape))
+
+
+def _binary_shape(ctx):
+    """The output shape of a two-input elementwise op, legacy broadcasting included."""
+    a, b = ctx.shape(0), ctx.shape(1)
+    if ctx.contract.since_version < 7 and ctx.node.op_type in LEGACY_BROADCAST:
+        if a is None or b is None:
+            return None
+        if not int(ctx.attr("broadcast", 0)):
+            if len(a) != len(b) or any(isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(a, b)):
+                ctx.fail(f"shapes {list(a)} and {list(b)} differ and broadcast=0")
+            return tuple(a)
+        try:
+            b = legacy_b_shape(len(a), b, ctx.attrs.get("axis"))
+        except ValueError as e:
+            ctx.fail(str(e))
+    return broadcast(ctx, a, b)
+
+
+LEGACY_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"}
+
+
 @meta(BINARY_SAME)
 def binary_same(ctx):
     _check_same_dtype(ctx, range(ctx.n_inputs))
+    if ctx.n_inputs == 2 and ctx.has(1):
+        return [ctx.tensor(ctx.dtype(0), _binary_shape(ctx))]
     shapes = [ctx.shape(i) for i in range(ctx.n_inputs) if ctx.has(i)]
     return [ctx.tensor(ctx.dtype(0), broadcast(ctx, *shapes))]
 
 
 @meta("Pow")
 def pow_(ctx):
-    return [ctx.tensor(ctx.dtype(0), broadcast(ctx, ctx.shape(0), ctx.shape(1)))]
+    return [ctx.tensor(ctx.dtype(0), _binary_shape(ctx))]
 
 
 @meta(BINARY_BOOL)
 def binary_bool(ctx):
     _check_same_dtype(ctx, [0, 1])
-    return [ctx.tensor(np.bool_, broadcast(ctx, ctx.shape(0), ctx.shape(1)))]
+    return [ctx.tensor(np.bool_, _binary_shape(ctx))]
 
 
 @meta("Where")
