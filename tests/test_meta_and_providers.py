@@ -126,3 +126,24 @@ def test_opsets_before_7_broadcast_from_axis():
                 [tensor("x", [2, 4, 3, 5])], [tensor("y", None)], [init("b", b)], opset=6, ir_version=3)
     with pytest.raises(glassrt.ShapeInferenceError, match="add.*do not broadcast"):
         glassrt.InferenceSession(bad)
+
+
+def test_old_opset_forms():
+    """Concat-1 without axis (default 1), Gemm-6 with broadcast=1, Dropout-6 and
+    BatchNormalization-6 with is_test: as old model-zoo exports write them."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    cases = [
+        (model([helper.make_node("Concat", ["x", "x"], ["y"])], [tensor("x", [2, 3])], [tensor("y", None)],
+               opset=1, ir_version=3), np.concatenate([x, x], 1)),
+        (model([helper.make_node("Gemm", ["x", "w", "c"], ["y"], broadcast=1, transB=1)], [tensor("x", [2, 3])],
+               [tensor("y", None)], [init("w", np.ones((4, 3), np.float32)), init("c", np.arange(4, dtype=np.float32))],
+               opset=6, ir_version=3), x @ np.ones((3, 4)) + np.arange(4)),
+        (model([helper.make_node("Dropout", ["x"], ["y"], is_test=1, ratio=0.3)], [tensor("x", [2, 3])],
+               [tensor("y", None)], opset=6, ir_version=3), x),
+        (model([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], is_test=1)],
+               [tensor("x", [2, 3])], [tensor("y", None)], [init(n, np.ones(3, np.float32)) for n in "sbmv"],
+               opset=6, ir_version=3), (x - 1) / np.sqrt(1 + 1e-5) + 1),
+    ]
+    for m, expected in cases:
+        sess = glassrt.InferenceSession(m, providers=["cpu"], fallback="error")
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], expected, rtol=1e-6, atol=1e-6)

@@ -44,14 +44,15 @@ def matmul_half(a, b, *, out=None):
 
 
 @kernel("Gemm", dtypes=HALF_TYPES, name="half_via_float32")
-def gemm_half(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+def gemm_half(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
     f = np.float32
     return gemm(a.astype(f), b.astype(f), None if c is None else c.astype(f), alpha=alpha, beta=beta,
                 transA=transA, transB=transB).astype(a.dtype)
 
 
 @kernel("Gemm", dtypes=MATMUL_TYPES, out=True)
-def gemm(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0):
+def gemm(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
+    # broadcast (Gemm-1..6): C broadcasts to (M, N) either way, as NumPy does.
     a = a.T if transA else a
     b = b.T if transB else b
     y = np.matmul(a, b, out=out)

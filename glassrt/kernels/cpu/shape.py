@@ -97,7 +97,7 @@ def transpose(x, *, out=None, perm=None):
 
 
 @kernel("Concat", dtypes=ALL, out=True)
-def concat(*xs, out=None, axis):
+def concat(*xs, out=None, axis=1):  # Concat-1..3 made axis optional, defaulting to 1
     return np.concatenate(xs, axis=norm_axis(axis, xs[0].ndim), out=out)
 
 

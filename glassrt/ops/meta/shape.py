@@ -262,7 +262,7 @@ def concat(ctx):
         ctx.fail("inputs have different ranks: " + ", ".join(symbolic.shape_str(s) for s in known))
     if len(known) < len(shapes):
         return [ctx.tensor(ctx.dtype(0), tuple(symbolic.fresh() for _ in range(rank)))]
-    a = norm_axis(ctx, int(ctx.attr("axis")), rank)
+    a = norm_axis(ctx, int(ctx.attr("axis", 1)), rank)  # Concat-1..3: axis optional, default 1
     out = list(known[0])
     for s in known[1:]:
         for k in range(rank):
@@ -282,7 +282,7 @@ def concat_values(ctx):
         return [None]
     if any(v.dtype == object for v in vs):
         vs = [v.astype(object) for v in vs]
-    return [_tidy(np.concatenate(vs, axis=int(ctx.attr("axis"))))]
+    return [_tidy(np.concatenate(vs, axis=int(ctx.attr("axis", 1))))]
 
 
 @meta("Split")
