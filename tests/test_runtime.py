@@ -323,3 +323,15 @@ def test_concurrent_runs_from_threads_are_correct():
             got = list(pool.map(lambda x: sess.run(None, {"x": x})[0], xs))
             for g, e in zip(got, expected):
                 np.testing.assert_array_equal(g, e)
+
+
+def test_empty_tensors_flow_through():
+    """A batch of 0 or an empty sequence: nodes whose outputs have no element are not run
+    (onnxruntime accepts such inputs too)."""
+    sess = glassrt.InferenceSession(transformer_encoder())
+    for shape in [(0, 4, 64), (2, 0, 64)]:
+        assert sess.run(None, {"x": np.zeros(shape, np.float32)})[0].shape == shape
+    from tests.test_hostile import _small_cnn
+
+    y = glassrt.InferenceSession(_small_cnn()).run(None, {"x": np.zeros((0, 3, 8, 8), np.float32)})[0]
+    assert y.shape == (0, 5)

@@ -178,7 +178,9 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
     ws = memory.values.get(f"<workspace {k}>")
     ctx.workspace = arena[ws.offset:ws.offset + ws.bytes] if ws is not None else None
     st = Step()
-    if _is_static(ctx):
+    if _is_static(ctx) and _all_empty(ctx.output_types, node.outputs):
+        st.fn = _empty_step(ctx.output_types, kern.multi)  # no element to compute: the kernel never runs
+    elif _is_static(ctx):
         st.fn = _bind(kern, ctx, make_runner, placement)
     else:
         st.fn = _DynamicStep(kern, ctx, make_runner, placement, pool, options.memory_limit())
@@ -192,6 +194,21 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
                  if o and options.check_outputs and isinstance(t, TensorType) and t.is_static
                  and (memory.values.get(o) is None or memory.values[o].offset is None)]
     return st
+
+
+def _all_empty(types, names) -> bool:
+    """Every output is a tensor with zero elements (a batch of 0, an empty sequence axis)."""
+    outs = [t for t, n in zip(types, names) if n]
+    return bool(outs) and all(isinstance(t, TensorType) and t.is_static and 0 in t.shape for t in outs)
+
+
+def _empty_step(types, multi):
+    empties = [np.empty(t.shape, t.dtype) if isinstance(t, TensorType) else None for t in types]
+
+    def step(*args, out=None):
+        return tuple(empties) if multi else empties[0]
+
+    return step
 
 
 def _free_lists(steps, step_io, memory, slots, never):
@@ -241,6 +258,9 @@ class _DynamicStep:
                 self.cache.pop(next(iter(self.cache)))
             self.cache[key] = entry
         fn, alloc = entry
+        if alloc and all(shape is not None and 0 in shape for shape, _ in alloc):
+            empties = tuple(np.empty(shape, dt) for shape, dt in alloc)  # nothing to compute
+            return empties if self.kern.multi else empties[0]
         if not self.kern.out:
             return fn(*args)
         empty = self.pool.empty if self.pool is not None else np.empty
