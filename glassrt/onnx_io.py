@@ -124,8 +124,9 @@ class _Parser:
         defined = set(outer) | {v.name for v in inputs} | set(inits)
         nodes = []
         used_names: set[str] = set()
+        visible = defined | {o for m in g.node for o in m.output}  # what subgraphs may read from here
         for i, n in enumerate(g.node):
-            nodes.append(self.node(n, i, used_names, defined | {o for m in g.node for o in m.output}))
+            nodes.append(self.node(n, i, used_names, visible))
         graph = Graph(name=g.name, nodes=nodes, inputs=inputs, outputs=outputs,
                       initializers=inits, types=types, opsets=dict(self.opsets))
         _check_and_sort(graph, outer)

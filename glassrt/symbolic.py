@@ -32,7 +32,8 @@ def normalize(d):
     if isinstance(d, int) and not isinstance(d, bool):
         return d
     if isinstance(d, sympy.Basic):
-        d = sympy.simplify(d) if not d.is_Atom else d
+        # SymPy already keeps products and sums canonical (768*batch/768 is batch); a full
+        # simplify() would cost milliseconds per dim on big models for nothing.
         if d.is_Integer:
             return int(d)
         return d
