@@ -147,3 +147,16 @@ def test_old_opset_forms():
     for m, expected in cases:
         sess = glassrt.InferenceSession(m, providers=["cpu"], fallback="error")
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], expected, rtol=1e-6, atol=1e-6)
+
+
+def test_layer_normalization_before_opset_17_as_onnxruntime_writes_it():
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(0)
+    m = model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)],
+              [tensor("x", [2, 3, 8])], [tensor("y", [2, 3, 8])],
+              [init("g", rng.standard_normal(8).astype(np.float32)), init("b", rng.standard_normal(8).astype(np.float32))],
+              opset=13)
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    expected = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = glassrt.InferenceSession(m, providers=["cpu"], fallback="error").run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -13,6 +13,10 @@ from onnx import defs
 
 from .contract import COMPOSITE, CUSTOM, PRIMITIVE, OpContract
 
+# Ops onnxruntime put in the default ONNX domain before ONNX itself defined them (at the
+# version given): its transformer optimizers write LayerNormalization into opset 11-16 models.
+ONNXRUNTIME_EARLY_OPS = {"LayerNormalization": 17}
+
 _META: dict[tuple[str, str], list] = {}
 _VALUES: dict[tuple[str, str], list] = {}
 _BACKWARD: dict[tuple[str, str], list] = {}
@@ -80,7 +84,11 @@ def get_contract(domain: str, op_type: str, opset: int) -> OpContract | None:
     try:
         schema = defs.get_schema(op_type, opset, domain)
     except defs.SchemaError:
-        return None
+        if domain != "" or op_type not in ONNXRUNTIME_EARLY_OPS:
+            return None
+        # onnxruntime registered this op in the ONNX domain before ONNX defined it; the
+        # models its optimizers write use it at older opsets with the later semantics.
+        schema = defs.get_schema(op_type, ONNXRUNTIME_EARLY_OPS[op_type], domain)
     from .onnx_meta import onnx_meta
 
     version = schema.since_version

@@ -71,7 +71,8 @@ class InferenceSession:
 
     model: a path, bytes or onnx.ModelProto. providers: priority list, default
     ["cpu", "reference"]. fallback: "warn" (run on a later provider, warn once per node,
-    count it) or "error" (raise FallbackError at creation listing every such node).
+    count it), "error" (raise FallbackError at creation listing every such node) or
+    "silent" (as "warn", without the warnings: the fallbacks are still in sess.fallbacks).
     """
 
     def __init__(self, model, providers=None, *, fallback: str = "warn", sess_options: SessionOptions | None = None,
