@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import dtypes, symbolic
@@ -125,20 +126,20 @@ def run(model, inputs, dims, providers, strict, save, runs):
             sess.run(None, feeds)
             times.append(time.perf_counter() - t0)
     except GlassrtError as e:
-        console.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False)
         sys.exit(1)
 
-    console.print(f"[bold]{Path(source).name}[/]  created in {created * 1e3:.0f} ms", highlight=False)
+    console.print(f"[bold]{escape(Path(source).name)}[/]  created in {created * 1e3:.0f} ms", highlight=False)
     table = Table(title="outputs", title_justify="left")
     for col in ("name", "shape", "dtype", "values"):
         table.add_column(col)
     for arg, value in zip(sess.get_outputs(), outputs):
         if isinstance(value, np.ndarray):
             flat = value.reshape(-1)[:5]
-            table.add_row(arg.name, str(list(value.shape)), dtypes.name(value.dtype),
+            table.add_row(escape(arg.name), escape(str(list(value.shape))), dtypes.name(value.dtype),
                           np.array2string(flat, precision=4, separator=", ") + (" ..." if value.size > 5 else ""))
         else:
-            table.add_row(arg.name, "-", type(value).__name__, repr(value)[:60])
+            table.add_row(escape(arg.name), "-", type(value).__name__, escape(repr(value)[:60]))
     console.print(table)
     lat = statistics.median(times) if times else first
     console.print(f"latency: first run {first * 1e3:.1f} ms (plan built), then median {lat * 1e3:.2f} ms over {len(times)} runs")
@@ -147,7 +148,7 @@ def run(model, inputs, dims, providers, strict, save, runs):
     if sess.fallbacks:
         console.print(f"[yellow]fallbacks: {len(sess.fallbacks)}[/]")
         for f in sess.fallbacks:
-            console.print(f"  {f}", highlight=False)
+            console.print(f"  {escape(str(f))}", highlight=False)
     else:
         console.print("fallbacks: 0")
     if default_name:
@@ -186,7 +187,7 @@ def explain(model, dims, providers, json_file, width):
         sess = _session(source, providers)
         report = build_report(sess, _parse_dims(dims))
     except GlassrtError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
     render(report, console, width)
     if json_file:
@@ -216,7 +217,7 @@ def profile(model, runs, trace, top, inputs, dims, providers):
             task = bar.add_task("profiling", total=runs)
             prof = profile_session(sess, feeds, runs, warmup=1, progress=lambda i: bar.update(task, completed=i))
     except GlassrtError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
     render(prof, console, top)
     if trace:
@@ -245,7 +246,7 @@ def check(op_filter, modules, json_file, custom_only):
         try:
             checks.load_module(m)
         except Exception as e:  # noqa: BLE001 — the user's module: report, do not crash
-            console.print(f"[bold red]error:[/] cannot import --module {m}: {type(e).__name__}: {e}", highlight=False)
+            console.print(f"[bold red]error:[/] cannot import --module {m}: {type(e).__name__}: {escape(str(e))}", highlight=False)
             sys.exit(2)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("checking built-in ops", total=None)
@@ -262,7 +263,7 @@ def check(op_filter, modules, json_file, custom_only):
     for r in shown:
         if r.status == "info" and not op_filter:
             continue
-        t.add_row(r.op, r.check, f"[{style[r.status]}]{r.status}[/]", r.message)
+        t.add_row(escape(r.op), r.check, f"[{style[r.status]}]{r.status}[/]", escape(r.message))
     console.print(t)
     s = checks.summarize(rows)
     for name in checks.CHECKS:
@@ -271,7 +272,7 @@ def check(op_filter, modules, json_file, custom_only):
     if not op_filter:
         for r in rows:
             if r.op == "(built-ins)":
-                console.print(f"[cyan]note:[/] {r.message}", highlight=False)
+                console.print(f"[cyan]note:[/] {escape(r.message)}", highlight=False)
     if json_file:
         Path(json_file).write_text(json.dumps([asdict(r) for r in rows], indent=1))
         console.print(f"wrote {json_file}")
@@ -300,12 +301,12 @@ def compare(model, prov_a, prov_b, inputs, dims, rtol, atol):
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
         found, n = first_disagreement(source, feeds, prov_a.split(","), prov_b.split(","), rtol, atol)
     except GlassrtError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
     if found is None:
         console.print(f"[green]agree[/]: {n} values compared (rtol={rtol}, atol={atol})")
         return
-    console.print(f"[bold red]first disagreement[/] (after {n} values compared): {found}", highlight=False)
+    console.print(f"[bold red]first disagreement[/] (after {n} values compared): {escape(str(found))}", highlight=False)
     sys.exit(1)
 
 
@@ -323,12 +324,12 @@ def nan(model, inputs, dims, providers):
         sess = _session(source, providers)
         found = first_anomaly(sess, _load_inputs(sess, inputs, _parse_dims(dims), default_name))
     except GlassrtError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
     if found is None:
         console.print("[green]no NaN or Inf[/] in any intermediate value")
         return
-    console.print(f"[bold red]first non-finite value:[/] {found}", highlight=False)
+    console.print(f"[bold red]first non-finite value:[/] {escape(str(found))}", highlight=False)
     sys.exit(1)
 
 
@@ -338,7 +339,7 @@ def _load_inputs(sess, inputs, dims, default_name):
         try:
             given[name] = np.load(file, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise GlassrtError(f"cannot read --input {name}={file}: {e}") from e
+            raise GlassrtError(f"cannot read --input {name}={file}: {escape(str(e))}") from e
     if default_name and not given:
         from .tools import light_models
 

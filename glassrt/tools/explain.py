@@ -134,6 +134,8 @@ def fmt_flops(f) -> str:
 
 
 def render(report: dict, console, max_reason: int = 70) -> None:
+    """Names, shapes and reasons are data, not markup: "[batch,seq,64]" must print as is."""
+    from rich.markup import escape
     from rich.table import Table
 
     values = {v["name"]: v for v in report["values"]}
@@ -152,24 +154,26 @@ def render(report: dict, console, max_reason: int = 70) -> None:
             style = "yellow" if n["fallback"] else None
             first = j == 0
             kernel = n["kernel"] or f"{n['provider']}.{n['op']}"
-            table.add_row(str(i) if first else "", n["name"] if first else "", kernel if first else "",
-                          f"{(o['dtype'] or '')}{shape}", offset, fmt_bytes(v.get("bytes")) if v else "", life,
-                          reason if first else "", style=style)
+            table.add_row(str(i) if first else "", escape(n["name"]) if first else "", escape(kernel) if first else "",
+                          escape(f"{(o['dtype'] or '')}{shape}"), offset, fmt_bytes(v.get("bytes")) if v else "", life,
+                          escape(reason) if first else "", style=style)
     console.print(table)
     s = report["summary"]
-    console.print(f"nodes: {s['nodes']}  per provider: " + ", ".join(f"{p}={c}" for p, c in s["nodes_per_provider"].items())
-                  + f"  folded: {s['folded_at_load']} at load, {s['folded_in_plan']} in the plan", highlight=False)
+    per_provider = ", ".join(f"{p}={c}" for p, c in s["nodes_per_provider"].items())
+    console.print(f"nodes: {s['nodes']}  per provider: {per_provider}  folded: {s['folded_at_load']} at load, "
+                  f"{s['folded_in_plan']} in the plan", highlight=False, markup=False)
     if s["expansions"]:
         console.print(f"expanded composites: {len(s['expansions'])} (" + ", ".join(
-            f"{e['op']} '{e['node']}' → {e['into_nodes']} nodes" for e in s["expansions"][:5]) + ")", highlight=False)
+            f"{e['op']} '{e['node']}' → {e['into_nodes']} nodes" for e in s["expansions"][:5]) + ")", highlight=False,
+                      markup=False)
     console.print(f"fallbacks: {s['fallback_count']}", style="yellow" if s["fallback_count"] else None)
     for f in s["fallbacks"]:
-        console.print(f"  {f['op']} '{f['node']}' → {f['provider']}: {f['reason']}", highlight=False)
-    console.print(f"FLOPs: {fmt_flops(s['flops'])}   transfers: {s['transfers']}", highlight=False)
+        console.print(f"  {f['op']} '{f['node']}' → {f['provider']}: {f['reason']}", highlight=False, markup=False)
+    console.print(f"FLOPs: {fmt_flops(s['flops'])}   transfers: {s['transfers']}", highlight=False, markup=False)
     if s["arena_bytes"] is not None:
         console.print(f"memory: naive {fmt_bytes(s['naive_bytes'])}, arena {fmt_bytes(s['arena_bytes'])}, "
                       f"lower bound {fmt_bytes(s['lower_bound_bytes'])} (arena / lower bound = "
                       f"{s['arena_over_lower_bound']:.3f})", highlight=False)
     else:
         console.print("memory: bind " + ", ".join(f"--dim {d}=N" for d in s["unbound_dims"]) +
-                      " to plan the arena", highlight=False)
+                      " to plan the arena", highlight=False, markup=False)

@@ -114,6 +114,7 @@ def profile_session(sess, feeds: dict, runs: int = 10, warmup: int = 1, progress
 
 
 def render(prof: Profile, console, top: int = 15) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     lat = prof.latency()
@@ -121,14 +122,14 @@ def render(prof: Profile, console, top: int = 15) -> None:
     for c in ("op", "calls", "total ms", "mean ms", "% of run"):
         t.add_column(c, justify="left" if c == "op" else "right")
     for r in prof.by_op()[:top]:
-        t.add_row(r["key"], str(r["calls"]), f"{r['total_ms']:.2f}", f"{r['mean_ms']:.3f}", f"{r['percent']:.1f}")
+        t.add_row(escape(r["key"]), str(r["calls"]), f"{r['total_ms']:.2f}", f"{r['mean_ms']:.3f}", f"{r['percent']:.1f}")
     console.print(t)
     t = Table(title=f"top {top} nodes", title_justify="left")
     for c in ("node", "op", "kernel", "calls", "total ms", "mean ms", "% of run"):
         t.add_column(c, justify="right" if c in ("calls", "total ms", "mean ms", "% of run") else "left")
     for r in prof.by_node()[:top]:
         name, op, provider, kernel = r["key"]
-        t.add_row(name, op, kernel, str(r["calls"]), f"{r['total_ms']:.2f}", f"{r['mean_ms']:.3f}", f"{r['percent']:.1f}")
+        t.add_row(escape(name), op, escape(kernel), str(r["calls"]), f"{r['total_ms']:.2f}", f"{r['mean_ms']:.3f}", f"{r['percent']:.1f}")
     console.print(t)
     if lat:
         console.print(f"latency over {lat['runs']} runs: min {lat['min_ms']:.2f} ms, median {lat['median_ms']:.2f} ms, "
