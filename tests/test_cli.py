@@ -51,6 +51,7 @@ def test_explain_json_and_symbolic_dims(tmp_path):
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "e.json").read_text())
     assert report["summary"]["arena_bytes"] is None and "--dim batch=N" in res.stdout
+    assert "float[batch,seq,64]" in res.stdout.replace(" ", "")  # printed as text, not taken for markup
     res = _cli("explain", str(p), "--dim", "batch=64", "--dim", "seq=32", "--json", str(tmp_path / "b.json"))
     summary = json.loads((tmp_path / "b.json").read_text())["summary"]
     assert summary["arena_bytes"] > 0 and "arena" in res.stdout and "lower bound" in res.stdout
