@@ -142,7 +142,8 @@ def run(model, inputs, dims, providers, strict, save, runs):
             table.add_row(escape(arg.name), "-", type(value).__name__, escape(repr(value)[:60]))
     console.print(table)
     lat = statistics.median(times) if times else first
-    console.print(f"latency: first run {first * 1e3:.1f} ms (plan built), then median {lat * 1e3:.2f} ms over {len(times)} runs")
+    console.print(f"latency: first run {first * 1e3:.1f} ms (plan built; on a fresh install also Numba's one-time "
+                  f"compile, cached on disk), then median {lat * 1e3:.2f} ms over {len(times)} runs")
     counts = sess.placement.counts()
     console.print("nodes per provider: " + ", ".join(f"{p}={n}" for p, n in counts.items()), highlight=False)
     if sess.fallbacks:
