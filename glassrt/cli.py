@@ -145,7 +145,16 @@ def run(model, inputs, dims, providers, strict, save, runs):
     console.print(f"latency: first run {first * 1e3:.1f} ms (plan built; on a fresh install also Numba's one-time "
                   f"compile, cached on disk), then median {lat * 1e3:.2f} ms over {len(times)} runs")
     counts = sess.placement.counts()
-    console.print("nodes per provider: " + ", ".join(f"{p}={n}" for p, n in counts.items()), highlight=False)
+    console.print("nodes per provider: " + ", ".join(f"{p}={n}" for p, n in counts.items())
+                  + f"  (graph passes rewrote {len(sess.pass_log)} place(s); {len(sess.folded)} node(s) folded)",
+                  highlight=False)
+    plan = sess.runner.plans.get(sess.runner.signature(sess._check_feeds(feeds), None))
+    if plan is not None:
+        from .tools.explain import fmt_bytes
+
+        m = plan.memory
+        console.print(f"memory: arena {fmt_bytes(m.arena_bytes)} (lower bound {fmt_bytes(m.lower_bound_bytes)}, "
+                      f"every intermediate in its own buffer: {fmt_bytes(m.naive_bytes)})", highlight=False)
     if sess.fallbacks:
         console.print(f"[yellow]fallbacks: {len(sess.fallbacks)}[/]")
         for f in sess.fallbacks:

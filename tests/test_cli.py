@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -12,7 +13,9 @@ from tests.helpers import add_model, transformer_encoder
 
 
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "glassrt.cli", *args], capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, "COLUMNS": "200"}  # wide enough that table cells do not wrap
+    return subprocess.run([sys.executable, "-m", "glassrt.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
 
 
 def test_run_default_model_checks_the_shipped_output():
