@@ -209,6 +209,12 @@ class _Parser:
         values = self.tensor(st.values, where)
         indices = self.tensor(st.indices, where).astype(np.int64)
         dims = [int(d) for d in st.dims]
+        if any(d < 0 for d in dims):
+            raise InvalidModelError(f"{where}: negative dimension in {dims}")
+        nbytes = int(np.prod(dims, dtype=np.float64)) * values.dtype.itemsize
+        if nbytes > _physical_memory():
+            raise InvalidModelError(f"{where}: a sparse tensor of shape {dims} would take {nbytes:,} bytes dense, "
+                                    "more than this machine's memory")
         dense = np.zeros(dims, dtype=values.dtype)
         if values.size:
             if indices.ndim == 1:  # linearized indices
@@ -248,6 +254,13 @@ class _Parser:
         inline.data_location = TensorProto.DEFAULT
         inline.raw_data = raw
         return inline
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
 
 
 def resolve_external_path(base_dir: str, location: str, where: str) -> str:

@@ -140,3 +140,12 @@ def test_deeply_nested_subgraphs():
                                  f"g{depth}", [], [tensor(f"o{depth}", None)])
     m = model(list(body.node), [tensor("c", [], TensorProto.BOOL), tensor("x", [2])], [tensor(body.output[0].name, None)])
     _try(m)
+
+
+def test_sparse_constant_claiming_a_huge_dense_shape():
+    values = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+    indices = helper.make_tensor("i", TensorProto.INT64, [1], [0])
+    sparse = helper.make_sparse_tensor(values, indices, [10**7, 10**7])
+    m = model([helper.make_node("Constant", [], ["y"], sparse_value=sparse, name="bomb")], [], [tensor("y", None)])
+    with pytest.raises(glassrt.InvalidModelError, match="sparse tensor.*more than this machine's memory"):
+        glassrt.InferenceSession(m)
