@@ -25,14 +25,17 @@ ort = pytest.importorskip("onnxruntime")
 ONNX_TYPE = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE, np.float16: TensorProto.FLOAT16}
 TOL = {"winograd": {np.float32: 5e-5, np.float64: 1e-12, np.float16: 2e-3},
        "other": {np.float32: 1e-5, np.float64: 1e-12, np.float16: 2e-3}}
-ACTIVATIONS = {"Relu": lambda y: np.maximum(y, 0), "LeakyRelu": lambda y: np.where(y >= 0, y, 0.1 * y),
+ACTIVATIONS = {"Relu": lambda y: np.maximum(y, 0), "LeakyRelu": lambda y: np.where(y >= 0, y, float(np.float32(0.1)) * y),  # attributes are float32
                "Clip": lambda y: np.clip(y, -0.5, 0.75)}
 
 
-def _model(x_shape, w, b, attrs, dtype, act=None, weights_as_input=False):
-    """x -> Conv(x, w, b) [-> act]: with the fusion pass, Conv + act becomes FusedConv."""
+def _model(x_shape, w, b, attrs, dtype, act=None, weights_as_input=False, z_shape=None):
+    """x -> Conv(x, w, b) [-> Add(z)] [-> act]: with the fusion pass, Conv [+ z] + act
+    becomes FusedConv."""
     elem = ONNX_TYPE[dtype]
     inputs = [helper.make_tensor_value_info("x", elem, list(x_shape))]
+    if z_shape is not None:
+        inputs.append(helper.make_tensor_value_info("z", elem, list(z_shape)))
     inits = []
     if weights_as_input:
         inputs.append(helper.make_tensor_value_info("w", elem, list(w.shape)))
@@ -42,15 +45,20 @@ def _model(x_shape, w, b, attrs, dtype, act=None, weights_as_input=False):
     if b is not None:
         inits.append(numpy_helper.from_array(b, "b"))
         names.append("b")
-    nodes = [helper.make_node("Conv", names, ["c" if act else "y"], name="conv", **attrs)]
+    nodes = [helper.make_node("Conv", names, ["c" if act or z_shape is not None else "y"], name="conv", **attrs)]
+    if z_shape is not None:
+        pre = "r"
+        nodes.append(helper.make_node("Add", ["z", "c"], ["r" if act else "y"], name="residual"))
+    else:
+        pre = "c"
     if act == "LeakyRelu":
-        nodes.append(helper.make_node(act, ["c"], ["y"], name="act", alpha=0.1))
+        nodes.append(helper.make_node(act, [pre], ["y"], name="act", alpha=0.1))
     elif act == "Clip":
         inits += [numpy_helper.from_array(np.array(-0.5, dtype), "lo"),
                   numpy_helper.from_array(np.array(0.75, dtype), "hi")]
-        nodes.append(helper.make_node(act, ["c", "lo", "hi"], ["y"], name="act"))
+        nodes.append(helper.make_node(act, [pre, "lo", "hi"], ["y"], name="act"))
     elif act:
-        nodes.append(helper.make_node(act, ["c"], ["y"], name="act"))
+        nodes.append(helper.make_node(act, [pre], ["y"], name="act"))
     g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", elem, None)], initializer=inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=9).SerializeToString()
 
@@ -81,26 +89,31 @@ def _direct_conv(x, w, b, attrs):
     return y
 
 
-def _run(x_shape, w_shape, attrs, dtype, kernel, act=None, bias=True, weights_as_input=False, seed=0):
+def _run(x_shape, w_shape, attrs, dtype, kernel, act=None, bias=True, weights_as_input=False, seed=0,
+         residual=False):
     rng = np.random.default_rng(seed)
     fan_in = int(np.prod(w_shape[1:]))
     x = rng.standard_normal(x_shape).astype(dtype)
     w = (rng.standard_normal(w_shape) / np.sqrt(fan_in)).astype(dtype)
     b = rng.standard_normal(w_shape[0]).astype(dtype) if bias else None
-    model = _model(x_shape, w, b, attrs, dtype, act, weights_as_input)
+    conv = _direct_conv(x, w, b, attrs)
+    z = rng.standard_normal(conv.shape).astype(dtype) if residual else None
+    model = _model(x_shape, w, b, attrs, dtype, act, weights_as_input, None if z is None else z.shape)
     feeds = {"x": x, "w": w} if weights_as_input else {"x": x}
+    if residual:
+        feeds["z"] = z
     sess = glassrt.InferenceSession(model, providers=["cpu"], fallback="error",
                                     sess_options=glassrt.SessionOptions(intra_op_num_threads=2))
     got = sess.run(None, feeds)[0]
     chosen = sess.explain()["nodes"][0]["kernel"]
-    op = "FusedConv" if act else "Conv"
+    op = "FusedConv" if act or residual else "Conv"
     assert chosen == f"cpu.{op}.{kernel}", f"expected cpu.{op}.{kernel}, got {chosen}"
     if dtype == np.float32:
         so = ort.SessionOptions()
         so.log_severity_level = 3
         ref = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0].astype(np.float64)
     else:
-        ref = _direct_conv(x, w, b, attrs)
+        ref = conv if z is None else conv + z
         if act:
             ref = ACTIVATIONS[act](ref)
     assert got.shape == ref.shape and got.dtype == dtype
@@ -164,6 +177,19 @@ def test_fused_conv_kernel(case, act, bias):
     _run(x_shape, w_shape, attrs, np.float32, kernel, act=act, bias=bias)
 
 
+RESIDUAL = FUSED + [c for c in CASES if c[0] in ("gemm_1x1_1d", "im2col_3d", "im2col_1x1s2")]
+
+
+@pytest.mark.parametrize("case", RESIDUAL, ids=[c[0] for c in RESIDUAL])
+@pytest.mark.parametrize("act", [None, "Relu", "LeakyRelu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_fused_conv_with_residual(case, act, dtype):
+    """Conv + Add(z) [+ act] (ResNet's blocks): one FusedConv adding z in the kernel (1x1)
+    or after it, then the activation (Relu fused with it, LeakyRelu a node of its own)."""
+    _, x_shape, w_shape, attrs, kernel = case
+    _run(x_shape, w_shape, attrs, dtype, kernel, act=act, residual=True)
+
+
 @pytest.mark.parametrize("kernel,x_shape,w_shape,attrs", [
     ("winograd", (2, 8, 13, 11), (12, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("im2col2d", (2, 16, 15, 14), (24, 16, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
@@ -198,3 +224,24 @@ def test_replayed_runs_allocate_little():
     finally:
         tracemalloc.stop()
     assert peak <= 2 * out.nbytes + (64 << 10), peak
+
+
+@pytest.mark.parametrize("z_shape", [[1, 4, 6, 6], ["n", 4, "h", "w"]], ids=["static", "dynamic"])
+def test_residual_of_the_wrong_shape_is_refused(z_shape):
+    """A glassrt::FusedConv written by hand with a Z that is not the conv's output shape:
+    the kernels never broadcast Z (nor read past it). Static shapes fail when the session
+    is made, dynamic ones when it runs; the conv's output here is (1, 4, 5, 5)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    node = helper.make_node("FusedConv", ["x", "w", "", "z"], ["y"], name="fc", domain="glassrt", activation="Relu")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 7, 7]),
+                                        helper.make_tensor_value_info("z", TensorProto.FLOAT, z_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("glassrt", 1)],
+                              ir_version=9)
+    x = rng.standard_normal((1, 3, 7, 7)).astype(np.float32)
+    with pytest.raises(glassrt.ShapeInferenceError, match="FusedConv node 'fc'.*residual input Z"):
+        sess = glassrt.InferenceSession(model.SerializeToString(), providers=["cpu"])
+        assert isinstance(z_shape[0], str), "a static Z of the wrong shape must fail at load"
+        sess.run(None, {"x": x, "z": np.zeros((1, 4, 6, 6), np.float32)})

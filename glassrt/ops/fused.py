@@ -2,8 +2,9 @@
 defines it in plain ONNX (so every provider can run it, and `check` verifies the fused
 kernels against it).
 
-  glassrt::FusedConv(X, W, B?) — Conv followed by `activation` (Relu, LeakyRelu, Clip,
-  Sigmoid) with `activation_params`; written by passes/fusion.py.
+  glassrt::FusedConv(X, W, B?, Z?) — Conv, plus a residual Z when given (ResNet's skip
+  connection), then `activation` (Relu, LeakyRelu, Clip, Sigmoid, or "" for none) with
+  `activation_params`; written by passes/fusion.py.
   glassrt::FusedBatchNormalization(X, scale, B, mean, var) — inference BatchNormalization
   followed by `activation`, likewise (pre-activation nets: DenseNet, ResNet v2).
 """
@@ -22,9 +23,9 @@ DOMAIN = "glassrt"
 
 _CONV_ATTRS = {"auto_pad": ("str", "NOTSET"), "dilations": ("int[]", []), "group": ("int", 1),
                "kernel_shape": ("int[]", []), "pads": ("int[]", []), "strides": ("int[]", [])}
-FUSED_CONV = CustomSchema(DOMAIN, "FusedConv", [("X", False), ("W", False), ("B", True)],
+FUSED_CONV = CustomSchema(DOMAIN, "FusedConv", [("X", False), ("W", False), ("B", True), ("Z", True)],
                           {**_CONV_ATTRS, "activation": ("str", "Relu"), "activation_params": ("float[]", [])},
-                          ["Y"], "glassrt::FusedConv(Tensor X, Tensor W, Tensor? B, str activation, "
+                          ["Y"], "glassrt::FusedConv(Tensor X, Tensor W, Tensor? B, Tensor? Z, str activation, "
                                  "float[] activation_params, <Conv attributes>) -> Tensor")
 
 
@@ -52,8 +53,16 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
     act = node.attrs.get("activation", "Relu")
     params = list(node.attrs.get("activation_params") or [])
     mid = f"{node.name}/{op_type.lower()}_out"
-    protos = [helper.make_node(op_type, list(node.inputs), [mid], name=f"{node.name}/{op_type.lower()}", **op_attrs)]
-    if act == "Clip":
+    inputs, residual = list(node.inputs), None
+    if op_type == "Conv" and len(inputs) > 3:
+        inputs, residual = inputs[:3], inputs[3] or None
+    protos = [helper.make_node(op_type, inputs, [mid], name=f"{node.name}/{op_type.lower()}", **op_attrs)]
+    if residual:
+        protos.append(helper.make_node("Add", [mid, residual], [mid + "+z"], name=f"{node.name}/residual"))
+        mid += "+z"
+    if not act:
+        protos.append(helper.make_node("Identity", [mid], list(node.outputs), name=f"{node.name}/out"))
+    elif act == "Clip":
         lo, hi = (f"{node.name}/clip_min", f"{node.name}/clip_max")
         dt = input_types[0].dtype if input_types and input_types[0] is not None else np.float32
         for name, v in ((lo, params[0]), (hi, params[1])):
@@ -66,13 +75,28 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
     return nodes_from_protos(protos, {"": opset}, visible, f"expanded from {node.op_type} '{node.name}'")
 
 
+def _fused_conv_meta(ctx):
+    """Conv's rule; a residual Z must be exactly the output (the kernels add it without
+    broadcasting)."""
+    out = conv_meta(ctx)
+    if ctx.has(3):
+        y, z = out[0], ctx.type(3)
+        if ctx.dtype(3) != y.dtype:
+            ctx.fail(f"residual input Z must have the output's dtype {y.dtype}, got {ctx.dtype(3)}")
+        if y.shape is not None and z.shape is not None and (
+                len(z.shape) != len(y.shape)
+                or any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(y.shape, z.shape))):
+            ctx.fail(f"residual input Z must have the output's shape {list(y.shape)}, got {list(z.shape)}")
+    return out
+
+
 def _same_as_x(ctx):
     return [ctx.tensor(ctx.dtype(0), ctx.shape(0))]
 
 
-register_custom(OpContract(DOMAIN, "FusedConv", 1, FUSED_CONV, meta=conv_meta, category=COMPOSITE,
+register_custom(OpContract(DOMAIN, "FusedConv", 1, FUSED_CONV, meta=_fused_conv_meta, category=COMPOSITE,
                            decomposition=_fused_decomposition("Conv", _CONV_ATTRS, 13),
-                           notes=["Conv + activation, fused by passes/fusion.py"]))
+                           notes=["Conv [+ residual] + activation, fused by passes/fusion.py"]))
 register_custom(OpContract(DOMAIN, "FusedBatchNormalization", 1, FUSED_BATCH_NORM, meta=_same_as_x, category=COMPOSITE,
                            decomposition=_fused_decomposition("BatchNormalization", ("epsilon",), 15),
                            notes=["inference BatchNormalization + activation, fused by passes/fusion.py"]))

@@ -4,6 +4,8 @@
     weights and bias, so the BatchNormalization node disappears;
   * Conv / BatchNormalization → Mul or Add by a per-channel constant (the "scale" layers
     old exporters write after a BatchNormalization): folded into the weights and bias;
+  * Conv → Add (a residual of the same shape) [→ Relu]: one glassrt::FusedConv with the
+    residual as its fourth input (ResNet's blocks end this way);
   * Conv → Relu / LeakyRelu / Clip (constant bounds) / Sigmoid: one glassrt::FusedConv
     node that applies the activation in place on the conv's output; the same after an
     inference BatchNormalization that could not be folded (glassrt::FusedBatchNormalization).
@@ -35,6 +37,7 @@ def fuse(graph):
         if len(log) == before:
             break
     nodes = _fold_batchnorm(graph, nodes, {**consts, **new_inits}, new_inits, log)
+    nodes = _fuse_residual(graph, nodes, log)
     nodes = _fuse_activation(graph, nodes, {**consts, **new_inits}, log)
     if not log:
         return graph, []
@@ -153,6 +156,40 @@ def _fold_batchnorm(graph, nodes, consts, inits, log):
             continue
         out.append(replaced.get(n.name, n))
     return out
+
+
+def _fuse_residual(graph, nodes, log):
+    """Conv → Add/Sum(conv, z) [→ Relu]: FusedConv(X, W, B, z) placed where the Add was
+    (z is computed by then). Only when z has exactly the conv output's shape: the fused
+    kernels add it element by element, without broadcasting."""
+    producer = {o: n for n in nodes for o in n.outputs if o}
+    replaced, dropped = {}, set()
+    for add in nodes:
+        if add.op_type not in ("Add", "Sum") or add.domain or len(add.inputs) != 2 or "broadcast" in add.attrs:
+            continue
+        for k in (0, 1):
+            conv = producer.get(add.inputs[k])
+            z = add.inputs[1 - k]
+            if conv is None or conv.op_type != "Conv" or conv.domain or conv.name in dropped or z == add.inputs[k] \
+                    or _single_reader(graph, nodes, add.inputs[k]) is not add:
+                continue
+            tc, tz = graph.types.get(add.inputs[k]), graph.types.get(z)
+            if tc is None or tz is None or getattr(tc, "shape", None) is None or tc != tz:
+                continue
+            out, act, what = add.outputs[0], "", f"{add.op_type} '{add.name}'"
+            relu = _single_reader(graph, nodes, out)
+            if relu is not None and relu.op_type == "Relu" and not relu.domain:
+                out, act, what = relu.outputs[0], "Relu", what + f" and Relu '{relu.name}'"
+                dropped.add(relu.name)
+            inputs = list(conv.inputs) + [""] * (3 - len(conv.inputs)) + [z]
+            replaced[add.name] = Node("FusedConv", "glassrt", inputs, [out],
+                                      {**conv.attrs, "activation": act, "activation_params": []},
+                                      conv.name, 1, list(conv.implicit_inputs),
+                                      origin=_origin(conv, f"{what} fused in (residual)"))
+            dropped.add(conv.name)
+            log.append(f"fuse {what} into Conv '{conv.name}' (residual)")
+            break
+    return [replaced.get(n.name, n) for n in nodes if n.name not in dropped]
 
 
 def _fuse_activation(graph, nodes, consts, log):

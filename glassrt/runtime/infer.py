@@ -79,7 +79,7 @@ def infer_node(graph, node, types, vals, problems, strict):
     try:
         out = contract.meta(ctx)
     except ShapeInferenceError as e:
-        if strict or _static_inputs(in_types):
+        if strict or _static_inputs(node, in_types):
             raise
         problems[node.name] = str(e)
         out = [None] * len(node.outputs)
@@ -87,7 +87,7 @@ def infer_node(graph, node, types, vals, problems, strict):
         raise
     except Exception as e:  # a bug in a meta rule must still name the node
         msg = f"{describe_node(node)}: shape inference failed ({type(e).__name__}: {e})"
-        if strict or _static_inputs(in_types):
+        if strict or _static_inputs(node, in_types):
             raise ShapeInferenceError(msg) from e
         problems[node.name] = msg
         out = [None] * len(node.outputs)
@@ -110,5 +110,8 @@ def infer_node(graph, node, types, vals, problems, strict):
                 vals[o] = v
 
 
-def _static_inputs(in_types) -> bool:
-    return bool(in_types) and all(isinstance(t, TensorType) and t.is_static for t in in_types)
+def _static_inputs(node, in_types) -> bool:
+    """Every input the node is given (not the omitted optional ones) a tensor of known shape."""
+    given = [t for name, t in zip(node.inputs, in_types) if name]
+    return bool(given) and all(isinstance(t, TensorType) and t.is_static for t in given) and len(given) == len(in_types) - in_types.count(None) \
+        and all(isinstance(t, TensorType) and t.is_static for t in given)

@@ -624,6 +624,17 @@ def _internal_samples():
         m = single_node_model("FusedConv", [x, w, b], attrs, domain="glassrt", opset=21)
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
         samples.append((SimpleNamespace(name=f"fused_conv_{act.lower()}{params}", model=m), [x, w, b]))
+    z = rng.standard_normal((2, 4, 5, 9)).astype(np.float32)  # the residual (ResNet's skip connection)
+    for act, (kernel, pads) in (("", ((3, 3), [1, 1, 1, 1])), ("Relu", ((3, 3), [1, 1, 1, 1])),
+                                ("Relu", ((1, 1), [0, 0, 0, 0])), ("LeakyRelu", ((1, 1), [0, 0, 0, 0]))):
+        wk = w if kernel == (3, 3) else w[:, :, :1, :1].copy()
+        attrs = {"activation": act, "pads": pads, "strides": [2, 1]}
+        if act == "LeakyRelu":
+            attrs["activation_params"] = [0.1]
+        m = single_node_model("FusedConv", [x, wk, b, z], attrs, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
+        samples.append((SimpleNamespace(name=f"fused_conv_residual_{act.lower() or 'none'}_{kernel[0]}x{kernel[1]}",
+                                        model=m), [x, wk, b, z]))
     bn_samples = []
     stats = [rng.uniform(0.5, 1.5, 3).astype(np.float32), rng.standard_normal(3).astype(np.float32),
              rng.standard_normal(3).astype(np.float32), rng.uniform(0.5, 1.5, 3).astype(np.float32)]

@@ -45,26 +45,43 @@ def _compute_dtype(ctx):
 def _in_float32(step):
     """float16 convs accumulate in float32 (as onnxruntime and the reference do), then round."""
 
-    def step16(x, w, b=None, *, out):
-        y = step(x.astype(np.float32), w.astype(np.float32), None if b is None else b.astype(np.float32),
-                 out=np.empty(out.shape, np.float32))
+    def f32(a):
+        return None if a is None else a.astype(np.float32)
+
+    def step16(x, w, b=None, z=None, *, out):
+        y = step(f32(x), f32(w), f32(b), f32(z), out=np.empty(out.shape, np.float32))
         np.copyto(out, y, casting="unsafe")
         return out
 
     return step16
 
 
-def _finish(ctx, step, half):
-    """Wrap a conv step with its fused activation (FusedConv) and float16 handling."""
+def _has_residual(ctx) -> bool:
+    """A FusedConv with a fourth input Z: y = act(conv(x) + b + Z) (passes/fusion.py)."""
+    return len(ctx.node.inputs) > 3 and bool(ctx.node.inputs[3])
+
+
+def _finish(ctx, step, half, residual_done=False):
+    """Wrap a conv step(x, w, b, *, out) into step(x, w, b=None, z=None, *, out): the fused
+    residual (FusedConv's Z) unless the kernel added it itself, then the fused activation,
+    and float16 handling."""
     act = ctx.attrs.get("activation")
-    if act:
-        apply, params = ACTIVATIONS[act], [float(v) for v in ctx.attrs.get("activation_params") or []]
-        conv = step
+    apply = ACTIVATIONS[act] if act else None
+    params = [float(v) for v in ctx.attrs.get("activation_params") or []]
+    add_z = _has_residual(ctx) and not residual_done
+    conv = step
 
-        def step(x, w, b=None, *, out):
-            return apply(conv(x, w, b, out=out), params)
+    def full(x, w, b=None, z=None, *, out):
+        if add_z or residual_done:  # the residual is added element by element, never broadcast
+            if z is None or z.shape != out.shape:
+                raise ValueError(f"residual input Z has shape {None if z is None else list(z.shape)}, "
+                                 f"the conv output {list(out.shape)}")
+        y = conv(x, w, b, z, out=out) if residual_done else conv(x, w, b, out=out)
+        if add_z:
+            y += z
+        return apply(y, params) if apply is not None else y
 
-    return _in_float32(step) if half else step
+    return _in_float32(full) if half else full
 
 
 def _add_bias(out, b):
@@ -79,16 +96,17 @@ def conv_1x1(ctx):
     m = ctx.shape(1)[0]
     group = int(ctx.attrs.get("group", 1))
     mg = m // group
+    residual = _has_residual(ctx) and _numba_missing() is None
     if _numba_missing() is None:
-        ctx, lo, hi = _epilogue(ctx)
+        ctx, lo, hi = _epilogue(ctx, allow_residual=True)
         clamp = np.array([lo, hi], _compute_dtype(ctx))
         clamps = not (lo == -np.inf and hi == np.inf)
         zeros = np.zeros(m, _compute_dtype(ctx))
-        bias_act = _jit()["_bias_act"]
+        bias_act, bias_res_act = _jit()["_bias_act"], _jit()["_bias_res_act"]
     else:
         bias_act = None
 
-    def step(x, w, b=None, *, out):
+    def step(x, w, b=None, z=None, *, out):
         n = x.shape[0]
         if group == 1:
             np.matmul(w.reshape(m, -1), x.reshape(n, x.shape[1], -1), out=out.reshape(n, m, -1))
@@ -99,12 +117,15 @@ def conv_1x1(ctx):
                 np.matmul(w2[g * mg:(g + 1) * mg], x3[:, g * cg:(g + 1) * cg], out=o3[:, g * mg:(g + 1) * mg])
         if bias_act is None:
             _add_bias(out, b)
+        elif residual:  # ResNet's conv + bias + skip connection + Relu: one pass over the output
+            y = out.reshape(n * m, -1)
+            bias_res_act(0, n * m, y, 0, y.shape[1], zeros if b is None else b, z.reshape(n * m, -1), clamp)
         elif b is not None or clamps:
             y = out.reshape(n * m, -1)
             bias_act(0, n * m, y, 0, y.shape[1], zeros if b is None else b, clamp)
         return out
 
-    return _finish(ctx, step, ctx.dtype(0) == np.float16)
+    return _finish(ctx, step, ctx.dtype(0) == np.float16, residual_done=residual)
 
 
 def _padded_bytes(x, begin, end, itemsize):
@@ -487,15 +508,37 @@ def _bias_act(lo, hi, y, p0, p1, b, K):
             row[i] = v
 
 
+@_numba
+def _bias_res_act(lo, hi, y, p0, p1, b, z, K):
+    """_bias_act with a residual: y[r, p] = clamp(y + b[r % M] + z[r, p], K[0], K[1])."""
+    vmin, vmax = K[0], K[1]
+    M = b.shape[0]
+    for r in range(lo, hi):
+        bm = b[r % M]
+        row = y[r, p0:p1]
+        zr = z[r, p0:p1]
+        for i in range(p1 - p0):
+            v = row[i] + bm + zr[i]
+            if v < vmin:
+                v = vmin
+            if v > vmax:
+                v = vmax
+            row[i] = v
+
+
 # Activations the 2-D kernels apply themselves, as a clamp to [lo, hi] in the pass that
 # writes the output (the others are left to _finish).
 _CLAMPS = {"Relu": lambda p: (0.0, np.inf), "Clip": lambda p: (p[0], p[1])}
 
 
-def _epilogue(ctx):
+def _epilogue(ctx, allow_residual=False):
     """(ctx for _finish, lo, hi): a fused Relu/Clip is taken out of the attributes _finish
-    sees and returned as clamp bounds for the kernel's own output pass."""
+    sees and returned as clamp bounds for the kernel's own output pass. With a fused
+    residual the activation comes after it, so it stays with _finish — unless the kernel
+    adds the residual itself (allow_residual)."""
     act = ctx.attrs.get("activation")
+    if _has_residual(ctx) and not allow_residual:
+        return ctx, -np.inf, np.inf
     if act in _CLAMPS:
         lo, hi = _CLAMPS[act]([float(v) for v in ctx.attrs.get("activation_params") or []])
         attrs = {k: v for k, v in ctx.attrs.items() if k not in ("activation", "activation_params")}
