@@ -15,6 +15,7 @@ from .. import symbolic
 from ..errors import GlassrtError, ShapeInferenceError, describe_node
 from ..ir import Graph, OptionalType, SequenceType, TensorType
 from ..ops.contract import MetaContext
+from ..ops.ranks import check as check_ranks
 from ..ops.registry import get_contract
 
 _MAX_VALUE = 4096  # propagate known values only for small (shape-like) tensors
@@ -77,6 +78,7 @@ def infer_node(graph, node, types, vals, problems, strict):
     in_values = [vals.get(i) if i else None for i in node.inputs]
     ctx = MetaContext(node, contract, in_types, in_values, infer_subgraph)
     try:
+        check_ranks(ctx)
         out = contract.meta(ctx)
     except ShapeInferenceError as e:
         if strict or _static_inputs(node, in_types):

@@ -19,6 +19,10 @@ def contiguous(x: np.ndarray) -> np.ndarray:
 
 
 def norm_axis(axis: int, rank: int) -> int:
+    """axis in [-rank, rank-1] as a non-negative index; anything else is the model's error
+    (NumPy would raise an AxisError without the op's context, or wrap around silently)."""
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for an input of rank {rank}")
     return axis + rank if axis < 0 else axis
 
 

@@ -72,6 +72,10 @@ def _attention_bias(attn_mask, is_causal, left, right, nonpad, past_len, b, sq, 
     allowed, add = None, None
     if attn_mask is not None:
         m = attn_mask
+        if not 1 <= m.ndim <= 4 or (m.ndim >= 2 and m.shape[-2] not in (1, sq)) or \
+                (m.ndim == 4 and m.shape[0] not in (1, b)):
+            raise ValueError(f"attn_mask {list(m.shape)} must be 1-D to 4-D and broadcast to "
+                             f"(batch {b}, heads, {sq} queries, {skv} keys)")
         if m.shape[-1] < skv:  # a mask shorter than the keys masks the rest out
             if m.dtype != np.bool_:
                 m = m.astype(wd)
@@ -265,12 +269,27 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=
     r = int(rotary_embedding_dim) or d
     if r % 2 or r > d:
         raise ValueError(f"rotary_embedding_dim {r} must be even and at most the head size {d}")
+    if cos_cache.shape != sin_cache.shape:
+        raise ValueError(f"cos_cache {list(cos_cache.shape)} and sin_cache {list(sin_cache.shape)} differ in shape")
+    b, s = xv.shape[:2]
     if position_ids is not None:
+        if cos_cache.ndim != 2:
+            raise ValueError(f"with position_ids the caches must be (max_position, {r // 2}), got "
+                             f"{list(cos_cache.shape)}")
+        if position_ids.shape != (b, s):
+            raise ValueError(f"position_ids must be (batch, sequence) = {[b, s]}, got {list(position_ids.shape)}")
+        n = cos_cache.shape[0]
+        if position_ids.size and (position_ids.min() < 0 or position_ids.max() >= n):
+            raise ValueError(f"position_ids must lie in [0, {n}) (the caches' length), got "
+                             f"[{position_ids.min()}, {position_ids.max()}]")
         cos, sin = cos_cache[position_ids], sin_cache[position_ids]  # (B, S, r/2)
     else:
+        if cos_cache.ndim != 3 or cos_cache.shape[:2] != (b, s):
+            raise ValueError(f"without position_ids the caches must be (batch, sequence, {r // 2}) = "
+                             f"{[b, s, r // 2]}, got {list(cos_cache.shape)}")
         cos, sin = cos_cache, sin_cache
-    if cos.shape[-1] != r // 2 or sin.shape[-1] != r // 2:
-        raise ValueError(f"cos/sin caches have last dim {cos.shape[-1]}/{sin.shape[-1]}, expected {r // 2}")
+    if cos.shape[-1] != r // 2:
+        raise ValueError(f"cos/sin caches have last dim {cos.shape[-1]}, expected {r // 2}")
     wd = _work(x.dtype)
     cos = cos.astype(wd)[:, :, None, :]
     sin = sin.astype(wd)[:, :, None, :]

@@ -91,6 +91,9 @@ def scan(ctx):
         ins, outer = _split_outer(ctx, args)
         states, xs = list(ins[:n_state]), ins[n_state:]
         axes = [a + x.ndim if a < 0 else a for a, x in zip(in_axes, xs)]
+        for j, (x, a) in enumerate(zip(xs, axes)):
+            if not 0 <= a < x.ndim:
+                raise ValueError(f"scan input {j} has rank {x.ndim}: no scan axis {in_axes[j]}")
         lengths = {x.shape[a] for x, a in zip(xs, axes)}
         if len(lengths) != 1:
             raise ValueError(f"scan inputs disagree on the sequence length: {sorted(lengths)}")
@@ -132,7 +135,16 @@ def scan_v8(ctx):
     def step(*args):
         ins, outer = _split_outer(ctx, args)
         seq_lens, states0, xs = ins[0], ins[1:1 + n_state], ins[1 + n_state:]
+        for j, x in enumerate(xs):
+            if x.ndim < 2 or x.shape[0] != xs[0].shape[0] or x.shape[1] != xs[0].shape[1]:
+                raise ValueError(f"scan input {j} must be (batch, sequence, ...) like scan input 0 "
+                                 f"{list(xs[0].shape)}, got {list(x.shape)}")
         batch, max_len = xs[0].shape[0], xs[0].shape[1]
+        for j, st in enumerate(states0):
+            if st.ndim < 1 or st.shape[0] != batch:
+                raise ValueError(f"state input {j} must have the batch size {batch} first, got {list(st.shape)}")
+        if seq_lens is not None and (seq_lens.shape != (batch,) or (seq_lens < 0).any() or (seq_lens > max_len).any()):
+            raise ValueError(f"sequence_lens must be {batch} lengths in [0, {max_len}], got {seq_lens.tolist()}")
         final_states = [[] for _ in range(n_state)]
         scans = [[] for _ in range(n_out_scan)]
         for b in range(batch):

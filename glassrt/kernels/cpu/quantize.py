@@ -92,7 +92,8 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, saturate=1, block_
     # The division runs in `precision` when given, else in the scale's type (spec).
     work = _np(precision) if precision else _float_of(y_scale.dtype)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        q = np.divide(x.astype(work, copy=False), scale.astype(work, copy=False))
+        # asarray: on 0-d operands NumPy returns a scalar, which cannot be written in place below
+        q = np.asarray(np.divide(x.astype(work, copy=False), scale.astype(work, copy=False)))
         if out_dt in _QUANT_FLOATS:
             q = q.astype(np.float32) if q.dtype != np.float64 else q
             if y_zero_point is not None:
@@ -152,7 +153,7 @@ def dynamic_quantize_linear(x):
     scale = f32(1.0) / f32(255) if hi == lo else f32(hi - lo) / f32(255)
     zp = np.rint(np.clip(f32(0) - lo / scale, 0, 255))
     with np.errstate(invalid="ignore"):
-        y = np.rint(x / scale) + zp
+        y = np.asarray(np.rint(x / scale) + zp)  # an array even for 0-d x (clipped in place below)
     np.clip(y, 0, 255, out=y)
     return y.astype(np.uint8), np.asarray(scale, dtype=np.float32), np.asarray(zp, dtype=np.uint8)
 
@@ -168,18 +169,37 @@ def _centered(v, zp):
     return d
 
 
-def _row_param(p, a_shape):
-    """A per-row parameter of `a` ([M] or [..., M, 1]) shaped to broadcast against a's rows."""
-    if p.ndim == 1 and p.size > 1 and len(a_shape) >= 2 and p.shape[0] == a_shape[-2]:
+def _row_param(p, a_shape, what):
+    """A parameter of `a`: per tensor (one value) or per row ([M] or [..., M, 1]), shaped to
+    broadcast against a's rows. Anything else is refused: it would broadcast along K."""
+    if p.size == 1:
+        return p.reshape(())
+    m = a_shape[-2] if len(a_shape) >= 2 else None
+    if p.ndim == 1 and p.shape[0] == m:
         return p.reshape(-1, 1)
-    return p
+    if m is not None and p.ndim == len(a_shape) and p.shape[-2:] == (m, 1):
+        return p
+    raise ValueError(f"{what} has shape {list(p.shape)}; for A {list(a_shape)} it must be one value or one per "
+                     f"row ([{m}])")
+
+
+def _col_param(p, b_shape, what):
+    """A parameter of `b` or of the output: per tensor or per column ([N] or [..., 1, N])."""
+    if p.size == 1:
+        return p.reshape(())
+    n = b_shape[-1] if len(b_shape) >= 2 else None
+    if p.ndim == 1 and p.shape[0] == n or p.ndim == len(b_shape) >= 2 and p.shape[-2:] == (1, n):
+        return p
+    raise ValueError(f"{what} has shape {list(p.shape)}; for B {list(b_shape)} it must be one value or one per "
+                     f"column ([{n}])")
 
 
 @kernel("MatMulInteger", dtypes=_I8)
 def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     """int32 (A - a_zp) @ (B - b_zp); a_zp per tensor or per row, b_zp per tensor or per column."""
-    az = _row_param(a_zero_point, a.shape) if a_zero_point is not None else None
-    ad, bd = _centered(a, az), _centered(b, b_zero_point)
+    az = _row_param(a_zero_point, a.shape, "a_zero_point") if a_zero_point is not None else None
+    bz = _col_param(b_zero_point, b.shape, "b_zero_point") if b_zero_point is not None else None
+    ad, bd = _centered(a, az), _centered(b, bz)
     return np.asarray(np.matmul(ad, bd)).astype(np.int32)  # 1-D @ 1-D gives a scalar
 
 
@@ -199,11 +219,14 @@ def _requantize(acc, mult, y_zero_point, fallback_dt):
 @kernel("QLinearMatMul", versions=(10, None), dtypes=list(_I8) + sorted(_FLOAT8, key=str))
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
     """Quantized matmul: exact integer product, then one requantization to y's scale/zero point."""
-    az = _row_param(a_zero_point, a.shape) if a_zero_point is not None else None
-    acc = np.matmul(_centered(a, az), _centered(b, b_zero_point))
+    az = _row_param(a_zero_point, a.shape, "a_zero_point") if a_zero_point is not None else None
+    bz = _col_param(b_zero_point, b.shape, "b_zero_point")
+    acc = np.matmul(_centered(a, az), _centered(b, bz))
     # The multiplier is formed in the scales' own type, as the spec's formula does.
-    mult = (_row_param(a_scale, a.shape) * b_scale / y_scale).astype(np.float64)
-    return _requantize(acc, mult, y_zero_point, a.dtype)
+    mult = (_row_param(a_scale, a.shape, "a_scale") * _col_param(b_scale, b.shape, "b_scale")
+            / _col_param(y_scale, b.shape, "y_scale")).astype(np.float64)
+    yz = _col_param(y_zero_point, b.shape, "y_zero_point") if y_zero_point is not None else None
+    return _requantize(acc, mult, yz, a.dtype)
 
 
 def _conv_geometry(x, w, kernel_shape, strides, dilations, pads, auto_pad):

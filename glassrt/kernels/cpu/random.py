@@ -81,7 +81,7 @@ def bernoulli(ctx):
         p = x.astype(np.float64)
         if p.size and not ((p >= 0) & (p <= 1)).all():
             raise ValueError("Bernoulli probabilities must lie in [0, 1]")
-        return _rng(seed).binomial(1, p).astype(dtype)
+        return np.asarray(_rng(seed).binomial(1, p), dtype=dtype)  # binomial gives a Python int for 0-d p
 
     return step
 

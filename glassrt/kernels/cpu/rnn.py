@@ -273,7 +273,9 @@ def _bias_rows(B, D, n, dt):
     if B is None:
         z = np.zeros((D, n), dt)
         return z, z
-    B = B.astype(dt, copy=False).reshape(D, 2 * n)
+    if B.shape != (D, 2 * n):
+        raise ValueError(f"B has shape {list(B.shape)}, expected [{D}, {2 * n}] (directions, 2 x gates x hidden)")
+    B = B.astype(dt, copy=False)
     return B[:, :n], B[:, n:]
 
 
@@ -295,6 +297,8 @@ def lstm(ctx):
         RT = np.ascontiguousarray(R.transpose(0, 2, 1))  # (D, H, 4H)
         peep = None
         if P is not None:
+            if P.shape != (D, 3 * H):
+                raise ValueError(f"P has shape {list(P.shape)}, expected [{D}, {3 * H}] (directions, 3 x hidden)")
             P = P.astype(cdt, copy=False).reshape(D, 3, 1, H)
             peep = (P[:, 0], P[:, 1], P[:, 2]) if P.any() else None
         return W, RT, bias, peep

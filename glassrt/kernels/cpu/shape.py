@@ -121,7 +121,7 @@ def split(ctx):
                 if dim % n:
                     raise ValueError(f"axis {a} of size {dim} does not split evenly into {n} outputs")
                 sizes = [dim // n] * n
-        if sum(sizes) != x.shape[a] or len(sizes) != n:
+        if sum(sizes) != x.shape[a] or len(sizes) != n or min(sizes, default=0) < 0:
             raise ValueError(f"split sizes {sizes} do not match axis {a} of size {x.shape[a]} and {n} outputs")
         bounds = np.cumsum([0] + sizes)
         return tuple(contiguous(np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=a)) for i in range(n))
@@ -135,6 +135,11 @@ def _slice_index(shape, starts, ends, axes, steps):
         axes = range(len(starts))
     if steps is None:
         steps = [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ValueError(f"starts, ends, axes and steps must have one length, got {len(starts)}, {len(ends)}, "
+                         f"{len(axes)}, {len(steps)}")
+    if len({norm_axis(int(a), len(shape)) for a in axes}) != len(axes):
+        raise ValueError(f"axes {[int(a) for a in axes]} repeat an axis")
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = norm_axis(int(a), len(shape))
         s, e, st = int(s), int(e), int(st)

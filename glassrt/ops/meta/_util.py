@@ -41,7 +41,7 @@ def broadcast(ctx, *shapes):
 def axis(ctx, a, rank, name="axis"):
     if rank is None:
         return a
-    if not -rank <= a < max(rank, 1):
+    if not -rank <= a < rank:
         ctx.fail(f"{name} {a} is out of range for rank {rank}")
     return a + rank if a < 0 else a
 
@@ -55,3 +55,16 @@ def axes(ctx, values, rank, name="axes"):
 
 def ints(v):
     return [int(x) for x in v.reshape(-1)] if v is not None else None
+
+
+def expect_shape(ctx, i, want, what):
+    """Fail unless input i (when given, and its shape known) has exactly the dims `want`
+    (ints or symbols; only int-vs-int disagreements can be told at this point)."""
+    from ... import symbolic
+
+    got = ctx.shape(i) if ctx.has(i) else None
+    if got is None or want is None:
+        return
+    if len(got) != len(want) or any(isinstance(g, int) and isinstance(w, int) and g != w for g, w in zip(got, want)):
+        ctx.fail(f"input {i} '{ctx.node.inputs[i]}' ({what}) must have shape {symbolic.shape_str(tuple(want))}, "
+                 f"got {symbolic.shape_str(got)}")

@@ -6,6 +6,7 @@ import numpy as np
 from ... import symbolic
 from ...ir import OptionalType, SequenceType, TensorType
 from ..registry import meta
+from ._util import axis as norm_axis
 
 
 def merge(a, b):
@@ -79,7 +80,9 @@ def scan(ctx):
         if not isinstance(t, TensorType) or t.shape is None:
             slices.append(None)
             continue
-        a = in_axes[j] + len(t.shape) if in_axes[j] < 0 else in_axes[j]
+        if len(in_axes) != n_scan:
+            ctx.fail(f"scan_input_axes has {len(in_axes)} entries for {n_scan} scan inputs")
+        a = norm_axis(ctx, in_axes[j], len(t.shape), "scan input axis")
         seq_len = t.shape[a] if seq_len is None else seq_len
         slices.append(TensorType(t.dtype, tuple(d for k, d in enumerate(t.shape) if k != a)))
     body_out = ctx.infer_subgraph(body, _subgraph_inputs(body, states + slices))

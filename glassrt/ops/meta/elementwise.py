@@ -11,8 +11,7 @@ UNARY_SAME = [
     "Round", "Sign", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
     "Atanh", "Erf", "Softplus", "Softsign", "Elu", "Selu", "LeakyRelu", "ThresholdedRelu",
     "HardSigmoid", "HardSwish", "Mish", "Gelu", "Celu", "Shrink", "Not", "BitwiseNot",
-    "Softmax", "LogSoftmax", "Hardmax", "LRN", "LpNormalization", "MeanVarianceNormalization",
-    "InstanceNormalization", "Clip", "CumSum", "CumProd", "Trilu", "Swish",
+    "LRN", "MeanVarianceNormalization", "Clip", "Trilu", "Swish",
 ]
 BINARY_SAME = ["Add", "Sub", "Mul", "Div", "Mod", "BitShift", "BitwiseAnd", "BitwiseOr",
                "BitwiseXor", "Max", "Min", "Sum", "Mean"]
@@ -30,6 +29,27 @@ def _check_same_dtype(ctx, indices):
 @meta(UNARY_SAME)
 def unary_same(ctx):
     return [ctx.tensor(ctx.dtype(0), ctx.shape(0))]
+
+
+@meta(["Softmax", "LogSoftmax", "Hardmax", "LpNormalization", "CumSum", "CumProd"])
+def same_along_axis(ctx):
+    """Same shape as x, computed along one axis: x needs one (onnxruntime refuses scalars
+    and axes out of [-r, r-1] too)."""
+    shp = ctx.shape(0)
+    if shp is not None:
+        if len(shp) == 0:
+            ctx.fail("input must have rank >= 1, got a scalar")
+        if ctx.node.op_type.startswith("Cum"):
+            a = ctx.const(1)
+            if ctx.rank(1) not in (None, 0, 1):
+                ctx.fail(f"axis must be a scalar or a 1-element tensor, got rank {ctx.rank(1)}")
+            a = None if a is None or a.size != 1 else int(a.reshape(-1)[0])
+        else:
+            old_softmax = ctx.node.op_type != "LpNormalization" and ctx.opset < 13
+            a = int(ctx.attr("axis", 1 if old_softmax else -1))
+        if a is not None and not -len(shp) <= a < len(shp):
+            ctx.fail(f"axis {a} is out of range for rank {len(shp)}")
+    return [ctx.tensor(ctx.dtype(0), shp)]
 
 
 @meta("Identity")

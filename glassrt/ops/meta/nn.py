@@ -5,7 +5,7 @@ import numpy as np
 
 from ... import symbolic
 from ..registry import meta
-from ._util import broadcast
+from ._util import broadcast, expect_shape
 
 
 def _ceil_div(a, b):
@@ -60,6 +60,7 @@ def conv(ctx):
     if isinstance(x[1], int) and isinstance(w[1], int) and x[1] != w[1] * group:
         ctx.fail(f"input has {x[1]} channels but weight {symbolic.shape_str(w)} with group={group} "
                  f"expects {w[1] * group}")
+    expect_shape(ctx, 2, (w[0],), "bias, one per output channel")
     strides, dilations, pads, auto_pad = spatial_params(ctx, len(x) - 2, kernel)
     n = len(kernel)
     out = [x[0], w[0]] + [conv_out_dim(ctx, x[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + n], auto_pad)
@@ -143,6 +144,9 @@ def batch_norm(ctx):
     out = [ctx.tensor(ctx.dtype(0), ctx.shape(0))]
     x = ctx.shape(0)
     c = (x[1],) if x is not None and len(x) > 1 else None
+    if int(ctx.attr("spatial", 1)):  # BatchNormalization-7's spatial=0 takes per-activation parameters
+        for i, what in ((1, "scale"), (2, "B"), (3, "mean"), (4, "var")):
+            expect_shape(ctx, i, c, f"{what}, one per channel")
     for i in range(1, len(ctx.node.outputs)):
         stat_dtype = ctx.dtype(3) if ctx.n_inputs > 3 else ctx.dtype(0)
         out.append(ctx.tensor(stat_dtype, c))
