@@ -129,9 +129,12 @@ def _short(v):
 
 
 def _key_dtype(ctx: BindContext):
-    for t in ctx.input_types:
-        if isinstance(t, TensorType):
-            return t.dtype
+    """The dtype kernels are chosen by: the first given input's (unknown when its producer's
+    type is: judging by a later input, e.g. a float scale, would give a misleading reason),
+    or the first output's for nodes without inputs."""
+    given = [t for name, t in zip(ctx.node.inputs, ctx.input_types) if name]
+    if given:
+        return given[0].dtype if isinstance(given[0], TensorType) else None
     for t in ctx.output_types:
         if isinstance(t, TensorType):
             return t.dtype
