@@ -8,7 +8,9 @@
     residual as its fourth input (ResNet's blocks end this way);
   * Conv → Relu / LeakyRelu / Clip (constant bounds) / Sigmoid: one glassrt::FusedConv
     node that applies the activation in place on the conv's output; the same after an
-    inference BatchNormalization that could not be folded (glassrt::FusedBatchNormalization).
+    inference BatchNormalization that could not be folded (glassrt::FusedBatchNormalization);
+  * x·0.5·(1 + erf(x/√2)) written out in five elementwise nodes (as PyTorch exports
+    GELU below opset 20): one ONNX Gelu node.
 
 Each rewrite keeps the output names, only fires when the intermediate value has no other
 reader and is not a graph output, and is logged; the fused node's `origin` names the
@@ -16,6 +18,7 @@ nodes it replaced.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -39,6 +42,7 @@ def fuse(graph):
     nodes = _fold_batchnorm(graph, nodes, {**consts, **new_inits}, new_inits, log)
     nodes = _fuse_residual(graph, nodes, log)
     nodes = _fuse_activation(graph, nodes, {**consts, **new_inits}, log)
+    nodes = _fuse_gelu(graph, nodes, {**consts, **new_inits}, log)
     if not log:
         return graph, []
     used = {i for n in nodes for i in [*n.inputs, *n.implicit_inputs]} | set(graph.output_names()) | \
@@ -47,11 +51,21 @@ def fuse(graph):
     return replace(graph, nodes=nodes, initializers=new_inits), log
 
 
-def _single_reader(graph, nodes, value):
-    if value in graph.output_names():
-        return None
-    readers = [n for n in nodes if value in n.inputs or value in n.implicit_inputs]
-    return readers[0] if len(readers) == 1 else None
+class _Readers:
+    """Who reads each value, indexed once per node list (scanning all nodes per candidate
+    would be quadratic on a 5,000-node transformer)."""
+
+    def __init__(self, graph, nodes):
+        self.outputs = set(graph.output_names())
+        self.by_value = {}
+        for n in nodes:
+            for i in {*n.inputs, *n.implicit_inputs}:
+                self.by_value.setdefault(i, []).append(n)
+
+    def single(self, value):
+        """The one node reading `value`; None if several, none, or it is a graph output."""
+        found = self.by_value.get(value, [])
+        return found[0] if len(found) == 1 and value not in self.outputs else None
 
 
 def _per_channel(c, rank, channels):
@@ -67,6 +81,7 @@ def _per_channel(c, rank, channels):
 def _fold_affine(graph, nodes, consts, inits, log):
     """One round of folding Mul/Add by a per-channel constant into the Conv or
     BatchNormalization before it."""
+    readers = _Readers(graph, nodes)
     producer = {o: n for n in nodes for o in n.outputs if o}
     for n in nodes:
         if n.op_type not in ("Mul", "Add") or n.domain or len(n.inputs) != 2 or "broadcast" in n.attrs:
@@ -74,7 +89,7 @@ def _fold_affine(graph, nodes, consts, inits, log):
         for k in (0, 1):
             x, c_name = n.inputs[k], n.inputs[1 - k]
             prev = producer.get(x)
-            if prev is None or c_name not in consts or prev.domain or _single_reader(graph, nodes, x) is not n:
+            if prev is None or c_name not in consts or prev.domain or readers.single(x) is not n:
                 continue
             if prev.op_type == "Conv" and prev.inputs[1] in consts and (len(prev.inputs) < 3 or not prev.inputs[2]
                                                                         or prev.inputs[2] in consts):
@@ -121,6 +136,7 @@ def _fold_affine(graph, nodes, consts, inits, log):
 
 
 def _fold_batchnorm(graph, nodes, consts, inits, log):
+    readers = _Readers(graph, nodes)
     producer = {o: n for n in nodes for o in n.outputs if o}
     out, dropped = [], set()
     replaced = {}
@@ -129,7 +145,7 @@ def _fold_batchnorm(graph, nodes, consts, inits, log):
                 or not int(n.attrs.get("spatial", 1)) or len([o for o in n.outputs if o]) != 1 or not n.outputs[0]:
             continue
         conv = producer.get(n.inputs[0])
-        if conv is None or conv.op_type != "Conv" or conv.domain or _single_reader(graph, nodes, n.inputs[0]) is not n:
+        if conv is None or conv.op_type != "Conv" or conv.domain or readers.single(n.inputs[0]) is not n:
             continue
         names = n.inputs[1:5]
         if len(names) != 4 or not all(x in consts for x in names) or conv.inputs[1] not in consts:
@@ -162,6 +178,7 @@ def _fuse_residual(graph, nodes, log):
     """Conv → Add/Sum(conv, z) [→ Relu]: FusedConv(X, W, B, z) placed where the Add was
     (z is computed by then). Only when z has exactly the conv output's shape: the fused
     kernels add it element by element, without broadcasting."""
+    readers = _Readers(graph, nodes)
     producer = {o: n for n in nodes for o in n.outputs if o}
     replaced, dropped = {}, set()
     for add in nodes:
@@ -171,13 +188,13 @@ def _fuse_residual(graph, nodes, log):
             conv = producer.get(add.inputs[k])
             z = add.inputs[1 - k]
             if conv is None or conv.op_type != "Conv" or conv.domain or conv.name in dropped or z == add.inputs[k] \
-                    or _single_reader(graph, nodes, add.inputs[k]) is not add:
+                    or readers.single(add.inputs[k]) is not add:
                 continue
             tc, tz = graph.types.get(add.inputs[k]), graph.types.get(z)
             if tc is None or tz is None or getattr(tc, "shape", None) is None or tc != tz:
                 continue
             out, act, what = add.outputs[0], "", f"{add.op_type} '{add.name}'"
-            relu = _single_reader(graph, nodes, out)
+            relu = readers.single(out)
             if relu is not None and relu.op_type == "Relu" and not relu.domain:
                 out, act, what = relu.outputs[0], "Relu", what + f" and Relu '{relu.name}'"
                 dropped.add(relu.name)
@@ -193,13 +210,14 @@ def _fuse_residual(graph, nodes, log):
 
 
 def _fuse_activation(graph, nodes, consts, log):
+    readers = _Readers(graph, nodes)
     producer = {o: n for n in nodes for o in n.outputs if o}
     fused, dropped = {}, set()
     for n in nodes:
         if n.op_type not in ACTIVATIONS or n.domain or len(n.outputs) != 1:
             continue
         conv = producer.get(n.inputs[0])
-        if conv is None or conv.domain or conv.name in fused or _single_reader(graph, nodes, n.inputs[0]) is not n:
+        if conv is None or conv.domain or conv.name in fused or readers.single(n.inputs[0]) is not n:
             continue
         if conv.op_type == "BatchNormalization":
             if int(conv.attrs.get("training_mode", 0)) or not int(conv.attrs.get("spatial", 1)) \
@@ -228,6 +246,76 @@ def _fuse_activation(graph, nodes, consts, log):
         dropped.add(n.name)
         log.append(f"fuse {n.op_type} '{n.name}' into {conv.op_type} '{conv.name}'")
     return [fused.get(n.name, n) for n in nodes if n.name not in dropped]
+
+
+def _scalar_const(consts, name, value):
+    """name is a one-element float constant equal to `value` (to float32 precision)."""
+    c = consts.get(name)
+    return c is not None and c.size == 1 and c.dtype.kind == "f" and \
+        abs(float(c.reshape(-1)[0]) - value) <= 1e-6 * abs(value)
+
+
+def _other(node, value):
+    """The other input of a two-input node that reads `value` once."""
+    a, b = node.inputs
+    return b if a == value else a if b == value else None
+
+
+def _fuse_gelu(graph, nodes, consts, log):
+    """x·0.5·(1 + erf(x/√2)) written out as Div (or Mul by 1/√2), Erf, Add 1, and two Muls
+    in any of the orders exporters write (PyTorch: Mul(x, add) then Mul 0.5; Mul(x, 0.5)
+    first; Mul(add, 0.5) first): one ONNX Gelu node, computed in one pass."""
+    readers = _Readers(graph, nodes)
+    producer = {o: n for n in nodes for o in n.outputs if o}
+
+    def op(n, name, arity=2):
+        return n is not None and n.op_type == name and not n.domain and len(n.inputs) == arity \
+            and "broadcast" not in n.attrs
+
+    replaced, dropped = {}, set()
+    for erf in nodes:
+        if not op(erf, "Erf", 1) or erf.name in dropped:
+            continue
+        scaled = producer.get(erf.inputs[0])
+        if readers.single(erf.inputs[0]) is not erf:
+            continue
+        if op(scaled, "Div") and _scalar_const(consts, scaled.inputs[1], math.sqrt(2)):
+            x = scaled.inputs[0]
+        elif op(scaled, "Mul") and any(_scalar_const(consts, c, 1 / math.sqrt(2)) for c in scaled.inputs):
+            x = scaled.inputs[1] if _scalar_const(consts, scaled.inputs[0], 1 / math.sqrt(2)) else scaled.inputs[0]
+        else:
+            continue
+        add = readers.single(erf.outputs[0])
+        if not op(add, "Add") or not _scalar_const(consts, _other(add, erf.outputs[0]), 1.0):
+            continue
+        m1 = readers.single(add.outputs[0])
+        if not op(m1, "Mul"):
+            continue
+        other = _other(m1, add.outputs[0])
+        half_x = producer.get(other)
+        chain = [scaled, erf, add, m1]
+        if other == x:  # Mul(x, 1 + erf) then Mul by 0.5
+            m2 = readers.single(m1.outputs[0])
+            if not op(m2, "Mul") or not _scalar_const(consts, _other(m2, m1.outputs[0]), 0.5):
+                continue
+            chain.append(m2)
+        elif _scalar_const(consts, other, 0.5):  # Mul(1 + erf, 0.5) then Mul by x
+            m2 = readers.single(m1.outputs[0])
+            if not op(m2, "Mul") or _other(m2, m1.outputs[0]) != x:
+                continue
+            chain.append(m2)
+        elif op(half_x, "Mul") and x in half_x.inputs and _scalar_const(consts, _other(half_x, x), 0.5) \
+                and readers.single(other) is m1:  # Mul(x, 0.5) then Mul by 1 + erf
+            chain.insert(0, half_x)
+        else:
+            continue
+        last = chain[-1]
+        replaced[last.name] = Node("Gelu", "", [x], list(last.outputs), {}, last.name, 20, [],
+                                   origin=_origin(last, "Gelu written out as " +
+                                                  ", ".join(f"{n.op_type} '{n.name}'" for n in chain)))
+        dropped.update(n.name for n in chain if n is not last)
+        log.append(f"fuse {len(chain)} nodes into Gelu '{last.name}' (x·0.5·(1 + erf(x/√2)))")
+    return [replaced.get(n.name, n) for n in nodes if n.name not in dropped]
 
 
 def _origin(node, what):

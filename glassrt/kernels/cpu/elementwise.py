@@ -12,7 +12,10 @@ import onnx
 
 from ... import dtypes
 from ..registry import kernel
-from ._util import ALL, FLOATS, FLOATS_BF16, INTS, NUMERIC, SIGNED
+from ._util import ALL, FLOATS, FLOATS_BF16, INTS, NUMERIC, SIGNED, as_out
+from .erf import erf  # noqa: F401  (also imported from here by backward/ and contrib/)
+from .erf import gelu as _gelu32
+from .erf import scratch_bytes as erf_scratch_bytes
 
 BOOL = [np.bool_]
 
@@ -51,31 +54,20 @@ def sigmoid(x, *, out=None):
     return np.reciprocal(y, out=y)
 
 
-_ERF = {}
+def _float32_scratch(ctx):
+    """The float32 erf/GELU passes keep exp's argument in scratch the size of the input."""
+    shape = ctx.shape(0)
+    return erf_scratch_bytes(shape) if ctx.dtype(0) == np.float32 and shape is not None else 0
 
 
-def _erf_ufunc():
-    if not _ERF:
-        import numba
+@kernel("Erf", dtypes=FLOATS_BF16, out=True, inplace=True, bind=True, workspace=_float32_scratch)
+def erf_kernel(ctx):
+    ws = ctx.workspace
 
-        _ERF["f"] = numba.vectorize(["float32(float32)", "float64(float64)"], cache=True)(lambda v: math.erf(v))
-    return _ERF["f"]
+    def step(x, *, out=None):
+        return erf(x, out, ws)
 
-
-def erf(x, out=None):
-    f = _erf_ufunc()
-    if x.dtype in (np.float32, np.float64):
-        return f(x, out=out) if out is not None else f(x)
-    r = f(x.astype(np.float32)).astype(x.dtype)
-    if out is not None:
-        np.copyto(out, r)
-        return out
-    return r
-
-
-@kernel("Erf", dtypes=FLOATS_BF16, out=True, inplace=True)
-def erf_kernel(x, *, out=None):
-    return erf(x, out)
+    return step
 
 
 @kernel("Softplus", dtypes=FLOATS_BF16, out=True, inplace=True)
@@ -129,14 +121,22 @@ def mish(x):
     return (x * np.tanh(np.logaddexp(x, 0))).astype(x.dtype)
 
 
-@kernel("Gelu", dtypes=FLOATS_BF16)
-def gelu(x, *, approximate="none"):
-    xf = x.astype(np.float64) if x.dtype != np.float64 else x
-    if approximate == "tanh":
-        y = 0.5 * xf * (1 + np.tanh(np.sqrt(2 / np.pi) * (xf + 0.044715 * xf ** 3)))
-    else:
-        y = 0.5 * xf * (1 + erf(xf / np.sqrt(2)))
-    return y.astype(x.dtype)
+@kernel("Gelu", dtypes=FLOATS_BF16, out=True, inplace=True, bind=True, workspace=_float32_scratch)
+def gelu(ctx):
+    approximate = ctx.attrs.get("approximate", "none")
+    ws = ctx.workspace
+
+    def step(x, *, out=None):
+        if approximate != "tanh" and x.dtype == np.float32:
+            return _gelu32(x, out, ws)  # one compiled pass, rounded as onnxruntime's float32 Gelu
+        xf = x.astype(np.float64) if x.dtype != np.float64 else x
+        if approximate == "tanh":
+            y = 0.5 * xf * (1 + np.tanh(np.sqrt(2 / np.pi) * (xf + 0.044715 * xf ** 3)))
+        else:
+            y = 0.5 * xf * (1 + erf(xf / np.sqrt(2)))
+        return as_out(y.astype(x.dtype), out)
+
+    return step
 
 
 @kernel("Swish", dtypes=FLOATS_BF16)

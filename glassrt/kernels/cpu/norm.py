@@ -6,6 +6,7 @@ from dataclasses import replace
 import numpy as np
 
 from .. import registry
+from . import rows
 from ..registry import kernel
 from ._util import ACTIVATIONS, FLOATS, FLOATS_BF16, clamp_bounds, norm_axis
 
@@ -121,10 +122,13 @@ def softmax(ctx):
 
     def step(x, *, out=None):
         x2, a = _softmax_axis(x, axis, opset)
+        if a == x2.ndim - 1 and rows.usable(x2):  # over the last axis: compiled row passes
+            return rows.softmax_last(x2, np.empty_like(x2) if out is None else out.reshape(x2.shape)).reshape(x.shape)
         y = out.reshape(x2.shape) if out is not None else np.empty_like(x2)
-        np.subtract(x2, x2.max(axis=a, keepdims=True), out=y)
-        np.exp(y, out=y)
-        y /= y.sum(axis=a, keepdims=True)
+        with np.errstate(invalid="ignore"):  # an all -inf slice gives NaN, silently as onnxruntime does
+            np.subtract(x2, x2.max(axis=a, keepdims=True), out=y)
+            np.exp(y, out=y)
+            y /= y.sum(axis=a, keepdims=True)
         return y.reshape(x.shape) if out is None else out
 
     return step
@@ -137,9 +141,13 @@ def log_softmax(ctx):
 
     def step(x, *, out=None):
         x2, a = _softmax_axis(x, axis, opset)
+        if a == x2.ndim - 1 and rows.usable(x2):
+            y = np.empty_like(x2) if out is None else out.reshape(x2.shape)
+            return rows.log_softmax_last(x2, y).reshape(x.shape)
         y = out.reshape(x2.shape) if out is not None else np.empty_like(x2)
-        np.subtract(x2, x2.max(axis=a, keepdims=True), out=y)
-        y -= np.log(np.exp(y).sum(axis=a, keepdims=True))
+        with np.errstate(invalid="ignore"):
+            np.subtract(x2, x2.max(axis=a, keepdims=True), out=y)
+            y -= np.log(np.exp(y).sum(axis=a, keepdims=True))
         return y.reshape(x.shape) if out is None else out
 
     return step

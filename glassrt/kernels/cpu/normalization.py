@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import kernel
+from . import rows
 from ._util import FLOATS_BF16, norm_axis
 
 
@@ -50,6 +51,13 @@ def _affine(norm, x_dtype, scale, bias, out_dtype):
 # ---------------------------------------------------------------- LayerNormalization
 
 
+def _per_column(p, normalized_shape) -> bool:
+    """p is float32 and holds one value per element of the normalized shape (so it lines
+    up with a flattened row), not a smaller tensor that broadcasts."""
+    return p.dtype == np.float32 and p.size == int(np.prod(normalized_shape, dtype=np.int64)) and \
+        p.ndim <= len(normalized_shape) and tuple(p.shape) == tuple(normalized_shape[len(normalized_shape) - p.ndim:])
+
+
 @kernel("LayerNormalization", dtypes=FLOATS_BF16, bind=True, multi=True, versions=(17, None))
 def layer_normalization(ctx):
     """Y = (X - mean) / sqrt(var + eps) * Scale + B over dims [axis, rank); Mean and InvStdDev too."""
@@ -61,11 +69,16 @@ def layer_normalization(ctx):
         a = norm_axis(axis_attr, x.ndim)
         if not 0 <= a < max(x.ndim, 1):
             raise ValueError(f"axis {axis_attr} out of range for input of rank {x.ndim}")
-        rows = int(np.prod(x.shape[:a], dtype=np.int64))
-        x2 = x.reshape(rows, -1).astype(_work(x.dtype), copy=False)
+        n = int(np.prod(x.shape[:a], dtype=np.int64))
+        red = x.shape[:a] + (1,) * (x.ndim - a)
+        if rows.usable(x) and n and _per_column(scale, x.shape[a:]) and (bias is None or _per_column(bias, x.shape[a:])):
+            m = x.size // n
+            y, mean, inv = rows.layer_norm_rows(x.reshape(n, m), scale.reshape(-1),
+                                                np.zeros(m, np.float32) if bias is None else bias.reshape(-1), eps)
+            return y.reshape(x.shape), mean.reshape(red).astype(stat_dt[0]), inv.reshape(red).astype(stat_dt[1])
+        x2 = x.reshape(n, -1).astype(_work(x.dtype), copy=False)
         norm, mean, inv = _standardize(x2, (1,), eps)
         y = _affine(norm.reshape(x.shape), x.dtype, scale, bias, x.dtype)
-        red = x.shape[:a] + (1,) * (x.ndim - a)
         return y, mean.reshape(red).astype(stat_dt[0]), inv.reshape(red).astype(stat_dt[1])
 
     return step

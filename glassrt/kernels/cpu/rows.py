@@ -1,0 +1,119 @@
+"""Compiled float32 loops over the rows of a 2-D array: softmax and layer normalization
+along the last axis, the shapes transformers run them on.
+
+NumPy needs five to eight passes and temporaries for these (max, subtract, exp, sum,
+divide; mean, subtract, square, mean, sqrt, scale, shift); here each row is read two or
+three times while it is in cache. exp stays NumPy's (SIMD) between the two compiled
+passes of softmax: Numba calls libm's scalar exp, which is slower than the passes saved.
+Sums are reassociated (fastmath "reassoc") so that they vectorize, like NumPy's pairwise
+sums they differ from a sequential sum in the last bits only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_NB: dict = {}
+
+
+def _max_subtract(x, out):
+    """out[i] = x[i] - max(x[i]); a NaN in a row makes the row NaN, as in NumPy."""
+    n, m = x.shape
+    for i in range(n):
+        mx = x[i, 0]
+        for j in range(1, m):
+            v = x[i, j]
+            if v > mx or v != v:
+                mx = v
+                if v != v:
+                    break
+        for j in range(m):
+            out[i, j] = x[i, j] - mx
+
+
+def _normalize_sum(y):
+    n, m = y.shape
+    for i in range(n):
+        s = np.float32(0.0)
+        for j in range(m):
+            s += y[i, j]
+        inv = np.float32(1.0) / s
+        for j in range(m):
+            y[i, j] *= inv
+
+
+def _subtract_log_sum(y, e):
+    """y[i] -= log(sum(e[i])): log-softmax from the shifted values and their exps."""
+    n, m = y.shape
+    for i in range(n):
+        s = np.float32(0.0)
+        for j in range(m):
+            s += e[i, j]
+        ls = np.float32(np.log(s))
+        for j in range(m):
+            y[i, j] -= ls
+
+
+def _layer_norm(x, scale, bias, eps, y, mean, inv_std):
+    """Per row: mean, variance of (x - mean) (two passes, as the spec's function does),
+    then y = (x - mean) * inv_std * scale + bias. scale/bias are per column."""
+    n, m = x.shape
+    for i in range(n):
+        s = np.float32(0.0)
+        for j in range(m):
+            s += x[i, j]
+        mu = s / np.float32(m)
+        q = np.float32(0.0)
+        for j in range(m):
+            d = x[i, j] - mu
+            q += d * d
+        r = np.float32(1.0) / np.sqrt(q / np.float32(m) + eps)
+        mean[i] = mu
+        inv_std[i] = r
+        for j in range(m):
+            y[i, j] = (x[i, j] - mu) * r * scale[j] + bias[j]
+
+
+def _compiled():
+    if not _NB:
+        import numba
+
+        plain = dict(cache=True, nogil=True, error_model="numpy")
+        summing = dict(plain, fastmath={"reassoc", "nsz", "contract"})
+        _NB["max_subtract"] = numba.njit(**plain)(_max_subtract)
+        _NB["normalize_sum"] = numba.njit(**summing)(_normalize_sum)
+        _NB["subtract_log_sum"] = numba.njit(**summing)(_subtract_log_sum)
+        _NB["layer_norm"] = numba.njit(**summing)(_layer_norm)
+    return _NB
+
+
+def usable(x) -> bool:
+    """float32, at least one column and one row: what these loops take."""
+    return x.dtype == np.float32 and x.ndim >= 1 and x.size > 0 and x.shape[-1] > 0
+
+
+def softmax_last(x, out):
+    """Softmax over the last axis of float32 x into out (same shape, C-contiguous)."""
+    nb = _compiled()
+    x2, y = np.ascontiguousarray(x).reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
+    nb["max_subtract"](x2, y)
+    np.exp(y, out=y)
+    nb["normalize_sum"](y)
+    return out
+
+
+def log_softmax_last(x, out):
+    nb = _compiled()
+    x2, y = np.ascontiguousarray(x).reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
+    nb["max_subtract"](x2, y)
+    nb["subtract_log_sum"](y, np.exp(y))
+    return out
+
+
+def layer_norm_rows(x2, scale, bias, eps):
+    """(y, mean, inv_std) for float32 rows x2 (n, m) with per-column scale and bias (m,)."""
+    n, m = x2.shape
+    y = np.empty((n, m), np.float32)
+    mean, inv = np.empty(n, np.float32), np.empty(n, np.float32)
+    _compiled()["layer_norm"](np.ascontiguousarray(x2), np.ascontiguousarray(scale, np.float32),
+                              np.ascontiguousarray(bias, np.float32), np.float32(eps), y, mean, inv)
+    return y, mean, inv
