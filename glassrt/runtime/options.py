@@ -22,6 +22,11 @@ class SessionOptions:
     # ...and at most this many arena bytes among the cached plans (the newest plan is
     # always kept, however big). 0: no byte limit.
     plan_cache_bytes: int = 1 << 30
+    # After this many distinct input shapes of one structure (a KV cache growing per decode
+    # step, variable sequence lengths), a new shape runs on a plan compiled once with the
+    # varying dims symbolic instead of a plan compiled for it; a shape seen twice still
+    # gets its own plan. 0: always compile per shape.
+    generalize_after: int = 3
     # Time every eligible kernel on the first plan for a shape and keep the fastest.
     autotune: bool = False
     autotune_cache: str | None = None  # JSON file that keeps autotune winners across runs

@@ -7,6 +7,7 @@ allocation (the CPU analogue of capturing and replaying a CUDA graph).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -180,7 +181,7 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
     st = Step()
     if _is_static(ctx) and _all_empty(ctx.output_types, node.outputs):
         st.fn = _empty_step(ctx.output_types, kern.multi)  # no element to compute: the kernel never runs
-    elif _is_static(ctx):
+    elif _is_static(ctx) or _shape_free(kern, ctx):
         st.fn = _bind(kern, ctx, make_runner, placement)
     else:
         st.fn = _DynamicStep(kern, ctx, make_runner, placement, pool, options.memory_limit())
@@ -226,6 +227,14 @@ def _free_lists(steps, step_io, memory, slots, never):
                         and (memory.values.get(n) is None or memory.values[n].offset is None))
 
 
+def _shape_free(kern, ctx) -> bool:
+    """A plain kernel (not a builder, no workspace) whose outputs have known shapes even
+    though an input's does not (Shape of a KV cache, attention weights @ V): it is bound
+    once and writes into planned buffers; a wrong run-time shape fails in the kernel."""
+    return not kern.builder and not kern.workspace and \
+        all(isinstance(t, TensorType) and t.is_static for t, o in zip(ctx.output_types, ctx.node.outputs) if o)
+
+
 def _is_static(ctx) -> bool:
     """Every tensor input and output shape known: the kernel can be bound for good."""
     return all(not isinstance(t, TensorType) or t.is_static for t in [*ctx.input_types, *ctx.output_types])
@@ -246,6 +255,7 @@ class _DynamicStep:
         self.make_runner, self.placement = make_runner, placement
         self.pool, self.limit = pool, limit
         self.cache = {}
+        self.plain = None  # the bound step of a kernel that is not a builder
 
     def __call__(self, *args, out=None):
         # Small integer inputs (shapes, axes, starts) steer output shapes: part of the key.
@@ -283,15 +293,19 @@ class _DynamicStep:
                 values[name] = a
         infer_node(None, node, types, values, {}, True)
         out_types = [types.get(o) if o else None for o in node.outputs]
-        ctx = replace(self.ctx, input_types=[types.get(i) if i else None for i in node.inputs], output_types=out_types)
-        ctx.workspace = None
         alloc = [((tuple(t.shape), t.dtype) if isinstance(t, TensorType) and t.is_static and t.dtype != object
                   else (None, None)) for t in out_types]
-        need = sum(int(np.prod(s, dtype=np.int64)) * dt.itemsize for s, dt in alloc if s is not None)
+        need = sum(math.prod(s) * dt.itemsize for s, dt in alloc if s is not None)
         if need > self.limit:
             raise MemoryLimitError(f"{describe_node(node)} would allocate {need:,} bytes for inputs "
                                    f"{[getattr(a, 'shape', None) for a in args]}, over the session's memory "
                                    f"limit of {self.limit:,} bytes")
+        if not self.kern.builder:  # a plain function of the inputs: bound once, whatever the shapes
+            if self.plain is None:
+                self.plain = _bind(self.kern, self.ctx, self.make_runner, self.placement)
+            return self.plain, alloc
+        ctx = replace(self.ctx, input_types=[types.get(i) if i else None for i in node.inputs], output_types=out_types)
+        ctx.workspace = None
         return _bind(self.kern, ctx, self.make_runner, self.placement), alloc
 
 

@@ -46,6 +46,7 @@ class GraphRunner:
         self._lock = threading.Lock()
         self._busy: set[int] = set()  # ids of plans some thread is running now
         self._twins: dict = {}  # signature -> idle plans beside the cached one
+        self._seen: OrderedDict = OrderedDict()  # recent signatures -> times asked for
 
     def make_runner(self, sub_placement):
         key = id(sub_placement)
@@ -73,12 +74,48 @@ class GraphRunner:
             if plan is not None:
                 self.plans.move_to_end(sig)
                 return plan
+            general = self._general_plan(sig)
+        if general is not None:
+            return general
         types = {n: type_of_value(v) for n, v in feeds.items()}
         outer_types = {n: type_of_value(v) for n, v in (outer or {}).items()}
         plan = compile_plan(self.placement, {**outer_types, **types}, self.options, self.make_runner, pool=self.pool)
         plan.signature = sig
+        plan.compiled_for = {**outer_types, **types}
         with self._lock:
             self._remember(sig, plan)
+        return plan
+
+    def _general_plan(self, sig):
+        """For a shape seen for the first time once several shapes of its structure have
+        come: a plan with the dims that varied left symbolic (compiled once, then shared;
+        only its nodes whose shapes depend on those dims bind per shape at run time).
+        None: compile a plan for exactly this shape (as for a shape asked for a fourth time:
+        a hot shape earns a plan of its own)."""
+        after = self.options.generalize_after
+        if not after or not all(len(e) == 3 and isinstance(e[1], tuple) for e in sig):
+            return None
+        count = self._seen.pop(sig, 0)
+        self._seen[sig] = count + 1
+        while len(self._seen) > 64:
+            self._seen.popitem(last=False)
+        if count >= 3:  # a hot shape: worth a plan of its own
+            return None
+        for key, plan in reversed(self.plans.items()):
+            if isinstance(key, ShapePattern) and key.matches(sig):
+                self.plans.move_to_end(key)
+                return plan
+        similar = [s for s in self._seen if _structure(s) == _structure(sig)]
+        if len(similar) <= after:
+            return None
+        pattern = ShapePattern.generalize(similar, self.placement.graph)
+        if pattern is None or not pattern.matches(sig):
+            return None
+        types = pattern.types()
+        plan = compile_plan(self.placement, types, self.options, self.make_runner, pool=self.pool)
+        plan.signature = pattern
+        plan.compiled_for = types
+        self._remember(pattern, plan)
         return plan
 
     MAX_TWINS = 4
@@ -95,9 +132,8 @@ class GraphRunner:
                 twin = twins.pop()
                 self._busy.add(id(twin))
                 return twin
-        types = {n: type_of_value(v) for n, v in feeds.items()}
-        twin = compile_plan(self.placement, types, self.options, self.make_runner, pool=self.pool)
-        twin.signature = plan.signature
+        twin = compile_plan(self.placement, plan.compiled_for, self.options, self.make_runner, pool=self.pool)
+        twin.signature, twin.compiled_for = plan.signature, plan.compiled_for
         with self._lock:
             self._busy.add(id(twin))
         return twin
@@ -117,7 +153,7 @@ class GraphRunner:
         plan = self.plans.get(sig)
         if plan is None:
             plan = compile_plan(self.placement, types, self.options, self.make_runner, pool=self.pool)
-            plan.signature = sig
+            plan.signature, plan.compiled_for = sig, types
             self._remember(sig, plan)
         return plan
 
@@ -143,3 +179,72 @@ class GraphRunner:
             return run_plan(plan, feeds, profile=profile)
         finally:
             self._checkin(plan)
+
+
+def _structure(sig) -> tuple:
+    """What shapes of one structure share: input names, ranks and dtypes."""
+    return tuple((name, len(shape), dt) for name, shape, dt in sig)
+
+
+class ShapePattern:
+    """Input shapes with some dims symbolic: the signatures one generalized plan serves.
+
+    A dim that took one value in every shape seen stays that value; a dim that varied
+    becomes a symbol, named as the model declares it (inputs declared with the same dim
+    name share a symbol, so the plan may rely on their being equal) or after the input
+    and axis. A signature matches when its fixed dims agree, every symbol has one value
+    in it, and none of those values is 0 (symbols are positive; an empty dim gets a plan
+    of its own)."""
+
+    def __init__(self, entries):
+        self.entries = entries  # ((name, (int | Symbol, ...), dtype str), ...)
+
+    @classmethod
+    def generalize(cls, sigs, graph):
+        import sympy
+
+        from .. import symbolic
+
+        declared = {v.name: getattr(v.type, "shape", None) for v in graph.inputs}
+        entries = []
+        for k, (name, shape, dt) in enumerate(sigs[-1]):
+            dims = []
+            for axis, d in enumerate(shape):
+                if all(s[k][1][axis] == d for s in sigs):
+                    dims.append(d)
+                    continue
+                decl = declared.get(name)
+                named = decl[axis] if decl is not None and axis < len(decl) else None
+                dims.append(named if isinstance(named, sympy.Symbol)
+                            else symbolic.symbol(f"{name}_dim{axis}"))
+            entries.append((name, tuple(dims), dt))
+        if all(isinstance(d, int) for _, dims, _ in entries for d in dims):
+            return None
+        return cls(tuple(entries))
+
+    def matches(self, sig) -> bool:
+        if len(sig) != len(self.entries):
+            return False
+        bound = {}
+        for (name, shape, dt), (pname, pdims, pdt) in zip(sig, self.entries):
+            if name != pname or dt != pdt or not isinstance(shape, tuple) or len(shape) != len(pdims):
+                return False
+            for d, p in zip(shape, pdims):
+                if isinstance(p, int):
+                    if d != p:
+                        return False
+                elif d == 0 or bound.setdefault(p, d) != d:
+                    return False
+        return True
+
+    def types(self) -> dict:
+        return {name: TensorType(np.dtype(dt), dims) for name, dims, dt in self.entries}
+
+    def __hash__(self):
+        return hash(self.entries)
+
+    def __eq__(self, other):
+        return isinstance(other, ShapePattern) and other.entries == self.entries
+
+    def __repr__(self):
+        return "ShapePattern(" + ", ".join(f"{n}{list(map(str, d))}" for n, d, _ in self.entries) + ")"

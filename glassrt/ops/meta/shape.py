@@ -473,6 +473,14 @@ def constant_of_shape(ctx):
 def range_(ctx):
     vals = [ctx.const(i) for i in range(3)]
     if any(v is None for v in vals):
+        # Symbolic bounds a fixed distance apart (positions past..past+t of a KV cache: the
+        # length is t, whatever past is) still give a known length.
+        sym = [ctx.value(i) for i in range(3)]
+        if all(v is not None and v.size == 1 for v in sym) and ctx.dtype(0).kind in "iu":
+            start, limit, delta = (v.reshape(-1)[0] for v in sym)
+            span = symbolic.normalize(sympy.sympify(limit - start))
+            if isinstance(span, int) and isinstance(symbolic.normalize(delta), int) and delta != 0:
+                return [ctx.tensor(ctx.dtype(0), (max(-(-span // int(delta)), 0),))]
         return [ctx.tensor(ctx.dtype(0), (symbolic.fresh("range"),))]
     start, limit, delta = (v.item() for v in vals)
     if delta == 0:
@@ -499,7 +507,9 @@ def _binary_values(fn):
         try:
             if a.dtype != object and b.dtype != object:
                 return [fn(a, b).astype(ctx.dtype(0))]
-            return [_tidy(fn(a.astype(object), b.astype(object)))]
+            r = fn(a.astype(object), b.astype(object))
+            # 0-d object operands give a bare SymPy expression, not an array
+            return [_tidy(r if isinstance(r, np.ndarray) else np.array(r, dtype=object))]
         except Exception:
             return [None]
     return rule

@@ -1,0 +1,124 @@
+"""Plans shared across shapes: after `generalize_after` distinct input shapes of one
+structure, a new shape runs on one plan compiled with the varying dims symbolic (a KV
+cache that grows per decode step would otherwise compile a plan per step)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import glassrt
+from glassrt.runtime.runner import ShapePattern
+
+ort = pytest.importorskip("onnxruntime")
+D = 8
+
+
+def _decoder_step(same_dim_name=True):
+    """One attention step over a KV cache: q (b, 1, D), past (b, past, D) -> (out, new cache)."""
+    rng = np.random.default_rng(0)
+    wq = numpy_helper.from_array(rng.standard_normal((D, D)).astype(np.float32), "wq")
+    nodes = [
+        helper.make_node("MatMul", ["x", "wq"], ["q"]),
+        helper.make_node("Concat", ["past_k", "x"], ["k"], axis=1),
+        helper.make_node("Concat", ["past_v", "x"], ["v"], axis=1),
+        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["y"]),
+    ]
+    vdim = "past" if same_dim_name else "past_v_len"
+    g = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 1, D]),
+        helper.make_tensor_value_info("past_k", TensorProto.FLOAT, ["b", "past", D]),
+        helper.make_tensor_value_info("past_v", TensorProto.FLOAT, ["b", vdim, D])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "k", "v")], initializer=[wq])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _feeds(past, past_v=None, batch=1, seed=0):
+    rng = np.random.default_rng(seed + past)
+    return {"x": rng.standard_normal((batch, 1, D)).astype(np.float32),
+            "past_k": rng.standard_normal((batch, past, D)).astype(np.float32),
+            "past_v": rng.standard_normal((batch, past if past_v is None else past_v, D)).astype(np.float32)}
+
+
+def _patterns(sess):
+    return [k for k in sess.runner.plans if isinstance(k, ShapePattern)]
+
+
+def test_growing_cache_shares_one_plan_and_matches_onnxruntime():
+    model = _decoder_step()
+    sess = glassrt.InferenceSession(model, providers=["cpu"])
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for past in range(1, 30):
+        feeds = _feeds(past)
+        for got, want in zip(sess.run(None, feeds), oracle.run(None, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    stats = sess.memory_stats()
+    # an exact plan for each of the first 3 shapes, then one plan for every new past
+    assert stats["plans_built"] == sess.options.generalize_after + 1, stats
+    (pattern,) = _patterns(sess)
+    assert "past" in repr(pattern) and "x[" in repr(pattern)
+
+
+def test_generalize_after_zero_compiles_per_shape():
+    sess = glassrt.InferenceSession(_decoder_step(), providers=["cpu"],
+                                    sess_options=glassrt.SessionOptions(generalize_after=0, plan_cache_size=64))
+    for past in range(1, 10):
+        sess.run(None, _feeds(past))
+    assert sess.memory_stats()["plans_built"] == 9 and not _patterns(sess)
+
+
+def test_a_hot_shape_gets_its_own_plan():
+    sess = glassrt.InferenceSession(_decoder_step(), providers=["cpu"])
+    for past in range(1, 8):
+        sess.run(None, _feeds(past))
+    built = sess.memory_stats()["plans_built"]
+    for _ in range(4):  # asked for again and again: compiled for exactly this shape
+        sess.run(None, _feeds(20))
+    assert sess.memory_stats()["plans_built"] == built + 1
+    assert (("past_k", (1, 20, D), "<f4") in key for key in sess.runner.plans if not isinstance(key, ShapePattern))
+
+
+def test_unequal_values_of_one_dim_name_do_not_use_the_pattern():
+    """past_k and past_v share the dim name 'past': the shared plan may rely on their being
+    equal, so a feed where they differ gets a plan of its own, and the same answer."""
+    model = _decoder_step(same_dim_name=True)
+    sess = glassrt.InferenceSession(model, providers=["cpu"])
+    for past in range(1, 8):
+        sess.run(None, _feeds(past))
+    assert _patterns(sess)
+    pattern = _patterns(sess)[0]
+    odd = _feeds(9, past_v=9)
+    assert pattern.matches(sess.runner.signature(odd, None))
+    assert not pattern.matches(sess.runner.signature(_feeds(9, past_v=11), None))
+    assert not pattern.matches(sess.runner.signature(_feeds(0), None))  # an empty dim: a plan of its own
+    assert not pattern.matches(sess.runner.signature(_feeds(9, batch=2), None))  # batch never varied
+
+
+def test_pattern_plans_are_safe_across_threads():
+    model = _decoder_step()
+    sess = glassrt.InferenceSession(model, providers=["cpu"])
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for past in range(1, 6):
+        sess.run(None, _feeds(past))
+    errors = []
+
+    def work(offset):
+        try:
+            for past in range(10 + offset, 60, 4):
+                feeds = _feeds(past, seed=offset)
+                for got, want in zip(sess.run(None, feeds), oracle.run(None, feeds)):
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
