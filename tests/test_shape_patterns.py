@@ -122,3 +122,21 @@ def test_pattern_plans_are_safe_across_threads():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_shape_formulas_bind_symbols_from_input_dims():
+    from glassrt import symbolic
+    from glassrt.ir import TensorType
+    from glassrt.runtime.shape_formula import ShapeFormula
+
+    past = symbolic.symbol("past")
+    f32 = np.dtype(np.float32)
+    formula = ShapeFormula.build([TensorType(f32, (1, 4, past, 16)), TensorType(f32, (1, 4, 1, 16))],
+                                 [TensorType(f32, (1, 4, past + 1, 16))])
+    a, b = np.zeros((1, 4, 9, 16), np.float32), np.zeros((1, 4, 1, 16), np.float32)
+    assert formula.evaluate([a, b]) == [(1, 4, 10, 16)]
+    assert formula.evaluate([a, np.zeros((1, 4, 2, 16), np.float32)]) is None  # a fixed dim differs
+    assert formula.evaluate([np.zeros((1, 4, 0, 16), np.float32), b]) is None  # past = 0: not the plan's case
+    shifted = ShapeFormula.build([TensorType(f32, (past + 1, 3))], [TensorType(f32, (3, past + 1))])
+    assert shifted.evaluate([np.zeros((7, 3), np.float32)]) == [(3, 7)]  # past + 1 = 7 binds past = 6
+    assert ShapeFormula.build([TensorType(f32, (past * 2,))], [TensorType(f32, (past,))]) is None

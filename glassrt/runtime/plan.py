@@ -19,6 +19,7 @@ from ..errors import (GlassrtError, KernelContractError, MemoryLimitError, NodeE
 from ..ir import TensorType
 from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
+from .shape_formula import ShapeFormula
 from .infer import infer
 from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
 from .placement import kernel_reason
@@ -256,8 +257,17 @@ class _DynamicStep:
         self.pool, self.limit = pool, limit
         self.cache = {}
         self.plain = None  # the bound step of a kernel that is not a builder
+        # In a plan with symbolic dims, a plain kernel's output shapes are formulas of its
+        # input shapes: evaluated per run, no meta rule needed (shape_formula.py).
+        n_in = len(ctx.node.inputs)
+        self.formula = None if kern.builder else ShapeFormula.build(ctx.input_types[:n_in], ctx.output_types)
+        self.out_dtypes = [t.dtype for t in ctx.output_types] if self.formula is not None else None
 
     def __call__(self, *args, out=None):
+        if self.formula is not None:
+            shapes = self.formula.evaluate(args)
+            if shapes is not None:
+                return self._run_known(args, shapes)
         # Small integer inputs (shapes, axes, starts) steer output shapes: part of the key.
         key = tuple(((a.shape, a.dtype.str, a.tobytes() if a.dtype.kind in "iu" and a.size <= 64 else None)
                      if isinstance(a, np.ndarray) else type(a).__name__) for a in args)
@@ -276,6 +286,23 @@ class _DynamicStep:
         empty = self.pool.empty if self.pool is not None else np.empty
         bufs = [empty(shape, dt) if shape is not None else None for shape, dt in alloc]
         return fn(*args, out=tuple(bufs) if self.kern.multi else bufs[0])
+
+    def _run_known(self, args, shapes):
+        need = sum(math.prod(sh) * dt.itemsize for sh, dt in zip(shapes, self.out_dtypes))
+        if need > self.limit:
+            raise MemoryLimitError(f"{describe_node(self.ctx.node)} would allocate {need:,} bytes for inputs "
+                                   f"{[getattr(a, 'shape', None) for a in args]}, over the session's memory "
+                                   f"limit of {self.limit:,} bytes")
+        if all(0 in sh for sh in shapes):
+            empties = tuple(np.empty(sh, dt) for sh, dt in zip(shapes, self.out_dtypes))
+            return empties if self.kern.multi else empties[0]
+        if self.plain is None:
+            self.plain = _bind(self.kern, self.ctx, self.make_runner, self.placement)
+        if not self.kern.out:
+            return self.plain(*args)
+        empty = self.pool.empty if self.pool is not None else np.empty
+        bufs = [empty(sh, dt) for sh, dt in zip(shapes, self.out_dtypes)]
+        return self.plain(*args, out=tuple(bufs) if self.kern.multi else bufs[0])
 
     def _prepare(self, args):
         from dataclasses import replace
