@@ -41,6 +41,7 @@ class CustomSchema:
     outputs: list  # names
     text: str = ""
     since_version: int = 1
+    variadic: bool = False  # the last input repeats: one or more tensors (`Tensor... name`)
 
     @property
     def defaults(self) -> dict:
@@ -54,25 +55,29 @@ _HEAD = re.compile(r"^\s*([A-Za-z_][\w.]*)::([A-Za-z_]\w*)\s*\((.*)\)\s*->\s*(.+
 
 
 def parse_schema(text: str) -> CustomSchema:
-    """'domain::name(Tensor x, Tensor? bias, float beta=1.0, int[] axes=[0]) -> (Tensor y, Tensor)'."""
+    """'domain::name(Tensor x, Tensor? bias, float beta=1.0, int[] axes=[0]) -> (Tensor y, Tensor)'.
+    `Tensor... xs` as the last tensor input takes one or more tensors (Concat-like ops)."""
     m = _HEAD.match(text)
     if not m:
         raise SchemaError(f"cannot parse op schema {text!r}: expected 'domain::name(args) -> outputs'")
     domain, name, args, rets = m.groups()
     if domain == "ai.onnx":  # the default ONNX domain, spelled as models may spell it
         domain = ""
-    inputs, attrs = [], {}
+    inputs, attrs, variadic = [], {}, False
     for i, arg in enumerate(_split_commas(args)):
         parts = arg.split("=", 1)
         decl = parts[0].split()
         if len(decl) != 2:
             raise SchemaError(f"{text!r}: argument {i} {arg!r} must be 'Type name' or 'Type name=default'")
         typ, arg_name = decl
-        if typ in ("Tensor", "Tensor?"):
+        if typ in ("Tensor", "Tensor?", "Tensor..."):
             if len(parts) > 1:
                 raise SchemaError(f"{text!r}: tensor input '{arg_name}' cannot have a default")
             if attrs:
                 raise SchemaError(f"{text!r}: tensor input '{arg_name}' must come before the attributes")
+            if variadic:
+                raise SchemaError(f"{text!r}: the variadic input '{inputs[-1][0]}' must be the last tensor input")
+            variadic = typ == "Tensor..."
             inputs.append((arg_name, typ == "Tensor?"))
         elif typ in _ATTR_TYPES:
             default = REQUIRED
@@ -85,7 +90,7 @@ def parse_schema(text: str) -> CustomSchema:
             attrs[arg_name] = (typ, default)
         else:
             raise SchemaError(f"{text!r}: unknown type {typ!r} for '{arg_name}' "
-                              f"(use Tensor, Tensor?, {', '.join(_ATTR_TYPES)})")
+                              f"(use Tensor, Tensor?, Tensor..., {', '.join(_ATTR_TYPES)})")
     rets = rets.strip()
     if rets.startswith("(") and rets.endswith(")"):
         rets = rets[1:-1]
@@ -97,7 +102,7 @@ def parse_schema(text: str) -> CustomSchema:
         outputs.append(decl[1] if len(decl) == 2 else f"output{k}")
     if not outputs:
         raise SchemaError(f"{text!r}: an op needs at least one output")
-    return CustomSchema(domain, name, inputs, attrs, outputs, text.strip())
+    return CustomSchema(domain, name, inputs, attrs, outputs, text.strip(), variadic=variadic)
 
 
 def _split_commas(s: str) -> list[str]:
@@ -210,7 +215,8 @@ class CustomOp:
         """fn(dtype) -> list of input arrays, or (inputs, {attribute: value}): sample inputs
         for `glassrt check` when the generated ones (every input of shape (batch, 3, 4),
         attributes at their defaults) do not suit the op. For the symbolic-batch check,
-        inputs whose first dim equals the first input's are lengthened with the batch."""
+        inputs whose first dim equals the first input's (the first one that is not a
+        scalar) are lengthened with the batch."""
         self.example_fn = fn
         return fn
 
@@ -252,13 +258,14 @@ class CustomOp:
         node = ctx.node
         n_req = sum(1 for _, opt in self.schema.inputs if not opt)
         given = len([i for i in node.inputs])
-        if given < n_req or given > len(self.schema.inputs):
-            ctx.fail(f"{self.schema.text} takes {n_req}..{len(self.schema.inputs)} inputs, the node has {given}")
+        if given < n_req or (given > len(self.schema.inputs) and not self.schema.variadic):
+            span = f"at least {n_req}" if self.schema.variadic else f"{n_req}..{len(self.schema.inputs)}"
+            ctx.fail(f"{self.schema.text} takes {span} inputs, the node has {given}")
         if len(node.outputs) > len(self.schema.outputs):
             ctx.fail(f"{self.schema.text} has {len(self.schema.outputs)} output(s), the node has {len(node.outputs)}")
         if self.meta_fn is None:
             return [None] * len(node.outputs)  # shapes decided at run time
-        metas = [ctx.type(i) if ctx.has(i) else None for i in range(len(self.schema.inputs))]
+        metas = [ctx.type(i) if ctx.has(i) else None for i in range(max(len(self.schema.inputs), given))]
         try:
             res = self.meta_fn(*metas, **self.attrs_of(node))
         except GlassrtError:

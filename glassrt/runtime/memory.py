@@ -15,6 +15,7 @@ import random
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -23,6 +24,14 @@ ALIGN = 64
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def size_class(n: int) -> int:
+    """n rounded up to a multiple of a quarter of its power of two (64-byte aligned)."""
+    if n <= 4096:
+        return _align(n)
+    quarter = 1 << (n.bit_length() - 3)
+    return (n + quarter - 1) // quarter * quarter
 
 
 @dataclass
@@ -230,16 +239,21 @@ def allocate_arena(nbytes: int) -> np.ndarray:
 
 class BufferPool:
     """Run-time allocations for values whose size is only known while running
-    (downstream of NonZero, Loop bodies with changing shapes...).
+    (downstream of NonZero, nodes of a plan with symbolic dims, Loop bodies with changing
+    shapes...).
 
-    Freed buffers are kept per byte size and handed out again, so a plan replayed with
-    the same data-dependent sizes stops allocating. `reserved` counts every byte the
-    pool holds, `allocated` the bytes handed out now: their gap is the fragmentation.
+    Freed buffers are kept per size class and handed out again, so a plan replayed with
+    the same data-dependent sizes stops allocating. Sizes round up to a quarter of their
+    power of two (25% at most unused), so that a buffer that grows a little per run (a KV
+    cache during decoding) reuses what the previous run freed. A buffer handed out and
+    never released (a graph output the caller keeps, then drops) is forgotten when it is
+    garbage-collected, so it cannot pin memory. `reserved` counts every byte the pool
+    holds, `allocated` the bytes handed out now: their gap is the fragmentation.
     """
 
     def __init__(self, max_reserved: int = 1 << 30):
         self.free: dict[int, list[np.ndarray]] = {}
-        self.in_use: dict[int, np.ndarray] = {}  # id(buffer) -> buffer
+        self.in_use: dict[int, tuple] = {}  # id(buffer) -> (raw block, finalizer)
         self.reserved = 0
         self.allocated = 0
         self.peak_allocated = 0
@@ -261,7 +275,7 @@ class BufferPool:
     def _empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        size = _align(max(nbytes, 1))
+        size = size_class(max(nbytes, 1))
         bucket = self.free.get(size)
         if bucket:
             raw = bucket.pop()
@@ -271,20 +285,31 @@ class BufferPool:
             self.reserved += size
             self.misses += 1
         handed = raw[:nbytes].view(dtype).reshape(shape)
-        self.in_use[id(handed)] = raw
+        key = id(handed)
+        self.in_use[key] = (raw, weakref.finalize(handed, self._forget, key))
         self.allocated += size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return handed
 
+    def _forget(self, key) -> None:
+        """The array handed out under `key` died without being released: its block goes with it."""
+        with self._lock:
+            entry = self.in_use.pop(key, None)
+            if entry is not None:
+                self.allocated -= entry[0].size
+                self.reserved -= entry[0].size
+
     def _release(self, array) -> bool:
-        raw = self.in_use.pop(id(array), None)
-        if raw is None:
+        entry = self.in_use.pop(id(array), None)
+        if entry is None:
             return False
+        raw, finalizer = entry
+        finalizer.detach()
         self.allocated -= raw.size
         # Reuse the buffer only if nothing but the released array still refers to it (a
         # kernel may have returned a view of it that lives on). References now: `raw`,
-        # the released array's .base, and getrefcount's own argument.
-        if sys.getrefcount(raw) > 3 or self.reserved > self.max_reserved:
+        # `entry`, the released array's .base, and getrefcount's own argument.
+        if sys.getrefcount(raw) > 4 or self.reserved > self.max_reserved:
             self.reserved -= raw.size  # leave it to the garbage collector
         else:
             self.free.setdefault(raw.size, []).append(raw)

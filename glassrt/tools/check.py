@@ -80,8 +80,11 @@ def _generated(op, dt, batch=2):
         xs, extra = (ex if isinstance(ex, tuple) and len(ex) == 2 and isinstance(ex[1], dict) else (ex, {}))
         xs = [np.asarray(x) if x is not None else None for x in xs]
         attrs.update(extra)
-        if batch != 2 and xs and isinstance(xs[0], np.ndarray) and xs[0].ndim:
-            b0 = xs[0].shape[0]  # only inputs that share the first input's batch follow it
+        # The batch is the first dim of the first input that has one (a leading scalar, such
+        # as QLinearConcat's output scale, has none).
+        first = next((x for x in xs if isinstance(x, np.ndarray) and x.ndim), None)
+        if batch != 2 and first is not None:
+            b0 = first.shape[0]  # only inputs that share that input's batch follow it
             xs = [np.concatenate([x] * (batch // 2 + 1), axis=0)[:max(batch * b0 // 2, 1)]
                   if isinstance(x, np.ndarray) and x.ndim and x.shape[0] == b0 else x for x in xs]
         return xs, attrs
@@ -215,6 +218,7 @@ def _custom_decomposition(op, name, attrs, dts):
     for dt in dts:
         xs, attrs = _generated(op, dt)
         names = [n for (n, _), x in zip(op.schema.inputs, xs)]
+        names += [f"{names[-1]}_{k}" for k in range(1, len(xs) - len(names) + 1)]  # a variadic input's others
         node = type("N", (), {"name": "decomposition", "outputs": op.schema.outputs, "domain": op.domain,
                               "opset": 1, "op_type": op.name})()
         g = GraphBuilder(node, set(names))
@@ -238,9 +242,10 @@ def _custom_decomposition(op, name, attrs, dts):
                 if a.shape != b.shape:
                     bad.append(f"output {k}: kernel '{provider}' gives shape {list(a.shape)}, decomposition {list(b.shape)}")
                     continue
-                scale = float(np.max(np.abs(b))) or 1.0
-                err = np.abs(a.astype(np.float64) - b.astype(np.float64))
-                if not np.all(err <= atol * scale + rtol * np.abs(b)):
+                bf = b.astype(np.float64)  # np.abs of an int8 -128 would wrap
+                scale = float(np.max(np.abs(bf))) or 1.0
+                err = np.abs(a.astype(np.float64) - bf)
+                if not np.all(err <= atol * scale + rtol * np.abs(bf)):
                     i = np.unravel_index(np.argmax(err), err.shape)
                     bad.append(f"output {k} ({dtypes.name(dt)}): kernel '{provider}' differs from the decomposition by "
                                f"up to {float(err.max()):.3g} (at {tuple(int(v) for v in i)}: {a[i]} vs {b[i]}; "

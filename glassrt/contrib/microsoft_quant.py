@@ -1,0 +1,1064 @@
+"""onnxruntime's quantized contrib operators (domain `com.microsoft`), run natively.
+
+onnxruntime's quantization tool writes these in QOperator format (`quantize_static(...,
+quant_format=QuantFormat.QOperator)`), and so are the ONNX model zoo's int8 models
+(resnet50-v1-12-int8, mobilenetv2-12-int8...): QLinearConv and QLinearMatMul are standard
+ONNX, the ops around them (Add, Mul, pooling, Concat, Gemm, Softmax, activations) are
+contrib ops. Dynamic quantization of transformer models leaves DynamicQuantizeMatMul and
+MatMulIntegerToFloat. They are defined as the ops of microsoft.py are, with the public
+custom-op API: a schema, a meta (symbolic dims kept), a NumPy kernel for the cpu provider
+and, where the op is DequantizeLinear -> standard op(s) -> QuantizeLinear, a decomposition.
+
+The numbers are onnxruntime's CPU provider's to the last bit. A quantized result is within
+one step of the ideal formula either way, and which way a value near a rounding boundary
+goes depends on the exact float32 operations, so the kernels follow MLAS's arithmetic step
+by step (named where it matters) rather than the formula: float32 throughout, fused
+multiply-adds where onnxruntime's AVX2 kernels fuse them, results rounded half to even
+(MLAS converts with cvtps2dq under the default rounding mode) and saturated. Where
+onnxruntime's kernel has semantics of its own (QLinearSoftmax's lookup table,
+QLinearAveragePool's divisor and its switch to integer arithmetic for global windows) the
+kernel follows them. Integer products run as float64 GEMMs, exact for 8-bit data, as
+glassrt's QLinearMatMul does. The decompositions agree with the kernels exactly where
+their float steps are the same (Concat, Where, LeakyRelu, QGemm, the MatMuls) and to
+within one quantization step otherwise.
+
+QLinearReduceMean is not defined: onnxruntime's CPU provider has no kernel for it, so there
+are no numbers to follow.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ir import TensorType as Meta
+from ..ops.custom import custom_op
+from ..ops.meta._util import broadcast
+
+MS = "com.microsoft"
+U8, I8, I32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int32)
+F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
+Q8 = [U8, I8]
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+# ====================================================================== shared helpers
+
+
+def _require(cond, message):
+    if not cond:
+        raise ValueError(message)
+
+
+def _qrange(dt):
+    return (0, 255) if dt == U8 else (-128, 127)
+
+
+def _q8(x, what):
+    _require(x.dtype in (U8, I8), f"{what} must be uint8 or int8, got {x.dtype}")
+    return x.dtype
+
+
+def _is_one_value(t):
+    """onnxruntime's IsScalarOr1ElementVector: a scalar or a 1-D tensor of one element."""
+    return t.ndim == 0 or t.shape == (1,)
+
+
+def _one_value(t, what):
+    _require(_is_one_value(t), f"{what} must be a scalar (per-tensor), got shape {list(t.shape)}")
+
+
+def _scale(s, what, divisor=False):
+    """A per-tensor float32 scale as a NumPy float32. One that is divided by (an output's)
+    must be positive and finite: anything else makes every result saturate or NaN."""
+    _require(s is not None, f"{what} is missing")
+    _require(s.dtype == F32, f"{what} must be float32, got {s.dtype}")
+    _one_value(s, what)
+    v = F32.type(s.reshape(()))
+    _require(not divisor or (np.isfinite(v) and v > 0), f"{what} must be a positive finite number, got {v}")
+    return v
+
+
+def _zero_point(z, dt, what):
+    """A per-tensor zero point (absent: 0) as an int; its type must be the data's."""
+    if z is None:
+        return 0
+    _require(z.dtype == dt, f"{what} is {z.dtype} but the data it belongs to is {dt}: they must match")
+    _one_value(z, what)
+    return int(z.reshape(()))
+
+
+def _fma(a, b, c):
+    """float32 a·b + c rounded once, as an FMA instruction rounds it. The product of two
+    float32 (or of a float32 and an 8-bit integer) is exact in float64; the float64 sum,
+    rounded to float32, differs from a single rounding only if it was itself rounded (its
+    addends some 30 binary orders of magnitude apart) onto a point exactly halfway between
+    two float32 values."""
+    return (np.asarray(a, F64) * F64.type(b) + np.asarray(c, F64)).astype(F32)
+
+
+def _saturate(v, zp, dt):
+    """MLAS's requantization tail: clamp float32 v to [min - zp, max - zp] (a NaN becomes
+    the minimum, as MAXPS returns it), round half to even, add the zero point."""
+    lo, hi = _qrange(dt)
+    v = np.fmin(np.fmax(np.asarray(v, F32), F32.type(lo - zp)), F32.type(hi - zp))
+    return (np.rint(v).astype(np.int16) + np.int16(zp)).astype(dt)
+
+
+def _quantize(v, scale, zp, dt):
+    """MlasQuantizeLinear: saturate(round_half_even(float32 v / scale) + zp)."""
+    return _saturate(np.asarray(v, F32) / scale, zp, dt)
+
+
+def _codes(dt):
+    """Every value of an 8-bit type, in the order of its bytes (index = the byte)."""
+    return np.arange(256, dtype=np.uint8).view(dt)
+
+
+def _dequantized_codes(dt, scale, zp):
+    """scale · (q - zp) in float32 for every q, as onnxruntime's lookup tables compute it."""
+    return scale * (_codes(dt).astype(np.int32) - zp).astype(F32)
+
+
+def _lookup(x, table):
+    return table[x.view(np.uint8)]
+
+
+def _requantize_table(dt, sx, zx, sy, zy):
+    """What onnxruntime's QLinearConcat / QLinearWhere map each input byte to."""
+    return _quantize(_dequantized_codes(dt, sx, zx), sy, zy, dt)
+
+
+def _int_matmul(a, za, b, zb):
+    """The exact int32 product (A - za) @ (B - zb) (zb broadcasts against B), through a
+    float64 GEMM: 8-bit products and their sums are exact there. int32 wraps as
+    onnxruntime's accumulator would (after some 33000 terms)."""
+    acc = np.matmul(a.astype(F64) - za, b.astype(F64) - zb)
+    return np.asarray(acc).astype(np.int64).astype(np.int32)
+
+
+def _meta_one_value(t, what, dtypes=None):
+    """The meta-time checks of a per-tensor scale or zero point (t None: omitted)."""
+    if t is None:
+        return
+    if dtypes is not None:
+        _require(t.dtype in dtypes, f"{what} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if t.shape is not None and all(isinstance(d, int) for d in t.shape):
+        _require(len(t.shape) == 0 or tuple(t.shape) == (1,),
+                 f"{what} must be a scalar (per-tensor), got shape {list(t.shape)}")
+
+
+def _meta_zero_point(z, dt, what):
+    if z is not None:
+        _require(z.dtype == dt, f"{what} is {z.dtype} but the data it belongs to is {dt}: they must match")
+        _meta_one_value(z, what)
+
+
+def _zero_like(g, x):
+    """A scalar 0 of x's type, inside a decomposition (QuantizeLinear without a zero point
+    would produce uint8 whatever the data)."""
+    return g.CastLike(g.constant(0, np.int32), x)
+
+
+def _rank(g, i):
+    """Input i's rank in a decomposition, or None where its shape is unknown."""
+    t = g.input_types[i] if i < len(g.input_types) else None
+    return None if t is None or t.shape is None else len(t.shape)
+
+
+class _Raise:
+    """Stands in for the MetaContext the built-in shape helpers report errors through."""
+
+    @staticmethod
+    def fail(message):
+        raise ValueError(message)
+
+
+# ====================================================================== QLinearAdd, QLinearMul
+
+_BINARY = ("(Tensor A, Tensor A_scale, Tensor? A_zero_point, Tensor B, Tensor B_scale, Tensor? B_zero_point, "
+           "Tensor C_scale, Tensor? C_zero_point) -> Tensor C")
+qlinear_add = custom_op(f"{MS}::QLinearAdd{_BINARY}", dtypes=Q8)
+qlinear_mul = custom_op(f"{MS}::QLinearMul{_BINARY}", dtypes=Q8)
+
+
+def _binary_meta(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp):
+    _require(a.dtype in (U8, I8), f"A must be uint8 or int8, got {a.dtype}")
+    _require(b.dtype == a.dtype, f"B is {b.dtype} but A is {a.dtype}: they must match")
+    for s, what in ((a_scale, "A_scale"), (b_scale, "B_scale"), (c_scale, "C_scale")):
+        _meta_one_value(s, what, [F32])
+    for z, what in ((a_zp, "A_zero_point"), (b_zp, "B_zero_point"), (c_zp, "C_zero_point")):
+        _meta_zero_point(z, a.dtype, what)
+    return Meta(a.dtype, broadcast(None, a.shape, b.shape))
+
+
+def _binary_params(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp):
+    dt = _q8(a, "A")
+    _require(b.dtype == dt, f"B is {b.dtype} but A is {dt}: they must match")
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(f"A {list(a.shape)} and B {list(b.shape)} do not broadcast") from None
+    return (dt, _scale(a_scale, "A_scale"), _zero_point(a_zp, dt, "A_zero_point"), _scale(b_scale, "B_scale"),
+            _zero_point(b_zp, dt, "B_zero_point"), _scale(c_scale, "C_scale", divisor=True),
+            _zero_point(c_zp, dt, "C_zero_point"))
+
+
+def _scalar_input(sa, sb):
+    """Which input onnxruntime's broadcast loop hands its kernels as a scalar per span: 0
+    (A), 1 (B) or None (both are spans). A port of the setup of its Broadcaster: the
+    innermost dim (skipping dims of 1 in both, but never the last shared one) decides,
+    and an input whose dim there is 1 is the scalar; a 0-d input always is."""
+    if not sa or not sb:
+        return 0 if not sa or sa[-1] <= 1 else 1
+    n = min(len(sa), len(sb))
+    for k in range(1, n + 1):
+        x, y = sa[-k], sb[-k]
+        if max(x, y) == 1 and k < n:
+            continue
+        return 0 if x <= 1 else (1 if y <= 1 else None)
+    return None
+
+
+@qlinear_add.register_kernel("cpu")
+def _qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=None):
+    """C = saturate(round((sa·(A - za) + sb·(B - zb)) / sc) + zc), in the float32 steps of
+    MLAS's AVX2 kernel (what onnxruntime runs on x86 CPUs with AVX2; its SSE2 and ARM
+    kernels round a few near-ties the other way): with rA = sa/sc, rB = sb/sc and the
+    constant part zc - fma(rA, za, rB·zb) (the compiler fuses it),
+    C = fma(A, rA, fma(B, rB, constant)). When onnxruntime's broadcast loop treats A as
+    the scalar it passes the inputs to MLAS the other way round, and the two fused steps
+    come in the other order."""
+    dt, sa, za, sb, zb, sc, zc = _binary_params(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp)
+    ra, rb = sa / sc, sb / sc  # float32 divisions
+    if _scalar_input(a.shape, b.shape) == 0:
+        v = _fma(b, rb, _fma(a, ra, F32.type(zc) - _fma(rb, zb, ra * F32.type(za))))
+    else:
+        v = _fma(a, ra, _fma(b, rb, F32.type(zc) - _fma(ra, za, rb * F32.type(zb))))
+    return _saturate(v, 0, dt)
+
+
+@qlinear_mul.register_kernel("cpu")
+def _qlinear_mul(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=None):
+    """C = saturate(round((A - za)(B - zb) · sa·sb/sc) + zc): the integer product (exact),
+    times the float32 ratio (sa·sb)/sc, plus zc, two float32 roundings, unfused (MLAS's
+    x86 kernel is SSE2 only)."""
+    dt, sa, za, sb, zb, sc, zc = _binary_params(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp)
+    ratio = (sa * sb) / sc
+    p = (a.astype(np.int32) - za) * (b.astype(np.int32) - zb)
+    return _saturate(p.astype(F32) * ratio + F32.type(zc), 0, dt)
+
+
+def _binary_decomposition(op):
+    def decompose(g, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp):
+        y = g.op(op, g.DequantizeLinear(a, a_scale, a_zp), g.DequantizeLinear(b, b_scale, b_zp))
+        return g.QuantizeLinear(y, c_scale, c_zp or _zero_like(g, a))
+    return decompose
+
+
+def _binary_example(dt):
+    rng = np.random.default_rng(0)
+    lo, hi = _qrange(np.dtype(dt))
+    q = lambda *shape: rng.integers(lo, hi + 1, shape).astype(dt)  # noqa: E731
+    s = lambda v: np.asarray(v, F32)  # noqa: E731
+    z = lambda v: np.asarray(v, dt)  # noqa: E731
+    return [q(2, 3, 4), s(0.05), z(lo + 7), q(4), s(0.03), z(hi - 9), s(0.07), z(lo + 100)]
+
+
+for _op, _name in ((qlinear_add, "Add"), (qlinear_mul, "Mul")):
+    _op.register_meta(_binary_meta)
+    _op.register_decomposition(_binary_decomposition(_name))
+    _op.register_example(_binary_example)
+
+
+# ====================================================================== QLinearSigmoid, QLinearLeakyRelu
+
+_UNARY = "(Tensor X, Tensor X_scale, Tensor? X_zero_point, Tensor Y_scale, Tensor? Y_zero_point"
+qlinear_sigmoid = custom_op(f"{MS}::QLinearSigmoid{_UNARY}) -> Tensor Y", dtypes=Q8)
+qlinear_leaky_relu = custom_op(f"{MS}::QLinearLeakyRelu{_UNARY}, float alpha=0.01) -> Tensor Y", dtypes=Q8)
+
+
+def _unary_meta(x, x_scale, x_zp, y_scale, y_zp, **_):
+    _require(x.dtype in (U8, I8), f"X must be uint8 or int8, got {x.dtype}")
+    _meta_one_value(x_scale, "X_scale", [F32])
+    _meta_one_value(y_scale, "Y_scale", [F32])
+    _meta_zero_point(x_zp, x.dtype, "X_zero_point")
+    _meta_zero_point(y_zp, x.dtype, "Y_zero_point")
+    return x
+
+
+def _unary_table(x, x_scale, x_zp, y_scale, y_zp, fn):
+    """onnxruntime's lookup-table activations: dequantize all 256 codes, apply fn in
+    float32, quantize back; the input bytes then index the table."""
+    dt = _q8(x, "X")
+    d = _dequantized_codes(dt, _scale(x_scale, "X_scale"), _zero_point(x_zp, dt, "X_zero_point"))
+    table = _quantize(fn(d), _scale(y_scale, "Y_scale", divisor=True), _zero_point(y_zp, dt, "Y_zero_point"), dt)
+    return _lookup(x, table)
+
+
+# MlasComputeLogistic: Eigen's rational approximation on [-18, 18], evaluated with FMAs (the
+# FMA3 kernel onnxruntime picks on AVX2 machines); within 1 ulp of 1/(1+e^-x), but the table
+# is built from these values.
+_LOGISTIC_P = [F32.type(v) for v in (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
+                                     8.51377133304701e-03, 2.48287947061529e-01)]
+_LOGISTIC_Q = [F32.type(v) for v in (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
+                                     1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)]
+
+
+def _mlas_logistic(x):
+    x = np.clip(x, F32.type(-18), F32.type(18))
+    x2 = x * x
+    p = _fma(x2, _LOGISTIC_P[0], _LOGISTIC_P[1])
+    for c in _LOGISTIC_P[2:]:
+        p = _fma(p, x2, c)
+    q = _fma(x2, _LOGISTIC_Q[0], _LOGISTIC_Q[1])
+    for c in _LOGISTIC_Q[2:]:
+        q = _fma(q, x2, c)
+    return np.clip(p * x / q + F32.type(0.5), F32.type(0), F32.type(1))
+
+
+@qlinear_sigmoid.register_kernel("cpu")
+def _qlinear_sigmoid(x, x_scale, x_zp=None, y_scale=None, y_zp=None):
+    """Y = quantize(sigmoid(dequantize(X))), through onnxruntime's 256-entry table."""
+    return _unary_table(x, x_scale, x_zp, y_scale, y_zp, _mlas_logistic)
+
+
+@qlinear_leaky_relu.register_kernel("cpu")
+def _qlinear_leaky_relu(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, alpha=0.01):
+    """Y = quantize(leaky_relu(dequantize(X), alpha)), through onnxruntime's 256-entry table."""
+    a = F32.type(alpha)
+    return _unary_table(x, x_scale, x_zp, y_scale, y_zp, lambda v: np.where(v >= 0, v, a * v))
+
+
+def _unary_decomposition(make):
+    def decompose(g, x, x_scale, x_zp, y_scale, y_zp, **attrs):
+        y = make(g, g.DequantizeLinear(x, x_scale, x_zp), **attrs)
+        return g.QuantizeLinear(y, y_scale, y_zp or _zero_like(g, x))
+    return decompose
+
+
+def _unary_example(dt, y_scale=1 / 200, y_zp=3):
+    lo, hi = _qrange(np.dtype(dt))
+    x = np.random.default_rng(0).integers(lo, hi + 1, (2, 3, 4)).astype(dt)
+    return [x, np.asarray(0.05, F32), np.asarray(lo + 120, dt), np.asarray(y_scale, F32), np.asarray(lo + y_zp, dt)]
+
+
+qlinear_sigmoid.register_meta(_unary_meta)
+qlinear_sigmoid.register_decomposition(_unary_decomposition(lambda g, v: g.Sigmoid(v)))
+qlinear_sigmoid.register_example(_unary_example)
+qlinear_leaky_relu.register_meta(_unary_meta)
+qlinear_leaky_relu.register_decomposition(_unary_decomposition(lambda g, v, alpha: g.LeakyRelu(v, alpha=alpha)))
+qlinear_leaky_relu.register_example(lambda dt: (_unary_example(dt, y_scale=0.03, y_zp=120), {"alpha": 0.2}))
+
+
+# ====================================================================== QLinearGlobalAveragePool
+
+_POOL_IO = "(Tensor X, Tensor x_scale, Tensor{zp} x_zero_point, Tensor y_scale, Tensor{zp} y_zero_point"
+qlinear_global_average_pool = custom_op(
+    f"{MS}::QLinearGlobalAveragePool{_POOL_IO.format(zp='')}, int channels_last=0) -> Tensor Y", dtypes=Q8)
+
+
+def _pool_params(x, x_scale, x_zp, y_scale, y_zp):
+    dt = _q8(x, "X")
+    _require(x.ndim >= 3, f"X must have rank 3 or more (batch, channels, spatial...), got {list(x.shape)}")
+    return (dt, _scale(x_scale, "x_scale"), _zero_point(x_zp, dt, "x_zero_point"),
+            _scale(y_scale, "y_scale", divisor=True), _zero_point(y_zp, dt, "y_zero_point"))
+
+
+def _integer_average(x, sx, zx, sy, zy, dt, axes):
+    """MLAS's global average: the int32 sum minus zx·size, times the float32 scale
+    sx / (sy · size), requantized. (MLAS refuses images of 2**24 elements or more and
+    scales outside [2**-32, 256); the arithmetic is computed here anyway.)"""
+    size = int(np.prod([x.shape[a] for a in axes]))
+    scale = sx / (sy * F32.type(size))
+    acc = x.astype(np.int64).sum(axis=axes, keepdims=True) - zx * size
+    return _saturate(acc.astype(np.int32).astype(F32) * scale, zy, dt)
+
+
+def _pool_meta_checks(x, x_scale, x_zp, y_scale, y_zp):
+    _require(x.dtype in (U8, I8), f"X must be uint8 or int8, got {x.dtype}")
+    _require(x.shape is None or len(x.shape) >= 3, f"X must have rank 3 or more, got rank {len(x.shape or ())}")
+    _meta_one_value(x_scale, "x_scale", [F32])
+    _meta_one_value(y_scale, "y_scale", [F32])
+    _meta_zero_point(x_zp, x.dtype, "x_zero_point")
+    _meta_zero_point(y_zp, x.dtype, "y_zero_point")
+
+
+@qlinear_global_average_pool.register_meta
+def _qlinear_global_average_pool_meta(x, x_scale, x_zp, y_scale, y_zp, channels_last):
+    _pool_meta_checks(x, x_scale, x_zp, y_scale, y_zp)
+    if x.shape is None:
+        return Meta(x.dtype, None)
+    r = len(x.shape)
+    spatial = range(1, r - 1) if channels_last else range(2, r)
+    return Meta(x.dtype, tuple(1 if k in spatial else d for k, d in enumerate(x.shape)))
+
+
+@qlinear_global_average_pool.register_kernel("cpu")
+def _qlinear_global_average_pool(x, x_scale, x_zp, y_scale, y_zp, *, channels_last=0):
+    """The mean over the spatial dims (2.. or, channels_last, 1..-2), in integers."""
+    dt, sx, zx, sy, zy = _pool_params(x, x_scale, x_zp, y_scale, y_zp)
+    axes = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
+    return _integer_average(x, sx, zx, sy, zy, dt, axes)
+
+
+@qlinear_global_average_pool.register_decomposition
+def _qlinear_global_average_pool_decomposition(g, x, x_scale, x_zp, y_scale, y_zp, channels_last):
+    d = g.DequantizeLinear(x, x_scale, x_zp)
+    if channels_last:
+        rank = _rank(g, 0)
+        if rank is None:
+            raise NotImplementedError("channels_last QLinearGlobalAveragePool needs the input's rank to decompose")
+        y = g.ReduceMean(d, g.constant(list(range(1, rank - 1)), np.int64), keepdims=1)
+    else:
+        y = g.GlobalAveragePool(d)
+    return g.QuantizeLinear(y, y_scale, y_zp)
+
+
+@qlinear_global_average_pool.register_example
+def _qlinear_global_average_pool_example(dt):
+    lo, hi = _qrange(np.dtype(dt))
+    x = np.random.default_rng(0).integers(lo, hi + 1, (2, 3, 5, 6)).astype(dt)
+    return [x, np.asarray(0.05, F32), np.asarray(lo + 110, dt), np.asarray(0.01, F32), np.asarray(lo + 20, dt)]
+
+
+# ====================================================================== QLinearAveragePool
+
+qlinear_average_pool = custom_op(
+    f"{MS}::QLinearAveragePool{_POOL_IO.format(zp='?')}, int[] kernel_shape, str auto_pad='NOTSET', "
+    "int ceil_mode=0, int channels_last=0, int count_include_pad=0, int[] pads=[], int[] strides=[]) -> Tensor Y",
+    dtypes=Q8)
+
+
+def _pool_attrs(rank, kernel_shape, pads, strides, auto_pad):
+    """kernel, pads, strides validated as onnxruntime's PoolAttributes does."""
+    k = [int(v) for v in kernel_shape]
+    n = len(k)
+    _require(n == rank - 2, f"kernel_shape {k} must have one entry per spatial dim ({rank - 2})")
+    _require(all(v > 0 for v in k), f"kernel_shape {k} must be positive")
+    strides = [int(v) for v in strides] or [1] * n
+    pads = [int(v) for v in pads] or [0] * (2 * n)
+    _require(len(strides) == n and all(s > 0 for s in strides), f"strides {strides} must be {n} positive values")
+    _require(len(pads) == 2 * n and all(p >= 0 for p in pads), f"pads {pads} must be {2 * n} values >= 0")
+    _require(all(pads[i] < k[i] and pads[i + n] < k[i] for i in range(n)),
+             f"pads {pads} must be smaller than the kernel {k}")
+    _require(auto_pad in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"), f"unknown auto_pad {auto_pad!r}")
+    return k, pads, strides
+
+
+@qlinear_average_pool.register_meta
+def _qlinear_average_pool_meta(x, x_scale, x_zp, y_scale, y_zp, kernel_shape, auto_pad, ceil_mode, channels_last,
+                               count_include_pad, pads, strides):
+    from ..ops.meta.nn import conv_out_dim
+
+    _pool_meta_checks(x, x_scale, x_zp, y_scale, y_zp)
+    if x.shape is None:
+        return Meta(x.dtype, None)
+    k, pads, strides = _pool_attrs(len(x.shape), kernel_shape, pads, strides, auto_pad)
+    n = len(k)
+    spatial = x.shape[1:-1] if channels_last else x.shape[2:]
+    out = [conv_out_dim(_Raise, spatial[i], k[i], strides[i], 1, pads[i], pads[i + n], auto_pad, bool(ceil_mode))
+           for i in range(n)]
+    if channels_last:
+        return Meta(x.dtype, (x.shape[0], *out, x.shape[-1]))
+    return Meta(x.dtype, (x.shape[0], x.shape[1], *out))
+
+
+@qlinear_average_pool.register_kernel("cpu")
+def _qlinear_average_pool(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, kernel_shape, auto_pad="NOTSET",
+                          ceil_mode=0, channels_last=0, count_include_pad=0, pads=(), strides=()):
+    """onnxruntime's quantized average pool: X dequantized to float32, each window summed
+    in float32 in row-major order (padding adds nothing), divided by the count, then
+    quantized as round_half_even(sum / count / y_scale + y_zero_point). The count is the
+    window's cells inside the input, or with count_include_pad the whole kernel (cells
+    past the end padding that ceil_mode adds included). A window covering the whole
+    unpadded image is computed by the global pool's integer path instead, as onnxruntime
+    switches to it."""
+    from ..kernels.cpu._util import pad_spatial, spatial_pads, window_views
+
+    dt, sx, zx, sy, zy = _pool_params(x, x_scale, x_zp, y_scale, y_zp)
+    k, pads, strides = _pool_attrs(x.ndim, kernel_shape, pads, strides, auto_pad)
+    if channels_last:
+        x = np.moveaxis(x, -1, 1)
+    size = list(x.shape[2:])
+    begin, end, out, strides, _ = spatial_pads(size, k, strides, None, pads, auto_pad, bool(ceil_mode))
+    _require(all(o > 0 for o in out), f"kernel {k} does not fit the padded input {size}")
+    if size == k and not any(begin) and not any(end):
+        y = _integer_average(x, sx, zx, sy, zy, dt, tuple(range(2, x.ndim)))
+    else:
+        # Ceil mode may place windows past the end padding: pad further, with zeros that add nothing.
+        extra = [max(0, (o - 1) * s + kk - (n + b + e)) for o, s, kk, n, b, e in zip(out, strides, k, size, begin, end)]
+        xd = pad_spatial(sx * (x.astype(np.int32) - zx).astype(F32), begin, [e + x_ for e, x_ in zip(end, extra)], 0)
+        acc = np.zeros(x.shape[:2] + tuple(out), F32)
+        for _, view in window_views(xd, k, strides, [1] * len(k), out):
+            acc += view
+        if count_include_pad:
+            count = F32.type(np.prod(k))
+        else:
+            count = np.ones((), np.int64)
+            for i, (n, kk, b, o, s) in enumerate(zip(size, k, begin, out, strides)):
+                start = np.arange(o) * s - b
+                c = np.minimum(start + kk, n) - np.maximum(start, 0)
+                count = count * c.reshape([-1 if j == i else 1 for j in range(len(out))])
+            count = count.astype(F32)
+        # quantize_value in qlinear_pool.cc: the zero point is added before rounding, in float32.
+        y = np.clip(np.rint(acc / count / sy + F32.type(zy)), *_qrange(dt)).astype(dt)
+    return np.moveaxis(y, 1, -1) if channels_last else y
+
+
+@qlinear_average_pool.register_decomposition
+def _qlinear_average_pool_decomposition(g, x, x_scale, x_zp, y_scale, y_zp, kernel_shape, auto_pad, ceil_mode,
+                                        channels_last, count_include_pad, pads, strides):
+    # ONNX's AveragePool leaves the ceil-mode overhang out of count_include_pad's divisor,
+    # onnxruntime's QLinearAveragePool does not; and NHWC needs the rank to transpose.
+    if ceil_mode and count_include_pad:
+        raise NotImplementedError("QLinearAveragePool with ceil_mode and count_include_pad has no decomposition")
+    rank = _rank(g, 0)
+    if channels_last and rank is None:
+        raise NotImplementedError("channels_last QLinearAveragePool needs the input's rank to decompose")
+    d = g.DequantizeLinear(x, x_scale, x_zp)
+    if channels_last:
+        d = g.Transpose(d, perm=[0, rank - 1, *range(1, rank - 1)])
+    y = g.AveragePool(d, kernel_shape=list(kernel_shape), auto_pad=auto_pad, ceil_mode=ceil_mode,
+                      count_include_pad=count_include_pad, pads=list(pads) or None, strides=list(strides) or None)
+    if channels_last:
+        y = g.Transpose(y, perm=[0, *range(2, rank), 1])
+    return g.QuantizeLinear(y, y_scale, y_zp or _zero_like(g, x))
+
+
+@qlinear_average_pool.register_example
+def _qlinear_average_pool_example(dt):
+    lo, hi = _qrange(np.dtype(dt))
+    x = np.random.default_rng(0).integers(lo, hi + 1, (2, 3, 7, 6)).astype(dt)
+    return ([x, np.asarray(0.05, F32), np.asarray(lo + 110, dt), np.asarray(0.02, F32), np.asarray(lo + 30, dt)],
+            {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]})
+
+
+# ====================================================================== QLinearConcat
+
+qlinear_concat = custom_op(f"{MS}::QLinearConcat(Tensor Y_scale, Tensor Y_zero_point, Tensor... inputs, int axis) "
+                           "-> Tensor Y", dtypes=Q8)
+
+
+def _triples(inputs):
+    _require(len(inputs) >= 3 and len(inputs) % 3 == 0,
+             f"the inputs after Y_scale, Y_zero_point must be (tensor, scale, zero point) triples, got {len(inputs)}")
+    for k in range(0, len(inputs), 3):
+        _require(all(t is not None for t in inputs[k:k + 3]), f"input {k // 3} of the concatenation is missing a part")
+        yield k // 3, inputs[k:k + 3]
+
+
+@qlinear_concat.register_meta
+def _qlinear_concat_meta(y_scale, y_zp, *inputs, axis):
+    _meta_one_value(y_scale, "Y_scale", [F32])
+    _require(y_zp.dtype in (U8, I8), f"Y_zero_point must be uint8 or int8, got {y_zp.dtype}")
+    _meta_one_value(y_zp, "Y_zero_point")
+    shapes = []
+    for i, (x, s, z) in _triples(inputs):
+        _require(x.dtype == y_zp.dtype, f"input {i} is {x.dtype} but Y_zero_point is {y_zp.dtype}: they must match")
+        _meta_one_value(s, f"the scale of input {i}", [F32])
+        _meta_zero_point(z, x.dtype, f"the zero point of input {i}")
+        shapes.append(x.shape)
+    if any(s is None for s in shapes):
+        return Meta(y_zp.dtype, None)
+    rank = len(shapes[0])
+    _require(all(len(s) == rank for s in shapes), f"the inputs' ranks differ: {[len(s) for s in shapes]}")
+    _require(-rank <= axis < rank, f"axis {axis} is out of range for rank {rank}")
+    a = axis % rank
+    out = list(shapes[0])
+    for s in shapes[1:]:
+        for k in range(rank):
+            if k != a and isinstance(out[k], int) and isinstance(s[k], int):
+                _require(out[k] == s[k], f"the inputs' shapes {[list(s) for s in shapes]} differ outside axis {axis}")
+            elif k != a and not isinstance(out[k], int) and isinstance(s[k], int):
+                out[k] = s[k]
+    total = sum(s[a] for s in shapes)
+    out[a] = total
+    return Meta(y_zp.dtype, tuple(out))
+
+
+def _qlinear_concat(y_scale, y_zp, *inputs, axis):
+    """Each input requantized to Y's scale and zero point through a 256-entry table (its
+    bytes copied when its parameters are Y's, as onnxruntime does), then concatenated."""
+    dt = _q8(y_zp, "Y_zero_point")
+    sy, zy = _scale(y_scale, "Y_scale", divisor=True), _zero_point(y_zp, dt, "Y_zero_point")
+    parts = []
+    for i, (x, s, z) in _triples(inputs):
+        _require(x.dtype == dt, f"input {i} is {x.dtype} but Y_zero_point is {dt}: they must match")
+        sx, zx = _scale(s, f"the scale of input {i}"), _zero_point(z, dt, f"the zero point of input {i}")
+        parts.append(x if (sx, zx) == (sy, zy) else _lookup(x, _requantize_table(dt, sx, zx, sy, zy)))
+    rank = parts[0].ndim
+    _require(rank > 0 and all(p.ndim == rank for p in parts),
+             f"the inputs must have the same rank (>= 1), got shapes {[list(p.shape) for p in parts]}")
+    _require(-rank <= axis < rank, f"axis {axis} is out of range for rank {rank}")
+    a = axis % rank
+    _require(all(p.shape[:a] + p.shape[a + 1:] == parts[0].shape[:a] + parts[0].shape[a + 1:] for p in parts),
+             f"the inputs' shapes {[list(p.shape) for p in parts]} differ outside axis {axis}")
+    return np.concatenate(parts, axis=a)
+
+
+# The first input is the output's float32 scale: that is the dtype the kernel is chosen by.
+qlinear_concat.register_kernel("cpu", _qlinear_concat, dtypes=[F32])
+
+
+@qlinear_concat.register_decomposition
+def _qlinear_concat_decomposition(g, y_scale, y_zp, *inputs, axis):
+    parts = [g.DequantizeLinear(*inputs[k:k + 3]) for k in range(0, len(inputs), 3)]
+    return g.QuantizeLinear(g.Concat(*parts, axis=axis), y_scale, y_zp)
+
+
+@qlinear_concat.register_example
+def _qlinear_concat_example(dt):
+    rng = np.random.default_rng(0)
+    lo, hi = _qrange(np.dtype(dt))
+    q = lambda *shape: rng.integers(lo, hi + 1, shape).astype(dt)  # noqa: E731
+    s, z = (lambda v: np.asarray(v, F32)), (lambda v: np.asarray(v, dt))
+    return ([s(0.04), z(lo + 100), q(2, 3, 4), s(0.04), z(lo + 100), q(2, 2, 4), s(0.09), z(lo + 20),
+             q(2, 1, 4), s(0.01), z(hi - 5)], {"axis": 1})
+
+
+# ====================================================================== QLinearWhere
+
+qlinear_where = custom_op(
+    f"{MS}::QLinearWhere(Tensor condition, Tensor X, Tensor x_scale, Tensor x_zero_point, Tensor Y, Tensor y_scale, "
+    "Tensor y_zero_point, Tensor z_scale, Tensor z_zero_point) -> Tensor Z", dtypes=Q8)
+
+
+@qlinear_where.register_meta
+def _qlinear_where_meta(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp):
+    _require(cond.dtype == np.bool_, f"condition must be bool, got {cond.dtype}")
+    _require(x.dtype in (U8, I8), f"X must be uint8 or int8, got {x.dtype}")
+    _require(y.dtype == x.dtype, f"Y is {y.dtype} but X is {x.dtype}: they must match")
+    for s, what in ((x_scale, "x_scale"), (y_scale, "y_scale"), (z_scale, "z_scale")):
+        _meta_one_value(s, what, [F32])
+    for z, what in ((x_zp, "x_zero_point"), (y_zp, "y_zero_point"), (z_zp, "z_zero_point")):
+        _meta_zero_point(z, x.dtype, what)
+    return Meta(x.dtype, broadcast(None, cond.shape, x.shape, y.shape))
+
+
+def _qlinear_where(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp):
+    """Z = X requantized to Z's parameters where the condition holds, else Y requantized
+    (each through a 256-entry table, as onnxruntime builds them)."""
+    _require(cond.dtype == np.bool_, f"condition must be bool, got {cond.dtype}")
+    dt = _q8(x, "X")
+    _require(y.dtype == dt, f"Y is {y.dtype} but X is {dt}: they must match")
+    try:
+        np.broadcast_shapes(cond.shape, x.shape, y.shape)
+    except ValueError:
+        raise ValueError(f"condition {list(cond.shape)}, X {list(x.shape)} and Y {list(y.shape)} "
+                         "do not broadcast") from None
+    sz, zz = _scale(z_scale, "z_scale", divisor=True), _zero_point(z_zp, dt, "z_zero_point")
+    tx = _requantize_table(dt, _scale(x_scale, "x_scale"), _zero_point(x_zp, dt, "x_zero_point"), sz, zz)
+    ty = _requantize_table(dt, _scale(y_scale, "y_scale"), _zero_point(y_zp, dt, "y_zero_point"), sz, zz)
+    return np.where(cond, _lookup(x, tx), _lookup(y, ty))
+
+
+# The first input is the bool condition: that is the dtype the kernel is chosen by.
+qlinear_where.register_kernel("cpu", _qlinear_where, dtypes=[np.bool_])
+
+
+@qlinear_where.register_decomposition
+def _qlinear_where_decomposition(g, cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp):
+    v = g.Where(cond, g.DequantizeLinear(x, x_scale, x_zp), g.DequantizeLinear(y, y_scale, y_zp))
+    return g.QuantizeLinear(v, z_scale, z_zp)
+
+
+@qlinear_where.register_example
+def _qlinear_where_example(dt):
+    rng = np.random.default_rng(0)
+    lo, hi = _qrange(np.dtype(dt))
+    q = lambda *shape: rng.integers(lo, hi + 1, shape).astype(dt)  # noqa: E731
+    s, z = (lambda v: np.asarray(v, F32)), (lambda v: np.asarray(v, dt))
+    return [rng.random((2, 3, 4)) > 0.5, q(2, 3, 4), s(0.05), z(lo + 90), q(3, 4), s(0.02), z(hi - 40), s(0.04),
+            z(lo + 128)]
+
+
+# ====================================================================== QGemm
+
+qgemm = custom_op(
+    f"{MS}::QGemm(Tensor A, Tensor a_scale, Tensor a_zero_point, Tensor B, Tensor b_scale, Tensor b_zero_point, "
+    "Tensor? C, Tensor? y_scale, Tensor? y_zero_point, float alpha=1.0, int transA=0, int transB=0) -> Tensor Y",
+    dtypes=Q8)
+
+
+def _column_param(p, n, what):
+    """b's scale or zero point: per tensor (one value) or per column ([N])."""
+    _require(p.ndim == 0 or (p.ndim == 1 and p.shape[0] in (1, n)),
+             f"{what} must be a scalar or a 1-D tensor of 1 or N={n} values, got shape {list(p.shape)}")
+    return p.reshape(()) if p.size == 1 else p
+
+
+@qgemm.register_meta
+def _qgemm_meta(a, a_scale, a_zp, b, b_scale, b_zp, c, y_scale, y_zp, alpha, transA, transB):
+    _require(a.dtype in (U8, I8) and b.dtype in (U8, I8), f"A and B must be uint8 or int8, got {a.dtype}, {b.dtype}")
+    _meta_one_value(a_scale, "a_scale", [F32])
+    _meta_zero_point(a_zp, a.dtype, "a_zero_point")
+    _require(b_scale.dtype == F32, f"b_scale must be float32, got {b_scale.dtype}")
+    _require(b_zp.dtype == b.dtype, f"b_zero_point is {b_zp.dtype} but B is {b.dtype}: they must match")
+    _require(c is None or c.dtype == I32, f"C must be int32, got {None if c is None else c.dtype}")
+    _meta_one_value(y_scale, "y_scale", [F32])
+    _meta_zero_point(y_zp, a.dtype, "y_zero_point")
+    out_dt = y_zp.dtype if y_zp is not None else F32
+    if a.shape is None or b.shape is None:
+        return Meta(out_dt, None)
+    _require(len(a.shape) == 2 and len(b.shape) == 2, f"A and B must be 2-D, got ranks {len(a.shape)}, {len(b.shape)}")
+    m, ka = (a.shape[1], a.shape[0]) if transA else a.shape
+    kb, n = (b.shape[1], b.shape[0]) if transB else b.shape
+    _require(not (isinstance(ka, int) and isinstance(kb, int) and ka != kb), f"inner dimensions differ: {ka} vs {kb}")
+    return Meta(out_dt, (m, n))
+
+
+@qgemm.register_kernel("cpu")
+def _qgemm(a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, *, alpha=1.0, transA=0, transB=0):
+    """Y = alpha · a_scale · b_scale · ((A - a_zp) @ (B - b_zp) + C), A and B optionally
+    transposed, C int32 (in the accumulator's scale). With y_scale and y_zero_point, Y is
+    requantized (MLAS: the int32 accumulator in float32, times the float32 scale
+    alpha·a_scale·b_scale / y_scale, rounded half to even, plus the zero point); without
+    them Y is float32. As onnxruntime: y_scale alone gives a float32 Y divided by it,
+    y_zero_point alone a quantized Y with the scale not divided."""
+    _q8(a, "A"), _q8(b, "B")
+    _require(a.ndim == 2 and b.ndim == 2, f"A {list(a.shape)} and B {list(b.shape)} must be 2-D")
+    a2, b2 = (a.T if transA else a), (b.T if transB else b)
+    (m, k), (kb, n) = a2.shape, b2.shape
+    _require(k == kb, f"inner dimensions differ: A {list(a.shape)} (transA={transA}) and B {list(b.shape)} "
+                      f"(transB={transB})")
+    sa, za = _scale(a_scale, "a_scale"), _zero_point(a_zp, a.dtype, "a_zero_point")
+    _require(b_scale is not None and b_scale.dtype == F32, "b_scale must be float32")
+    _require(b_zp is not None and b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
+    _require(b_scale.shape == b_zp.shape or b_scale.size == b_zp.size == 1,
+             f"b_scale {list(b_scale.shape)} and b_zero_point {list(b_zp.shape)} must have the same shape")
+    bs, bz = _column_param(b_scale, n, "b_scale"), _column_param(b_zp, n, "b_zero_point")
+    acc = _int_matmul(a2, za, b2, bz.astype(F64))
+    if c is not None:
+        _require(c.dtype == I32, f"C must be int32, got {c.dtype}")
+        try:
+            acc = acc + np.broadcast_to(c, (m, n))
+        except ValueError:
+            raise ValueError(f"C {list(c.shape)} does not broadcast to the output [{m}, {n}]") from None
+    scale = F32.type(alpha) * sa * bs  # float32, in onnxruntime's order
+    if y_scale is not None:
+        scale = scale / _scale(y_scale, "y_scale", divisor=True)
+    y = acc.astype(F32) * scale
+    if y_zp is None:
+        return y
+    _require(y_zp.dtype == a.dtype, f"y_zero_point is {y_zp.dtype} but A is {a.dtype}: they must match")
+    return _saturate(y, _zero_point(y_zp, a.dtype, "y_zero_point"), a.dtype)
+
+
+@qgemm.register_decomposition
+def _qgemm_decomposition(g, a, a_scale, a_zp, b, b_scale, b_zp, c, y_scale, y_zp, alpha, transA, transB):
+    # Exact: the same integer product, then the same float32 multiplications as the kernel.
+    a = g.Transpose(a, perm=[1, 0]) if transA else a
+    b = g.Transpose(b, perm=[1, 0]) if transB else b
+    acc = g.MatMulInteger(a, b, a_zp, b_zp)
+    if c:
+        acc = g.Add(acc, c)
+    scale = g.Mul(g.Mul(g.constant(alpha, np.float32), a_scale), b_scale)
+    if y_scale:
+        scale = g.Div(scale, y_scale)
+    y = g.Mul(g.Cast(acc, to=1), scale)
+    return g.QuantizeLinear(y, g.constant(1.0, np.float32), y_zp) if y_zp else y
+
+
+@qgemm.register_example
+def _qgemm_example(dt):
+    rng = np.random.default_rng(0)
+    lo, hi = _qrange(np.dtype(dt))
+    # Not transposed: `glassrt check` takes every input's first dim for the batch, and B's
+    # (K) then only has to agree with A's last.
+    a = rng.integers(lo, hi + 1, (2, 5)).astype(dt)
+    b = rng.integers(-128, 128, (5, 3)).astype(I8)
+    return ([a, np.asarray(0.02, F32), np.asarray(lo + 120, dt), b, rng.uniform(0.01, 0.03, 3).astype(F32),
+             np.zeros(3, I8), rng.integers(-500, 500, 3).astype(np.int32), np.asarray(0.05, F32),
+             np.asarray(lo + 100, dt)], {"alpha": 0.5})
+
+
+# ====================================================================== QLinearSoftmax
+
+# axis: absent means 1 below opset 13 and -1 from 13 on (the Softmax the node replaced);
+# this default stands for "absent".
+_AXIS_UNSET = -(2 ** 31)
+qlinear_softmax = custom_op(
+    f"{MS}::QLinearSoftmax(Tensor X, Tensor X_scale, Tensor? x_zero_point, Tensor y_scale, Tensor y_zero_point, "
+    f"int opset, int axis={_AXIS_UNSET}) -> Tensor Y", dtypes=Q8)
+
+
+def _softmax_axis(axis, opset, rank):
+    a = (1 if opset < 13 else -1) if axis == _AXIS_UNSET else axis
+    _require(-rank <= a < rank, f"axis {a} is out of range for rank {rank}")
+    return a % rank
+
+
+@qlinear_softmax.register_meta
+def _qlinear_softmax_meta(x, x_scale, x_zp, y_scale, y_zp, opset, axis):
+    _require(x.dtype in (U8, I8), f"X must be uint8 or int8, got {x.dtype}")
+    _meta_one_value(x_scale, "X_scale", [F32])
+    _meta_one_value(y_scale, "y_scale", [F32])
+    _meta_zero_point(x_zp, x.dtype, "x_zero_point")
+    _meta_zero_point(y_zp, x.dtype, "y_zero_point")
+    if x.shape is not None:
+        _require(len(x.shape) >= 1, "X must have rank 1 or more")
+        _softmax_axis(axis, opset, len(x.shape))
+    return x
+
+
+@qlinear_softmax.register_kernel("cpu")
+def _qlinear_softmax(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, opset, axis=_AXIS_UNSET):
+    """onnxruntime's table-driven softmax over `axis` (opset >= 13) or over the dims from
+    `axis` on, flattened (opset < 13). Its semantics, not a float softmax requantized:
+      - e = float32(exp((x - max(row) + shift) · X_scale)), from a 256-entry table
+        computed in double (shift = max(0, ln(FLT_MAX / D) - 5) / X_scale scales every
+        entry up, short of overflowing a sum of D of them), so X's zero point plays no part;
+      - the row sum is accumulated in float32, in order;
+      - Y = round_half_even(e · floor(1 / y_scale) / sum) + y_zero_point, saturated: the
+        output scale is taken as 1 / floor(1 / y_scale), not y_scale."""
+    dt = _q8(x, "X")
+    sx = _scale(x_scale, "X_scale")
+    _zero_point(x_zp, dt, "x_zero_point")
+    sy, zy = _scale(y_scale, "y_scale", divisor=True), _zero_point(y_zp, dt, "y_zero_point")
+    _require(x.ndim >= 1, "X must have rank 1 or more")
+    a = _softmax_axis(axis, opset, x.ndim)
+    if x.size == 0:
+        return x.copy()
+    if opset < 13:
+        rows, perm = x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), -1), None
+    else:
+        perm = list(range(x.ndim))
+        perm[a], perm[-1] = perm[-1], perm[a]
+        rows = x.transpose(perm).reshape(-1, x.shape[a])
+    d = rows.shape[1]
+    shift = max(0.0, math.log(_F32_MAX / d) - 5) / float(sx)
+    table = np.exp((np.arange(256, dtype=F64) - 255 + shift) * float(sx)).astype(F32)
+    r = rows.astype(np.int32)
+    e = table[r - r.max(axis=1, keepdims=True) + 255]
+    total = np.add.accumulate(e, axis=1, dtype=F32)[:, -1:]  # in order, as the kernel's loop adds
+    q = np.rint(e * F32.type(math.floor(F32.type(1) / sy)) / total)
+    y = np.clip(q.astype(np.int64) + zy, *_qrange(dt)).astype(dt)
+    if perm is None:
+        return y.reshape(x.shape)
+    return y.reshape([x.shape[p] for p in perm]).transpose(perm)
+
+
+@qlinear_softmax.register_decomposition
+def _qlinear_softmax_decomposition(g, x, x_scale, x_zp, y_scale, y_zp, opset, axis):
+    # A float softmax with the same output scale, 1 / floor(1 / y_scale): within one step
+    # of the kernel's table (exp in float32 rather than a rounded table).
+    a = (1 if opset < 13 else -1) if axis == _AXIS_UNSET else axis
+    v = g.Cast(x, to=1)
+    if opset < 13:
+        shape, v, a = g.Shape(x), g.Flatten(v, axis=a), 1
+    axes = g.constant([a], np.int64)
+    e = g.Exp(g.Mul(g.Sub(v, g.ReduceMax(v, axes, keepdims=1)), x_scale))
+    p = g.Div(e, g.ReduceSum(e, axes, keepdims=1))
+    y = g.QuantizeLinear(g.Mul(p, g.Floor(g.Reciprocal(y_scale))), g.constant(1.0, np.float32), y_zp)
+    return g.Reshape(y, shape) if opset < 13 else y
+
+
+@qlinear_softmax.register_example
+def _qlinear_softmax_example(dt):
+    lo, hi = _qrange(np.dtype(dt))
+    x = np.random.default_rng(0).integers(lo, hi + 1, (2, 3, 6)).astype(dt)
+    return ([x, np.asarray(0.1, F32), np.asarray(lo, dt), np.asarray(1 / 256, F32), np.asarray(lo, dt)],
+            {"opset": 13, "axis": -1})
+
+
+# ====================================================================== MatMulIntegerToFloat, DynamicQuantizeMatMul
+
+matmul_integer_to_float = custom_op(
+    f"{MS}::MatMulIntegerToFloat(Tensor A, Tensor B, Tensor a_scale, Tensor b_scale, Tensor? a_zero_point, "
+    "Tensor? b_zero_point, Tensor? bias) -> Tensor Y", dtypes=Q8)
+dynamic_quantize_matmul = custom_op(
+    f"{MS}::DynamicQuantizeMatMul(Tensor A, Tensor B, Tensor b_scale, Tensor? b_zero_point, Tensor? bias) -> Tensor Y",
+    dtypes=[F32])
+
+
+def _matmul_shape(a, b):
+    """np.matmul's output shape for (possibly symbolic) shapes."""
+    _require(len(a) >= 1 and len(b) >= 1, "A and B must have rank 1 or more")
+    a1, b1 = len(a) == 1, len(b) == 1
+    a = (1,) + tuple(a) if a1 else tuple(a)
+    b = tuple(b) + (1,) if b1 else tuple(b)
+    _require(not (isinstance(a[-1], int) and isinstance(b[-2], int) and a[-1] != b[-2]),
+             f"inner dimensions differ: {a[-1]} vs {b[-2]}")
+    out = list(broadcast(None, a[:-2], b[:-2])) + [a[-2], b[-1]]
+    if b1:
+        out.pop(-1)
+    if a1:
+        out.pop(-2 if not b1 else -1)
+    return tuple(out)
+
+
+def _b_param_fits(p_shape, b_shape):
+    """onnxruntime's IsBQuantParamSupported: one value, one per column of a 2-D B, or one per
+    column of each matrix of B (B's shape with its second-to-last dim 1)."""
+    r = len(p_shape)
+    if r == 0 or p_shape == (1,):
+        return True
+    if r == 1 and len(b_shape) == 2:
+        return p_shape[0] == b_shape[1]
+    return r == len(b_shape) and r > 1 and p_shape[-2] == 1 and p_shape[:-2] == b_shape[:-2] and \
+        p_shape[-1] == b_shape[-1]
+
+
+def _float_output(acc, scale, bias):
+    """MLAS's scale-and-bias output stage: float32(acc) · scale, then + bias."""
+    y = acc.astype(F32) * scale
+    if bias is not None:
+        y += bias
+    return y
+
+
+def _matmul_to_float(aq, a_scale, a_zp, b, b_scale, b_zp, bias):
+    """(A - a_zp) @ (B - b_zp) in int32, times a_scale · b_scale, plus bias, all float32,
+    as onnxruntime's MatMulIntegerToFloat computes it. a_scale is one value, or one per row
+    of A ([..., M, 1]), applied after the bias as onnxruntime applies it; b_scale one value,
+    one per column or per column of each matrix, any other shape that broadcasts applied
+    after the bias too."""
+    _require(b.ndim >= 1, "B must have rank 1 or more")
+    z = 0
+    if a_zp is not None:
+        _one_value(a_zp, "a_zero_point")
+        z = int(a_zp.reshape(()))
+    bz = np.zeros((), F64)
+    if b_zp is not None:
+        _require(_b_param_fits(b_zp.shape, b.shape),
+                 f"b_zero_point {list(b_zp.shape)} must be one value, one per column of B {list(b.shape)} or "
+                 "B's shape with its second-to-last dim 1")
+        bz = (b_zp.reshape(()) if b_zp.size == 1 else b_zp).astype(F64)
+    try:
+        acc = _int_matmul(aq, z, b, bz)
+    except ValueError:
+        raise ValueError(f"A {list(aq.shape)} and B {list(b.shape)} do not multiply") from None
+    if bias is not None:
+        _require(bias.shape == (b.shape[-1],),
+                 f"bias must be 1-D of B's last dim {b.shape[-1]}, got {list(bias.shape)}")
+        bias = bias.astype(F32)
+    a_late = not _is_one_value(a_scale)
+    sa = F32.type(1) if a_late else F32.type(a_scale.reshape(()))
+    if _b_param_fits(b_scale.shape, b.shape):
+        bs = b_scale.astype(F32)
+        y = _float_output(acc, sa * (bs.reshape(()) if bs.size == 1 else bs), bias)
+    else:
+        y = _float_output(acc, sa, bias)
+        y = _scale_output(y, b_scale, "b_scale")
+    if a_late:
+        y = _scale_output(y, a_scale, "a_scale")
+    return y
+
+
+def _scale_output(y, scale, what):
+    """onnxruntime's ScaleOutput: the output times a scale that broadcasts onto it."""
+    try:
+        fits = np.broadcast_shapes(scale.shape, y.shape) == y.shape
+    except ValueError:
+        fits = False
+    _require(fits, f"{what} {list(scale.shape)} does not broadcast onto the output {list(y.shape)}")
+    return y * scale.astype(F32)
+
+
+def _mitf_scales(a_scale, b_scale):
+    """onnxruntime's FixupScaleTensor: its fusion may have put B's per-column scale in
+    a_scale's place (or A's per-row scale in b_scale's); swap them back."""
+    if not _is_one_value(a_scale):
+        if a_scale.ndim == 1 or a_scale.shape[-1] != 1:
+            return b_scale, a_scale
+    elif not _is_one_value(b_scale) and b_scale.ndim > 1 and b_scale.shape[-2] != 1:
+        return b_scale, a_scale
+    return a_scale, b_scale
+
+
+@matmul_integer_to_float.register_meta
+def _matmul_integer_to_float_meta(a, b, a_scale, b_scale, a_zp, b_zp, bias):
+    _require(a.dtype in (U8, I8) and b.dtype in (U8, I8), f"A and B must be uint8 or int8, got {a.dtype}, {b.dtype}")
+    _require(a_scale.dtype in (F32, F16) and b_scale.dtype == a_scale.dtype,
+             f"a_scale and b_scale must both be float32 or both float16, got {a_scale.dtype}, {b_scale.dtype}")
+    _meta_zero_point(a_zp, a.dtype, "a_zero_point")
+    _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
+    _require(bias is None or bias.dtype == a_scale.dtype, f"bias must have the scales' type {a_scale.dtype}")
+    return Meta(a_scale.dtype, None if a.shape is None or b.shape is None else _matmul_shape(a.shape, b.shape))
+
+
+@matmul_integer_to_float.register_kernel("cpu")
+def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None):
+    """Y = (A - a_zp) @ (B - b_zp) · a_scale · b_scale + bias, the integer product exact,
+    the rest float32 (float16 scales: computed in float32, rounded once)."""
+    _q8(a, "A"), _q8(b, "B")
+    dt = a_scale.dtype
+    _require(dt in (F32, F16) and b_scale.dtype == dt,
+             f"a_scale and b_scale must both be float32 or both float16, got {a_scale.dtype}, {b_scale.dtype}")
+    _require(a_zp is None or a_zp.dtype == a.dtype, f"a_zero_point must have A's type {a.dtype}")
+    _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
+    _require(bias is None or bias.dtype == dt, f"bias must have the scales' type {dt}")
+    a_scale, b_scale = _mitf_scales(a_scale, b_scale)
+    return _matmul_to_float(a, a_scale, a_zp, b, b_scale, b_zp, bias).astype(dt)
+
+
+def _matmul_to_float_decomposition(g, a, a_scale, a_zp, b, b_scale, b_zp, bias):
+    # Exact for per-tensor / per-column scales (a_scale one value): the same integer
+    # product and float32 steps.
+    y = g.Mul(g.Cast(g.MatMulInteger(a, b, a_zp, b_zp), to=1), g.Mul(a_scale, b_scale))
+    return g.Add(y, bias) if bias else y
+
+
+@matmul_integer_to_float.register_decomposition
+def _matmul_integer_to_float_decomposition(g, a, b, a_scale, b_scale, a_zp, b_zp, bias):
+    types = g.input_types
+    if len(types) > 3 and types[2] is not None and (types[2].dtype != F32 or types[2].shape not in ((), (1,))):
+        raise NotImplementedError("MatMulIntegerToFloat decomposes with a float32 per-tensor a_scale only")
+    return _matmul_to_float_decomposition(g, a, a_scale, a_zp, b, b_scale, b_zp, bias)
+
+
+@matmul_integer_to_float.register_example
+def _matmul_integer_to_float_example(dt):
+    rng = np.random.default_rng(0)
+    lo, hi = _qrange(np.dtype(dt))
+    return [rng.integers(lo, hi + 1, (2, 3, 5)).astype(dt), rng.integers(-128, 128, (5, 4)).astype(I8),
+            np.asarray(0.02, F32), rng.uniform(0.01, 0.03, 4).astype(F32), np.asarray(lo + 100, dt),
+            rng.integers(-3, 3, 4).astype(I8), rng.standard_normal(4).astype(F32)]
+
+
+def _dynamic_quantize(a):
+    """onnxruntime's per-tensor uint8 parameters of A (GetQuantizationParameter: the range
+    widened to include 0, scale = range / 255 or 1 for an all-zero A, zero point rounded
+    half to even), and A quantized with them (MlasQuantizeLinear)."""
+    lo = min(F32.type(a.min()), F32.type(0)) if a.size else F32.type(0)
+    hi = max(F32.type(a.max()), F32.type(0)) if a.size else F32.type(0)
+    scale = F32.type(1) if hi == lo else (hi - lo) / F32.type(255)
+    zp = int(np.rint(np.clip(F32.type(0) - lo / scale, F32.type(0), F32.type(255))))
+    return _quantize(a, scale, zp, U8), np.asarray(scale, F32), zp
+
+
+@dynamic_quantize_matmul.register_meta
+def _dynamic_quantize_matmul_meta(a, b, b_scale, b_zp, bias):
+    _require(a.dtype == F32, f"A must be float32, got {a.dtype}")
+    _require(b.dtype in (U8, I8), f"B must be uint8 or int8, got {b.dtype}")
+    _require(b_scale.dtype == F32, f"b_scale must be float32, got {b_scale.dtype}")
+    _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
+    _require(bias is None or bias.dtype == F32, f"bias must be float32, got {None if bias is None else bias.dtype}")
+    return Meta(F32, None if a.shape is None or b.shape is None else _matmul_shape(a.shape, b.shape))
+
+
+@dynamic_quantize_matmul.register_kernel("cpu")
+def _dynamic_quantize_matmul(a, b, b_scale, b_zp=None, bias=None):
+    """A quantized to uint8 with parameters from its own range (as DynamicQuantizeLinear),
+    then MatMulIntegerToFloat."""
+    _require(a.dtype == F32, f"A must be float32, got {a.dtype}")
+    _q8(b, "B")
+    _require(b_scale.dtype == F32, f"b_scale must be float32, got {b_scale.dtype}")
+    _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
+    _require(bias is None or bias.dtype == F32, f"bias must be float32, got {None if bias is None else bias.dtype}")
+    aq, a_scale, a_zp = _dynamic_quantize(a)
+    return _matmul_to_float(aq, a_scale, np.asarray(a_zp, U8), b, b_scale, b_zp, bias)
+
+
+@dynamic_quantize_matmul.register_decomposition
+def _dynamic_quantize_matmul_decomposition(g, a, b, b_scale, b_zp, bias):
+    aq, a_scale, a_zp = g.op("DynamicQuantizeLinear", a, outputs=3)
+    return _matmul_to_float_decomposition(g, aq, a_scale, a_zp, b, b_scale, b_zp, bias)
+
+
+@dynamic_quantize_matmul.register_example
+def _dynamic_quantize_matmul_example(dt):
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((2, 3, 5)).astype(dt), rng.integers(-128, 128, (5, 4)).astype(I8),
+            rng.uniform(0.01, 0.03, 4).astype(F32), None, rng.standard_normal(4).astype(F32)]
