@@ -1,12 +1,13 @@
 """glassrt — an ONNX inference runtime that shows every decision it makes."""
 from .errors import (FallbackError, GlassrtError, InputError, InputShapeError, InputTypeError,  # noqa: F401
+                     InvalidArgumentError,
                      InvalidModelError, KernelContractError, MemoryLimitError, MissingInputError,
                      ModelLoadError, NodeExecutionError, ShapeInferenceError, UnknownInputError,
                      UnsafeModelError, UnsupportedOperatorError)
 from .ir import TensorType as TensorMeta  # noqa: F401
 from .ops.custom import CustomOp, custom_op  # noqa: F401
 from .runtime.options import SessionOptions  # noqa: F401
-from .runtime.session import FallbackWarning, InferenceSession, NodeArg  # noqa: F401
+from .session import FallbackWarning, InferenceSession, NodeArg  # noqa: F401
 from . import contrib  # noqa: F401
 
 __version__ = "0.1.0"

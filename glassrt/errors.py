@@ -10,6 +10,10 @@ class GlassrtError(Exception):
     """Base class of all glassrt errors."""
 
 
+class InvalidArgumentError(GlassrtError, ValueError):
+    """An argument of glassrt's API (a session option, a provider list...) is not valid."""
+
+
 class ModelLoadError(GlassrtError):
     """The model could not be read: missing file, not ONNX, truncated."""
 

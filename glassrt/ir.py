@@ -57,6 +57,34 @@ def type_str(t) -> str:
     return "?" if t is None else str(t)
 
 
+def merge_types(a, b):
+    """The most precise type both a and b are instances of (dims that differ become fresh
+    symbols; None when they share nothing)."""
+    if a is None or b is None:
+        return None
+    if isinstance(a, TensorType) and isinstance(b, TensorType):
+        if a.dtype != b.dtype:
+            return None
+        if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
+            return TensorType(a.dtype, None)
+        return TensorType(a.dtype, tuple(x if x == y else symbolic.fresh() for x, y in zip(a.shape, b.shape)))
+    if type(a) is type(b) and isinstance(a, (SequenceType, OptionalType)):
+        return type(a)(merge_types(a.elem, b.elem))
+    return None
+
+
+def type_of_value(v):
+    """The type of a run-time value: an array's dtype and shape, a list's element type."""
+    if isinstance(v, np.ndarray):
+        return TensorType(v.dtype, tuple(v.shape))
+    if isinstance(v, list):
+        elem = type_of_value(v[0]) if v else None
+        for x in v[1:]:
+            elem = merge_types(elem, type_of_value(x))
+        return SequenceType(elem)
+    return None
+
+
 # ---------------------------------------------------------------- graph
 
 

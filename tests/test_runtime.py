@@ -283,30 +283,86 @@ def test_flops_count_fused_convs():
         assert 7.5e9 < sess.explain()["summary"]["flops"] < 8.5e9
 
 
-def test_transfers_between_devices_are_placed_and_counted():
-    """With only cpu and reference no copy is needed; a provider on another device gets
-    transfers inserted where its nodes meet cpu nodes."""
-    from glassrt.kernels.registry import Kernel
-    from glassrt.runtime.providers import Provider
+class _OnDevice:
+    """An array held by the test-only device: host code cannot use it by accident."""
 
-    class FakeAccelerator(Provider):
-        name, device = "fake", "fake0"
+    def __init__(self, data):
+        self.data = data
 
-        def kernels(self, domain, op_type, opset):
-            if op_type == "Neg":
-                return [Kernel("fake.Neg", "fake", "", "Neg", lambda x: -x)]
-            return []
 
+class _FakeAccelerator:
+    """A provider on another device ("fake0") that runs Neg, and Exp when asked to."""
+
+    def __new__(cls, ops=("Neg",)):
+        from glassrt.kernels.registry import Kernel
+        from glassrt.runtime.providers import Provider
+
+        class FakeAccelerator(Provider):
+            name, device = "fake", "fake0"
+            copies = []
+
+            def kernels(self, domain, op_type, opset):
+                if op_type in ops:
+                    fn = {"Neg": np.negative, "Exp": np.exp}[op_type]
+                    return [Kernel(f"fake.{op_type}", "fake", "", op_type, lambda x: _OnDevice(fn(_device_data(x))))]
+                return []
+
+            def to_device(self, array):
+                self.copies.append("to device")
+                return _OnDevice(np.array(array))
+
+            def to_host(self, value):
+                self.copies.append("to host")
+                return np.array(_device_data(value))
+
+        return FakeAccelerator()
+
+
+def _device_data(x):
+    assert isinstance(x, _OnDevice), f"a device kernel was handed a host value {type(x).__name__}"
+    return x.data
+
+
+def test_transfers_between_devices_are_steps_of_the_plan():
+    """With only cpu and reference no copy is needed; a provider on another device gets a
+    glassrt::Transfer step wherever a value crosses: the graph input goes to the device,
+    the device's result comes back for the cpu node, and each copy is counted and sized."""
     m = model([helper.make_node("Neg", ["x"], ["a"], name="neg"), helper.make_node("Relu", ["a"], ["y"], name="relu")],
               [tensor("x", [3])], [tensor("y", [3])])
+    fake = _FakeAccelerator()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sess = glassrt.InferenceSession(m, providers=[FakeAccelerator(), "cpu"])
-    assert [(t.value, t.src, t.dst, t.consumer) for t in sess.transfers] == [("a", "fake", "cpu", "relu")]
-    summary = sess.explain()["summary"]
-    assert summary["transfers"] == 1 and summary["transfer_list"][0]["consumer"] == "relu"
+        sess = glassrt.InferenceSession(m, providers=[fake, "cpu"])
+    assert [(t.value, t.src, t.dst, t.consumer, t.bytes) for t in sess.transfers] == [
+        ("x", "host", "fake", "neg", 12), ("a", "fake", "cpu", "relu", 12)]
+    report = sess.explain()
+    summary = report["summary"]
+    assert summary["transfers"] == 2 and summary["transfer_list"][1]["consumer"] == "relu"
+    steps = [(n["op"], n["provider"]) for n in report["nodes"]]
+    assert steps == [("Transfer", "fake"), ("Neg", "fake"), ("Transfer", "fake"), ("Relu", "cpu")]
     np.testing.assert_array_equal(sess.run(None, {"x": np.array([1, -2, 3], np.float32)})[0], [0, 2, 0])
+    assert fake.copies == ["to device", "to host"]
     assert glassrt.InferenceSession(m).transfers == []  # cpu and reference share the host
+
+
+def test_transfers_share_one_copy_and_bring_outputs_home():
+    """Two device nodes reading one host value share its copy; a graph output computed on
+    the device comes back to the host under its own name."""
+    m = model([helper.make_node("Neg", ["x"], ["a"], name="neg"), helper.make_node("Exp", ["x"], ["b"], name="exp"),
+               helper.make_node("Add", ["a", "b"], ["y"], name="add"), helper.make_node("Neg", ["y"], ["z"], name="neg2")],
+              [tensor("x", [2])], [tensor("y", [2]), tensor("z", [2])])
+    fake = _FakeAccelerator(("Neg", "Exp"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = glassrt.InferenceSession(m, providers=[fake, "cpu"])
+    moves = [(t.value, t.src, t.dst) for t in sess.transfers]
+    assert moves == [("x", "host", "fake"), ("a", "fake", "cpu"), ("b", "fake", "cpu"), ("y", "cpu", "fake"),
+                     ("z@fake0", "fake", "host")]
+    x = np.array([0.5, -1.0], np.float32)
+    y, z = sess.run(None, {"x": x})
+    np.testing.assert_allclose(y, -x + np.exp(x), rtol=1e-6)
+    np.testing.assert_allclose(z, -(-x + np.exp(x)), rtol=1e-6)
+    assert isinstance(z, np.ndarray)
 
 
 def test_concurrent_runs_from_threads_are_correct():

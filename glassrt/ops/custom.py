@@ -297,7 +297,7 @@ class _Bound:
 
     def __call__(self, *inputs, **attrs):
         from ..kernels.registry import BindContext
-        from ..runtime.runner import type_of_value
+        from ..ir import type_of_value
 
         node = type("CheckNode", (), {"inputs": ["x"] * len(inputs), "outputs": [], "opset": 1, "name": "check",
                                       "op_type": "", "domain": ""})()

@@ -7,6 +7,9 @@ kernels against it).
   `activation_params`; written by passes/fusion.py.
   glassrt::FusedBatchNormalization(X, scale, B, mean, var) — inference BatchNormalization
   followed by `activation`, likewise (pre-activation nets: DenseNet, ResNet v2).
+  glassrt::Transfer(X) — X copied from `src_device` to `dst_device`; inserted by placement
+  where a value crosses between providers on different devices (primitive: the provider
+  on the device side runs it).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from onnx import helper, numpy_helper
 
 import numpy as np
 
-from .contract import COMPOSITE, OpContract
+from .contract import COMPOSITE, PRIMITIVE, OpContract
 from .custom import CustomSchema
 from .meta.nn import conv as conv_meta
 from .registry import register_custom
@@ -100,3 +103,9 @@ register_custom(OpContract(DOMAIN, "FusedConv", 1, FUSED_CONV, meta=_fused_conv_
 register_custom(OpContract(DOMAIN, "FusedBatchNormalization", 1, FUSED_BATCH_NORM, meta=_same_as_x, category=COMPOSITE,
                            decomposition=_fused_decomposition("BatchNormalization", ("epsilon",), 15),
                            notes=["inference BatchNormalization + activation, fused by passes/fusion.py"]))
+
+
+TRANSFER = CustomSchema(DOMAIN, "Transfer", [("X", False)], {"src_device": ("str", "cpu"), "dst_device": ("str", "cpu")},
+                        ["Y"], "glassrt::Transfer(Tensor X, str src_device, str dst_device) -> Tensor")
+register_custom(OpContract(DOMAIN, "Transfer", 1, TRANSFER, meta=lambda ctx: [ctx.type(0)], category=PRIMITIVE,
+                           notes=["a copy between devices, inserted by placement (runtime/placement.py)"]))

@@ -1,15 +1,41 @@
-"""Graph passes: Graph → Graph', each logged so `explain` can say what changed."""
+"""Graph passes: Graph → Graph', in one ordered pipeline (see manager.py for the rules).
+
+To add a pass: write `fn(graph, ctx) -> (graph', [changes])` in a module of its own here,
+then add a `Pass` entry below at the point of the order where it belongs, with its level
+and what it needs. `glassrt explain MODEL` lists every pass that ran and what it changed.
+"""
 from __future__ import annotations
 
+from .constant_folding import fold_constants
+from .conv_folding import fold_affine_into_conv, fold_batchnorm_into_conv
 from .dead_code import remove_dead_code
+from .expand import expand_composites
+from .fuse_conv import fuse_conv_activation, fuse_conv_residual
+from .fuse_gelu import fuse_gelu
+from .manager import LEVELS, Pass, PassContext, PassRecord, run_pipeline, selected  # noqa: F401
 
-PASSES = [remove_dead_code]
+TYPES, PROVIDERS = "types", "providers"
+
+PIPELINE = [
+    Pass("remove_dead_code", "basic", remove_dead_code, doc="nodes and initializers nothing reads"),
+    Pass("expand_composites", "required", expand_composites, frozenset({TYPES, PROVIDERS}),
+         doc="composite ops no provider runs whole become their decompositions"),
+    Pass("fold_constants", "basic", fold_constants, frozenset({TYPES, PROVIDERS}), option="constant_folding",
+         doc="nodes whose inputs are all constants are evaluated once"),
+    Pass("fold_affine_into_conv", "basic", fold_affine_into_conv, option="fusion",
+         doc="per-channel Mul/Add after Conv or BatchNormalization go into its parameters"),
+    Pass("fold_batchnorm_into_conv", "basic", fold_batchnorm_into_conv, option="fusion",
+         doc="inference BatchNormalization after Conv goes into its weights and bias"),
+    Pass("fuse_conv_residual", "extended", fuse_conv_residual, frozenset({TYPES}), option="fusion",
+         doc="Conv + same-shape residual Add [+ Relu] become one glassrt::FusedConv"),
+    Pass("fuse_conv_activation", "extended", fuse_conv_activation, option="fusion",
+         doc="Conv/BatchNormalization + Relu/LeakyRelu/Clip/Sigmoid become one fused op"),
+    Pass("fuse_gelu", "extended", fuse_gelu, option="fusion", doc="GELU written out with Erf becomes one Gelu"),
+]
 
 
-def run_passes(graph):
-    log = []
-    for p in PASSES:
-        graph, note = p(graph)
-        if note:
-            log.append(f"{p.__name__}: {note}")
-    return graph, log
+def run_passes(graph, options, providers, infer_types):
+    """(graph', PassContext with what the passes found, [PassRecord])."""
+    ctx = PassContext(options, providers)
+    graph, records = run_pipeline(graph, selected(PIPELINE, options), ctx, infer_types)
+    return graph, ctx, records

@@ -15,11 +15,12 @@ from ..errors import GlassrtError, describe_node
 from ..ops.backward import GradContext
 from ..ops.registry import get_contract
 from .plan import compile_plan, run_plan
-from .runner import type_of_value
+from ..ir import type_of_value
 
 
 def gradients(sess, feeds: dict, output: str, wrt: list, grad_output=None) -> list:
-    graph = sess.unfolded_placement.graph
+    lowered = sess.lowered_placement()
+    graph = lowered.graph
     if output not in graph.output_names():
         raise GlassrtError(f"'{output}' is not a graph output; outputs are {graph.output_names()}")
     inputs = sess._check_feeds(feeds)
@@ -35,7 +36,7 @@ def gradients(sess, feeds: dict, output: str, wrt: list, grad_output=None) -> li
     options = replace(sess.options, constant_folding=False)
     types = {n: type_of_value(v) for n, v in all_feeds.items()}
     runner = sess.runner
-    plan = compile_plan(sess.unfolded_placement, types, options, runner.make_runner, pool=None, retain=True)
+    plan = compile_plan(lowered, types, options, runner.make_runner, pool=None, retain=True)
     outs, env = run_plan(plan, all_feeds, keep_env=True)
     y = outs[graph.output_names().index(output)]
     if grad_output is None:

@@ -102,7 +102,9 @@ def infer_node(graph, node, types, vals, problems, strict):
     if contract.values is not None:  # Shape/Size need only types; the rules say None when they can't
         try:
             new_vals = contract.values(ctx)
-        except Exception:
+        except Exception as e:  # the values stay unknown; shapes downstream may stay symbolic
+            problems.setdefault(node.name, f"{describe_node(node)}: value propagation failed "
+                                           f"({type(e).__name__}: {e})")
             new_vals = []
         for o, v in zip(node.outputs, new_vals):
             if o and v is not None and v.size <= _MAX_VALUE:

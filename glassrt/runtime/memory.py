@@ -260,7 +260,9 @@ class BufferPool:
         self.max_reserved = max_reserved
         self.hits = 0
         self.misses = 0
-        self._lock = threading.Lock()  # runs of one session may share the pool across threads
+        # Runs of one session may share the pool across threads; reentrant, since a handed
+        # array that dies while the pool is busy calls back into it (_forget).
+        self._lock = threading.RLock()
 
     def empty(self, shape, dtype) -> np.ndarray:
         with self._lock:
@@ -271,6 +273,21 @@ class BufferPool:
         of a pool buffer — is ignored (False)."""
         with self._lock:
             return self._release(array)
+
+    def hand_over(self, handed, result) -> None:
+        """A kernel given `handed` returned `result` instead: a view of it (then `result` is
+        what the run will release) or another array (then `handed` is not used: take it back)."""
+        with self._lock:
+            entry = self.in_use.get(id(handed))
+            if entry is None:
+                return
+            if isinstance(result, np.ndarray) and np.may_share_memory(result, entry[0]):
+                entry[1].detach()
+                del self.in_use[id(handed)]
+                self.in_use[id(result)] = (entry[0], weakref.finalize(result, self._forget, id(result)))
+            else:
+                entry = None  # no reference of ours may keep the block from being reused
+                self._release(handed)
 
     def _empty(self, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)

@@ -30,11 +30,19 @@ class SessionOptions:
     # Time every eligible kernel on the first plan for a shape and keep the fastest.
     autotune: bool = False
     autotune_cache: str | None = None  # JSON file that keeps autotune winners across runs
-    # Evaluate nodes whose inputs are all known when a plan is built.
+    # Which graph passes run (passes/__init__.py): "none" (only what the graph needs to run
+    # at all), "basic" (dead code, constant folding, BatchNorm/Mul/Add into Conv weights),
+    # "extended" (+ fusions into glassrt's fused ops), "all" (+ layout passes). onnxruntime's
+    # GraphOptimizationLevel names and numbers are accepted too.
+    graph_optimization_level: str = "all"
+    # Evaluate nodes whose inputs are all known: once per session for constants, once per
+    # plan for values that follow from the input shapes.
     constant_folding: bool = True
-    # Fold BatchNormalization into Conv weights; fuse Conv + activation (passes/fusion.py).
+    # The folding and fusion passes of the "basic" and "extended" levels that rewrite ops.
     fusion: bool = True
-    fold_limit_bytes: int = 64 << 20
+    # The largest value constant folding materialises (a folded value lives as long as the
+    # session or plan); bigger ones are computed when the plan runs.
+    fold_limit_bytes: int = 1 << 30
     # Refuse a plan whose arena, or a tensor, would exceed this many bytes.
     memory_limit_bytes: int = 0  # 0: 80% of physical memory
     # Check every output a kernel allocates itself against its op's meta (shape, dtype).

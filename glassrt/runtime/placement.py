@@ -1,24 +1,27 @@
 """Placement: which provider runs each node, and why every other one did not.
 
-For each node, the provider priority list is walked in order. A composite op that the
-first provider has no kernel for is expanded into its decomposition (so it runs
-natively, op by op) rather than falling back whole to the reference provider — unless
-another real provider has a kernel for it. Anything a later provider runs is a
-fallback: warned once per node, counted, and an error under fallback="error".
+Input: a graph after the passes (composites the providers lack are already expanded, see
+passes/expand.py) and its inferred types. For each node the provider priority list is
+walked in order; the first provider with a kernel that can run the node takes it.
+Anything a later provider runs is a fallback: warned once per node, counted, and an
+error under fallback="error".
+
+Where a value crosses between providers that keep data on different devices, a
+`glassrt::Transfer` node is inserted: a step of the plan like any other, placed on the
+device-side provider, counted and listed (`Placement.transfers`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
-from .. import dtypes
 from ..errors import UnsupportedOperatorError, describe_node
 from ..ir import Graph, Node, TensorType
-from ..kernels.registry import BindContext, Kernel
-from ..ops.contract import schema_defaults
+from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
-from .infer import infer
+from .infer import Inference, infer
+from .select import provider_verdict
+
+HOST = "cpu"  # the device whose arrays are NumPy arrays: graph inputs and outputs live here
 
 
 @dataclass
@@ -33,10 +36,12 @@ class Decision:
 
 @dataclass
 class Transfer:
-    value: str
-    src: str
-    dst: str
-    consumer: str
+    value: str  # the value copied
+    src: str  # provider (or "host" for graph inputs and outputs) it comes from
+    dst: str  # provider it goes to
+    consumer: str  # the first node that reads the copy ("" for a graph output)
+    node: str = ""  # the glassrt::Transfer node that copies it
+    bytes: object = None  # an int, a formula in the symbolic dims, or None when unknown
 
 
 @dataclass
@@ -52,12 +57,11 @@ class Fallback:
 
 @dataclass
 class Placement:
-    graph: Graph  # the graph as placed (composites expanded where needed)
+    graph: Graph  # the graph as placed (transfer nodes inserted)
     decisions: dict  # node name -> Decision
     subgraphs: dict  # node name -> {attr name: Placement or [Placement]}
     transfers: list
-    expansions: list  # (node name, op, number of nodes it became, reason)
-    inference: object  # the symbolic Inference the decisions were made on
+    inference: Inference  # the symbolic types the decisions were made on
 
     def all_decisions(self):
         yield from self.decisions.values()
@@ -82,156 +86,36 @@ def _fallback_reason(d: Decision) -> str:
     return "; ".join(f"{p}: {r}" for p, r in d.rejected)
 
 
-def kernel_reason(k: Kernel, ctx: BindContext, *, shapes: bool = True) -> str | None:
-    """None if the kernel can run the node, else why not. shapes=False skips the kernel's
-    own predicate (which may need concrete shapes; selection re-checks it per plan)."""
-    since = ctx.since_version
-    if not k.covers_version(since):
-        lo, hi = k.versions
-        return f"{k.name} covers {ctx.node.op_type} versions {lo}..{hi or 'latest'}, node needs version {since}"
-    n_out = max((i + 1 for i, o in enumerate(ctx.node.outputs) if o), default=0)
-    if n_out > 1 and not k.multi:
-        return f"{k.name} computes one output; the node asks for {n_out}"
-    if k.dtypes is not None:
-        dt = _key_dtype(ctx)
-        if dt is not None and dt not in k.dtypes:
-            return f"dtype {dtypes.name(dt)} not covered (covers {', '.join(sorted(dtypes.name(d) for d in k.dtypes))})"
-    if k.attrs is not None:
-        defaults = schema_defaults(ctx.contract.schema) if ctx.contract else {}
-        for a, v in ctx.node.attrs.items():
-            if a not in k.attrs and a not in NO_EFFECT_ATTRS and not _same(defaults.get(a, _MISSING), v):
-                return f"attribute {a}={_short(v)} not supported by {k.name}"
-    if shapes and k.accepts is not None:
-        try:
-            why = k.accepts(ctx)
-        except Exception as e:  # a predicate that can't decide on symbolic shapes says no
-            why = f"{k.name} cannot decide on these shapes ({type(e).__name__}: {e})"
-        if why:
-            return why if isinstance(why, str) else f"{k.name} does not accept this node"
-    return None
-
-
-_MISSING = object()
-# Attributes that never change what an op computes (opsets 1-5's memory hint).
-NO_EFFECT_ATTRS = {"consumed_inputs"}
-
-
-def _same(a, b):
-    try:
-        return bool(np.all(np.asarray(a) == np.asarray(b))) and np.shape(a) == np.shape(b)
-    except Exception:
-        return False
-
-
-def _short(v):
-    s = repr(v)
-    return s if len(s) < 40 else s[:37] + "..."
-
-
-def _key_dtype(ctx: BindContext):
-    """The dtype kernels are chosen by: the first given input's (unknown when its producer's
-    type is: judging by a later input, e.g. a float scale, would give a misleading reason),
-    or the first output's for nodes without inputs."""
-    given = [t for name, t in zip(ctx.node.inputs, ctx.input_types) if name]
-    if given:
-        return given[0].dtype if isinstance(given[0], TensorType) else None
-    for t in ctx.output_types:
-        if isinstance(t, TensorType):
-            return t.dtype
-    return None
-
-
-def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
-    """(candidate kernels best first, reason). The provider can run the node when at
-    least one kernel passes every check on the symbolic shapes; the candidates are all
-    kernels that pass the shape-independent checks, for selection to choose from per plan."""
-    ks = provider.kernels(node.domain, node.op_type, node.opset)
-    if not ks:
-        return [], f"no {provider.name} kernel for {node.op_type}" + (f" (domain {node.domain})" if node.domain else "")
-    candidates, ok, why = [], [], []
-    for k in ks:
-        r = kernel_reason(k, ctx, shapes=False)
-        if r:
-            why.append(r)
-            continue
-        candidates.append(k)
-        r = kernel_reason(k, ctx)
-        (why.append(r) if r else ok.append(k))
-    if ok or (candidates and not _all_static(ctx)):
-        candidates.sort(key=lambda k: -k.priority)
-        return candidates, f"{provider.name} has {node.op_type} kernel(s): {', '.join(k.name for k in candidates)}"
-    return [], "; ".join(dict.fromkeys(why))
-
-
-def _all_static(ctx) -> bool:
-    return all(t is None or not isinstance(t, TensorType) or t.is_static for t in ctx.input_types)
-
-
-def place(graph: Graph, providers, input_types: dict | None = None, *, outer_types=None,
-          outer_values=None) -> Placement:
-    inference = infer(graph, input_types or {}, outer_types=outer_types, outer_values=outer_values, strict=False)
+def place(graph: Graph, inference: Inference, providers, *, outer_types=None, outer_values=None,
+          expansion_failures: dict | None = None) -> Placement:
+    """Decide a provider for every node of `graph` (typed by `inference`). Subgraphs (If,
+    Loop and Scan bodies) are typed against the enclosing scope and placed the same way.
+    `expansion_failures` (node name -> why its decomposition failed, from the expand pass)
+    joins the reasons a node could not run natively."""
+    failures = expansion_failures or {}
     types, values = dict(outer_types or {}), dict(outer_values or {})
     types.update(inference.types)
     values.update(inference.values)
-    decisions, subgraphs, expansions, unsupported = {}, {}, [], []
-    nodes = list(graph.nodes)
-    placed_nodes = []
-    visible = set(types) | set(graph.initializers) | {v.name for v in graph.inputs}
-    i = 0
-    while i < len(nodes):
-        node = nodes[i]
-        i += 1
-        contract = get_contract(node.domain, node.op_type, node.opset)
-        if contract is None:
-            unsupported.append((node, "no such operator in the onnx schemas or the custom-op registry"))
+    decisions, subgraphs, unsupported = {}, {}, []
+    for node in graph.nodes:
+        decision, why_not = decide(node, types, values, providers, failures.get(node.name))
+        if decision is None:
+            unsupported.append((node, why_not))
             continue
-        in_types = [types.get(x) if x else None for x in node.inputs]
-        out_types = [types.get(x) if x else None for x in node.outputs]
-        ctx = BindContext(node, contract.attrs_with_defaults(node), in_types, out_types,
-                          [values.get(x) if x else None for x in node.inputs], contract=contract)
-        rejected, chosen = [], None
-        for rank, p in enumerate(providers):
-            ks, why = provider_verdict(p, node, contract, ctx)
-            if ks:
-                chosen = Decision(node, p.name, ks, why, list(rejected), fallback=rank > 0)
-                break
-            rejected.append((p.name, why))
-            # A composite the first provider lacks is expanded rather than sent whole to the
-            # reference fallback; a real kernel on another provider is still preferred.
-            if rank == 0 and contract.decomposition is not None and not any(
-                    q.name != "reference" and provider_verdict(q, node, contract, ctx)[0] for q in providers[1:]):
-                body = _expand(node, contract, in_types, visible)
-                if body:
-                    expansions.append((node.name, node.op_type, len(body), why))
-                    # Infer the new nodes' types, then place them like any other node.
-                    sub = Graph(graph.name, body, [], [], {}, types={})
-                    res = infer(sub, {}, outer_types=types, outer_values=values, strict=False)
-                    types.update(res.types)
-                    values.update(res.values)
-                    visible |= set(res.types)
-                    nodes[i:i] = body
-                    chosen = "expanded"
-                    break
-        if chosen == "expanded":
-            continue
-        if chosen is None:
-            unsupported.append((node, "; ".join(f"{p}: {r}" for p, r in rejected)))
-            continue
-        decisions[node.name] = chosen
-        placed_nodes.append(node)
+        decisions[node.name] = decision
         subs = {}
         for attr, v in node.attrs.items():
             graphs = v if isinstance(v, list) else [v]
             if graphs and all(isinstance(g, Graph) for g in graphs):
-                ps = [place(g, providers, {}, outer_types=types, outer_values=values) for g in graphs]
+                ps = [place(g, infer(g, {}, outer_types=types, outer_values=values, strict=False), providers,
+                            outer_types=types, outer_values=values, expansion_failures=failures) for g in graphs]
                 unsupported += [u for p in ps for u in getattr(p, "_unsupported", [])]
                 subs[attr] = ps if isinstance(v, list) else ps[0]
         if subs:
             subgraphs[node.name] = subs
 
-    placed_graph = replace(graph, nodes=placed_nodes, types={**graph.types, **types})
-    placement = Placement(placed_graph, decisions, subgraphs, _transfers(placed_graph, decisions, providers),
-                          expansions, inference)
+    placed_graph = replace(graph, types={**graph.types, **types})
+    placement = Placement(placed_graph, decisions, subgraphs, [], inference)
     if outer_types is not None:
         placement._unsupported = unsupported  # reported once, by the top-level call
     elif unsupported:
@@ -239,25 +123,95 @@ def place(graph: Graph, providers, input_types: dict | None = None, *, outer_typ
             f"{len(unsupported)} node(s) cannot run on providers [{', '.join(p.name for p in providers)}]:\n"
             + "\n".join(f"  {describe_node(n)}{' (' + n.origin + ')' if n.origin else ''}: {why}"
                         for n, why in unsupported))
+    if not unsupported:
+        _insert_transfers(placement, providers, types)
     return placement
 
 
-def _expand(node, contract, in_types, visible):
-    try:
-        return contract.decomposition(node, in_types, visible)
-    except Exception:
-        return None
+def decide(node, types, values, providers, expansion_failure=None) -> tuple[Decision | None, str]:
+    """(the decision, "") or (None, why no provider can run the node)."""
+    contract = get_contract(node.domain, node.op_type, node.opset)
+    if contract is None:
+        return None, "no such operator in the onnx schemas or the custom-op registry"
+    ctx = node_context(node, contract, types, values)
+    rejected = []
+    for rank, p in enumerate(providers):
+        ks, why = provider_verdict(p, node, contract, ctx)
+        if ks:
+            return Decision(node, p.name, ks, why, list(rejected), fallback=rank > 0), ""
+        rejected.append((p.name, why))
+        if rank == 0 and expansion_failure:
+            rejected.append(("decomposition", expansion_failure))
+    return None, "; ".join(f"{p}: {r}" for p, r in rejected)
 
 
-def _transfers(graph, decisions, providers) -> list[Transfer]:
-    device = {p.name: p.device for p in providers}
-    where = {}
-    out = []
-    for n in graph.nodes:
-        d = decisions[n.name]
-        for x in n.inputs:
-            if x in where and device[where[x]] != device[d.provider]:
-                out.append(Transfer(x, where[x], d.provider, n.name))
-        for o in n.outputs:
+def node_context(node, contract, types, values) -> BindContext:
+    return BindContext(node, contract.attrs_with_defaults(node),
+                       [types.get(x) if x else None for x in node.inputs],
+                       [types.get(x) if x else None for x in node.outputs],
+                       [values.get(x) if x else None for x in node.inputs], contract=contract)
+
+
+# ---------------------------------------------------------------- transfers
+
+
+def _insert_transfers(placement: Placement, providers, types) -> None:
+    """A glassrt::Transfer node wherever a value meets a provider on another device: one
+    copy per (value, device), shared by every reader there; graph outputs come home."""
+    by_name = {p.name: p for p in providers}
+    device = {name: p.device for name, p in by_name.items()}
+    graph = placement.graph
+    if all(d == HOST for d in device.values()):
+        return
+    where = {v.name: "host" for v in graph.inputs}
+    where.update({name: "host" for name in graph.initializers})
+    dev_of = lambda owner: HOST if owner == "host" else device[owner]  # noqa: E731
+    copies = {}  # (value, device) -> name of the copy
+    nodes = []
+
+    def transfer(value, src, dst_provider, dst_device, consumer, out_name=None):
+        key = (value, dst_device)
+        if key in copies and out_name is None:
+            return copies[key]
+        owner = by_name[dst_provider] if dst_device != HOST else by_name[src]
+        name = out_name or f"{value}@{dst_device}"
+        tnode = Node("Transfer", "glassrt", [value], [name], {"src_device": dev_of(src), "dst_device": dst_device},
+                     f"transfer/{value}->{dst_device}", 1, origin=f"copy of '{value}' for {dst_provider}")
+        kern = owner.transfer_kernel(dev_of(src), dst_device)
+        if kern is None:
+            raise UnsupportedOperatorError(
+                f"provider '{owner.name}' keeps data on device '{owner.device}' but has no copy between "
+                f"'{dev_of(src)}' and '{dst_device}' for value '{value}' (read by {consumer or 'the caller'})")
+        placement.decisions[tnode.name] = Decision(
+            tnode, owner.name, [kern], f"copy from {dev_of(src)} to {dst_device} ({src} → {dst_provider})")
+        t = types.get(value)
+        types[name] = t
+        placement.transfers.append(Transfer(value, src, dst_provider, consumer, tnode.name,
+                                            t.nbytes() if isinstance(t, TensorType) and t.shape is not None else None))
+        nodes.append(tnode)
+        copies[key] = name
+        return name
+
+    outputs = set(graph.output_names())
+    for node in graph.nodes:
+        d = placement.decisions[node.name]
+        here = device[d.provider]
+        new_inputs = []
+        for x in node.inputs:
+            src = where.get(x)
+            if x and src is not None and dev_of(src) != here:
+                x = transfer(x, src, d.provider, here, node.name)
+            new_inputs.append(x)
+        # Outputs the caller reads leave the device: the node writes a device copy, and a
+        # transfer after it writes the value itself.
+        home = {o: f"{o}@{here}" for o in node.outputs if o in outputs} if here != HOST else {}
+        if new_inputs != list(node.inputs) or home:
+            node = replace(node, inputs=new_inputs, outputs=[home.get(o, o) for o in node.outputs])
+            placement.decisions[node.name] = replace(d, node=node)
+        nodes.append(node)
+        for o in node.outputs:
             where[o] = d.provider
-    return out
+        for o, on_device in home.items():
+            types[on_device] = types.get(o)
+            transfer(on_device, d.provider, "host", HOST, "", out_name=o)
+    placement.graph = replace(graph, nodes=nodes, types={**graph.types, **types})

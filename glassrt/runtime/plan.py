@@ -19,13 +19,11 @@ from ..errors import (GlassrtError, KernelContractError, MemoryLimitError, NodeE
 from ..ir import TensorType
 from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
-from .shape_formula import ShapeFormula
+from . import folding
 from .infer import infer
 from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
-from .placement import kernel_reason
-
-NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
-                    "Multinomial", "Bernoulli", "Dropout"}
+from .select import bind_kernel, choose_kernel, is_static
+from .shape_formula import ShapeFormula
 
 
 class Step:
@@ -64,6 +62,7 @@ class Plan:
     build_seconds: float = 0.0
     step_io: list = field(default_factory=list)
     pool: object = None  # BufferPool for values sized at run time
+    free_at_end: tuple = ()  # slots released after the outputs are taken
 
 
 def compile_plan(placement, input_types: dict, options, make_runner, pool=None, retain: bool = False) -> Plan:
@@ -97,7 +96,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
         slots.setdefault(name, len(slots))
     steps = [_make_step(k, entry, memory, arena, keep, slots, selections[k].reason, options, make_runner, placement, pool)
              for k, entry in enumerate(executed)]
-    _free_lists(steps, step_io, memory, slots, keep | set(consts) | set(input_types))
+    free_at_end = _free_lists(steps, step_io, memory, slots, keep | set(consts) | set(input_types))
 
     template = [None] * len(slots)
     for name, v in consts.items():
@@ -108,7 +107,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     outputs = [(name, slots[name], name not in owned) for name in graph.output_names()]
     plan = Plan(signature=(), steps=steps, slots=slots, template=template,
                 inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
-                types=inf.types, folded=folded, selections=selections, step_io=step_io)
+                types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end)
     plan.build_seconds = time.perf_counter() - t0
     return plan
 
@@ -128,17 +127,18 @@ def _select_or_fold(placement, types, consts, feeds, options, make_runner):
         decision = placement.decisions[node.name]
         contract = get_contract(node.domain, node.op_type, node.opset)
         outs = [o for o in node.outputs if o]
-        foldable = not any(node.subgraphs()) and node.op_type not in NONDETERMINISTIC
+        foldable = folding.may_fold(node)
         if foldable and outs and all(o in consts for o in outs):
             folded.append(node.name)
             continue
         ctx = BindContext(node, contract.attrs_with_defaults(node), [types.get(i) if i else None for i in node.inputs],
                           [types.get(o) if o else None for o in node.outputs],
                           [consts.get(i) if i else None for i in node.inputs], contract=contract)
-        kern, why = _select(decision, ctx, options, make_runner, placement)
+        subgraphs = placement.subgraphs.get(node.name)
+        kern, why = choose_kernel(decision, ctx, options, make_runner, subgraphs)
         if (foldable and options.constant_folding and all(i in consts for i in node.inputs if i)
-                and not (set(node.inputs) & feeds) and _small(ctx.output_types, options.fold_limit_bytes)):
-            for o, r in zip(node.outputs, _run_once(kern, ctx, make_runner, placement)):
+                and not (set(node.inputs) & feeds) and folding.within_limit(ctx.output_types, options)):
+            for o, r in zip(node.outputs, folding.evaluate(kern, ctx, make_runner, subgraphs)):
                 if o and isinstance(r, np.ndarray):
                     consts[o] = r
             if all(o in consts for o in outs):
@@ -160,7 +160,7 @@ def _step_io(node, kern, ctx) -> StepIO:
         if isinstance(t_in, TensorType) and t_in.is_static and t_in.dtype == t_out.dtype \
                 and tuple(t_in.shape) == tuple(t_out.shape):
             inplace[node.outputs[0]] = node.inputs[0]
-    ws = int(kern.workspace(ctx)) if kern.workspace and _is_static(ctx) else 0
+    ws = int(kern.workspace(ctx)) if kern.workspace and is_static(ctx) else 0
     return StepIO([i for i in [*node.inputs, *node.implicit_inputs] if i], [o for o in node.outputs if o],
                   sizes, inplace, aliases, ws)
 
@@ -180,12 +180,16 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
     ws = memory.values.get(f"<workspace {k}>")
     ctx.workspace = arena[ws.offset:ws.offset + ws.bytes] if ws is not None else None
     st = Step()
-    if _is_static(ctx) and _all_empty(ctx.output_types, node.outputs):
+    subgraphs = placement.subgraphs.get(node.name)
+    if is_static(ctx) and _all_empty(ctx.output_types, node.outputs):
         st.fn = _empty_step(ctx.output_types, kern.multi)  # no element to compute: the kernel never runs
-    elif _is_static(ctx) or _shape_free(kern, ctx):
-        st.fn = _bind(kern, ctx, make_runner, placement)
+    elif is_static(ctx) or _shape_free(kern, ctx):
+        st.fn = bind_kernel(kern, ctx, make_runner, subgraphs)
     else:
-        st.fn = _DynamicStep(kern, ctx, make_runner, placement, pool, options.memory_limit())
+        # Pool buffers only for values freed during the run: a graph output goes to the caller.
+        to_caller = [o in keep for o in node.outputs]
+        st.fn = _DynamicStep(kern, ctx, lambda c: bind_kernel(kern, c, make_runner, subgraphs),
+                             pool, options.memory_limit(), to_caller)
     st.ins = tuple(slots[i] if i else -1 for i in node.inputs) + tuple(slots[i] for i in node.implicit_inputs)
     st.outs = tuple(slots[o] if o else -1 for o in node.outputs)
     st.bufs = bufs if kern.multi else bufs[0]
@@ -213,19 +217,22 @@ def _empty_step(types, multi):
     return step
 
 
-def _free_lists(steps, step_io, memory, slots, never):
+def _free_lists(steps, step_io, memory, slots, never) -> tuple:
     """After each step, drop the values nobody reads any more (arena values need no
     freeing; the rest may be big, and pool buffers go back to the pool). A view keeps its
-    base alive: memory.values' last_step already covers the views of a value."""
+    base alive: memory.values' last_step already covers the views of a value. Returns the
+    slots to drop once the run's outputs are taken (bases of outputs that are views)."""
     last = {}
     for k, s in enumerate(step_io):
         for r in s.reads:
             last[r] = k
     for n, pv in memory.values.items():
         last[n] = max(last.get(n, -1), pv.last_step)
+    droppable = {n: at for n, at in last.items() if n in slots and n not in never
+                 and (memory.values.get(n) is None or memory.values[n].offset is None)}
     for k, st in enumerate(steps):
-        st.free = tuple(slots[n] for n, at in last.items() if at == k and n in slots and n not in never
-                        and (memory.values.get(n) is None or memory.values[n].offset is None))
+        st.free = tuple(slots[n] for n, at in droppable.items() if at == k)
+    return tuple(slots[n] for n, at in droppable.items() if at >= len(steps))
 
 
 def _shape_free(kern, ctx) -> bool:
@@ -236,25 +243,22 @@ def _shape_free(kern, ctx) -> bool:
         all(isinstance(t, TensorType) and t.is_static for t, o in zip(ctx.output_types, ctx.node.outputs) if o)
 
 
-def _is_static(ctx) -> bool:
-    """Every tensor input and output shape known: the kernel can be bound for good."""
-    return all(not isinstance(t, TensorType) or t.is_static for t in [*ctx.input_types, *ctx.output_types])
-
-
 class _DynamicStep:
     """A node whose shapes are only known at run time (downstream of NonZero, Loop...).
 
     Per distinct input signature it re-runs the op's meta on the real input shapes,
-    binds the kernel for them, and hands it freshly allocated output buffers: the
-    general case stays correct, and the static case keeps its zero-overhead path.
+    binds the kernel for them, and hands it output buffers of those shapes: from the
+    plan's buffer pool for values the run frees again, freshly allocated for graph
+    outputs (they go to the caller). The general case stays correct, and the static case
+    keeps its zero-overhead path.
     """
 
     MAX_CACHED = 16
 
-    def __init__(self, kern, ctx, make_runner, placement, pool, limit):
-        self.kern, self.ctx = kern, ctx
-        self.make_runner, self.placement = make_runner, placement
+    def __init__(self, kern, ctx, bind, pool, limit, to_caller):
+        self.kern, self.ctx, self.bind = kern, ctx, bind
         self.pool, self.limit = pool, limit
+        self.to_caller = to_caller  # per output: handed to the caller (never a pool buffer)
         self.cache = {}
         self.plain = None  # the bound step of a kernel that is not a builder
         # In a plan with symbolic dims, a plain kernel's output shapes are formulas of its
@@ -267,7 +271,10 @@ class _DynamicStep:
         if self.formula is not None:
             shapes = self.formula.evaluate(args)
             if shapes is not None:
-                return self._run_known(args, shapes)
+                self._check_limit(args, zip(shapes, self.out_dtypes))
+                if self.plain is None:
+                    self.plain = self.bind(self.ctx)
+                return self._run(self.plain, args, list(zip(shapes, self.out_dtypes)))
         # Small integer inputs (shapes, axes, starts) steer output shapes: part of the key.
         key = tuple(((a.shape, a.dtype.str, a.tobytes() if a.dtype.kind in "iu" and a.size <= 64 else None)
                      if isinstance(a, np.ndarray) else type(a).__name__) for a in args)
@@ -278,37 +285,39 @@ class _DynamicStep:
                 self.cache.pop(next(iter(self.cache)))
             self.cache[key] = entry
         fn, alloc = entry
+        return self._run(fn, args, alloc)
+
+    def _run(self, fn, args, alloc):
         if alloc and all(shape is not None and 0 in shape for shape, _ in alloc):
             empties = tuple(np.empty(shape, dt) for shape, dt in alloc)  # nothing to compute
             return empties if self.kern.multi else empties[0]
         if not self.kern.out:
             return fn(*args)
-        empty = self.pool.empty if self.pool is not None else np.empty
-        bufs = [empty(shape, dt) if shape is not None else None for shape, dt in alloc]
-        return fn(*args, out=tuple(bufs) if self.kern.multi else bufs[0])
+        bufs = [self._buffer(shape, dt, k) if shape is not None else None for k, (shape, dt) in enumerate(alloc)]
+        r = fn(*args, out=tuple(bufs) if self.kern.multi else bufs[0])
+        if self.pool is not None:
+            for buf, res in zip(bufs, r if self.kern.multi else (r,)):
+                if buf is not None and res is not buf:  # the kernel answered elsewhere
+                    self.pool.hand_over(buf, res)
+        return r
 
-    def _run_known(self, args, shapes):
-        need = sum(math.prod(sh) * dt.itemsize for sh, dt in zip(shapes, self.out_dtypes))
+    def _buffer(self, shape, dt, k):
+        if self.pool is None or (k < len(self.to_caller) and self.to_caller[k]):
+            return np.empty(shape, dt)
+        return self.pool.empty(shape, dt)
+
+    def _check_limit(self, args, shapes_dtypes):
+        need = sum(math.prod(sh) * dt.itemsize for sh, dt in shapes_dtypes if sh is not None)
         if need > self.limit:
             raise MemoryLimitError(f"{describe_node(self.ctx.node)} would allocate {need:,} bytes for inputs "
                                    f"{[getattr(a, 'shape', None) for a in args]}, over the session's memory "
                                    f"limit of {self.limit:,} bytes")
-        if all(0 in sh for sh in shapes):
-            empties = tuple(np.empty(sh, dt) for sh, dt in zip(shapes, self.out_dtypes))
-            return empties if self.kern.multi else empties[0]
-        if self.plain is None:
-            self.plain = _bind(self.kern, self.ctx, self.make_runner, self.placement)
-        if not self.kern.out:
-            return self.plain(*args)
-        empty = self.pool.empty if self.pool is not None else np.empty
-        bufs = [empty(sh, dt) for sh, dt in zip(shapes, self.out_dtypes)]
-        return self.plain(*args, out=tuple(bufs) if self.kern.multi else bufs[0])
 
     def _prepare(self, args):
         from dataclasses import replace
 
+        from ..ir import type_of_value
         from .infer import infer_node
-        from .runner import type_of_value
 
         node = self.ctx.node
         n_in = len(node.inputs)
@@ -322,110 +331,14 @@ class _DynamicStep:
         out_types = [types.get(o) if o else None for o in node.outputs]
         alloc = [((tuple(t.shape), t.dtype) if isinstance(t, TensorType) and t.is_static and t.dtype != object
                   else (None, None)) for t in out_types]
-        need = sum(math.prod(s) * dt.itemsize for s, dt in alloc if s is not None)
-        if need > self.limit:
-            raise MemoryLimitError(f"{describe_node(node)} would allocate {need:,} bytes for inputs "
-                                   f"{[getattr(a, 'shape', None) for a in args]}, over the session's memory "
-                                   f"limit of {self.limit:,} bytes")
+        self._check_limit(args, alloc)
         if not self.kern.builder:  # a plain function of the inputs: bound once, whatever the shapes
             if self.plain is None:
-                self.plain = _bind(self.kern, self.ctx, self.make_runner, self.placement)
+                self.plain = self.bind(self.ctx)
             return self.plain, alloc
         ctx = replace(self.ctx, input_types=[types.get(i) if i else None for i in node.inputs], output_types=out_types)
         ctx.workspace = None
-        return _bind(self.kern, ctx, self.make_runner, self.placement), alloc
-
-
-def _small(types, limit):
-    total = 0
-    for t in types:
-        if t is None:
-            continue
-        if not isinstance(t, TensorType) or not t.is_static:
-            return False
-        total += int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
-    return total <= limit
-
-
-def _select(decision, ctx, options, make_runner=None, placement=None):
-    """The best eligible kernel for these concrete shapes, and why."""
-    if options.autotune and len(decision.kernels) > 1 and _is_static(ctx):
-        eligible = [k for k in decision.kernels if kernel_reason(k, ctx) is None]
-        if len(eligible) > 1:
-            from . import autotune
-
-            def bind(k):
-                ctx.workspace = None
-                return _bind(k, ctx, make_runner, placement)
-
-            picked = autotune.choose(eligible, ctx, bind, options)
-            if picked is not None:
-                return picked
-    rejected = []
-    for k in decision.kernels:
-        why = kernel_reason(k, ctx)
-        if why is not None:
-            rejected.append(f"{_algorithm(k)}: {why}")
-            continue
-        if decision.fallback:
-            text = "fallback — " + "; ".join(f"{p}: {r}" for p, r in decision.rejected)
-        elif len(decision.kernels) == 1:
-            text = k.doc or f"the only {decision.provider} kernel for {ctx.node.op_type}"
-        else:
-            text = f"{_algorithm(k)} (priority {k.priority})"
-            if rejected:
-                text += " over " + "; ".join(rejected)
-            if k.doc:
-                text += f" — {k.doc}"
-        return k, text
-    raise NodeExecutionError(f"{describe_node(ctx.node)}: no {decision.provider} kernel accepts these "
-                             f"input shapes: {'; '.join(rejected)}")
-
-
-def _algorithm(k) -> str:
-    """'im2col_gemm' for 'cpu.Conv.im2col_gemm'."""
-    return k.name.split(".", 2)[-1] if k.name.count(".") >= 2 else k.name
-
-
-def _bind(kern, ctx, make_runner, placement):
-    ctx.session = _SubgraphAccess(make_runner, placement.subgraphs.get(ctx.node.name, {}))
-    try:
-        return kern.bind(ctx)
-    except GlassrtError:
-        raise
-    except Exception as e:
-        raise NodeExecutionError(f"{describe_node(ctx.node)}: kernel {kern.name} could not be prepared: "
-                                 f"{type(e).__name__}: {e}") from e
-
-
-class _SubgraphAccess:
-    """Given to control-flow kernels: builds runners for the node's (placed) subgraphs."""
-
-    def __init__(self, make_runner, subs):
-        self.make_runner, self.subs = make_runner, subs
-
-    def runner(self, attr, index=None):
-        p = self.subs[attr]
-        return self.make_runner(p[index] if index is not None else p)
-
-
-def _run_once(kern, ctx, make_runner, placement):
-    """Evaluate one node on known inputs now (constant folding)."""
-    ctx.workspace = None
-    fn = _bind(kern, ctx, make_runner, placement)
-    args = [c if n else None for c, n in zip(ctx.const_inputs, ctx.node.inputs)]
-    # Kernels that write into their outputs get real buffers here too, where shapes are known.
-    bufs = [np.empty(t.shape, t.dtype) if o and isinstance(t, TensorType) and t.is_static and t.dtype != object
-            else None for o, t in zip(ctx.node.outputs, ctx.output_types)]
-    try:
-        r = fn(*args, out=tuple(bufs) if kern.multi else bufs[0]) if kern.out else fn(*args)
-    except GlassrtError:
-        raise
-    except Exception as e:
-        raise NodeExecutionError(f"{describe_node(ctx.node)} failed while folding constants on {kern.name}: "
-                                 f"{type(e).__name__}: {e}") from e
-    rs = list(r) if kern.multi else [r]
-    return [np.asarray(x) if isinstance(x, (np.generic, int, float, bool)) else x for x in rs]
+        return self.bind(ctx), alloc
 
 
 def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False):
@@ -463,7 +376,8 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
                 if s >= 0:
                     env[s] = np.asarray(v) if isinstance(v, np.generic) else v
         else:
-            env[st.outs[0]] = r if type(r) is np.ndarray or isinstance(r, (list, type(None))) else np.asarray(r)
+            # NumPy scalars become 0-d arrays; anything else (an array, a sequence, a device value) as is.
+            env[st.outs[0]] = np.asarray(r) if isinstance(r, (np.generic, int, float, bool)) else r
         for s, shape, dt in st.expect:
             v = env[s]
             if isinstance(v, np.ndarray) and (v.shape != shape or v.dtype != dt):
@@ -479,6 +393,11 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
     for name, s, copy in plan.outputs:
         v = env[s]
         res.append(v.copy() if copy and isinstance(v, np.ndarray) else v)
+    if pool is not None and not keep_env:
+        for s in plan.free_at_end:
+            v, env[s] = env[s], None
+            if isinstance(v, np.ndarray):
+                pool.release(v)
     if keep_env:
         return res, {name: env[s] for name, s in plan.slots.items()}
     return res

@@ -12,10 +12,28 @@ from ..kernels.registry import Kernel, kernels_for
 
 class Provider:
     name = "?"
-    device = "cpu"
+    device = "cpu"  # where this provider's tensors live; "cpu" is the host (NumPy arrays)
 
     def kernels(self, domain: str, op_type: str, opset: int) -> list[Kernel]:
         raise NotImplementedError
+
+    # A provider on another device says how its data comes and goes: placement inserts a
+    # glassrt::Transfer step wherever a value crosses, run by the device-side provider.
+    def to_device(self, array):
+        raise NotImplementedError(f"provider '{self.name}' cannot copy host arrays to '{self.device}'")
+
+    def to_host(self, value):
+        raise NotImplementedError(f"provider '{self.name}' cannot copy '{self.device}' values to the host")
+
+    def transfer_kernel(self, src_device: str, dst_device: str) -> Kernel | None:
+        """The kernel of a glassrt::Transfer between the host and this provider's device."""
+        if src_device == "cpu" and dst_device == self.device:
+            fn, what = self.to_device, "host → device"
+        elif src_device == self.device and dst_device == "cpu":
+            fn, what = self.to_host, "device → host"
+        else:
+            return None
+        return Kernel(f"{self.name}.Transfer", self.name, "glassrt", "Transfer", lambda x, **_: fn(x), doc=what)
 
 
 class CpuProvider(Provider):

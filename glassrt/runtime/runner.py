@@ -15,22 +15,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..ir import SequenceType, TensorType
+from ..ir import TensorType, type_of_value  # noqa: F401  (type_of_value re-exported)
 from .memory import BufferPool
 from .plan import compile_plan, run_plan
-
-
-def type_of_value(v):
-    if isinstance(v, np.ndarray):
-        return TensorType(v.dtype, tuple(v.shape))
-    if isinstance(v, list):
-        from ..ops.meta.control import merge
-
-        elem = type_of_value(v[0]) if v else None
-        for x in v[1:]:
-            elem = merge(elem, type_of_value(x))
-        return SequenceType(elem)
-    return None
 
 
 class GraphRunner:

@@ -1,26 +1,32 @@
-"""InferenceSession: onnxruntime's API shape, glassrt's glass box underneath.
+"""Session: the runtime's flow for one model, with onnxruntime's API shape.
 
 load → passes → infer → place happen once, at creation; a plan per input-shape signature
-is compiled on first use and replayed afterwards.
+is compiled on first use (select → plan memory → bind) and replayed afterwards. The
+public `glassrt.InferenceSession` (glassrt/session.py) adds the glass-box views on top
+(`explain`, `profile`), which live in tools/ and read what this class built.
 """
 from __future__ import annotations
 
+import logging
+import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import dtypes, onnx_io, symbolic
-from ..errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, MissingInputError,
-                      UnknownInputError)
+from ..errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, InvalidArgumentError,
+                      MissingInputError, UnknownInputError)
 from ..ir import OptionalType, SequenceType, TensorType
 from ..passes import run_passes
 from . import providers as providers_mod
+from .infer import infer
 from .options import SessionOptions
-from ..passes.fusion import fuse
-from .folding import fold_constants
 from .placement import place
+from .profiling import Profile
 from .runner import GraphRunner
+
+log = logging.getLogger("glassrt")
 
 
 class FallbackWarning(UserWarning):
@@ -66,8 +72,8 @@ def _refine(declared, inferred):
     return TensorType(declared.dtype, tuple(i if unnamed(d) else d for d, i in zip(declared.shape, inferred.shape)))
 
 
-class InferenceSession:
-    """glassrt.InferenceSession(model, providers=None, *, fallback="warn", sess_options=None)
+class Session:
+    """Session(model, providers=None, *, fallback="warn", sess_options=None)
 
     model: a path, bytes or onnx.ModelProto. providers: priority list, default
     ["cpu", "reference"]. fallback: "warn" (run on a later provider, warn once per node,
@@ -83,13 +89,27 @@ class InferenceSession:
             raise GlassrtError(f"providers must be a list of provider names, got {type(providers).__name__} "
                                "(glassrt takes glassrt.SessionOptions, not onnxruntime's)")
         if fallback not in ("warn", "error", "silent"):
-            raise ValueError(f"fallback must be 'warn' or 'error', got {fallback!r}")
+            raise InvalidArgumentError(f"fallback must be 'warn', 'error' or 'silent', got {fallback!r}")
         self.options = sess_options or SessionOptions()
-        _apply_threads(self.options.intra_op_num_threads)
+        self.notes: list[str] = []  # what explain should say about this session's setup
+        _apply_threads(self.options.intra_op_num_threads, self.notes)
         self.providers = providers_mod.make(providers)
+        t0 = time.perf_counter()
         self.graph = onnx_io.load(model, base_dir)
-        self.graph, self.pass_log = run_passes(self.graph)
-        self.placement = place(self.graph, self.providers)
+        self._source = (model, base_dir)
+        self.timings = {"load": time.perf_counter() - t0}
+        # passes → infer → place: each stage a function of the one before (see DESIGN.md).
+        t0 = time.perf_counter()
+        self.graph, found, self.passes = run_passes(self.graph, self.options, self.providers, _infer_symbolic)
+        self.timings["passes"] = time.perf_counter() - t0
+        self.pass_log = [c for r in self.passes for c in r.changes]
+        self.expansions, self.folded = found.expansions, found.folded
+        self._expansion_failures = found.expansion_failures
+        t0 = time.perf_counter()
+        inference = _infer_symbolic(self.graph)
+        self.notes += list(inference.problems.values())
+        self.placement = place(self.graph, inference, self.providers, expansion_failures=self._expansion_failures)
+        self.timings["infer_and_place"] = time.perf_counter() - t0
         self.fallbacks = self.placement.fallbacks
         if self.fallbacks and fallback == "error":
             raise FallbackError(
@@ -98,21 +118,24 @@ class InferenceSession:
         if fallback == "warn":
             for f in self.fallbacks:
                 warnings.warn(f"glassrt fallback: {f}", FallbackWarning, stacklevel=2)
-        self.unfolded_placement = self.placement  # gradients need the nodes folding removes
-        self.placement, self.folded = fold_constants(self.placement, self.options,
-                                                     GraphRunner(self.placement, self.options).make_runner)
-        if self.options.fusion:
-            fused, log = fuse(self.placement.graph)
-            if log:  # the rewritten nodes need decisions of their own
-                self.pass_log += log
-                expansions = self.placement.expansions
-                self.placement = place(fused, self.providers)
-                self.placement.expansions = expansions + self.placement.expansions
         self.runner = GraphRunner(self.placement, self.options)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
-        from ..tools.profile import Profile
-
+        self._lowered = None
         self._profile = Profile()
+
+    def lowered_placement(self):
+        """The model placed after only the passes it needs to run (level "none"): every node
+        as the model wrote it, nothing folded or fused, for gradients. Built on first use
+        from the model as given (reloaded, so the session does not hold two copies)."""
+        if self._lowered is None:
+            from dataclasses import replace
+
+            model, base_dir = self._source
+            options = replace(self.options, graph_optimization_level="none")
+            graph, found, _ = run_passes(onnx_io.load(model, base_dir), options, self.providers, _infer_symbolic)
+            self._lowered = place(graph, _infer_symbolic(graph), self.providers,
+                                  expansion_failures=found.expansion_failures)
+        return self._lowered
 
     # ---------------------------------------------------------------- onnxruntime API
 
@@ -135,8 +158,6 @@ class InferenceSession:
     def run(self, output_names, input_feed: dict, run_options=None) -> list:
         feeds = self._check_feeds(input_feed)
         if self.options.enable_profiling:
-            import time
-
             steps, start = [], time.perf_counter()
             outs = self.runner.run(feeds, profile=steps)
             self._profile.add_run(steps, start, time.perf_counter())
@@ -152,29 +173,13 @@ class InferenceSession:
 
     # ---------------------------------------------------------------- glass box
 
-    def profile(self, input_feed: dict, runs: int = 10, warmup: int = 1):
-        """Time `runs` runs node by node; returns a tools.profile.Profile (tables, Chrome trace)."""
-        from ..tools.profile import profile_session
-
-        return profile_session(self, input_feed, runs, warmup)
-
     def end_profiling(self, path: str | None = None) -> str:
         """Like onnxruntime's: write the Chrome trace of the runs recorded with
         SessionOptions(enable_profiling=True) and return its path."""
-        import time
-
         path = path or f"glassrt_profile_{time.strftime('%Y-%m-%d_%H-%M-%S')}.json"
         self._profile.write_trace(path)
-        from ..tools.profile import Profile
-
         self._profile = Profile()
         return path
-
-    def explain(self, dims: dict | None = None) -> dict:
-        """Every decision as plain data: see tools/explain.py and the README."""
-        from ..tools.explain import explain
-
-        return explain(self, dims)
 
     def gradients(self, input_feed: dict, output: str, wrt: list, grad_output=None) -> list:
         """The gradient of sum(output * grad_output) with respect to each name in `wrt`
@@ -259,7 +264,9 @@ def _check_value(name, value, t, bound):
 _threads_applied = None
 
 
-def _apply_threads(n: int):
+def _apply_threads(n: int, notes: list):
+    """Limit BLAS (and any OpenMP library) and Numba threads, process-wide. A limit that
+    cannot be applied is logged and noted for explain, not ignored."""
     global _threads_applied
     if not n or n == _threads_applied:
         return
@@ -268,11 +275,19 @@ def _apply_threads(n: int):
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(n)
-    except ImportError:
-        pass
+    except Exception as e:
+        notes.append(f"intra_op_num_threads={n} not applied to BLAS: {type(e).__name__}: {e}")
+        log.warning(notes[-1])
     try:
         import numba
 
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    except Exception:
-        pass
+    except Exception as e:
+        notes.append(f"intra_op_num_threads={n} not applied to Numba: {type(e).__name__}: {e}")
+        log.warning(notes[-1])
+
+
+def _infer_symbolic(graph):
+    """Types of every value on the model's declared (symbolic) input types; a static shape
+    error (every input shape known) is raised naming its node."""
+    return infer(graph, {}, strict=False)

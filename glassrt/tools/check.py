@@ -212,7 +212,7 @@ def _custom_decomposition(op, name, attrs, dts):
     from onnx import helper
 
     from ..ops.custom import GraphBuilder
-    from ..runtime.session import InferenceSession
+    from ..runtime.session import Session as InferenceSession
 
     bad = []
     for dt in dts:
@@ -333,7 +333,7 @@ def _samples_by_op(limit=3):
 
 def _native_session(model):
     """A cpu-only session, its warnings kept out of the check's report."""
-    from ..runtime.session import InferenceSession
+    from ..runtime.session import Session as InferenceSession
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -387,7 +387,7 @@ def _builtin_meta_vs_real(case, sess, feeds, outs):
     whose output shape depends on input values (NonZero, Unique...)."""
     from ..ops.registry import get_contract
     from ..runtime.infer import infer
-    from ..runtime.runner import type_of_value
+    from ..ir import type_of_value
 
     graph = sess.placement.graph
     types = {n: type_of_value(v) for n, v in feeds.items()}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..runtime.plan import compile_plan, run_plan
-from ..runtime.runner import type_of_value
+from ..ir import type_of_value
 
 
 def all_values(sess, feeds: dict) -> tuple[dict, list]:
@@ -45,7 +45,7 @@ class Disagreement:
 def first_disagreement(model, feeds: dict, providers_a, providers_b, rtol=1e-4, atol=1e-5):
     """(the first value, in execution order, on which the two provider lists disagree, or
     None; the number of values compared)."""
-    from .. import InferenceSession
+    from ..runtime.session import Session as InferenceSession
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

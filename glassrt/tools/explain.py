@@ -85,12 +85,25 @@ def explain(sess, dims: dict | None = None) -> dict:
 
     values, summary_mem = [], {}
     if plan:
+        outside = {"count": 0, "bytes": 0, "unsized": 0}
         for pv in plan.memory.values.values():
-            values.append({"name": pv.name, "bytes": pv.bytes, "offset": pv.offset, "first_step": pv.first_step,
+            nbytes = pv.bytes
+            if pv.offset is None and pv.kind in ("dynamic", "output"):
+                # Not in the arena: the kernel allocates it per run (or it goes to the caller).
+                t = plan.types.get(pv.name)
+                nbytes = nbytes or (t.nbytes() if isinstance(t, TensorType) and t.is_static else None)
+                outside["count"] += 1
+                if isinstance(nbytes, int):
+                    outside["bytes"] += nbytes
+                else:
+                    outside["unsized"] += 1
+            values.append({"name": pv.name, "bytes": nbytes, "offset": pv.offset, "first_step": pv.first_step,
                            "last_step": pv.last_step, "kind": pv.kind, "shares_with": pv.shares_with})
         m = plan.memory
         summary_mem = {"naive_bytes": m.naive_bytes, "arena_bytes": m.arena_bytes,
-                       "lower_bound_bytes": m.lower_bound_bytes, "arena_over_lower_bound": round(m.ratio, 4)}
+                       "lower_bound_bytes": m.lower_bound_bytes, "arena_over_lower_bound": round(m.ratio, 4),
+                       "values_outside_arena": outside["count"], "outside_arena_bytes": outside["bytes"],
+                       "outside_arena_unsized": outside["unsized"]}
     else:
         summary_mem = {"naive_bytes": None, "arena_bytes": None, "lower_bound_bytes": None,
                        "arena_over_lower_bound": None,
@@ -100,16 +113,19 @@ def explain(sess, dims: dict | None = None) -> dict:
     summary = {
         "nodes": len(nodes), "nodes_per_provider": placement.counts(), "fallback_count": len(fallbacks),
         "fallbacks": fallbacks, "folded_at_load": len(sess.folded), "folded_in_plan": len(folded_in_plan),
-        "expansions": [{"node": n, "op": op, "into_nodes": k, "because": why} for n, op, k, why in placement.expansions],
+        "expansions": [{"node": n, "op": op, "into_nodes": k, "because": why} for n, op, k, why in sess.expansions],
         "transfers": len(placement.transfers),
-        "transfer_list": [{"value": t.value, "from": t.src, "to": t.dst, "consumer": t.consumer}
+        "transfer_list": [{"value": t.value, "from": t.src, "to": t.dst, "consumer": t.consumer, "node": t.node,
+                           "bytes": _dim(t.bytes, dims) if t.bytes is not None else None}
                           for t in placement.transfers],
+        "notes": list(sess.notes),
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         **summary_mem,
     }
     return {
         "inputs": [_type_json(n, t, dims) for n, t in types.items()],
-        "dims": dims, "passes": sess.pass_log, "nodes": nodes, "values": values, "summary": summary,
+        "dims": dims, "passes": [r.to_json() for r in sess.passes], "nodes": nodes, "values": values,
+        "summary": summary,
     }
 
 
@@ -158,6 +174,14 @@ def render(report: dict, console, max_reason: int = 70) -> None:
                           escape(f"{(o['dtype'] or '')}{shape}"), offset, fmt_bytes(v.get("bytes")) if v else "", life,
                           escape(reason) if first else "", style=style)
     console.print(table)
+    passes = Table(title="graph passes, in order", title_justify="left")
+    for col in ("pass", "level", "nodes", "ms", "changed"):
+        passes.add_column(col, overflow="fold")
+    for p in report["passes"]:
+        changed = "; ".join(p["changes"][:3]) + (f" (+{len(p['changes']) - 3} more)" if len(p["changes"]) > 3 else "")
+        passes.add_row(p["name"], p["level"], f"{p['nodes_before']} → {p['nodes_after']}", f"{p['ms']:.1f}",
+                       escape(changed or "nothing"))
+    console.print(passes)
     s = report["summary"]
     per_provider = ", ".join(f"{p}={c}" for p, c in s["nodes_per_provider"].items())
     console.print(f"nodes: {s['nodes']}  per provider: {per_provider}  folded: {s['folded_at_load']} at load, "
@@ -170,10 +194,18 @@ def render(report: dict, console, max_reason: int = 70) -> None:
     for f in s["fallbacks"]:
         console.print(f"  {f['op']} '{f['node']}' → {f['provider']}: {f['reason']}", highlight=False, markup=False)
     console.print(f"FLOPs: {fmt_flops(s['flops'])}   transfers: {s['transfers']}", highlight=False, markup=False)
+    for t in s["transfer_list"]:
+        console.print(f"  '{t['value']}' {t['from']} → {t['to']} ({fmt_bytes(t['bytes'])}) for "
+                      f"{t['consumer'] or 'the caller'}", highlight=False, markup=False)
+    for note in s["notes"]:
+        console.print(f"note: {note}", style="yellow", highlight=False, markup=False)
     if s["arena_bytes"] is not None:
         console.print(f"memory: naive {fmt_bytes(s['naive_bytes'])}, arena {fmt_bytes(s['arena_bytes'])}, "
                       f"lower bound {fmt_bytes(s['lower_bound_bytes'])} (arena / lower bound = "
-                      f"{s['arena_over_lower_bound']:.3f})", highlight=False)
+                      f"{s['arena_over_lower_bound']:.3f}); outside the arena: {s['values_outside_arena']} value(s), "
+                      f"{fmt_bytes(s['outside_arena_bytes'])}" + (f" + {s['outside_arena_unsized']} sized at run time"
+                                                                  if s["outside_arena_unsized"] else ""),
+                      highlight=False)
     else:
         console.print("memory: bind " + ", ".join(f"--dim {d}=N" for d in s["unbound_dims"]) +
                       " to plan the arena", highlight=False, markup=False)

@@ -41,7 +41,7 @@ def gradcheck(sess, feeds: dict, output: str, wrt: list, grad_output=None, *, ep
     if grad_output is None:
         grad_output = rng.standard_normal(y.shape).astype(y.dtype)
     analytic = sess.gradients(feeds, output, wrt, grad_output)
-    init = sess.unfolded_placement.graph.initializers
+    init = sess.lowered_placement().graph.initializers
     worst, msg = 0.0, ""
     for name, g in zip(wrt, analytic):
         base = feeds[name] if name in feeds else init[name]
@@ -70,11 +70,11 @@ def gradcheck(sess, feeds: dict, output: str, wrt: list, grad_output=None, *, ep
 
 def _run_with_initializer(sess, feeds, name, value):
     from ..runtime.plan import compile_plan, run_plan
-    from ..runtime.runner import type_of_value
+    from ..ir import type_of_value
     from dataclasses import replace
 
     all_feeds = {**sess._check_feeds(feeds), name: value}
-    plan = compile_plan(sess.unfolded_placement, {n: type_of_value(v) for n, v in all_feeds.items()},
+    plan = compile_plan(sess.lowered_placement(), {n: type_of_value(v) for n, v in all_feeds.items()},
                         replace(sess.options, constant_folding=False), sess.runner.make_runner)
     return run_plan(plan, all_feeds)
 

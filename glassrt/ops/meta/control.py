@@ -5,23 +5,9 @@ import numpy as np
 
 from ... import symbolic
 from ...ir import OptionalType, SequenceType, TensorType
+from ...ir import merge_types as merge
 from ..registry import meta
 from ._util import axis as norm_axis
-
-
-def merge(a, b):
-    """The most precise type both a and b are instances of."""
-    if a is None or b is None:
-        return None
-    if isinstance(a, TensorType) and isinstance(b, TensorType):
-        if a.dtype != b.dtype:
-            return None
-        if a.shape is None or b.shape is None or len(a.shape) != len(b.shape):
-            return TensorType(a.dtype, None)
-        return TensorType(a.dtype, tuple(x if x == y else symbolic.fresh() for x, y in zip(a.shape, b.shape)))
-    if type(a) is type(b) and isinstance(a, (SequenceType, OptionalType)):
-        return type(a)(merge(a.elem, b.elem))
-    return None
 
 
 def _subgraph_inputs(graph, types):

@@ -1,0 +1,50 @@
+"""Helpers the rewriting passes share: who reads a value, where a node came from."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+
+class Readers:
+    """Who reads each value, indexed once per node list (scanning all nodes per candidate
+    would be quadratic on a 5,000-node transformer)."""
+
+    def __init__(self, graph, nodes):
+        self.outputs = set(graph.output_names())
+        self.by_value = {}
+        for n in nodes:
+            for i in {*n.inputs, *n.implicit_inputs}:
+                self.by_value.setdefault(i, []).append(n)
+
+    def single(self, value):
+        """The one node reading `value`; None if several, none, or it is a graph output."""
+        found = self.by_value.get(value, [])
+        return found[0] if len(found) == 1 and value not in self.outputs else None
+
+
+def producers(nodes) -> dict:
+    return {o: n for n in nodes for o in n.outputs if o}
+
+
+def origin(node, what) -> str:
+    return f"{node.origin + '; ' if node.origin else ''}{what}"
+
+
+def per_channel(c, rank, channels):
+    """c as a float64 vector over axis 1 of a rank-`rank` tensor, or None if it broadcasts otherwise."""
+    if c.ndim == 0 or c.size == 1:
+        return np.full(channels, c.reshape(-1)[0], dtype=np.float64)
+    shape = (1,) * (rank - c.ndim) + c.shape
+    if len(shape) != rank or shape[1] != channels or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    return c.reshape(-1).astype(np.float64)
+
+
+def finish(graph, nodes, initializers, changes):
+    """The rewritten graph, without initializers nothing reads any more."""
+    if not changes:
+        return graph, []
+    read = {i for n in nodes for i in [*n.inputs, *n.implicit_inputs]} | set(graph.output_names()) | \
+        {v.name for v in graph.inputs}
+    return replace(graph, nodes=nodes, initializers={k: v for k, v in initializers.items() if k in read}), changes

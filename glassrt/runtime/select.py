@@ -1,0 +1,172 @@
+"""Kernel selection: which kernels of a provider can run a node, which one is best for
+the concrete shapes of a plan, and binding it.
+
+Placement asks `provider_verdict` once per node on the symbolic types ("can this provider
+run it at all, and with which candidates?"); a plan asks `choose_kernel` per input-shape
+signature ("which candidate for these shapes, and why?") and `bind_kernel` to get the step
+it replays. Constant folding uses the same two to evaluate a node once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import GlassrtError, NodeExecutionError, describe_node
+from ..ir import TensorType
+from ..kernels.registry import BindContext, Kernel
+from ..ops.contract import schema_defaults
+
+# Attributes that never change what an op computes (opsets 1-5's memory hint).
+NO_EFFECT_ATTRS = {"consumed_inputs"}
+_MISSING = object()
+
+
+def kernel_reason(k: Kernel, ctx: BindContext, *, shapes: bool = True) -> str | None:
+    """None if the kernel can run the node, else why not. shapes=False skips the kernel's
+    own predicate (which may need concrete shapes; selection re-checks it per plan)."""
+    since = ctx.since_version
+    if not k.covers_version(since):
+        lo, hi = k.versions
+        return f"{k.name} covers {ctx.node.op_type} versions {lo}..{hi or 'latest'}, node needs version {since}"
+    n_out = max((i + 1 for i, o in enumerate(ctx.node.outputs) if o), default=0)
+    if n_out > 1 and not k.multi:
+        return f"{k.name} computes one output; the node asks for {n_out}"
+    if k.dtypes is not None:
+        dt = _key_dtype(ctx)
+        if dt is not None and dt not in k.dtypes:
+            return f"dtype {dtypes.name(dt)} not covered (covers {', '.join(sorted(dtypes.name(d) for d in k.dtypes))})"
+    if k.attrs is not None:
+        defaults = schema_defaults(ctx.contract.schema) if ctx.contract else {}
+        for a, v in ctx.node.attrs.items():
+            if a not in k.attrs and a not in NO_EFFECT_ATTRS and not _same(defaults.get(a, _MISSING), v):
+                return f"attribute {a}={_short(v)} not supported by {k.name}"
+    if shapes and k.accepts is not None:
+        try:
+            why = k.accepts(ctx)
+        except Exception as e:  # a predicate that can't decide on symbolic shapes says no
+            why = f"{k.name} cannot decide on these shapes ({type(e).__name__}: {e})"
+        if why:
+            return why if isinstance(why, str) else f"{k.name} does not accept this node"
+    return None
+
+
+def _same(a, b):
+    try:
+        return bool(np.all(np.asarray(a) == np.asarray(b))) and np.shape(a) == np.shape(b)
+    except Exception:
+        return False
+
+
+def _short(v):
+    s = repr(v)
+    return s if len(s) < 40 else s[:37] + "..."
+
+
+def _key_dtype(ctx: BindContext):
+    """The dtype kernels are chosen by: the first given input's (unknown when its producer's
+    type is: judging by a later input, e.g. a float scale, would give a misleading reason),
+    or the first output's for nodes without inputs."""
+    given = [t for name, t in zip(ctx.node.inputs, ctx.input_types) if name]
+    if given:
+        return given[0].dtype if isinstance(given[0], TensorType) else None
+    for t in ctx.output_types:
+        if isinstance(t, TensorType):
+            return t.dtype
+    return None
+
+
+def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
+    """(candidate kernels best first, reason). The provider can run the node when at
+    least one kernel passes every check on the symbolic shapes; the candidates are all
+    kernels that pass the shape-independent checks, for selection to choose from per plan."""
+    ks = provider.kernels(node.domain, node.op_type, node.opset)
+    if not ks:
+        return [], f"no {provider.name} kernel for {node.op_type}" + (f" (domain {node.domain})" if node.domain else "")
+    candidates, ok, why = [], [], []
+    for k in ks:
+        r = kernel_reason(k, ctx, shapes=False)
+        if r:
+            why.append(r)
+            continue
+        candidates.append(k)
+        r = kernel_reason(k, ctx)
+        (why.append(r) if r else ok.append(k))
+    if ok or (candidates and not _all_static(ctx)):
+        candidates.sort(key=lambda k: -k.priority)
+        return candidates, f"{provider.name} has {node.op_type} kernel(s): {', '.join(k.name for k in candidates)}"
+    return [], "; ".join(dict.fromkeys(why))
+
+
+def _all_static(ctx) -> bool:
+    return all(t is None or not isinstance(t, TensorType) or t.is_static for t in ctx.input_types)
+
+
+def is_static(ctx) -> bool:
+    """Every tensor input and output shape known: the kernel can be bound for good."""
+    return all(not isinstance(t, TensorType) or t.is_static for t in [*ctx.input_types, *ctx.output_types])
+
+
+def choose_kernel(decision, ctx, options, make_runner=None, subgraphs=None):
+    """The best eligible kernel of the decision's provider for these concrete shapes, and why."""
+    if options.autotune and len(decision.kernels) > 1 and is_static(ctx):
+        eligible = [k for k in decision.kernels if kernel_reason(k, ctx) is None]
+        if len(eligible) > 1:
+            from . import autotune
+
+            def bind(k):
+                ctx.workspace = None
+                return bind_kernel(k, ctx, make_runner, subgraphs)
+
+            picked = autotune.choose(eligible, ctx, bind, options)
+            if picked is not None:
+                return picked
+    rejected = []
+    for k in decision.kernels:
+        why = kernel_reason(k, ctx)
+        if why is not None:
+            rejected.append(f"{algorithm(k)}: {why}")
+            continue
+        if decision.fallback:
+            text = "fallback — " + "; ".join(f"{p}: {r}" for p, r in decision.rejected)
+        elif len(decision.kernels) == 1:
+            text = k.doc or f"the only {decision.provider} kernel for {ctx.node.op_type}"
+        else:
+            text = f"{algorithm(k)} (priority {k.priority})"
+            if rejected:
+                text += " over " + "; ".join(rejected)
+            if k.doc:
+                text += f" — {k.doc}"
+        return k, text
+    raise NodeExecutionError(f"{describe_node(ctx.node)}: no {decision.provider} kernel accepts these "
+                             f"input shapes: {'; '.join(rejected)}")
+
+
+def algorithm(k) -> str:
+    """'im2col_gemm' for 'cpu.Conv.im2col_gemm'."""
+    return k.name.split(".", 2)[-1] if k.name.count(".") >= 2 else k.name
+
+
+def bind_kernel(kern, ctx, make_runner=None, subgraphs=None):
+    """The step the plan replays for this node. `subgraphs` ({attr: placement}) and
+    `make_runner` let control-flow kernels run their bodies."""
+    ctx.session = SubgraphAccess(make_runner, subgraphs or {})
+    try:
+        return kern.bind(ctx)
+    except GlassrtError:
+        raise
+    except Exception as e:
+        raise NodeExecutionError(f"{describe_node(ctx.node)}: kernel {kern.name} could not be prepared: "
+                                 f"{type(e).__name__}: {e}") from e
+
+
+class SubgraphAccess:
+    """Given to control-flow kernels: builds runners for the node's (placed) subgraphs."""
+
+    def __init__(self, make_runner, subs):
+        self.make_runner, self.subs = make_runner, subs
+
+    def runner(self, attr, index=None):
+        if self.make_runner is None:
+            raise GlassrtError("this node's subgraphs cannot run here (no runner was given)")
+        p = self.subs[attr]
+        return self.make_runner(p[index] if index is not None else p)
