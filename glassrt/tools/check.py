@@ -457,7 +457,7 @@ def _builtin_dynamic(case, sess, inputs, outs):
 def _builtin_decomposition(name, key, samples):
     from ..kernels import registry
 
-    from ..runtime.plan import NONDETERMINISTIC
+    from ..runtime.folding import NONDETERMINISTIC
 
     domain, op = key
     if op in NONDETERMINISTIC:

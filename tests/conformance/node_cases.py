@@ -173,6 +173,7 @@ def main(argv=None):
     ap.add_argument("--op")
     ap.add_argument("-v", "--verbose", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--results", help="write the per-op table here (tests/conformance/RESULTS.md to regenerate it)")
     a = ap.parse_args(argv)
     res = run_all(tuple(a.mode or MODES), a.op)
     print(json.dumps(summarize(res)))
@@ -183,6 +184,8 @@ def main(argv=None):
                     print(f"{m:8} {st:11} {name}: {msg[:240]}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
+    if a.results:
+        Path(a.results).write_text(per_op_table(res))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,119 @@
+"""The pass pipeline on graphs nobody checked: a small model that gives every pass work
+(BatchNormalization and per-channel Mul/Add to fold into convs, a residual, Relu and Clip
+to fuse, GELU written out, a constant subgraph to fold), mutated at random — parameter
+shapes, dtypes, attributes, wiring. Creating a session and running it must end in a
+result or a GlassrtError that names a node; never a bare NumPy or Python exception."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import glassrt
+from glassrt.errors import GlassrtError
+
+from .helpers import init, model, tensor
+
+C = 4
+
+
+def _rich_model():
+    rng = np.random.default_rng(0)
+    w = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "s1", "bb1", "m1", "v1"], ["n1"], name="bn1"),
+        helper.make_node("Relu", ["n1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c2", "scale"], ["ms"], name="mul"),
+        helper.make_node("Add", ["ms", "shift"], ["as"], name="add_shift"),
+        helper.make_node("Add", ["as", "r1"], ["res"], name="residual"),
+        helper.make_node("Clip", ["res", "lo", "hi"], ["cl"], name="clip"),
+        helper.make_node("Shape", ["cl"], ["shp"], name="shape"),
+        helper.make_node("ConstantOfShape", ["shp"], ["ones"], name="fill", value=helper.make_tensor("v", 1, [1], [0.5])),
+        helper.make_node("Mul", ["cl", "ones"], ["half"], name="halve"),
+        helper.make_node("Div", ["half", "sqrt2"], ["d"], name="div"),
+        helper.make_node("Erf", ["d"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["a1"], name="add_one"),
+        helper.make_node("Mul", ["half", "a1"], ["g"], name="mul_x"),
+        helper.make_node("Mul", ["g", "point5"], ["y"], name="mul_half"),
+    ]
+    inits = [init("w1", w(C, 3, 3, 3)), init("b1", w(C)), init("s1", np.abs(w(C)) + 0.5), init("bb1", w(C)),
+             init("m1", w(C)), init("v1", np.abs(w(C)) + 0.5), init("w2", w(C, C, 3, 3)),
+             init("scale", w(1, C, 1, 1)), init("shift", w(C, 1, 1)), init("lo", np.float32(-1)),
+             init("hi", np.float32(6)), init("sqrt2", np.float32(np.sqrt(2))), init("one", np.float32(1)),
+             init("point5", np.float32(0.5))]
+    return model(nodes, [tensor("x", ["N", 3, 6, 6])], [tensor("y", None)], inits, opset=17)
+
+
+def _mutate(m: onnx.ModelProto, rng) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    g = out.graph
+    for _ in range(int(rng.integers(1, 3))):
+        kind = rng.integers(0, 6)
+        if kind == 0:  # an initializer of another shape
+            t = g.initializer[int(rng.integers(len(g.initializer)))]
+            a = numpy_helper.to_array(t)
+            shape = list(a.shape) or [1]
+            axis = int(rng.integers(len(shape)))
+            shape[axis] = int(rng.choice([0, 1, 2, 3, 5, 16]))
+            t.CopyFrom(numpy_helper.from_array(rng.standard_normal(shape).astype(a.dtype), t.name))
+        elif kind == 1:  # another dtype
+            t = g.initializer[int(rng.integers(len(g.initializer)))]
+            a = numpy_helper.to_array(t)
+            t.CopyFrom(numpy_helper.from_array(a.astype(rng.choice([np.float64, np.int64, np.float16])), t.name))
+        elif kind == 2:  # an initializer of another rank
+            t = g.initializer[int(rng.integers(len(g.initializer)))]
+            a = numpy_helper.to_array(t)
+            t.CopyFrom(numpy_helper.from_array(a.reshape(-1) if a.ndim > 1 else a.reshape(1, 1, -1), t.name))
+        elif kind == 3:  # an attribute set to something odd
+            n = g.node[int(rng.integers(len(g.node)))]
+            name = str(rng.choice(["pads", "group", "epsilon", "kernel_shape", "strides", "dilations", "axis"]))
+            value = {"pads": [int(v) for v in rng.integers(-1, 3, 4)], "group": int(rng.choice([0, 2, 3, 4])),
+                     "epsilon": float(rng.choice([-1.0, 0.0, 1e9])), "kernel_shape": [int(v) for v in rng.integers(0, 4, 2)],
+                     "strides": [int(v) for v in rng.integers(0, 3, 2)], "dilations": [int(v) for v in rng.integers(0, 3, 2)],
+                     "axis": int(rng.integers(-5, 5))}[name]
+            del n.attribute[:]
+            n.attribute.append(helper.make_attribute(name, value))
+        elif kind == 4:  # rewired: an input replaced by another value of the graph
+            n = g.node[int(rng.integers(len(g.node)))]
+            names = [i.name for i in g.initializer] + [o for k in g.node for o in k.output] + ["x"]
+            if n.input:
+                n.input[int(rng.integers(len(n.input)))] = str(rng.choice(names))
+        else:  # an optional input dropped or an extra one added
+            n = g.node[int(rng.integers(len(g.node)))]
+            if len(n.input) > 1 and rng.random() < 0.5:
+                del n.input[-1]
+            else:
+                n.input.append(str(rng.choice([i.name for i in g.initializer])))
+    return out
+
+
+def test_the_unmutated_model_fires_every_pass_and_matches_no_optimization():
+    m = _rich_model()
+    x = np.random.default_rng(1).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    sess = glassrt.InferenceSession(m, providers=["cpu"])
+    fired = {r.name for r in sess.passes if r.changes}
+    assert {"fold_affine_into_conv", "fold_batchnorm_into_conv", "fuse_conv_residual", "fuse_conv_activation",
+            "fuse_gelu"} <= fired, fired
+    plain = glassrt.InferenceSession(m, providers=["cpu"],
+                                     sess_options=glassrt.SessionOptions(graph_optimization_level="none"))
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], plain.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_mutated_models_end_in_a_result_or_a_glassrt_error(seed):
+    rng = np.random.default_rng(seed)
+    m = _mutate(_rich_model(), rng)
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            sess = glassrt.InferenceSession(m.SerializeToString())
+            sess.run(None, {"x": x})
+        except GlassrtError as e:
+            assert str(e), "an error must say what is wrong"

@@ -1,0 +1,319 @@
+"""Each stage of the flow on its own, on crafted graphs: load → passes → infer → place →
+plan memory → compile → run. The other tests go through InferenceSession; these call the
+stage functions directly, so a stage that breaks is named by the test that fails."""
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+import sympy
+from onnx import helper
+
+import glassrt
+from glassrt import onnx_io
+from glassrt.errors import GlassrtError, ShapeInferenceError, UnsupportedOperatorError
+from glassrt.ir import TensorType
+from glassrt.passes import PIPELINE, run_passes, selected
+from glassrt.runtime import providers as providers_mod
+from glassrt.runtime.infer import infer
+from glassrt.runtime.memory import StepIO, plan_memory
+from glassrt.runtime.options import SessionOptions
+from glassrt.runtime.placement import place
+from glassrt.runtime.plan import compile_plan, run_plan
+from glassrt.runtime.runner import GraphRunner
+
+from .helpers import init, model, tensor
+
+
+def _graph(nodes, inputs, outputs, inits=(), opset=18):
+    return onnx_io.load(model(nodes, inputs, outputs, inits, opset=opset))
+
+
+def _typed_placement(graph, providers=("cpu",)):
+    provs = providers_mod.make(list(providers))
+    return place(graph, infer(graph, {}, strict=False), provs)
+
+
+# ---------------------------------------------------------------- infer
+
+
+def test_infer_keeps_symbolic_dims_and_propagates_shape_values():
+    g = _graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Shape", ["h"], ["s"]),
+                helper.make_node("Reshape", ["x", "s2"], ["r"])],
+               [tensor("x", ["batch", 4])], [tensor("h", None), tensor("s", None), tensor("r", None)],
+               [init("w", np.ones((4, 3), np.float32)), init("s2", np.array([-1, 2], np.int64))])
+    inf = infer(g, {}, strict=False)
+    batch = sympy.Symbol("batch", positive=True, integer=True)
+    assert inf.types["h"] == TensorType(np.dtype(np.float32), (batch, 3))
+    assert list(inf.values["s"]) == [batch, 3]  # Shape's value is known, symbolically
+    assert inf.types["r"].shape == (2 * batch, 2)
+    concrete = infer(g, {"x": TensorType(np.dtype(np.float32), (5, 4))})
+    assert concrete.types["r"].shape == (10, 2)
+
+
+def test_infer_names_the_node_of_a_static_shape_error():
+    g = _graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [tensor("x", [2, 4])], [tensor("y", None)],
+               [init("w", np.ones((5, 3), np.float32))])
+    with pytest.raises(ShapeInferenceError, match="MatMul node 'mm'"):
+        infer(g, {}, strict=False)
+
+
+def test_infer_records_rather_than_raises_on_symbolic_inputs():
+    """On the model's symbolic types a contradiction may be a matter of the dims' values:
+    it is recorded (explain shows it) and only raised once real shapes come."""
+    g = _graph([helper.make_node("Concat", ["x", "w"], ["y"], name="cat", axis=1)], [tensor("x", [2, "k"])],
+               [tensor("y", None)], [init("w", np.ones((3, 3), np.float32))])
+    inf = infer(g, {}, strict=False)
+    assert "Concat node 'cat'" in inf.problems["cat"] and inf.types["y"].shape is None
+    with pytest.raises(ShapeInferenceError, match="Concat node 'cat'"):
+        infer(g, {"x": TensorType(np.dtype(np.float32), (2, 4))})  # strict, with a real shape
+
+
+# ---------------------------------------------------------------- place
+
+
+def test_place_records_why_each_provider_was_skipped():
+    from glassrt.kernels.registry import Kernel
+    from glassrt.runtime.providers import Provider
+
+    class OnlyRelu(Provider):
+        name = "only_relu"
+
+        def kernels(self, domain, op_type, opset):
+            return [Kernel("only_relu.Relu", self.name, "", "Relu", lambda x: np.maximum(x, 0))] \
+                if op_type == "Relu" else []
+
+    g = _graph([helper.make_node("Relu", ["x"], ["a"], name="r"), helper.make_node("Neg", ["a"], ["y"], name="n")],
+               [tensor("x", [3])], [tensor("y", [3])])
+    p = place(g, infer(g, {}, strict=False), [OnlyRelu(), *providers_mod.make(["cpu"])])
+    assert p.decisions["r"].provider == "only_relu" and not p.decisions["r"].fallback
+    neg = p.decisions["n"]
+    assert neg.provider == "cpu" and neg.fallback
+    assert neg.rejected == [("only_relu", "no only_relu kernel for Neg")]
+    assert [f.node for f in p.fallbacks] == ["n"]
+    assert p.counts() == {"only_relu": 1, "cpu": 1}
+
+
+def test_place_refuses_an_unknown_op_naming_it():
+    g = onnx_io.load(model([helper.make_node("NoSuchOp", ["x"], ["y"], name="mystery", domain="nowhere")],
+                           [tensor("x", [3])], [tensor("y", [3])], domains={"nowhere": 1}))
+    with pytest.raises(UnsupportedOperatorError, match="NoSuchOp node 'mystery'.*no such operator"):
+        _typed_placement(g)
+
+
+def test_place_does_not_rewrite_the_graph():
+    """Placement only places: the nodes it returns are the ones it was given (no expansion)."""
+    g = _graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])],
+               [tensor("x", [3])], [tensor("y", [3])])
+    p = _typed_placement(g)
+    assert [n.op_type for n in p.graph.nodes] == ["Relu", "Neg"] and p.transfers == []
+
+
+# ---------------------------------------------------------------- passes
+
+
+def _passes(graph, level="all", providers=("cpu",), **options):
+    opts = SessionOptions(graph_optimization_level=level, **options)
+    return run_passes(graph, opts, providers_mod.make(list(providers)), lambda g: infer(g, {}, strict=False))
+
+
+def _conv_bn_relu(bn_mean_size=4, extra_reader=False, output_mid=False):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["n"], name="bn"),
+             helper.make_node("Relu", ["n"], ["y"], name="relu")]
+    outputs = [tensor("y", None)]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["c"], ["z"], name="other_reader"))
+        outputs.append(tensor("z", None))
+    if output_mid:
+        outputs.append(tensor("n", None))
+    inits = [init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32)), init("b", np.zeros(4, np.float32)),
+             init("s", np.ones(4, np.float32)), init("bb", np.zeros(4, np.float32)),
+             init("m", rng.standard_normal(bn_mean_size).astype(np.float32)),
+             init("v", np.ones(4, np.float32))]
+    return model(nodes, [tensor("x", [1, 3, 8, 8])], outputs, inits)
+
+
+def test_pass_levels_select_passes_and_every_run_is_recorded():
+    names = lambda level: [p.name for p in selected(PIPELINE, SessionOptions(graph_optimization_level=level))]  # noqa
+    assert names("none") == ["expand_composites"]
+    assert "fold_constants" in names("basic") and "fuse_conv_activation" not in names("basic")
+    assert "fuse_conv_activation" in names("extended") and names("all") == [p.name for p in PIPELINE]
+    assert names("ORT_ENABLE_BASIC") == names("basic") and names(99) == names("all")
+    with pytest.raises(glassrt.InvalidArgumentError, match="graph_optimization_level"):
+        names("fastest")
+    graph, ctx, records = _passes(onnx_io.load(_conv_bn_relu()))
+    assert [r.name for r in records] == names("all")
+    by_name = {r.name: r for r in records}
+    assert by_name["fold_batchnorm_into_conv"].changes == ["fold BatchNormalization 'bn' into Conv 'conv'"]
+    assert by_name["fold_batchnorm_into_conv"].nodes_before == 3 and by_name["fold_batchnorm_into_conv"].nodes_after == 2
+    assert [n.op_type for n in graph.nodes] == ["FusedConv"]
+
+
+def test_fusions_that_must_not_fire():
+    # The conv output has a second reader: BatchNormalization cannot go into its weights.
+    g, _, records = _passes(onnx_io.load(_conv_bn_relu(extra_reader=True)))
+    assert [n.op_type for n in g.nodes] == ["Conv", "FusedBatchNormalization", "Neg"]  # BN + Relu, not into the conv
+    # The BatchNormalization output is a graph output: the Relu may not swallow it.
+    g, _, _ = _passes(onnx_io.load(_conv_bn_relu(output_mid=True)))
+    assert "Relu" in [n.op_type for n in g.nodes]
+    # A residual that broadcasts is not the conv output's shape: no residual fusion.
+    rng = np.random.default_rng(1)
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+               helper.make_node("Add", ["c", "bias"], ["y"], name="add")],
+              [tensor("x", [1, 2, 4, 4])], [tensor("y", None)],
+              [init("w", rng.standard_normal((2, 2, 1, 1)).astype(np.float32)),
+               init("bias", rng.standard_normal((1, 2, 4, 1)).astype(np.float32))])
+    g, _, _ = _passes(onnx_io.load(m))
+    assert [n.op_type for n in g.nodes] == ["Conv", "Add"]
+    # Clip with bounds known only at run time stays a Clip.
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+               helper.make_node("Clip", ["c", "lo", "hi"], ["y"], name="clip")],
+              [tensor("x", [1, 2, 4, 4]), tensor("lo", []), tensor("hi", [])], [tensor("y", None)],
+              [init("w", rng.standard_normal((2, 2, 1, 1)).astype(np.float32))])
+    g, _, _ = _passes(onnx_io.load(m))
+    assert [n.op_type for n in g.nodes] == ["Conv", "Clip"]
+    # x·0.6·(1 + erf(x/√2)) is not GELU.
+    m = model([helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+               helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+               helper.make_node("Mul", ["m", "c"], ["y"])],
+              [tensor("x", [4])], [tensor("y", None)],
+              [init("sqrt2", np.float32(np.sqrt(2))), init("one", np.float32(1)), init("c", np.float32(0.6))])
+    g, _, _ = _passes(onnx_io.load(m))
+    assert "Gelu" not in [n.op_type for n in g.nodes]
+
+
+def test_passes_on_a_malformed_model_raise_a_glassrt_error_naming_the_node():
+    """BatchNormalization's mean has 3 values where the conv has 4 channels: the folding
+    pass leaves it alone and the type check names the node (never a NumPy broadcast error)."""
+    with pytest.raises(ShapeInferenceError, match="BatchNormalization node 'bn'"):
+        glassrt.InferenceSession(_conv_bn_relu(bn_mean_size=3), providers=["cpu"])
+
+
+def test_a_failing_decomposition_is_shown_not_hidden():
+    op = glassrt.custom_op("stage_tests::halve(Tensor x) -> Tensor", dtypes=[np.float32])
+    op.register_meta(lambda x: x)
+
+    def broken(g, x):
+        raise RuntimeError("the decomposition has a bug")
+
+    op.register_decomposition(broken)
+    m = model([helper.make_node("halve", ["x"], ["y"], name="h", domain="stage_tests")], [tensor("x", [2])],
+              [tensor("y", [2])], domains={"stage_tests": 1})
+    with pytest.raises(UnsupportedOperatorError, match="decomposition failed: RuntimeError: the decomposition has a bug"):
+        glassrt.InferenceSession(m, providers=["cpu"])
+
+
+def test_folding_honours_fold_limit_bytes():
+    m = model([helper.make_node("ConstantOfShape", ["shape"], ["big"], name="fill",
+                                value=helper.make_tensor("v", 1, [1], [1.0])),
+               helper.make_node("Add", ["x", "big"], ["y"], name="add")],
+              [tensor("x", [256, 1024])], [tensor("y", [256, 1024])], [init("shape", np.array([256, 1024], np.int64))])
+    small = glassrt.InferenceSession(m, providers=["cpu"], sess_options=SessionOptions(fold_limit_bytes=1 << 19))
+    assert small.folded == [] and "big" not in small.graph.initializers
+    big = glassrt.InferenceSession(m, providers=["cpu"])
+    assert big.folded == ["fill"] and big.graph.initializers["big"].shape == (256, 1024)
+    x = np.ones((256, 1024), np.float32)
+    np.testing.assert_array_equal(small.run(None, {"x": x})[0], big.run(None, {"x": x})[0])
+
+
+# ---------------------------------------------------------------- memory planner
+
+
+def _first_fit(order, sizes, lives):
+    placed, top = [], 0
+    for i in order:
+        busy = sorted((o, o + sizes[j]) for j, o in placed if lives[j][0] <= lives[i][1] and lives[i][0] <= lives[j][1])
+        offset = 0
+        for lo, hi in busy:
+            if lo - offset >= sizes[i]:
+                break
+            offset = max(offset, hi)
+        placed.append((i, offset))
+        top = max(top, offset + sizes[i])
+    return top
+
+
+def _optimum(sizes, lives):
+    """The smallest arena: first-fit at the lowest free offset, in the best of all orders
+    (placing an optimal packing's buffers by increasing offset reproduces it or better)."""
+    return min(_first_fit(order, sizes, lives) for order in itertools.permutations(range(len(sizes))))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_memory_planner_reaches_the_optimum_on_small_cases(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 7))
+    sizes = [int(rng.integers(1, 9)) * 64 for _ in range(n)]
+    # Value i is produced by step i and last read by a later step.
+    last = [int(rng.integers(i + 1, n + 1)) for i in range(n)]
+    steps = []
+    for k in range(n + 1):
+        reads = [f"v{i}" for i in range(n) if last[i] == k]
+        writes = [f"v{k}"] if k < n else ["out"]
+        sizes_k = {f"v{k}": sizes[k]} if k < n else {}
+        steps.append(StepIO(reads, writes, sizes_k))
+    plan = plan_memory(steps, keep={"out"})
+    lives = [(i, last[i]) for i in range(n)]
+    assert plan.arena_bytes == _optimum(sizes, lives)
+    assert plan.lower_bound_bytes <= plan.arena_bytes
+    # No two values live at the same step share bytes.
+    vals = [plan.values[f"v{i}"] for i in range(n)]
+    for a, b in itertools.combinations(vals, 2):
+        if a.first_step <= b.last_step and b.first_step <= a.last_step:
+            assert a.offset + a.bytes <= b.offset or b.offset + b.bytes <= a.offset
+
+
+def test_memory_planner_reuses_a_dying_input_in_place_and_keeps_views_alive():
+    steps = [StepIO(["x"], ["a"], {"a": 256}),
+             StepIO(["a"], ["b"], {"b": 256}, inplace={"b": "a"}),  # a dies here: b takes its bytes
+             StepIO(["b"], ["v"], {}, aliases={"v": "b"}),  # v is a view of b
+             StepIO(["v"], ["c"], {"c": 256}),
+             StepIO(["c"], ["y"], {})]
+    plan = plan_memory(steps, keep={"y"})
+    assert plan.values["b"].offset == plan.values["a"].offset and plan.values["b"].kind == "inplace"
+    assert plan.values["v"].kind == "alias"
+    assert plan.values["c"].offset != plan.values["b"].offset  # b lives on through its view v
+    assert plan.arena_bytes == plan.lower_bound_bytes == 512
+
+
+# ---------------------------------------------------------------- compile and run
+
+
+def test_compile_plan_then_replay_writes_into_the_same_arena():
+    rng = np.random.default_rng(0)
+    g = _graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["r"]),
+                helper.make_node("Add", ["r", "r"], ["y"], name="add")],
+               [tensor("x", ["batch", 8])], [tensor("y", None)],
+               [init("w", rng.standard_normal((8, 16)).astype(np.float32))])
+    placement = _typed_placement(g)
+    opts = SessionOptions()
+    runner = GraphRunner(placement, opts)
+    plan = compile_plan(placement, {"x": TensorType(np.dtype(np.float32), (4, 8))}, opts, runner.make_runner,
+                        pool=runner.pool)
+    assert [s.node.name for s in plan.steps] == ["mm", placement.graph.nodes[1].name, "add"]
+    assert plan.memory.values["h"].offset is not None and plan.memory.values["y"].kind == "output"
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    expected = 2 * np.maximum(x @ g.initializers["w"], 0)
+    arena = plan.arena.__array_interface__["data"][0]
+    for _ in range(2):
+        y, = run_plan(plan, {"x": x})
+        np.testing.assert_allclose(y, expected, rtol=1e-6)
+    assert plan.arena.__array_interface__["data"][0] == arena
+    y2, = run_plan(plan, {"x": x})
+    assert y2 is not y and not np.shares_memory(y2, plan.arena)  # outputs are the caller's
+
+
+def test_run_plan_names_the_node_whose_kernel_fails():
+    m = model([helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape")],
+              [tensor("x", ["n"]), tensor("s", [2], 7)], [tensor("y", None)])
+    placement = _typed_placement(onnx_io.load(m))
+    opts = SessionOptions()
+    runner = GraphRunner(placement, opts)
+    plan = compile_plan(placement, {"x": TensorType(np.dtype(np.float32), (6,)),
+                                    "s": TensorType(np.dtype(np.int64), (2,))}, opts, runner.make_runner)
+    with pytest.raises(GlassrtError, match="Reshape node 'reshape'"):
+        run_plan(plan, {"x": np.ones(6, np.float32), "s": np.array([4, 4], np.int64)})
