@@ -107,7 +107,7 @@ def _model_arg(model):
 def run(model, inputs, dims, providers, strict, save, runs):
     """Run MODEL (default: the embedded light_resnet50 from the onnx package) and report."""
     from . import InferenceSession
-    from .runtime.session import FallbackWarning
+    from .session import FallbackWarning
 
     source, default_name = _model_arg(model)
     try:

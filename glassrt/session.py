@@ -1,19 +1,294 @@
-"""glassrt.InferenceSession: the runtime's Session (runtime/session.py) with the glass-box
-views on top — `explain` and `profile` live in tools/ and read what the runtime built."""
+"""Session: the flow for one model, with onnxruntime's API shape.
+
+load → passes → infer → place happen once, at creation; a plan per input-shape signature
+is compiled on first use (select → plan memory → bind) and replayed afterwards. The
+stages are runtime/ and passes/; this module only strings them together. The public
+`glassrt.InferenceSession` (api.py) adds the glass-box views on top (`explain`,
+`profile`), which live in tools/ and read what this class built.
+"""
 from __future__ import annotations
 
-from .runtime.session import FallbackWarning, NodeArg, Session  # noqa: F401  (re-exported)
-from .tools.explain import explain as _explain
-from .tools.profile import profile_session
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import dtypes, onnx_io, symbolic
+from .errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, InvalidArgumentError,
+                      MissingInputError, UnknownInputError)
+from .ir import OptionalType, SequenceType, TensorType
+from .passes import run_passes
+from .runtime import providers as providers_mod
+from .runtime.infer import infer
+from .runtime.options import SessionOptions
+from .runtime.placement import place
+from .runtime.profiling import Profile
+from .runtime.runner import GraphRunner
+
+log = logging.getLogger("glassrt")
 
 
-class InferenceSession(Session):
-    __doc__ = Session.__doc__
+class FallbackWarning(UserWarning):
+    """A node runs on a later provider than the first in the priority list."""
 
-    def explain(self, dims: dict | None = None) -> dict:
-        """Every decision as plain data: see tools/explain.py and the README."""
-        return _explain(self, dims)
 
-    def profile(self, input_feed: dict, runs: int = 10, warmup: int = 1):
-        """Time `runs` runs node by node; returns a runtime.profiling.Profile (tables, Chrome trace)."""
-        return profile_session(self, input_feed, runs, warmup)
+@dataclass
+class NodeArg:
+    """Like onnxruntime's NodeArg: name, shape (ints, strings for symbolic dims, None), type."""
+
+    name: str
+    shape: list
+    type: str
+
+    def __repr__(self):
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+
+def _node_arg(name, t) -> NodeArg:
+    if isinstance(t, TensorType):
+        shape = None if t.shape is None else [
+            d if isinstance(d, int) else (None if str(d).startswith("unk__") else str(d)) for d in t.shape]
+        return NodeArg(name, shape, dtypes.ort_type_string(t.dtype))
+    if isinstance(t, SequenceType):
+        inner = _node_arg(name, t.elem).type if t.elem is not None else "unknown"
+        return NodeArg(name, [], f"seq({inner})")
+    if isinstance(t, OptionalType):
+        inner = _node_arg(name, t.elem).type if t.elem is not None else "unknown"
+        return NodeArg(name, [], f"optional({inner})")
+    return NodeArg(name, None, "unknown")
+
+
+def _refine(declared, inferred):
+    if declared is None:
+        return inferred
+    if not isinstance(declared, TensorType) or not isinstance(inferred, TensorType) or inferred.dtype != declared.dtype:
+        return declared
+    if declared.shape is None:
+        return inferred
+    if inferred.shape is None or len(inferred.shape) != len(declared.shape):
+        return declared
+    unnamed = lambda d: not isinstance(d, int) and str(d).startswith("unk__")  # noqa: E731
+    return TensorType(declared.dtype, tuple(i if unnamed(d) else d for d, i in zip(declared.shape, inferred.shape)))
+
+
+class Session:
+    """Session(model, providers=None, *, fallback="warn", sess_options=None)
+
+    model: a path, bytes or onnx.ModelProto. providers: priority list, default
+    ["cpu", "reference"]. fallback: "warn" (run on a later provider, warn once per node,
+    count it), "error" (raise FallbackError at creation listing every such node) or
+    "silent" (as "warn", without the warnings: the fallbacks are still in sess.fallbacks).
+    """
+
+    def __init__(self, model, providers=None, *, fallback: str = "warn", sess_options: SessionOptions | None = None,
+                 base_dir: str | None = None):
+        if isinstance(providers, SessionOptions):  # onnxruntime's order: (model, sess_options, providers)
+            providers, sess_options = None, providers
+        if providers is not None and not isinstance(providers, (list, tuple)):
+            raise GlassrtError(f"providers must be a list of provider names, got {type(providers).__name__} "
+                               "(glassrt takes glassrt.SessionOptions, not onnxruntime's)")
+        if fallback not in ("warn", "error", "silent"):
+            raise InvalidArgumentError(f"fallback must be 'warn', 'error' or 'silent', got {fallback!r}")
+        self.options = sess_options or SessionOptions()
+        self.notes: list[str] = []  # what explain should say about this session's setup
+        _apply_threads(self.options.intra_op_num_threads, self.notes)
+        self.providers = providers_mod.make(providers)
+        t0 = time.perf_counter()
+        self.graph = onnx_io.load(model, base_dir)
+        self._source = (model, base_dir)
+        self.timings = {"load": time.perf_counter() - t0}
+        # passes → infer → place: each stage a function of the one before (see DESIGN.md).
+        t0 = time.perf_counter()
+        self.graph, found, self.passes = run_passes(self.graph, self.options, self.providers, _infer_symbolic)
+        self.timings["passes"] = time.perf_counter() - t0
+        self.pass_log = [c for r in self.passes for c in r.changes]
+        self.expansions, self.folded = found.expansions, found.folded
+        self._expansion_failures = found.expansion_failures
+        t0 = time.perf_counter()
+        inference = _infer_symbolic(self.graph)
+        self.notes += list(inference.problems.values())
+        self.placement = place(self.graph, inference, self.providers, expansion_failures=self._expansion_failures)
+        self.timings["infer_and_place"] = time.perf_counter() - t0
+        self.fallbacks = self.placement.fallbacks
+        if self.fallbacks and fallback == "error":
+            raise FallbackError(
+                f"{len(self.fallbacks)} node(s) would fall back from '{self.providers[0].name}':\n"
+                + "\n".join(f"  {f}" for f in self.fallbacks))
+        if fallback == "warn":
+            for f in self.fallbacks:
+                warnings.warn(f"glassrt fallback: {f}", FallbackWarning, stacklevel=2)
+        self.runner = GraphRunner(self.placement, self.options)
+        self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
+        self._lowered = None
+        self._profile = Profile()
+
+    def lowered_placement(self):
+        """The model placed after only the passes it needs to run (level "none"): every node
+        as the model wrote it, nothing folded or fused, for gradients. Built on first use
+        from the model as given (reloaded, so the session does not hold two copies)."""
+        if self._lowered is None:
+            from dataclasses import replace
+
+            model, base_dir = self._source
+            options = replace(self.options, graph_optimization_level="none")
+            graph, found, _ = run_passes(onnx_io.load(model, base_dir), options, self.providers, _infer_symbolic)
+            self._lowered = place(graph, _infer_symbolic(graph), self.providers,
+                                  expansion_failures=found.expansion_failures)
+        return self._lowered
+
+    # ---------------------------------------------------------------- onnxruntime API
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(v.name, v.type) for v in self._inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        """Declared output types, completed by inference where the model leaves them open."""
+        types = self.placement.inference.types
+        return [_node_arg(v.name, _refine(v.type, types.get(v.name))) for v in self.graph.outputs]
+
+    @property
+    def transfers(self) -> list:
+        """Values copied between providers that keep data on different devices."""
+        return self.placement.transfers
+
+    def get_providers(self) -> list[str]:
+        return [p.name for p in self.providers]
+
+    def run(self, output_names, input_feed: dict, run_options=None) -> list:
+        feeds = self._check_feeds(input_feed)
+        if self.options.enable_profiling:
+            steps, start = [], time.perf_counter()
+            outs = self.runner.run(feeds, profile=steps)
+            self._profile.add_run(steps, start, time.perf_counter())
+        else:
+            outs = self.runner.run(feeds)
+        names = self.graph.output_names()
+        if not output_names:
+            return outs
+        missing = [n for n in output_names if n not in names]
+        if missing:
+            raise UnknownInputError(f"unknown output name(s) {missing}; the model's outputs are {names}")
+        return [outs[names.index(n)] for n in output_names]
+
+    # ---------------------------------------------------------------- glass box
+
+    def end_profiling(self, path: str | None = None) -> str:
+        """Like onnxruntime's: write the Chrome trace of the runs recorded with
+        SessionOptions(enable_profiling=True) and return its path."""
+        path = path or f"glassrt_profile_{time.strftime('%Y-%m-%d_%H-%M-%S')}.json"
+        self._profile.write_trace(path)
+        self._profile = Profile()
+        return path
+
+    def gradients(self, input_feed: dict, output: str, wrt: list, grad_output=None) -> list:
+        """The gradient of sum(output * grad_output) with respect to each name in `wrt`
+        (graph inputs or initializers): a vector-Jacobian product. grad_output defaults to ones."""
+        from .runtime.autodiff import gradients
+
+        return gradients(self, input_feed, output, list(wrt), grad_output)
+
+    def memory_stats(self) -> dict:
+        return {"plans_cached": len(self.runner.plans), "plans_built": self.runner.plans_built,
+                "plans_evicted": self.runner.plans_evicted,
+                "arena_bytes": {str(sig): p.memory.arena_bytes for sig, p in self.runner.plans.items()},
+                "pool": self.runner.pool.stats()}
+
+    # ---------------------------------------------------------------- validation
+
+    def _check_feeds(self, input_feed) -> dict:
+        if not isinstance(input_feed, dict):
+            raise InputTypeError(f"feeds must be a dict of input name to array, got {type(input_feed).__name__}")
+        declared = {v.name: v for v in self._inputs}
+        overridable = self.graph.overridable()
+        unknown = [n for n in input_feed if n not in declared and n not in overridable]
+        if unknown:
+            raise UnknownInputError(f"unexpected input name(s) {unknown}; the model's inputs are {list(declared)}")
+        missing = [n for n in declared if n not in input_feed]
+        if missing:
+            raise MissingInputError(f"missing input(s) {missing}: " + ", ".join(
+                f"'{n}' ({_node_arg(n, declared[n].type).type} {symbolic.shape_str(getattr(declared[n].type, 'shape', None))})"
+                for n in missing))
+        feeds, bound = {}, {}
+        for name, value in input_feed.items():
+            t = declared[name].type if name in declared else TensorType(self.graph.initializers[name].dtype,
+                                                                        self.graph.initializers[name].shape)
+            feeds[name] = _check_value(name, value, t, bound)
+        return feeds
+
+
+def _check_value(name, value, t, bound):
+    if isinstance(t, TensorType):
+        if not isinstance(value, np.ndarray):
+            if isinstance(value, (list, tuple, int, float, bool, np.generic)):
+                value = np.asarray(value)
+            else:
+                raise InputTypeError(f"input '{name}': expected a NumPy array ({dtypes.ort_type_string(t.dtype)}), "
+                                     f"got {type(value).__name__}")
+        if value.dtype != t.dtype and not (value.dtype.kind in "US" and t.dtype == object):
+            raise InputTypeError(f"input '{name}': expected dtype {dtypes.ort_type_string(t.dtype)}, got "
+                                 f"{dtypes.ort_type_string(value.dtype) if value.dtype.kind not in 'V' else value.dtype}")
+        if value.dtype.kind in "US":
+            value = value.astype(object)
+        if t.shape is not None:
+            if value.ndim != len(t.shape):
+                raise InputShapeError(f"input '{name}': expected rank {len(t.shape)} {symbolic.shape_str(t.shape)}, "
+                                      f"got rank {value.ndim} {list(value.shape)}")
+            for axis, (want, got) in enumerate(zip(t.shape, value.shape)):
+                if isinstance(want, int):
+                    if want != got:
+                        raise InputShapeError(f"input '{name}': dim {axis} must be {want} "
+                                              f"({symbolic.shape_str(t.shape)}), got {list(value.shape)}")
+                elif want.is_Symbol and not want.name.startswith("unk__"):
+                    prev = bound.get(want.name)
+                    if prev is not None and prev[0] != got:
+                        raise InputShapeError(
+                            f"input '{name}': dim {axis} is '{want.name}', which input '{prev[1]}' set to "
+                            f"{prev[0]}; got {got}")
+                    bound[want.name] = (got, name)
+        if not value.flags.c_contiguous:
+            value = value.copy(order="C")
+        return value
+    if isinstance(t, SequenceType):
+        if not isinstance(value, (list, tuple)):
+            raise InputTypeError(f"input '{name}': expected a sequence (list of arrays), got {type(value).__name__}")
+        return [_check_value(f"{name}[{i}]", v, t.elem, {}) if t.elem is not None else v
+                for i, v in enumerate(value)]
+    if isinstance(t, OptionalType):
+        if value is None:
+            return None
+        return _check_value(name, value, t.elem, bound) if t.elem is not None else value
+    return value
+
+
+_threads_applied = None
+
+
+def _apply_threads(n: int, notes: list):
+    """Limit BLAS (and any OpenMP library) and Numba threads, process-wide. A limit that
+    cannot be applied is logged and noted for explain, not ignored."""
+    global _threads_applied
+    if not n or n == _threads_applied:
+        return
+    _threads_applied = n
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(n)
+    except Exception as e:
+        notes.append(f"intra_op_num_threads={n} not applied to BLAS: {type(e).__name__}: {e}")
+        log.warning(notes[-1])
+    try:
+        import numba
+
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except Exception as e:
+        notes.append(f"intra_op_num_threads={n} not applied to Numba: {type(e).__name__}: {e}")
+        log.warning(notes[-1])
+
+
+def _infer_symbolic(graph):
+    """Types of every value on the model's declared (symbolic) input types; a static shape
+    error (every input shape known) is raised naming its node."""
+    return infer(graph, {}, strict=False)

@@ -212,7 +212,7 @@ def _custom_decomposition(op, name, attrs, dts):
     from onnx import helper
 
     from ..ops.custom import GraphBuilder
-    from ..runtime.session import Session as InferenceSession
+    from ..session import Session as InferenceSession
 
     bad = []
     for dt in dts:
@@ -333,7 +333,7 @@ def _samples_by_op(limit=3):
 
 def _native_session(model):
     """A cpu-only session, its warnings kept out of the check's report."""
-    from ..runtime.session import Session as InferenceSession
+    from ..session import Session as InferenceSession
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

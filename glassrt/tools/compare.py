@@ -45,7 +45,7 @@ class Disagreement:
 def first_disagreement(model, feeds: dict, providers_a, providers_b, rtol=1e-4, atol=1e-5):
     """(the first value, in execution order, on which the two provider lists disagree, or
     None; the number of values compared)."""
-    from ..runtime.session import Session as InferenceSession
+    from ..session import Session as InferenceSession
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
