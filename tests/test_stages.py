@@ -317,3 +317,19 @@ def test_run_plan_names_the_node_whose_kernel_fails():
                                     "s": TensorType(np.dtype(np.int64), (2,))}, opts, runner.make_runner)
     with pytest.raises(GlassrtError, match="Reshape node 'reshape'"):
         run_plan(plan, {"x": np.ones(6, np.float32), "s": np.array([4, 4], np.int64)})
+
+
+def test_clip_bounds_of_shape_one_fuse_like_scalars():
+    """onnxruntime takes Clip bounds of shape (1,) (exporters write them): they fuse into the
+    conv as scalars would, and the result is the unfused one."""
+    rng = np.random.default_rng(2)
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+               helper.make_node("Clip", ["c", "lo", "hi"], ["y"], name="clip")],
+              [tensor("x", [1, 3, 4, 4])], [tensor("y", None)],
+              [init("w", rng.standard_normal((4, 3, 1, 1)).astype(np.float32)), init("lo", np.array([0.0], np.float32)),
+               init("hi", np.array([0.5], np.float32))], opset=17)
+    fused = glassrt.InferenceSession(m, providers=["cpu"])
+    assert [n.op_type for n in fused.graph.nodes] == ["FusedConv"]
+    plain = glassrt.InferenceSession(m, providers=["cpu"], sess_options=SessionOptions(graph_optimization_level="none"))
+    x = rng.standard_normal((1, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(fused.run(None, {"x": x})[0], plain.run(None, {"x": x})[0], rtol=1e-6)

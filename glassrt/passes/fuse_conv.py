@@ -97,8 +97,10 @@ def _fuse_activation(graph, nodes, consts, log):
                 bounds = [consts.get(x) if x else None for x in (n.inputs[1:3] + ["", ""])[:2]]
                 if any(x and b is None for x, b in zip((n.inputs[1:3] + ["", ""])[:2], bounds)):
                     continue  # bounds known only at run time
-                params = [float(bounds[0]) if bounds[0] is not None else -np.inf,
-                          float(bounds[1]) if bounds[1] is not None else np.inf]
+                if any(b is not None and (b.size != 1 or b.dtype.kind != "f") for b in bounds):
+                    continue  # not one float each (onnxruntime takes shape (1,) too): the Clip kernel judges
+                params = [float(bounds[0].reshape(-1)[0]) if bounds[0] is not None else -np.inf,
+                          float(bounds[1].reshape(-1)[0]) if bounds[1] is not None else np.inf]
         kind = "FusedConv" if conv.op_type == "Conv" else "FusedBatchNormalization"
         attrs = dict(conv.attrs) if kind == "FusedConv" else {"epsilon": conv.attrs.get("epsilon", 1e-5)}
         fused[conv.name] = Node(kind, "glassrt", list(conv.inputs[:5]), list(n.outputs[:1]),
