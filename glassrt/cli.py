@@ -343,6 +343,34 @@ def nan(model, inputs, dims, providers):
     sys.exit(1)
 
 
+@main.command()
+@click.argument("models", nargs=-1, required=True, metavar="MODEL...")
+@click.option("--vs", "versus", type=click.Choice(["onnxruntime"]), help="Also run this runtime, in its own process.")
+@click.option("--runs", default=20, show_default=True, help="Timed runs per runtime (their median and p90 are reported).")
+@click.option("--warmup", default=2, show_default=True, help="Untimed runs after the first, per runtime.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim for generated inputs.")
+@click.option("--threads", default=2, show_default=True, help="intra_op_num_threads for every runtime.")
+@click.option("--busy", default=0, show_default=True, help="Run K CPU-bound processes during the timed runs.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write everything, per-run latencies too.")
+@click.option("--providers", default="cpu,reference", show_default=True, help="glassrt's provider priority list.")
+def bench(models, versus, runs, warmup, dims, threads, busy, json_file, providers):
+    """Time MODEL... (.onnx files or built-in names: light:resnet50, mobilenet, bert-base,
+    gpt2-step), each runtime in its own process, against onnxruntime with --vs."""
+    from .tools import bench as benchmark
+
+    if runs < 1 or warmup < 0 or threads < 1 or busy < 0:
+        console.print("[bold red]error:[/] --runs and --threads must be at least 1, --warmup and --busy at least 0")
+        sys.exit(2)
+    settings = benchmark.Settings(runtimes=("glassrt", versus) if versus else ("glassrt",), runs=runs, warmup=warmup,
+                                  threads=threads, busy=busy, providers=tuple(providers.split(",")))
+    try:
+        code = benchmark.run_command(models, _parse_dims(dims), settings, json_file, console)
+    except benchmark.BenchError as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    sys.exit(code)
+
+
 def _load_inputs(sess, inputs, dims, default_name):
     given = {}
     for name, file in _parse_pairs(inputs, "--input").items():
