@@ -15,6 +15,10 @@ onnxruntime's kernels do; float64 stays float64.
 The ops register when `glassrt` is imported (the user's code imports glassrt; a model never
 causes an import). Kernels import glassrt's own cpu kernels only when they first run, so the
 import stays cheap.
+
+Kernels whose output shapes follow from their input shapes register with out=True and write
+into the plan's memory arena: elementwise ones tile by tile (`write_elementwise`), the
+normalizations a block of rows at a time, the matmuls straight from BLAS into the buffer.
 """
 from __future__ import annotations
 
@@ -23,13 +27,19 @@ import math
 import numpy as np
 
 from ..ir import TensorType as Meta
+from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, tiles, write_elementwise
 from ..ops.custom import custom_op
-from ..ops.meta._util import broadcast
+from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis
 
 MS = "com.microsoft"
 F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
 FLOATS = [F32, F16, F64]
 F32_F16 = [F32, F16]
+
+
+# Half the cpu kernels' tile: the GELU and norm steps keep several temporaries per element, and
+# a replayed run should stay within a megabyte of scratch (tests/test_replay_memory.py).
+_TILE = TILE_ELEMENTS // 2
 
 
 # ====================================================================== shared helpers
@@ -47,7 +57,7 @@ def _w(x):
 
 def _erf(x):
     # glassrt's own vectorized erf (Numba); imported on first use so `import glassrt` stays light.
-    from ..kernels.cpu.elementwise import erf
+    from ..kernels.cpu.erf import erf
 
     return erf(x)
 
@@ -55,11 +65,6 @@ def _erf(x):
 def _gelu_erf(x):
     """0.5·x·(1 + erf(x/√2)) in x's dtype (a work dtype)."""
     return x * x.dtype.type(0.5) * (1 + _erf(x * x.dtype.type(1 / math.sqrt(2))))
-
-
-def _broadcast(*shapes):
-    """NumPy broadcasting of shapes whose dims may be symbolic (None: rank unknown)."""
-    return broadcast(None, *shapes)
 
 
 def _like(t, shape=None):
@@ -73,17 +78,23 @@ def _c(g, value, like):
     return g.CastLike(g.constant(value, np.float64), like)
 
 
-def _softmax(x):
-    """Softmax over the last axis, in x's dtype (a work dtype), in place."""
-    x -= x.max(axis=-1, keepdims=True)
-    np.exp(x, out=x)
-    x /= x.sum(axis=-1, keepdims=True)
-    return x
-
-
 def _require(cond, message):
     if not cond:
         raise ValueError(message)
+
+
+def _buffers(out, n):
+    """The n output buffers of a multi-output kernel (None: none planned for that output)."""
+    return (tuple(out) + (None,) * n)[:n] if out is not None else (None,) * n
+
+
+def _row_blocks(shape, axis=-1):
+    """Index tuples over the rows of an array of `shape` — a row is the dims from `axis` on,
+    whose statistics a norm takes — about a tile of elements each, every row whole."""
+    a = axis % len(shape) if shape else 0
+    row = int(np.prod(shape[a:], dtype=np.int64))
+    rows = max(1, _TILE // max(row, 1))
+    return [idx + (slice(None),) * (len(shape) - a) for idx in tiles(shape[:a], rows)]
 
 
 # ====================================================================== FusedMatMul
@@ -106,41 +117,26 @@ def _fmm_perm(rank, trans, trans_batch):
     return perm
 
 
-def _matmul_shape(a, b):
-    """np.matmul's output shape for (possibly symbolic) operand shapes."""
-    if len(a) == 0 or len(b) == 0:
-        raise ValueError("FusedMatMul operands must have rank >= 1")
-    a1, b1 = len(a) == 1, len(b) == 1
-    a = (1,) + tuple(a) if a1 else tuple(a)
-    b = tuple(b) + (1,) if b1 else tuple(b)
-    if a[-1] != b[-2] and isinstance(a[-1], int) and isinstance(b[-2], int):
-        raise ValueError(f"inner dimensions differ: {a[-1]} vs {b[-2]}")
-    out = list(_broadcast(a[:-2], b[:-2])) + [a[-2], b[-1]]
-    if b1:
-        out.pop(-1)
-    if a1:
-        out.pop(-2 if not b1 else -1)
-    return tuple(out)
-
-
 @fused_matmul.register_meta
 def _fused_matmul_meta(a, b, alpha, transA, transB, transBatchA, transBatchB):
     if a.shape is None or b.shape is None:
         return Meta(a.dtype, None)
     sa = [a.shape[i] for i in _fmm_perm(len(a.shape), transA, transBatchA)]
     sb = [b.shape[i] for i in _fmm_perm(len(b.shape), transB, transBatchB)]
-    return Meta(a.dtype, _matmul_shape(sa, sb))
+    return Meta(a.dtype, matmul_shape(sa, sb))
 
 
-@fused_matmul.register_kernel("cpu")
-def _fused_matmul(a, b, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
-    """alpha · op(A) @ op(B), op a transpose of the batch and/or matrix axes (one BLAS call)."""
+@fused_matmul.register_kernel("cpu", out=True)
+def _fused_matmul(a, b, *, out=None, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
+    """alpha · op(A) @ op(B), op a transpose of the batch and/or matrix axes (one BLAS call,
+    into the output buffer when A is float32/float64)."""
     a = a.transpose(_fmm_perm(a.ndim, transA, transBatchA))
     b = b.transpose(_fmm_perm(b.ndim, transB, transBatchB))
-    y = np.matmul(_w(a), _w(b))
+    direct = out is not None and out.ndim > 0 and a.dtype == b.dtype == _work(a.dtype) == out.dtype
+    y = np.matmul(a, b, out=out) if direct else np.matmul(_w(a), _w(b))
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
-    return np.asarray(y).astype(a.dtype, copy=False)
+    return y if direct else as_out(np.asarray(y).astype(a.dtype, copy=False), out)
 
 
 @fused_matmul.register_decomposition
@@ -170,10 +166,10 @@ gelu = custom_op(f"{MS}::Gelu(Tensor X) -> Tensor Y", dtypes=FLOATS)
 gelu.register_meta(lambda x: x)
 
 
-@gelu.register_kernel("cpu")
-def _gelu(x):
+@gelu.register_kernel("cpu", out=True)
+def _gelu(x, *, out=None):
     """Exact GELU, 0.5·x·(1 + erf(x/√2))."""
-    return _gelu_erf(_w(x)).astype(x.dtype, copy=False)
+    return write_elementwise(out, lambda v: _gelu_erf(_w(v)).astype(v.dtype, copy=False), x, limit=_TILE)
 
 
 def _gelu_decomposition(g, x):
@@ -191,15 +187,19 @@ _SQRT_2_OVER_PI, _GELU_CUBIC = math.sqrt(2 / math.pi), 0.044715
 
 @fast_gelu.register_meta
 def _fast_gelu_meta(x, bias):
-    return _like(x, shape=_broadcast(x.shape, bias.shape) if bias is not None else None)
+    return _like(x, shape=broadcast_shapes(x.shape, bias.shape) if bias is not None else None)
 
 
-@fast_gelu.register_kernel("cpu")
-def _fast_gelu(x, bias=None):
+@fast_gelu.register_kernel("cpu", out=True)
+def _fast_gelu(x, bias=None, *, out=None):
     """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) of x + bias."""
-    v = _w(x) + _w(bias) if bias is not None else _w(x).copy()
-    t = np.tanh(v * (v.dtype.type(_SQRT_2_OVER_PI) + v.dtype.type(_SQRT_2_OVER_PI * _GELU_CUBIC) * v * v))
-    return (v * v.dtype.type(0.5) * (1 + t)).astype(x.dtype, copy=False)
+
+    def fn(x, bias=None):
+        v = _w(x) + _w(bias) if bias is not None else _w(x).copy()
+        t = np.tanh(v * (v.dtype.type(_SQRT_2_OVER_PI) + v.dtype.type(_SQRT_2_OVER_PI * _GELU_CUBIC) * v * v))
+        return (v * v.dtype.type(0.5) * (1 + t)).astype(x.dtype, copy=False)
+
+    return write_elementwise(out, fn, *([x] if bias is None else [x, bias]), limit=_TILE)
 
 
 @fast_gelu.register_decomposition
@@ -218,13 +218,14 @@ def _fast_gelu_example(dt):
 
 
 bias_gelu = custom_op(f"{MS}::BiasGelu(Tensor A, Tensor B) -> Tensor C", dtypes=FLOATS)
-bias_gelu.register_meta(lambda a, b: _like(a, shape=_broadcast(a.shape, b.shape)))
+bias_gelu.register_meta(lambda a, b: _like(a, shape=broadcast_shapes(a.shape, b.shape)))
 
 
-@bias_gelu.register_kernel("cpu")
-def _bias_gelu(a, b):
+@bias_gelu.register_kernel("cpu", out=True)
+def _bias_gelu(a, b, *, out=None):
     """Exact GELU of A + B (B is the bias, broadcast over A)."""
-    return _gelu_erf(_w(a) + _w(b)).astype(a.dtype, copy=False)
+    return write_elementwise(out, lambda u, v: _gelu_erf(_w(u) + _w(v)).astype(u.dtype, copy=False), a, b,
+                             limit=_TILE)
 
 
 bias_gelu.register_decomposition(lambda g, a, b: _gelu_decomposition(g, g.Add(a, b)))
@@ -234,13 +235,17 @@ quick_gelu = custom_op(f"{MS}::QuickGelu(Tensor X, float alpha=1.702) -> Tensor 
 quick_gelu.register_meta(lambda x, alpha: x)
 
 
-@quick_gelu.register_kernel("cpu")
-def _quick_gelu(x, *, alpha=1.702):
+@quick_gelu.register_kernel("cpu", out=True)
+def _quick_gelu(x, *, out=None, alpha=1.702):
     """x · sigmoid(alpha · x)."""
-    v = _w(x)
-    alpha = v.dtype.type(np.float32(alpha))  # an ONNX float attribute is float32, the default too
-    with np.errstate(over="ignore"):  # exp overflow gives the right 0
-        return (v / (1 + np.exp(-alpha * v))).astype(x.dtype, copy=False)
+    a = _work(x.dtype).type(np.float32(alpha))  # an ONNX float attribute is float32, the default too
+
+    def fn(x):
+        v = _w(x)
+        with np.errstate(over="ignore"):  # exp overflow gives the right 0
+            return (v / (1 + np.exp(-a * v))).astype(x.dtype, copy=False)
+
+    return write_elementwise(out, fn, x, limit=_TILE)
 
 
 quick_gelu.register_decomposition(
@@ -253,15 +258,19 @@ quick_gelu.register_decomposition(
 # X + bias + skip (the residual add after a convolution in diffusion UNets). onnxruntime has
 # only a CUDA kernel; the math is the whole contract.
 bias_add = custom_op(f"{MS}::BiasAdd(Tensor X, Tensor bias, Tensor skip) -> Tensor Y", dtypes=F32_F16)
-bias_add.register_meta(lambda x, bias, skip: _like(x, shape=_broadcast(x.shape, bias.shape, skip.shape)))
+bias_add.register_meta(lambda x, bias, skip: _like(x, shape=broadcast_shapes(x.shape, bias.shape, skip.shape)))
 
 
-@bias_add.register_kernel("cpu")
-def _bias_add(x, bias, skip):
+@bias_add.register_kernel("cpu", out=True)
+def _bias_add(x, bias, skip, *, out=None):
     """(X + bias) + skip, rounded once."""
-    y = _w(x) + _w(bias)
-    y += _w(skip)
-    return y.astype(x.dtype, copy=False)
+
+    def fn(x, bias, skip):
+        y = _w(x) + _w(bias)
+        y += _w(skip)
+        return y.astype(x.dtype, copy=False)
+
+    return write_elementwise(out, fn, x, bias, skip, limit=_TILE)
 
 
 bias_add.register_decomposition(lambda g, x, bias, skip: g.Add(g.Add(x, bias), skip))
@@ -270,20 +279,33 @@ bias_add.register_decomposition(lambda g, x, bias, skip: g.Add(g.Add(x, bias), s
 # ====================================================================== Skip(Simplified)LayerNormalization
 
 
-def _skip_sum(x, skip, bias):
-    """input + skip (+ bias) in the work dtype; skip may be (B, S, H), (1, S, H) or (S, H)."""
+def _skip_norm(x, skip, bias, out, norm):
+    """The skip norms' four outputs (output, mean, inv_std_var, input_skip_bias_sum): h =
+    input + skip (+ bias) in the work dtype, normalized by norm(h) -> (y, mean, inv_std)
+    over the last axis, a block of rows at a time into the planned buffers. skip may be
+    (B, S, H), (1, S, H) or (S, H)."""
     _require(skip.shape[-1] == x.shape[-1] and skip.ndim <= x.ndim,
              f"skip {list(skip.shape)} does not match input {list(x.shape)}")
-    h = _w(x) + _w(skip)
-    if bias is not None:
-        h += _w(bias)
-    return h
+    parts = [x, skip] + ([bias] if bias is not None else [])
+    shape = np.broadcast_shapes(*(p.shape for p in parts))
+    stat = shape[:-1] + (1,)
+    y_out, mean_out, inv_out, sum_out = _buffers(out, 4)
+    y, total = new_out(y_out, shape, x.dtype), new_out(sum_out, shape, x.dtype)
+    mean, inv = new_out(mean_out, stat, F32), new_out(inv_out, stat, F32)
+    views = [np.broadcast_to(p, shape) for p in parts]
+    for idx in _row_blocks(shape):
+        h = _w(views[0][idx]) + _w(views[1][idx])
+        if bias is not None:
+            h += _w(views[2][idx])
+        y[idx], mean[idx], inv[idx] = norm(h)
+        total[idx] = h
+    return y, mean, inv, total
 
 
 def _skip_metas(x, skip):
     """output, mean, inv_std_var, input_skip_bias_sum: statistics are float32 with a kept last axis."""
     stat = None if x.shape is None else tuple(x.shape[:-1]) + (1,)
-    shape = x.shape if skip.shape is None or x.shape is None else _broadcast(x.shape, skip.shape)
+    shape = x.shape if skip.shape is None or x.shape is None else broadcast_shapes(x.shape, skip.shape)
     return _like(x, shape), Meta(F32, stat), Meta(F32, stat), _like(x, shape)
 
 
@@ -302,15 +324,17 @@ skip_layer_norm = custom_op(
 skip_layer_norm.register_meta(lambda x, skip, gamma, beta, bias, epsilon: _skip_metas(x, skip))
 
 
-@skip_layer_norm.register_kernel("cpu")
-def _skip_layer_norm(x, skip, gamma, beta=None, bias=None, *, epsilon=1e-12):
+@skip_layer_norm.register_kernel("cpu", out=True)
+def _skip_layer_norm(x, skip, gamma, beta=None, bias=None, *, out=None, epsilon=1e-12):
     """LayerNorm over the last axis of input + skip (+ bias); the sum is an output too."""
-    h = _skip_sum(x, skip, bias)
-    mean = h.mean(axis=-1, keepdims=True)
-    d = h - mean
-    inv = 1 / np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + h.dtype.type(epsilon))
-    y = _norm_affine(d * inv, gamma, beta, x.dtype)
-    return y, mean.astype(F32), inv.astype(F32), h.astype(x.dtype)
+
+    def norm(h):
+        mean = h.mean(axis=-1, keepdims=True)
+        d = h - mean
+        inv = 1 / np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + h.dtype.type(epsilon))
+        return _norm_affine(d * inv, gamma, beta, x.dtype), mean, inv
+
+    return _skip_norm(x, skip, bias, out, norm)
 
 
 @skip_layer_norm.register_decomposition
@@ -342,14 +366,16 @@ skip_simplified_layer_norm = custom_op(
 skip_simplified_layer_norm.register_meta(lambda x, skip, gamma, bias, epsilon: _skip_metas(x, skip))
 
 
-@skip_simplified_layer_norm.register_kernel("cpu")
-def _skip_simplified_layer_norm(x, skip, gamma, bias=None, *, epsilon=1e-12):
+@skip_simplified_layer_norm.register_kernel("cpu", out=True)
+def _skip_simplified_layer_norm(x, skip, gamma, bias=None, *, out=None, epsilon=1e-12):
     """RMSNorm over the last axis of input + skip (+ bias); `mean` is all zeros, as onnxruntime
     writes it (an RMSNorm has no mean)."""
-    h = _skip_sum(x, skip, bias)
-    inv = 1 / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + h.dtype.type(epsilon))
-    y = _norm_affine(h * inv, gamma, None, x.dtype)
-    return y, np.zeros(inv.shape, F32), inv.astype(F32), h.astype(x.dtype)
+
+    def norm(h):
+        inv = 1 / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + h.dtype.type(epsilon))
+        return _norm_affine(h * inv, gamma, None, x.dtype), 0, inv
+
+    return _skip_norm(x, skip, bias, out, norm)
 
 
 @skip_simplified_layer_norm.register_decomposition
@@ -378,28 +404,31 @@ simplified_layer_norm = custom_op(
     "int stash_type=1) -> (Tensor Y, Tensor inv_std_var)", dtypes=FLOATS)
 
 
-def _norm_axis(axis, rank):
-    a = axis + rank if axis < 0 else axis
-    _require(0 <= a < max(rank, 1), f"axis {axis} is out of range for rank {rank}")
-    return a
-
-
 @simplified_layer_norm.register_meta
 def _simplified_layer_norm_meta(x, scale, axis, epsilon, stash_type):
     _require(stash_type == 1, f"stash_type {stash_type} is not supported (onnxruntime's cpu kernels take 1)")
     if x.shape is None:
         return Meta(scale.dtype, None), Meta(F32, None)
-    a = _norm_axis(axis, len(x.shape))
+    a = normalize_axis(axis, len(x.shape))
     return Meta(scale.dtype, x.shape), Meta(F32, tuple(x.shape[:a]) + (1,) * (len(x.shape) - a))
 
 
-@simplified_layer_norm.register_kernel("cpu")
-def _simplified_layer_norm(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
-    """X / sqrt(mean(X² over [axis, rank)) + eps) · scale."""
-    a = _norm_axis(axis, x.ndim)
-    xw = _w(x)
-    inv = 1 / np.sqrt(np.mean(xw * xw, axis=tuple(range(a, x.ndim)), keepdims=True) + xw.dtype.type(epsilon))
-    return _norm_affine(xw * inv, scale, None, scale.dtype), inv.astype(F32)
+@simplified_layer_norm.register_kernel("cpu", out=True)
+def _simplified_layer_norm(x, scale, *, out=None, axis=-1, epsilon=1e-5, stash_type=1):
+    """X / sqrt(mean(X² over [axis, rank)) + eps) · scale, a block of rows at a time."""
+    a = normalize_axis(axis, x.ndim)
+    axes = tuple(range(a, x.ndim))
+    y_out, inv_out = _buffers(out, 2)
+    y = new_out(y_out, np.broadcast_shapes(x.shape, scale.shape), scale.dtype)
+    inv = new_out(inv_out, x.shape[:a] + (1,) * (x.ndim - a), F32)
+    # A scale with dims of its own beyond the normalized ones broadcasts over the rows: one block.
+    blocks = _row_blocks(x.shape, a) if y.shape == x.shape else [...]
+    for idx in blocks:  # inv has the rows' dims and ones: the same index selects a block's entries
+        xw = _w(x[idx])
+        ib = 1 / np.sqrt(np.mean(xw * xw, axis=axes, keepdims=True) + xw.dtype.type(epsilon))
+        y[idx] = _norm_affine(xw * ib, scale, None, scale.dtype)
+        inv[idx] = ib
+    return y, inv
 
 
 # ====================================================================== attention: shared pieces
@@ -464,7 +493,9 @@ def _sdpa(q, k, v, mask, attention_bias, scale):
         _require(attention_bias.ndim == 4, f"attention_bias must be 4-D, got {list(attention_bias.shape)}")
         scores += attention_bias.astype(F32, copy=False)
     qk = scores.copy()
-    y = np.matmul(_softmax(scores), v)
+    from ..kernels.cpu.norm import softmax  # on first use: `import glassrt` imports no kernels
+
+    y = np.matmul(softmax(scores, out=scores), v)
     b, n, s, dv = y.shape
     return y.transpose(0, 2, 1, 3).reshape(b, s, n * dv), qk
 
@@ -521,9 +552,9 @@ def _attention_meta(x, weights, bias, mask_index, past, attention_bias, past_seq
     return Meta(x.dtype, (b, s, hv)), Meta(x.dtype, (2, b, num_heads, total, head))
 
 
-@attention.register_kernel("cpu")
+@attention.register_kernel("cpu", out=True)
 def _attention(x, weights, bias=None, mask_index=None, past=None, attention_bias=None, past_sequence_length=None,
-               *, num_heads, unidirectional=0, scale=0.0, mask_filter_value=-10000.0, qkv_hidden_sizes=(),
+               *, out=None, num_heads, unidirectional=0, scale=0.0, mask_filter_value=-10000.0, qkv_hidden_sizes=(),
                do_rotary=0, past_present_share_buffer=0, rotary_embedding_dim=0):
     """Project the input with the packed Q/K/V weight, then masked multi-head attention;
     present = past K/V with this step's appended, stacked as (2, B, N, T, D)."""
@@ -547,11 +578,14 @@ def _attention(x, weights, bias=None, mask_index=None, past=None, attention_bias
     b, s = x.shape[:2]
     mask = _ort_mask(mask_index, b, s, n_past, k.shape[2], unidirectional, mask_filter_value)
     y, _ = _sdpa(q, k, v, mask, attention_bias, scale)
-    if k.shape == v.shape:
-        present = np.stack([k, v]).astype(x.dtype)
+    y_out, present_out = _buffers(out, 2)
+    present = new_out(present_out, (2,) + k.shape, x.dtype)
+    if k.shape == v.shape:  # K and V stacked straight into the cache output, rounded to its type
+        np.copyto(present[0], k, casting="unsafe")
+        np.copyto(present[1], v, casting="unsafe")
     else:  # V's hidden size differs: no cache layout exists (onnxruntime allows no past then)
-        present = np.zeros((2,) + k.shape, x.dtype)
-    return y.astype(x.dtype), present
+        present.fill(0)
+    return as_out(y, y_out, cast=True) if y_out is not None else y.astype(x.dtype), present
 
 
 # ====================================================================== MultiHeadAttention
@@ -612,9 +646,9 @@ def _mha_unsupported(past_sequence_length, cache_indirection):
              "past_sequence_length / cache_indirection (buffer sharing, beam search) are not supported")
 
 
-@multi_head_attention.register_kernel("cpu")
+@multi_head_attention.register_kernel("cpu", out=True)
 def _multi_head_attention(q, k=None, v=None, bias=None, key_padding_mask=None, attention_bias=None, past_key=None,
-                          past_value=None, past_sequence_length=None, cache_indirection=None, *, num_heads,
+                          past_value=None, past_sequence_length=None, cache_indirection=None, *, out=None, num_heads,
                           unidirectional=0, scale=0.0, mask_filter_value=-10000.0):
     """Multi-head self/cross attention on projected Q/K/V (+ the projection bias), with key
     padding mask, attention bias, causal masking and a K/V cache. Packed QKV / KV layouts,
@@ -648,7 +682,9 @@ def _multi_head_attention(q, k=None, v=None, bias=None, key_padding_mask=None, a
     n_past = total - k.shape[1] if layout != "bnsh" else 0
     mask = _ort_mask(key_padding_mask, b, s, n_past, total, unidirectional, mask_filter_value)
     y, qk = _sdpa(qh, kh, vh, mask, attention_bias, scale)
-    return y.astype(dt), kh.astype(dt), vh.astype(dt), qk.astype(dt)
+    # The float32 results rounded to the op's type as they are copied into their buffers.
+    return tuple(v.astype(dt) if b is None else as_out(v, b, cast=True)
+                 for v, b in zip((y, kh, vh, qk), _buffers(out, 4)))
 
 
 # ====================================================================== RotaryEmbedding
@@ -669,8 +705,8 @@ def _rotary_meta(x, position_ids, cos_cache, sin_cache, num_heads, rotary_embedd
     return x
 
 
-@rotary_embedding.register_kernel("cpu")
-def _rotary_embedding(x, position_ids, cos_cache, sin_cache, *, num_heads=0, rotary_embedding_dim=0,
+@rotary_embedding.register_kernel("cpu", out=True)
+def _rotary_embedding(x, position_ids, cos_cache, sin_cache, *, out=None, num_heads=0, rotary_embedding_dim=0,
                       interleaved=0, is_packed_batching=0, scale=1.0):
     """Rotate the first rotary_embedding_dim features of every head by its position's angle;
     4-D input is (B, N, S, D), 3-D is (B, S, N·D). `scale` is not applied (neither does onnxruntime)."""
@@ -698,11 +734,12 @@ def _rotary_embedding(x, position_ids, cos_cache, sin_cache, *, num_heads=0, rot
     sin = sin_cache[pos][:, :, None, :r // 2].astype(F32)
     first, second = (slice(0, r, 2), slice(1, r, 2)) if interleaved else (slice(0, r // 2), slice(r // 2, r))
     x1, x2 = xv[..., first].astype(F32), xv[..., second].astype(F32)
-    out = x.copy()
-    ov = out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(xv.shape)  # a view of out
+    y = new_out(out, x.shape, x.dtype)
+    np.copyto(y, x)  # the features past the rotary dims pass through
+    ov = y.transpose(0, 2, 1, 3) if x.ndim == 4 else y.reshape(xv.shape)  # a view of y
     ov[..., first] = cos * x1 - sin * x2
     ov[..., second] = sin * x1 + cos * x2
-    return out
+    return y
 
 
 @rotary_embedding.register_example
@@ -777,7 +814,7 @@ def _matmul_nbits_meta(a, b, scales, zero_points, g_idx, bias, K, N, block_size,
     return _like(a, shape=None if a.shape is None else tuple(a.shape[:-1]) + (N,))
 
 
-@matmul_nbits.register_kernel("cpu", bind=True)
+@matmul_nbits.register_kernel("cpu", bind=True, out=True)
 def _matmul_nbits(ctx):
     """Dequantize B block-wise and multiply in float32 (accuracy_level is a speed hint: A is
     never quantized here). With B, scales, zero points and g_idx known when the plan is
@@ -793,16 +830,20 @@ def _matmul_nbits(ctx):
         if weights[0].size:
             cached = np.ascontiguousarray(_nbits_weight(*weights, k, n, block_size, bits).T)
 
-    def step(x, b, scales, zero_points=None, g_idx=None, bias=None):
+    def step(x, b, scales, zero_points=None, g_idx=None, bias=None, *, out=None):
         _require(x.shape[-1] == k, f"A's last dim {x.shape[-1]} must be K={k}")
+        shape = x.shape[:-1] + (n,)
+        # float32 A: the GEMM (and the bias) write the output buffer itself.
+        y = out if out is not None and x.dtype == F32 and out.dtype == F32 and out.shape == shape else None
         if b.size == 0:
-            y = np.zeros(x.shape[:-1] + (n,), F32)
+            y = np.zeros(shape, F32) if y is None else y
+            y.fill(0)
         else:
             w_t = cached if cached is not None else _nbits_weight(b, scales, zero_points, g_idx, k, n, block_size, bits).T
-            y = np.matmul(x.astype(F32, copy=False), w_t)
+            y = np.matmul(x.astype(F32, copy=False), w_t, out=y)
         if bias is not None:
             y += bias.astype(F32, copy=False)
-        return y.astype(x.dtype, copy=False)
+        return y if y is out else as_out(y.astype(x.dtype, copy=False), out)
 
     return step
 
@@ -837,9 +878,9 @@ def _lookup(table, ids, what):
     return table[ids].astype(F32, copy=False)
 
 
-@embed_layer_norm.register_kernel("cpu")
+@embed_layer_norm.register_kernel("cpu", out=True)
 def _embed_layer_norm(ids, segment_ids, word, position, segment=None, gamma=None, beta=None, mask=None,
-                      position_ids=None, *, epsilon=1e-12, mask_index_type=1):
+                      position_ids=None, *, out=None, epsilon=1e-12, mask_index_type=1):
     """LayerNorm(word[ids] + position[pos] (+ segment[seg])) · gamma + beta; mask_index counts
     each row's mask entries equal to 1 (zeros without a mask), as onnxruntime does."""
     _require(ids.ndim == 2, f"input_ids must be (B, S), got {list(ids.shape)}")
@@ -853,7 +894,8 @@ def _embed_layer_norm(ids, segment_ids, word, position, segment=None, gamma=None
     inv = 1 / np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + F32.type(epsilon))
     y = _norm_affine(d * inv, gamma, beta, word.dtype)
     lengths = (mask == 1).sum(axis=1) if mask is not None else np.zeros(b)
-    return y, lengths.astype(np.int32), e.astype(word.dtype)
+    y_out, lengths_out, sum_out = _buffers(out, 3)
+    return as_out(y, y_out), as_out(lengths.astype(np.int32), lengths_out), as_out(e.astype(word.dtype), sum_out)
 
 
 @embed_layer_norm.register_decomposition

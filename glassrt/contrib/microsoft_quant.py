@@ -24,6 +24,11 @@ within one quantization step otherwise.
 
 QLinearReduceMean is not defined: onnxruntime's CPU provider has no kernel for it, so there
 are no numbers to follow.
+
+Every kernel writes into its planned output buffer (out=True): the elementwise ones (Add,
+Mul, Where, the lookup-table activations) tile by tile, so that the float64 steps of their
+fused multiply-adds need a tile of scratch, not the tensor's size; the rest compute an
+output-sized result and copy it in.
 """
 from __future__ import annotations
 
@@ -32,14 +37,22 @@ import math
 import numpy as np
 
 from ..ir import TensorType as Meta
+from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, write_elementwise
 from ..ops.custom import custom_op
-from ..ops.meta._util import broadcast
+from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis, spatial_pads
+from ..ops.windows import pad_spatial, window_views
 
 MS = "com.microsoft"
 U8, I8, I32 = np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.int32)
 F32, F16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.float64)
 Q8 = [U8, I8]
 _F32_MAX = float(np.finfo(np.float32).max)
+
+
+# Half the cpu kernels' tile: the float64 steps of the fused multiply-adds keep several
+# temporaries per element, and a replayed run should stay within a megabyte of scratch
+# (tests/test_replay_memory.py).
+_TILE = TILE_ELEMENTS // 2
 
 
 # ====================================================================== shared helpers
@@ -120,8 +133,9 @@ def _dequantized_codes(dt, scale, zp):
     return scale * (_codes(dt).astype(np.int32) - zp).astype(F32)
 
 
-def _lookup(x, table):
-    return table[x.view(np.uint8)]
+def _lookup(x, table, out=None):
+    """table[byte of x], written into out (a tile at a time) when given."""
+    return write_elementwise(out, lambda v: table[v.view(np.uint8)], x, limit=_TILE)
 
 
 def _requantize_table(dt, sx, zx, sy, zy):
@@ -131,10 +145,23 @@ def _requantize_table(dt, sx, zx, sy, zy):
 
 def _int_matmul(a, za, b, zb):
     """The exact int32 product (A - za) @ (B - zb) (zb broadcasts against B), through a
-    float64 GEMM: 8-bit products and their sums are exact there. int32 wraps as
-    onnxruntime's accumulator would (after some 33000 terms)."""
-    acc = np.matmul(a.astype(F64) - za, b.astype(F64) - zb)
-    return np.asarray(acc).astype(np.int64).astype(np.int32)
+    float64 GEMM: 8-bit products and their sums are exact there, in any order, so the inner
+    dimension runs in slices and the float64 copies of A and B stay slice-sized. int32 wraps
+    as onnxruntime's accumulator would (after some 33000 terms)."""
+    if a.ndim < 2 or b.ndim < 2:
+        acc = np.matmul(a.astype(F64) - za, b.astype(F64) - zb)
+        return np.asarray(acc).astype(np.int64).astype(np.int32)
+    k = a.shape[-1]
+    rows = max(int(np.prod(a.shape[:-1], dtype=np.int64)), int(np.prod(b.shape[:-2], dtype=np.int64)) * b.shape[-1])
+    step = max(16, _TILE // max(rows, 1))
+    acc = None
+    for k0 in range(0, max(k, 1), step):
+        part = np.matmul(a[..., k0:k0 + step].astype(F64) - za, b[..., k0:k0 + step, :].astype(F64) - zb)
+        if acc is None:
+            acc = part
+        else:
+            acc += part
+    return acc.astype(np.int64).astype(np.int32)
 
 
 def _meta_one_value(t, what, dtypes=None):
@@ -189,7 +216,7 @@ def _binary_meta(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp):
         _meta_one_value(s, what, [F32])
     for z, what in ((a_zp, "A_zero_point"), (b_zp, "B_zero_point"), (c_zp, "C_zero_point")):
         _meta_zero_point(z, a.dtype, what)
-    return Meta(a.dtype, broadcast(None, a.shape, b.shape))
+    return Meta(a.dtype, broadcast_shapes(a.shape, b.shape))
 
 
 def _binary_params(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp):
@@ -220,8 +247,8 @@ def _scalar_input(sa, sb):
     return None
 
 
-@qlinear_add.register_kernel("cpu")
-def _qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=None):
+@qlinear_add.register_kernel("cpu", out=True)
+def _qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=None, *, out=None):
     """C = saturate(round((sa·(A - za) + sb·(B - zb)) / sc) + zc), in the float32 steps of
     MLAS's AVX2 kernel (what onnxruntime runs on x86 CPUs with AVX2; its SSE2 and ARM
     kernels round a few near-ties the other way): with rA = sa/sc, rB = sb/sc and the
@@ -231,22 +258,31 @@ def _qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=Non
     come in the other order."""
     dt, sa, za, sb, zb, sc, zc = _binary_params(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp)
     ra, rb = sa / sc, sb / sc  # float32 divisions
-    if _scalar_input(a.shape, b.shape) == 0:
-        v = _fma(b, rb, _fma(a, ra, F32.type(zc) - _fma(rb, zb, ra * F32.type(za))))
-    else:
-        v = _fma(a, ra, _fma(b, rb, F32.type(zc) - _fma(ra, za, rb * F32.type(zb))))
-    return _saturate(v, 0, dt)
+    a_scalar = _scalar_input(a.shape, b.shape) == 0  # decided on the whole shapes
+
+    def add(a, b):
+        if a_scalar:
+            v = _fma(b, rb, _fma(a, ra, F32.type(zc) - _fma(rb, zb, ra * F32.type(za))))
+        else:
+            v = _fma(a, ra, _fma(b, rb, F32.type(zc) - _fma(ra, za, rb * F32.type(zb))))
+        return _saturate(v, 0, dt)
+
+    return write_elementwise(out, add, a, b, limit=_TILE)
 
 
-@qlinear_mul.register_kernel("cpu")
-def _qlinear_mul(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=None):
+@qlinear_mul.register_kernel("cpu", out=True)
+def _qlinear_mul(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=None, *, out=None):
     """C = saturate(round((A - za)(B - zb) · sa·sb/sc) + zc): the integer product (exact),
     times the float32 ratio (sa·sb)/sc, plus zc, two float32 roundings, unfused (MLAS's
     x86 kernel is SSE2 only)."""
     dt, sa, za, sb, zb, sc, zc = _binary_params(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp)
     ratio = (sa * sb) / sc
-    p = (a.astype(np.int32) - za) * (b.astype(np.int32) - zb)
-    return _saturate(p.astype(F32) * ratio + F32.type(zc), 0, dt)
+
+    def mul(a, b):
+        p = (a.astype(np.int32) - za) * (b.astype(np.int32) - zb)
+        return _saturate(p.astype(F32) * ratio + F32.type(zc), 0, dt)
+
+    return write_elementwise(out, mul, a, b, limit=_TILE)
 
 
 def _binary_decomposition(op):
@@ -287,13 +323,13 @@ def _unary_meta(x, x_scale, x_zp, y_scale, y_zp, **_):
     return x
 
 
-def _unary_table(x, x_scale, x_zp, y_scale, y_zp, fn):
+def _unary_table(x, x_scale, x_zp, y_scale, y_zp, fn, out):
     """onnxruntime's lookup-table activations: dequantize all 256 codes, apply fn in
     float32, quantize back; the input bytes then index the table."""
     dt = _q8(x, "X")
     d = _dequantized_codes(dt, _scale(x_scale, "X_scale"), _zero_point(x_zp, dt, "X_zero_point"))
     table = _quantize(fn(d), _scale(y_scale, "Y_scale", divisor=True), _zero_point(y_zp, dt, "Y_zero_point"), dt)
-    return _lookup(x, table)
+    return _lookup(x, table, out)
 
 
 # MlasComputeLogistic: Eigen's rational approximation on [-18, 18], evaluated with FMAs (the
@@ -317,17 +353,17 @@ def _mlas_logistic(x):
     return np.clip(p * x / q + F32.type(0.5), F32.type(0), F32.type(1))
 
 
-@qlinear_sigmoid.register_kernel("cpu")
-def _qlinear_sigmoid(x, x_scale, x_zp=None, y_scale=None, y_zp=None):
+@qlinear_sigmoid.register_kernel("cpu", out=True)
+def _qlinear_sigmoid(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out=None):
     """Y = quantize(sigmoid(dequantize(X))), through onnxruntime's 256-entry table."""
-    return _unary_table(x, x_scale, x_zp, y_scale, y_zp, _mlas_logistic)
+    return _unary_table(x, x_scale, x_zp, y_scale, y_zp, _mlas_logistic, out)
 
 
-@qlinear_leaky_relu.register_kernel("cpu")
-def _qlinear_leaky_relu(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, alpha=0.01):
+@qlinear_leaky_relu.register_kernel("cpu", out=True)
+def _qlinear_leaky_relu(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out=None, alpha=0.01):
     """Y = quantize(leaky_relu(dequantize(X), alpha)), through onnxruntime's 256-entry table."""
     a = F32.type(alpha)
-    return _unary_table(x, x_scale, x_zp, y_scale, y_zp, lambda v: np.where(v >= 0, v, a * v))
+    return _unary_table(x, x_scale, x_zp, y_scale, y_zp, lambda v: np.where(v >= 0, v, a * v), out)
 
 
 def _unary_decomposition(make):
@@ -371,7 +407,7 @@ def _integer_average(x, sx, zx, sy, zy, dt, axes):
     scales outside [2**-32, 256); the arithmetic is computed here anyway.)"""
     size = int(np.prod([x.shape[a] for a in axes]))
     scale = sx / (sy * F32.type(size))
-    acc = x.astype(np.int64).sum(axis=axes, keepdims=True) - zx * size
+    acc = x.sum(axis=axes, keepdims=True, dtype=np.int64) - zx * size  # widened as it is summed
     return _saturate(acc.astype(np.int32).astype(F32) * scale, zy, dt)
 
 
@@ -394,12 +430,12 @@ def _qlinear_global_average_pool_meta(x, x_scale, x_zp, y_scale, y_zp, channels_
     return Meta(x.dtype, tuple(1 if k in spatial else d for k, d in enumerate(x.shape)))
 
 
-@qlinear_global_average_pool.register_kernel("cpu")
-def _qlinear_global_average_pool(x, x_scale, x_zp, y_scale, y_zp, *, channels_last=0):
+@qlinear_global_average_pool.register_kernel("cpu", out=True)
+def _qlinear_global_average_pool(x, x_scale, x_zp, y_scale, y_zp, *, out=None, channels_last=0):
     """The mean over the spatial dims (2.. or, channels_last, 1..-2), in integers."""
     dt, sx, zx, sy, zy = _pool_params(x, x_scale, x_zp, y_scale, y_zp)
     axes = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
-    return _integer_average(x, sx, zx, sy, zy, dt, axes)
+    return as_out(_integer_average(x, sx, zx, sy, zy, dt, axes), out)
 
 
 @qlinear_global_average_pool.register_decomposition
@@ -464,9 +500,9 @@ def _qlinear_average_pool_meta(x, x_scale, x_zp, y_scale, y_zp, kernel_shape, au
     return Meta(x.dtype, (x.shape[0], x.shape[1], *out))
 
 
-@qlinear_average_pool.register_kernel("cpu")
-def _qlinear_average_pool(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, kernel_shape, auto_pad="NOTSET",
-                          ceil_mode=0, channels_last=0, count_include_pad=0, pads=(), strides=()):
+@qlinear_average_pool.register_kernel("cpu", out=True)
+def _qlinear_average_pool(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out=None, kernel_shape,
+                          auto_pad="NOTSET", ceil_mode=0, channels_last=0, count_include_pad=0, pads=(), strides=()):
     """onnxruntime's quantized average pool: X dequantized to float32, each window summed
     in float32 in row-major order (padding adds nothing), divided by the count, then
     quantized as round_half_even(sum / count / y_scale + y_zero_point). The count is the
@@ -474,36 +510,52 @@ def _qlinear_average_pool(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, ker
     past the end padding that ceil_mode adds included). A window covering the whole
     unpadded image is computed by the global pool's integer path instead, as onnxruntime
     switches to it."""
-    from ..kernels.cpu._util import pad_spatial, spatial_pads, window_views
 
     dt, sx, zx, sy, zy = _pool_params(x, x_scale, x_zp, y_scale, y_zp)
     k, pads, strides = _pool_attrs(x.ndim, kernel_shape, pads, strides, auto_pad)
     if channels_last:
         x = np.moveaxis(x, -1, 1)
     size = list(x.shape[2:])
-    begin, end, out, strides, _ = spatial_pads(size, k, strides, None, pads, auto_pad, bool(ceil_mode))
-    _require(all(o > 0 for o in out), f"kernel {k} does not fit the padded input {size}")
+    begin, end, out_sp, strides, _ = spatial_pads(size, k, strides, None, pads, auto_pad, bool(ceil_mode))
+    _require(all(o > 0 for o in out_sp), f"kernel {k} does not fit the padded input {size}")
+    shape = x.shape[:2] + tuple(out_sp)
+    y = new_out(None if out is None else (np.moveaxis(out, -1, 1) if channels_last else out), shape, dt)
+    if y.shape != shape:
+        raise ValueError(f"the pooled shape is {list(shape)}, the planned output {list(y.shape)}")
     if size == k and not any(begin) and not any(end):
-        y = _integer_average(x, sx, zx, sy, zy, dt, tuple(range(2, x.ndim)))
-    else:
-        # Ceil mode may place windows past the end padding: pad further, with zeros that add nothing.
-        extra = [max(0, (o - 1) * s + kk - (n + b + e)) for o, s, kk, n, b, e in zip(out, strides, k, size, begin, end)]
-        xd = pad_spatial(sx * (x.astype(np.int32) - zx).astype(F32), begin, [e + x_ for e, x_ in zip(end, extra)], 0)
-        acc = np.zeros(x.shape[:2] + tuple(out), F32)
-        for _, view in window_views(xd, k, strides, [1] * len(k), out):
+        y[...] = _integer_average(x, sx, zx, sy, zy, dt, tuple(range(2, x.ndim)))
+        return out if out is not None else (np.moveaxis(y, 1, -1) if channels_last else y)
+    # Ceil mode may place windows past the end padding: pad further, with zeros that add nothing.
+    extra = [max(0, (o - 1) * s + kk - (n + b + e)) for o, s, kk, n, b, e in zip(out_sp, strides, k, size, begin, end)]
+    count = _pool_count(size, k, begin, out_sp, strides, count_include_pad)
+    plane = int(np.prod(size, dtype=np.int64))
+    step = max(1, _TILE // max(plane, 1))
+    for c0 in range(0, x.shape[1], step):  # planes are independent: a block of channels at a time
+        xd = pad_spatial(sx * (x[:, c0:c0 + step].astype(np.int32) - zx).astype(F32), begin,
+                         [e + x_ for e, x_ in zip(end, extra)], 0)
+        acc = np.zeros(xd.shape[:2] + tuple(out_sp), F32)
+        for _, view in window_views(xd, k, strides, [1] * len(k), out_sp):
             acc += view
-        if count_include_pad:
-            count = F32.type(np.prod(k))
-        else:
-            count = np.ones((), np.int64)
-            for i, (n, kk, b, o, s) in enumerate(zip(size, k, begin, out, strides)):
-                start = np.arange(o) * s - b
-                c = np.minimum(start + kk, n) - np.maximum(start, 0)
-                count = count * c.reshape([-1 if j == i else 1 for j in range(len(out))])
-            count = count.astype(F32)
         # quantize_value in qlinear_pool.cc: the zero point is added before rounding, in float32.
-        y = np.clip(np.rint(acc / count / sy + F32.type(zy)), *_qrange(dt)).astype(dt)
-    return np.moveaxis(y, 1, -1) if channels_last else y
+        acc /= count
+        acc /= sy
+        acc += F32.type(zy)
+        np.rint(acc, out=acc)
+        y[:, c0:c0 + step] = np.clip(acc, *_qrange(dt), out=acc)
+    return out if out is not None else (np.moveaxis(y, 1, -1) if channels_last else y)
+
+
+def _pool_count(size, k, begin, out_sp, strides, count_include_pad):
+    """The float32 divisor of every output cell: the whole kernel with count_include_pad,
+    else the window's cells inside the input."""
+    if count_include_pad:
+        return F32.type(np.prod(k))
+    count = np.ones((), np.int64)
+    for i, (n, kk, b, o, s) in enumerate(zip(size, k, begin, out_sp, strides)):
+        start = np.arange(o) * s - b
+        c = np.minimum(start + kk, n) - np.maximum(start, 0)
+        count = count * c.reshape([-1 if j == i else 1 for j in range(len(out_sp))])
+    return count.astype(F32)
 
 
 @qlinear_average_pool.register_decomposition
@@ -577,7 +629,7 @@ def _qlinear_concat_meta(y_scale, y_zp, *inputs, axis):
     return Meta(y_zp.dtype, tuple(out))
 
 
-def _qlinear_concat(y_scale, y_zp, *inputs, axis):
+def _qlinear_concat(y_scale, y_zp, *inputs, out=None, axis):
     """Each input requantized to Y's scale and zero point through a 256-entry table (its
     bytes copied when its parameters are Y's, as onnxruntime does), then concatenated."""
     dt = _q8(y_zp, "Y_zero_point")
@@ -594,11 +646,11 @@ def _qlinear_concat(y_scale, y_zp, *inputs, axis):
     a = axis % rank
     _require(all(p.shape[:a] + p.shape[a + 1:] == parts[0].shape[:a] + parts[0].shape[a + 1:] for p in parts),
              f"the inputs' shapes {[list(p.shape) for p in parts]} differ outside axis {axis}")
-    return np.concatenate(parts, axis=a)
+    return np.concatenate(parts, axis=a, out=out)
 
 
 # The first input is the output's float32 scale: that is the dtype the kernel is chosen by.
-qlinear_concat.register_kernel("cpu", _qlinear_concat, dtypes=[F32])
+qlinear_concat.register_kernel("cpu", _qlinear_concat, dtypes=[F32], out=True)
 
 
 @qlinear_concat.register_decomposition
@@ -633,10 +685,10 @@ def _qlinear_where_meta(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp)
         _meta_one_value(s, what, [F32])
     for z, what in ((x_zp, "x_zero_point"), (y_zp, "y_zero_point"), (z_zp, "z_zero_point")):
         _meta_zero_point(z, x.dtype, what)
-    return Meta(x.dtype, broadcast(None, cond.shape, x.shape, y.shape))
+    return Meta(x.dtype, broadcast_shapes(cond.shape, x.shape, y.shape))
 
 
-def _qlinear_where(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp):
+def _qlinear_where(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp, *, out=None):
     """Z = X requantized to Z's parameters where the condition holds, else Y requantized
     (each through a 256-entry table, as onnxruntime builds them)."""
     _require(cond.dtype == np.bool_, f"condition must be bool, got {cond.dtype}")
@@ -650,11 +702,12 @@ def _qlinear_where(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp):
     sz, zz = _scale(z_scale, "z_scale", divisor=True), _zero_point(z_zp, dt, "z_zero_point")
     tx = _requantize_table(dt, _scale(x_scale, "x_scale"), _zero_point(x_zp, dt, "x_zero_point"), sz, zz)
     ty = _requantize_table(dt, _scale(y_scale, "y_scale"), _zero_point(y_zp, dt, "y_zero_point"), sz, zz)
-    return np.where(cond, _lookup(x, tx), _lookup(y, ty))
+    return write_elementwise(out, lambda c, u, v: np.where(c, _lookup(u, tx), _lookup(v, ty)), cond, x, y,
+                             limit=_TILE)
 
 
 # The first input is the bool condition: that is the dtype the kernel is chosen by.
-qlinear_where.register_kernel("cpu", _qlinear_where, dtypes=[np.bool_])
+qlinear_where.register_kernel("cpu", _qlinear_where, dtypes=[np.bool_], out=True)
 
 
 @qlinear_where.register_decomposition
@@ -708,8 +761,9 @@ def _qgemm_meta(a, a_scale, a_zp, b, b_scale, b_zp, c, y_scale, y_zp, alpha, tra
     return Meta(out_dt, (m, n))
 
 
-@qgemm.register_kernel("cpu")
-def _qgemm(a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, *, alpha=1.0, transA=0, transB=0):
+@qgemm.register_kernel("cpu", out=True)
+def _qgemm(a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, *, out=None, alpha=1.0, transA=0,
+           transB=0):
     """Y = alpha · a_scale · b_scale · ((A - a_zp) @ (B - b_zp) + C), A and B optionally
     transposed, C int32 (in the accumulator's scale). With y_scale and y_zero_point, Y is
     requantized (MLAS: the int32 accumulator in float32, times the float32 scale
@@ -740,9 +794,9 @@ def _qgemm(a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, 
         scale = scale / _scale(y_scale, "y_scale", divisor=True)
     y = acc.astype(F32) * scale
     if y_zp is None:
-        return y
+        return as_out(y, out)
     _require(y_zp.dtype == a.dtype, f"y_zero_point is {y_zp.dtype} but A is {a.dtype}: they must match")
-    return _saturate(y, _zero_point(y_zp, a.dtype, "y_zero_point"), a.dtype)
+    return as_out(_saturate(y, _zero_point(y_zp, a.dtype, "y_zero_point"), a.dtype), out)
 
 
 @qgemm.register_decomposition
@@ -784,9 +838,7 @@ qlinear_softmax = custom_op(
 
 
 def _softmax_axis(axis, opset, rank):
-    a = (1 if opset < 13 else -1) if axis == _AXIS_UNSET else axis
-    _require(-rank <= a < rank, f"axis {a} is out of range for rank {rank}")
-    return a % rank
+    return normalize_axis((1 if opset < 13 else -1) if axis == _AXIS_UNSET else axis, rank)
 
 
 @qlinear_softmax.register_meta
@@ -802,8 +854,8 @@ def _qlinear_softmax_meta(x, x_scale, x_zp, y_scale, y_zp, opset, axis):
     return x
 
 
-@qlinear_softmax.register_kernel("cpu")
-def _qlinear_softmax(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, opset, axis=_AXIS_UNSET):
+@qlinear_softmax.register_kernel("cpu", out=True)
+def _qlinear_softmax(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out=None, opset, axis=_AXIS_UNSET):
     """onnxruntime's table-driven softmax over `axis` (opset >= 13) or over the dims from
     `axis` on, flattened (opset < 13). Its semantics, not a float softmax requantized:
       - e = float32(exp((x - max(row) + shift) · X_scale)), from a 256-entry table
@@ -819,9 +871,11 @@ def _qlinear_softmax(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, opset, a
     _require(x.ndim >= 1, "X must have rank 1 or more")
     a = _softmax_axis(axis, opset, x.ndim)
     if x.size == 0:
-        return x.copy()
+        return as_out(x.copy(), out)
     if opset < 13:
         rows, perm = x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), -1), None
+    elif a == x.ndim - 1:
+        rows, perm = x.reshape(-1, x.shape[a]), None
     else:
         perm = list(range(x.ndim))
         perm[a], perm[-1] = perm[-1], perm[a]
@@ -829,14 +883,22 @@ def _qlinear_softmax(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, opset, a
     d = rows.shape[1]
     shift = max(0.0, math.log(_F32_MAX / d) - 5) / float(sx)
     table = np.exp((np.arange(256, dtype=F64) - 255 + shift) * float(sx)).astype(F32)
-    r = rows.astype(np.int32)
-    e = table[r - r.max(axis=1, keepdims=True) + 255]
-    total = np.add.accumulate(e, axis=1, dtype=F32)[:, -1:]  # in order, as the kernel's loop adds
-    q = np.rint(e * F32.type(math.floor(F32.type(1) / sy)) / total)
-    y = np.clip(q.astype(np.int64) + zy, *_qrange(dt)).astype(dt)
+    inv_sy = F32.type(math.floor(F32.type(1) / sy))
+    direct = perm is None and out is not None
+    y = out.reshape(rows.shape) if direct else np.empty(rows.shape, dt)
+    # Every step is per row: a block of rows at a time (a quarter tile: the integer steps are int64).
+    step = max(1, _TILE // 4 // d)
+    for r0 in range(0, rows.shape[0], step):
+        r = rows[r0:r0 + step].astype(np.int32)
+        e = table[r - r.max(axis=1, keepdims=True) + 255]
+        total = np.add.accumulate(e, axis=1, dtype=F32)[:, -1:]  # in order, as the kernel's loop adds
+        q = np.rint(e * inv_sy / total)
+        y[r0:r0 + len(r)] = np.clip(q.astype(np.int64) + zy, *_qrange(dt))
+    if direct:
+        return out
     if perm is None:
         return y.reshape(x.shape)
-    return y.reshape([x.shape[p] for p in perm]).transpose(perm)
+    return as_out(y.reshape([x.shape[p] for p in perm]).transpose(perm), out)
 
 
 @qlinear_softmax.register_decomposition
@@ -870,22 +932,6 @@ matmul_integer_to_float = custom_op(
 dynamic_quantize_matmul = custom_op(
     f"{MS}::DynamicQuantizeMatMul(Tensor A, Tensor B, Tensor b_scale, Tensor? b_zero_point, Tensor? bias) -> Tensor Y",
     dtypes=[F32])
-
-
-def _matmul_shape(a, b):
-    """np.matmul's output shape for (possibly symbolic) shapes."""
-    _require(len(a) >= 1 and len(b) >= 1, "A and B must have rank 1 or more")
-    a1, b1 = len(a) == 1, len(b) == 1
-    a = (1,) + tuple(a) if a1 else tuple(a)
-    b = tuple(b) + (1,) if b1 else tuple(b)
-    _require(not (isinstance(a[-1], int) and isinstance(b[-2], int) and a[-1] != b[-2]),
-             f"inner dimensions differ: {a[-1]} vs {b[-2]}")
-    out = list(broadcast(None, a[:-2], b[:-2])) + [a[-2], b[-1]]
-    if b1:
-        out.pop(-1)
-    if a1:
-        out.pop(-2 if not b1 else -1)
-    return tuple(out)
 
 
 def _b_param_fits(p_shape, b_shape):
@@ -975,11 +1021,11 @@ def _matmul_integer_to_float_meta(a, b, a_scale, b_scale, a_zp, b_zp, bias):
     _meta_zero_point(a_zp, a.dtype, "a_zero_point")
     _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
     _require(bias is None or bias.dtype == a_scale.dtype, f"bias must have the scales' type {a_scale.dtype}")
-    return Meta(a_scale.dtype, None if a.shape is None or b.shape is None else _matmul_shape(a.shape, b.shape))
+    return Meta(a_scale.dtype, None if a.shape is None or b.shape is None else matmul_shape(a.shape, b.shape))
 
 
-@matmul_integer_to_float.register_kernel("cpu")
-def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None):
+@matmul_integer_to_float.register_kernel("cpu", out=True)
+def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None, *, out=None):
     """Y = (A - a_zp) @ (B - b_zp) · a_scale · b_scale + bias, the integer product exact,
     the rest float32 (float16 scales: computed in float32, rounded once)."""
     _q8(a, "A"), _q8(b, "B")
@@ -990,7 +1036,8 @@ def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=
     _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
     _require(bias is None or bias.dtype == dt, f"bias must have the scales' type {dt}")
     a_scale, b_scale = _mitf_scales(a_scale, b_scale)
-    return _matmul_to_float(a, a_scale, a_zp, b, b_scale, b_zp, bias).astype(dt)
+    y = _matmul_to_float(a, a_scale, a_zp, b, b_scale, b_zp, bias)
+    return y.astype(dt) if out is None else as_out(y, out, cast=True)  # float16 scales: rounded once
 
 
 def _matmul_to_float_decomposition(g, a, a_scale, a_zp, b, b_scale, b_zp, bias):
@@ -1035,11 +1082,11 @@ def _dynamic_quantize_matmul_meta(a, b, b_scale, b_zp, bias):
     _require(b_scale.dtype == F32, f"b_scale must be float32, got {b_scale.dtype}")
     _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
     _require(bias is None or bias.dtype == F32, f"bias must be float32, got {None if bias is None else bias.dtype}")
-    return Meta(F32, None if a.shape is None or b.shape is None else _matmul_shape(a.shape, b.shape))
+    return Meta(F32, None if a.shape is None or b.shape is None else matmul_shape(a.shape, b.shape))
 
 
-@dynamic_quantize_matmul.register_kernel("cpu")
-def _dynamic_quantize_matmul(a, b, b_scale, b_zp=None, bias=None):
+@dynamic_quantize_matmul.register_kernel("cpu", out=True)
+def _dynamic_quantize_matmul(a, b, b_scale, b_zp=None, bias=None, *, out=None):
     """A quantized to uint8 with parameters from its own range (as DynamicQuantizeLinear),
     then MatMulIntegerToFloat."""
     _require(a.dtype == F32, f"A must be float32, got {a.dtype}")
@@ -1048,7 +1095,7 @@ def _dynamic_quantize_matmul(a, b, b_scale, b_zp=None, bias=None):
     _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
     _require(bias is None or bias.dtype == F32, f"bias must be float32, got {None if bias is None else bias.dtype}")
     aq, a_scale, a_zp = _dynamic_quantize(a)
-    return _matmul_to_float(aq, a_scale, np.asarray(a_zp, U8), b, b_scale, b_zp, bias)
+    return as_out(_matmul_to_float(aq, a_scale, np.asarray(a_zp, U8), b, b_scale, b_zp, bias), out)
 
 
 @dynamic_quantize_matmul.register_decomposition

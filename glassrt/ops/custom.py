@@ -170,26 +170,35 @@ class CustomOp:
         self._publish()
         return fn
 
-    def register_kernel(self, provider, fn=None, *, dtypes=None, bind=False):
+    def register_kernel(self, provider, fn=None, *, dtypes=None, bind=False, out=False):
         """fn(*inputs, **attrs) -> array or tuple of arrays, for `provider` ("cpu"...).
 
         With bind=True, fn(ctx) is called once per compiled plan and returns
         step(*inputs): ctx.const(i) is input i's value when it is known before the run (a
         weight), ctx.shape(i) / ctx.dtype(i) its type, ctx.attrs the attributes — the place
-        for work that should not be redone on every run (repacking, dequantizing weights)."""
+        for work that should not be redone on every run (repacking, dequantizing weights).
+
+        With out=True the kernel writes into the plan's memory arena: fn(*inputs, out=...,
+        **attrs) (step(*inputs, out=...) with bind=True) is handed the output's buffer, a
+        view already of the output's shape and dtype, fills it and returns it. An op with
+        several outputs gets a tuple with one entry per output of the schema. An entry (or
+        `out` itself) is None where there is no buffer to fill — the shape is only known
+        at run time, the node leaves that output unused, or the kernel is called directly
+        (`glassrt check`) — and the kernel then returns a new array as without out=True."""
         if fn is None:
-            return lambda f: self.register_kernel(provider, f, dtypes=dtypes, bind=bind)
+            return lambda f: self.register_kernel(provider, f, dtypes=dtypes, bind=bind, out=out)
         from ..kernels.registry import Kernel, register, unregister
 
         unregister(provider, self.domain, self.name)
-        multi = len(self.schema.outputs) > 1
+        n_out = len(self.schema.outputs)
+        multi = n_out > 1
         if bind:
-            call = fn if not multi else (lambda ctx, _fn=fn: (lambda *a, _s=_fn(ctx): tuple(_s(*a))))
+            call = fn if not multi else (lambda ctx, _fn=fn: _as_tuple(_fn(ctx), n_out, out))
         else:
-            call = fn if not multi else (lambda *a, _fn=fn, **k: tuple(_fn(*a, **k)))
+            call = fn if not multi else _as_tuple(fn, n_out, out)
         declared = dtypes or self.dtypes
         register(Kernel(name=f"{provider}.{self.domain + '::' if self.domain else ''}{self.name}", provider=provider,
-                        domain=self.domain, op_type=self.name, fn=call, multi=multi, builder=bind,
+                        domain=self.domain, op_type=self.name, fn=call, multi=multi, builder=bind, out=out,
                         dtypes=frozenset(np.dtype(d) for d in declared) if declared else None,
                         attrs=None, doc=(fn.__doc__ or "").strip().split("\n")[0] or "user kernel"))
         self.kernels[provider] = fn if not bind else _Bound(fn)
@@ -287,6 +296,19 @@ class CustomOp:
         outs = self.decomposition_fn(g, *names, **self.attrs_of(node))
         outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
         return g.finish(outs)
+
+
+def _as_tuple(step, n_out, takes_out):
+    """A multi-output kernel's results as a tuple; with out=, its buffers padded to one per
+    output of the schema (the plan hands one per output of the node, which may use fewer)."""
+    if not takes_out:
+        return lambda *args, **attrs: tuple(step(*args, **attrs))
+
+    def call(*args, out=None, **attrs):
+        bufs = tuple(out) if out is not None else ()
+        return tuple(step(*args, out=(bufs + (None,) * n_out)[:n_out], **attrs))
+
+    return call
 
 
 class _Bound:

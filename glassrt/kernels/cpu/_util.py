@@ -4,6 +4,10 @@ from __future__ import annotations
 import numpy as np
 
 from ... import dtypes
+from ...ops.geometry import normalize_axis as norm_axis  # noqa: F401  (shared with meta, backward, contrib)
+from ...ops.geometry import spatial_pads  # noqa: F401
+from ..buffers import as_out, new_out, write_elementwise  # noqa: F401  (the kernels' out= helpers)
+from ...ops.windows import pad_spatial, window_views, windows  # noqa: F401
 
 FLOATS = dtypes.FLOATS
 FLOATS_BF16 = dtypes.FLOATS_BF16
@@ -18,83 +22,30 @@ def contiguous(x: np.ndarray) -> np.ndarray:
     return x if x.flags.c_contiguous else x.copy(order="C")
 
 
-def norm_axis(axis: int, rank: int) -> int:
-    """axis in [-rank, rank-1] as a non-negative index; anything else is the model's error
-    (NumPy would raise an AxisError without the op's context, or wrap around silently)."""
-    if not -rank <= axis < rank:
-        raise ValueError(f"axis {axis} is out of range for an input of rank {rank}")
-    return axis + rank if axis < 0 else axis
+def interp_dtype(dt):
+    """Interpolation arithmetic type: float64 where float32 would lose the input's precision."""
+    dt = np.dtype(dt)
+    if dt == np.float64 or (dt.kind in "iu" and dt.itemsize >= 4):
+        return np.dtype(np.float64)
+    return np.dtype(np.float32)
 
 
-def as_out(result, out):
-    """Put `result` into `out` when a buffer was handed over; return what holds the value."""
-    if out is None:
-        return result if isinstance(result, np.ndarray) else np.asarray(result)
-    np.copyto(out, result, casting="unsafe")
-    return out
+def cast_result(acc, dt):
+    """Float result to the output dtype (integers round half to even and saturate, like the spec)."""
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return np.clip(np.rint(acc), info.min, info.max).astype(dt)
+    return acc.astype(dt, copy=False)
 
 
-def spatial_pads(in_shape, kernel, strides, dilations, pads, auto_pad, ceil_mode=False):
-    """Begin/end pads per spatial dim and the output spatial shape (ONNX conv/pool rules)."""
-    n = len(kernel)
-    strides = list(strides or [1] * n)
-    dilations = list(dilations or [1] * n)
-    pads = list(pads or [0] * (2 * n))
-    begin, end, out = [], [], []
-    for i in range(n):
-        size, k, s, d = in_shape[i], kernel[i], strides[i], dilations[i]
-        eff = d * (k - 1) + 1
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-size // s)
-            total = max(0, (o - 1) * s + eff - size)
-            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
-            e = total - b
-        else:
-            b, e = (0, 0) if auto_pad == "VALID" else (pads[i], pads[i + n])
-            span = size + b + e - eff
-            if ceil_mode:
-                o = -(-span // s) + 1
-                if (o - 1) * s >= size + b:
-                    o -= 1
-            else:
-                o = span // s + 1
-        begin.append(b)
-        end.append(e)
-        out.append(o)
-    return begin, end, out, strides, dilations
-
-
-def pad_spatial(x, begin, end, value, buf=None):
-    """x padded on its spatial dims (2..) with `value`, written into `buf` when given."""
-    if not any(begin) and not any(end):
-        return x
-    shape = x.shape[:2] + tuple(s + b + e for s, b, e in zip(x.shape[2:], begin, end))
-    xp = np.empty(shape, x.dtype) if buf is None else buf[: int(np.prod(shape)) * x.dtype.itemsize].view(x.dtype).reshape(shape)
-    xp.fill(value)
-    inner = (slice(None), slice(None)) + tuple(slice(b, b + s) for b, s in zip(begin, x.shape[2:]))
-    xp[inner] = x
-    return xp
-
-
-def windows(xp, kernel, strides, dilations, out_shape):
-    """A strided view (N, C, *kernel, *out_spatial) of every window position."""
-    n = len(kernel)
-    st = xp.strides
-    shape = xp.shape[:2] + tuple(kernel) + tuple(out_shape)
-    strides_ = st[:2] + tuple(st[2 + i] * dilations[i] for i in range(n)) + tuple(st[2 + i] * strides[i] for i in range(n))
-    return np.lib.stride_tricks.as_strided(xp, shape, strides_, writeable=False)
-
-
-def window_views(xp, kernel, strides, dilations, out_shape):
-    """For each kernel offset, the strided view of xp it reads at every output position."""
-    import itertools
-
-    n = len(kernel)
-    for offs in itertools.product(*[range(k) for k in kernel]):
-        idx = (slice(None), slice(None)) + tuple(
-            slice(offs[i] * dilations[i], offs[i] * dilations[i] + (out_shape[i] - 1) * strides[i] + 1, strides[i])
-            for i in range(n))
-        yield offs, xp[idx]
+def cubic_weights(r, a):
+    """Keys cubic weights of taps -1, 0, 1, 2 around the source point at fraction r (Resize,
+    GridSample)."""
+    s, t = r + 1, 1 - r
+    return np.stack([((a * s - 5 * a) * s + 8 * a) * s - 4 * a,
+                     ((a + 2) * r - (a + 3)) * r * r + 1,
+                     ((a + 2) * t - (a + 3)) * t * t + 1,
+                     ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a], axis=1)
 
 
 # Activations a fused node (glassrt::FusedConv, glassrt::FusedBatchNormalization) applies

@@ -15,7 +15,7 @@ import numpy as np
 from onnx import helper
 
 from ..registry import kernel
-from ._util import FLOATS_BF16
+from ._util import FLOATS_BF16, as_out, new_out, write_elementwise
 
 _HALF = frozenset(FLOATS_BF16 - {np.dtype(np.float32), np.dtype(np.float64)})
 
@@ -27,6 +27,32 @@ def _work(dt):
 def _round_to(a, dt):
     """`a` rounded through dtype `dt` when that is a half type (what a cast in the function body does)."""
     return a.astype(dt).astype(a.dtype) if np.dtype(dt) in _HALF else a
+
+
+def _outputs(out, n):
+    """The op's n output buffers (None where the node has fewer outputs or none was planned)."""
+    out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return (out + (None,) * n)[:n]
+
+
+def _into(value, buf, cast=False):
+    """`value` in its planned buffer (already there when the kernel computed it in place)."""
+    return value if value is buf else as_out(value, buf, cast)
+
+
+def _present(past, new, buf):
+    """The KV cache after this step, [past | new] along the sequence axis, built in `buf`
+    when it was planned (outputs never alias the inputs)."""
+    shape = new.shape[:2] + (new.shape[2] + (past.shape[2] if past is not None else 0),) + new.shape[3:]
+    fits = buf is not None and buf.shape == shape and all(a.dtype == buf.dtype for a in (past, new) if a is not None)
+    if past is None:
+        if fits:
+            np.copyto(buf, new)
+            return buf
+        return np.array(new)
+    if fits:
+        return np.concatenate([past, new], axis=2, out=buf)
+    return np.concatenate([past, new], axis=2)
 
 
 def _split_heads(x, heads, what):
@@ -115,7 +141,7 @@ def _attention_bias(attn_mask, is_causal, left, right, nonpad, past_len, b, sq, 
     return np.where(allowed, zero, wd.type(-np.inf))
 
 
-@kernel("Attention", versions=(23, None), dtypes=FLOATS_BF16, bind=True, multi=True)
+@kernel("Attention", versions=(23, None), dtypes=FLOATS_BF16, out=True, bind=True, multi=True)
 def attention(ctx):
     """Scaled dot-product attention with masks, KV cache, GQA, softcap and the debug output."""
     a = ctx.attrs
@@ -130,7 +156,8 @@ def attention(ctx):
     want_qk = len(outs) > 3 and bool(outs[3])
     want_present = any(outs[1:3])
 
-    def step(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
+    def step(q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *, out=(None,)):
+        y_out, key_out, value_out, qk_buf = _outputs(out, 4)
         t1 = q.dtype
         three_d = q.ndim == 3
         if three_d:
@@ -146,11 +173,8 @@ def attention(ctx):
             raise ValueError("past_key and past_value must be given together")
         if nonpad_kv_seqlen is not None and past_key is not None:
             raise ValueError("nonpad_kv_seqlen cannot be combined with past_key / past_value")
-        if past_key is not None:
-            kh = np.concatenate([past_key, kh], axis=2)
-            vh = np.concatenate([past_value, vh], axis=2)
-        elif want_present:
-            kh, vh = np.array(kh), np.array(vh)  # outputs never alias the inputs
+        if past_key is not None or want_present:
+            kh, vh = _present(past_key, kh, key_out), _present(past_value, vh, value_out)
         bsz, hq, sq, d = qh.shape
         skv = kh.shape[2]
         if kh.shape[3] != d:
@@ -187,11 +211,23 @@ def attention(ctx):
         if want_qk and mode == 3:
             qk = probs
         probs = _round_to(probs.astype(wd, copy=False), t1)
-        y = _gqa_matmul(probs, vh.astype(wd, copy=False), hq).astype(t1)
+        y = _gqa_matmul(probs, vh.astype(wd, copy=False), hq)
         if three_d:
-            y = y.transpose(0, 2, 1, 3).reshape(bsz, sq, -1)
-        qk_out = np.ascontiguousarray(qk).astype(t1, copy=False) if qk is not None else None
-        return y, kh, vh, qk_out
+            y = y.transpose(0, 2, 1, 3)  # (B, Sq, Hq, D): rounded to T1 as it is written
+            if y_out is not None and y_out.size == y.size:
+                np.copyto(y_out.reshape(y.shape), y, casting="unsafe")
+                y = y_out
+            else:
+                y = y.astype(t1).reshape(bsz, sq, -1)
+        elif y_out is None:
+            y = y.astype(t1)
+        if qk is None:
+            qk_out = None
+        elif qk_buf is None:
+            qk_out = np.ascontiguousarray(qk).astype(t1, copy=False)
+        else:
+            qk_out = as_out(qk, qk_buf, cast=True)
+        return _into(y, y_out, cast=True), _into(kh, key_out), _into(vh, value_out), qk_out
 
     return step
 
@@ -199,7 +235,7 @@ def attention(ctx):
 # ---------------------------------------------------------------- FlexAttention (ai.onnx.preview)
 
 
-@kernel("FlexAttention", domain="ai.onnx.preview", dtypes=FLOATS_BF16, bind=True)
+@kernel("FlexAttention", domain="ai.onnx.preview", dtypes=FLOATS_BF16, out=True, bind=True)
 def flex_attention(ctx):
     """Attention whose scores / probabilities pass through user subgraphs (score_mod, prob_mod)."""
     a = ctx.attrs
@@ -221,7 +257,7 @@ def flex_attention(ctx):
             raise ValueError(f"{name} changed the shape {x.shape} to {out.shape}")
         return out.astype(x.dtype, copy=False)
 
-    def step(q, k, v, *implicit):
+    def step(q, k, v, *implicit, out=None):
         outer = dict(zip(ctx.node.implicit_inputs, implicit))
         if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
             raise ValueError(f"FlexAttention needs rank-4 Q, K, V, got {q.shape}, {k.shape}, {v.shape}")
@@ -245,7 +281,7 @@ def flex_attention(ctx):
         probs = (e / e.sum(axis=-1, keepdims=True)).astype(cd, copy=False)
         probs = run_mod("prob_mod", probs, outer)
         y = _gqa_matmul(probs.astype(sw, copy=False), v.astype(cd).astype(sw, copy=False), q.shape[1])
-        return y.astype(cd).astype(v.dtype)
+        return as_out(y.astype(cd).astype(v.dtype), out)
 
     return step
 
@@ -253,8 +289,8 @@ def flex_attention(ctx):
 # ---------------------------------------------------------------- RotaryEmbedding
 
 
-@kernel("RotaryEmbedding", versions=(23, None), dtypes=FLOATS_BF16)
-def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=0, num_heads=0,
+@kernel("RotaryEmbedding", versions=(23, None), dtypes=FLOATS_BF16, out=True)
+def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, out=None, interleaved=0, num_heads=0,
                      rotary_embedding_dim=0):
     """Rotate the first `rotary_embedding_dim` features of every head by position-dependent angles."""
     if x.ndim == 4:
@@ -298,38 +334,43 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved=
     else:
         x1, x2 = xv[..., :r // 2], xv[..., r // 2:r]
     x1, x2 = x1.astype(wd, copy=False), x2.astype(wd, copy=False)
-    out = x.copy()
-    ov = out.transpose(0, 2, 1, 3) if x.ndim == 4 else out.reshape(xv.shape)
+    y = new_out(out, x.shape, x.dtype)
+    np.copyto(y, x)  # the features past the rotary dims pass through
+    ov = y.transpose(0, 2, 1, 3) if x.ndim == 4 else y.reshape(xv.shape)
     if interleaved:
         ov[..., 0:r:2] = cos * x1 - sin * x2
         ov[..., 1:r:2] = sin * x1 + cos * x2
     else:
         ov[..., :r // 2] = cos * x1 - sin * x2
         ov[..., r // 2:r] = sin * x1 + cos * x2
-    return out
+    return y
 
 
 # ---------------------------------------------------------------- SwiGLU
 
 
-@kernel("SwiGLU", versions=(1, None), dtypes=FLOATS_BF16)
-def swiglu(a, b, *, alpha=1.0):
+@kernel("SwiGLU", versions=(1, None), dtypes=FLOATS_BF16, out=True)
+def swiglu(a, b, *, out=None, alpha=1.0):
     """Y = Swish_alpha(A) * B = A * sigmoid(alpha * A) * B (no broadcasting)."""
     if a.shape != b.shape:
         raise ValueError(f"A {a.shape} and B {b.shape} must have the same shape")
     wd = _work(a.dtype)
-    af = a.astype(wd, copy=False)
-    with np.errstate(over="ignore"):
-        gate = af / (1 + np.exp(-wd.type(alpha) * af))
-    gate = _round_to(gate, a.dtype)  # the body's Swish output is a T tensor
-    return (gate * b.astype(wd, copy=False)).astype(a.dtype)
+
+    def fn(a, b):
+        af = a.astype(wd, copy=False)
+        with np.errstate(over="ignore"):
+            gate = af / (1 + np.exp(-wd.type(alpha) * af))
+        gate = _round_to(gate, a.dtype)  # the body's Swish output is a T tensor
+        return (gate * b.astype(wd, copy=False)).astype(a.dtype)
+
+    return write_elementwise(out, fn, a, b)
 
 
 # ---------------------------------------------------------------- CausalConvWithState
 
 
-@kernel("CausalConvWithState", versions=(1, None), dtypes=FLOATS_BF16, multi=True)
-def causal_conv_with_state(x, weight, bias=None, past_state=None, *, activation="none"):
+@kernel("CausalConvWithState", versions=(1, None), dtypes=FLOATS_BF16, out=True, multi=True)
+def causal_conv_with_state(x, weight, bias=None, past_state=None, *, out=(None,), activation="none"):
     """Depthwise causal conv over [past_state | x] (one multiply-add per tap), optional SiLU,
     and the last k-1 positions as the new state."""
     if activation not in ("none", "silu", "swish"):
@@ -356,14 +397,16 @@ def causal_conv_with_state(x, weight, bias=None, past_state=None, *, activation=
         with np.errstate(over="ignore"):
             y = y / (1 + np.exp(-y))
     present = padded[:, :, padded.shape[2] - (k - 1):]
-    return y.astype(x.dtype), np.ascontiguousarray(present)
+    y_out, state_out = _outputs(out, 2)
+    return as_out(y.astype(x.dtype), y_out), np.ascontiguousarray(present) if state_out is None else \
+        as_out(present, state_out)
 
 
 # ---------------------------------------------------------------- LinearAttention
 
 
-@kernel("LinearAttention", versions=(1, None), dtypes=FLOATS_BF16, multi=True)
-def linear_attention(query, key, value, past_state=None, decay=None, beta=None, *, q_num_heads=None,
+@kernel("LinearAttention", versions=(1, None), dtypes=FLOATS_BF16, out=True, multi=True)
+def linear_attention(query, key, value, past_state=None, decay=None, beta=None, *, out=(None,), q_num_heads=None,
                      kv_num_heads=None, update_rule="gated_delta", scale=0.0, chunk_size=64):
     """Recurrent linear attention (linear / gated / delta / gated_delta), one state update per token,
     batched over (batch, kv head); GQA reads each K/V head's state for its group of query heads."""
@@ -407,7 +450,7 @@ def linear_attention(query, key, value, past_state=None, decay=None, beta=None, 
         state = np.zeros((b, hkv, dk, dv), f32)
         state_dt = query.dtype
     sc = f32(scale) if scale else f32(1.0 / np.sqrt(dk))
-    out = np.empty((b, hkv, g, t, dv), f32)
+    acc = np.empty((b, hkv, g, t, dv), f32)
     for i in range(t):
         kt, vt = k4[:, :, i], v4[:, :, i]  # (B, Hkv, dk), (B, Hkv, dv)
         if gated:
@@ -416,7 +459,8 @@ def linear_attention(query, key, value, past_state=None, decay=None, beta=None, 
             retrieved = np.matmul(kt[:, :, None, :], state)[:, :, 0]  # S^T k
             vt = bt[:, :, i] * (vt - retrieved)
         state += kt[..., :, None] * vt[..., None, :]
-        out[:, :, :, i] = np.matmul(q5[:, :, :, i], state)  # (B, Hkv, G, dv)
-    out *= sc
-    y = out.reshape(b, hq, t, dv).transpose(0, 2, 1, 3).reshape(b, t, hq * dv)
-    return y.astype(query.dtype), state.astype(state_dt)
+        acc[:, :, :, i] = np.matmul(q5[:, :, :, i], state)  # (B, Hkv, G, dv)
+    acc *= sc
+    y = acc.reshape(b, hq, t, dv).transpose(0, 2, 1, 3).reshape(b, t, hq * dv)
+    y_out, state_out = _outputs(out, 2)
+    return as_out(y.astype(query.dtype), y_out), as_out(state.astype(state_dt), state_out)

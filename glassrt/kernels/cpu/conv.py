@@ -8,6 +8,7 @@ from dataclasses import replace
 from .. import registry
 from ..registry import kernel
 from . import pool
+from ._jit import compiled, jit, numba_missing
 from ._util import ACTIVATIONS, FLOATS, pad_spatial, spatial_pads, window_views, windows
 
 
@@ -96,13 +97,13 @@ def conv_1x1(ctx):
     m = ctx.shape(1)[0]
     group = int(ctx.attrs.get("group", 1))
     mg = m // group
-    residual = _has_residual(ctx) and _numba_missing() is None
-    if _numba_missing() is None:
+    residual = _has_residual(ctx) and numba_missing() is None
+    if numba_missing() is None:
         ctx, lo, hi = _epilogue(ctx, allow_residual=True)
         clamp = np.array([lo, hi], _compute_dtype(ctx))
         clamps = not (lo == -np.inf and hi == np.inf)
         zeros = np.zeros(m, _compute_dtype(ctx))
-        bias_act, bias_res_act = _jit()["_bias_act"], _jit()["_bias_res_act"]
+        bias_act, bias_res_act = compiled(_bias_act), compiled(_bias_res_act)
     else:
         bias_act = None
 
@@ -182,7 +183,7 @@ def conv_depthwise_2d(ctx):
     x_shape, w_shape, k, begin, end, out_sp, strides, dil = _geometry(ctx)
     dt = _compute_dtype(ctx)  # float16 runs in float32 (_finish converts)
     lay = pool.PlaneLayout(x_shape, k, begin, out_sp, strides, dil)
-    run = pool._jit()["_depthwise_planes"]
+    run = compiled(pool._depthwise_planes)
     no_bias = np.zeros(w_shape[0], dt)
 
     def step(x, w, b=None, *, out):
@@ -255,8 +256,7 @@ def conv_im2col(ctx):
 
 # ---------------------------------------------------------------- compiled loops
 # The 2-D kernels below (Winograd, compiled im2col) do their data movement in Numba loops,
-# compiled by _jit() on first use (machine code cached on disk; module-level functions:
-# the disk cache misses for closures) and the multiplies in NumPy's BLAS. Each loop takes
+# compiled on first use (_jit.py) and the multiplies in NumPy's BLAS. Each loop takes
 # a range [lo, hi) of independent work items (channels, filters, rows), which a caller
 # could hand to different threads; they run on the calling thread, though: the threads
 # (intra_op_num_threads) are BLAS's, in the GEMMs. Tried and
@@ -266,33 +266,8 @@ def conv_im2col(ctx):
 # faster alone, but slower inside a network, where OpenBLAS's idle workers, spinning for
 # a while after each threaded GEMM, take the second core: vgg19 167 ms against 150 ms).
 
-_JIT: dict = {}  # name: python function
-_NB: dict = {}  # name: compiled function
-_u64 = int  # numba.uint64 once _jit() has run
-
-
-def _numba(fn):
-    _JIT[fn.__name__] = fn
-    return fn
-
-
-def _numba_missing():
-    try:
-        import numba  # noqa: F401
-    except Exception as e:  # pragma: no cover - numba is a dependency
-        return f"numba unavailable ({type(e).__name__}: {e})"
-    return None
-
-
-def _jit():
-    """The compiled loops by name."""
-    if not _NB:
-        import numba
-
-        globals()["_u64"] = numba.uint64
-        for name, fn in _JIT.items():
-            globals()[name] = _NB[name] = numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
-    return _NB
+_numba = jit(error_model="numpy")
+_u64 = np.uint64  # unsigned index arithmetic inside the compiled loops
 
 
 @_numba
@@ -558,7 +533,7 @@ def _conv2d_reason(ctx):
         return "negative pads"
     if any(int(o) < 1 for o in out):
         return "empty output"
-    return _numba_missing()
+    return numba_missing()
 
 
 # ---------------------------------------------------------------- Winograd F(4x4, 3x3)
@@ -647,8 +622,7 @@ def conv_winograd(ctx):
     w_const = ctx.const(1)
     wt_const = _wino_weights(w_const, dt) if w_const is not None else None
     ws = ctx.workspace
-    nb = _jit()
-    wino_in, wino_out = nb["_wino_in"], nb["_wino_out"]
+    wino_in, wino_out = compiled(_wino_in), compiled(_wino_out)
 
     def step(x, w, b=None, *, out):
         if ws is not None:
@@ -712,8 +686,7 @@ def conv_im2col2d(ctx):
     clamps = not (lo == -np.inf and hi == np.inf)
     zeros = np.zeros(m, dt)
     ws = ctx.workspace
-    nb = _jit()
-    im2col, bias_act = nb["_im2col"], nb["_bias_act"]
+    im2col, bias_act = compiled(_im2col), compiled(_bias_act)
 
     def step(x, w, b=None, *, out):
         cols_buf = ws[:cols_bytes].view(dt) if ws is not None else np.empty(cols_bytes // dt.itemsize, dt)

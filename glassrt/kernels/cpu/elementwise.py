@@ -1,7 +1,9 @@
 """Elementwise ops: NumPy ufuncs that write into the planned output buffer.
 
 Most of these are in-place capable: when an input dies at this node the planner gives
-the output the input's own buffer.
+the output the input's own buffer. Ops that are a composition of several ufuncs run
+their expression tile by tile into the buffer (`write_elementwise`): the temporaries are a
+tile in size and every element gets the same operations, so the same bits.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import onnx
 
 from ... import dtypes
 from ..registry import kernel
-from ._util import ALL, FLOATS, FLOATS_BF16, INTS, NUMERIC, SIGNED, as_out
+from ._util import ALL, FLOATS, FLOATS_BF16, INTS, NUMERIC, SIGNED, as_out, write_elementwise
 from .erf import erf  # noqa: F401  (also imported from here by backward/ and contrib/)
 from .erf import gelu as _gelu32
 from .erf import scratch_bytes as erf_scratch_bytes
@@ -75,50 +77,60 @@ def softplus(x, *, out=None):
     return np.logaddexp(x, x.dtype.type(0), out=out)
 
 
-@kernel("Softsign", dtypes=FLOATS_BF16)
-def softsign(x):
-    return x / (1 + np.abs(x))
+# Tile-wise expressions (`write_elementwise`): in place is safe, since a tile of the
+# output depends only on the same tile of the input.
 
 
-@kernel("Elu", dtypes=FLOATS_BF16)
-def elu(x, *, alpha=1.0):
-    return np.where(x > 0, x, (np.exp(np.minimum(x, 0)) - 1) * x.dtype.type(alpha)).astype(x.dtype)
+@kernel("Softsign", dtypes=FLOATS_BF16, out=True, inplace=True)
+def softsign(x, *, out=None):
+    return write_elementwise(out, lambda v: v / (1 + np.abs(v)), x)
 
 
-@kernel("Selu", dtypes=FLOATS_BF16)
-def selu(x, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
-    return (np.where(x > 0, x, alpha * (np.exp(np.minimum(x, 0)) - 1)) * gamma).astype(x.dtype)
+@kernel("Elu", dtypes=FLOATS_BF16, out=True, inplace=True)
+def elu(x, *, out=None, alpha=1.0):
+    a = x.dtype.type(alpha)
+    return write_elementwise(out, lambda v: np.where(v > 0, v, (np.exp(np.minimum(v, 0)) - 1) * a).astype(v.dtype), x)
 
 
-@kernel("Celu", dtypes=FLOATS_BF16)
-def celu(x, *, alpha=1.0):
-    return (np.maximum(x, 0) + np.minimum(0, alpha * (np.exp(x / alpha) - 1))).astype(x.dtype)
+@kernel("Selu", dtypes=FLOATS_BF16, out=True, inplace=True)
+def selu(x, *, out=None, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
+    return write_elementwise(
+        out, lambda v: (np.where(v > 0, v, alpha * (np.exp(np.minimum(v, 0)) - 1)) * gamma).astype(v.dtype), x)
+
+
+@kernel("Celu", dtypes=FLOATS_BF16, out=True, inplace=True)
+def celu(x, *, out=None, alpha=1.0):
+    return write_elementwise(
+        out, lambda v: (np.maximum(v, 0) + np.minimum(0, alpha * (np.exp(v / alpha) - 1))).astype(v.dtype), x)
 
 
 @kernel("LeakyRelu", dtypes=FLOATS_BF16, out=True, inplace=True)
 def leaky_relu(x, *, out=None, alpha=0.01):
-    y = np.multiply(x, x.dtype.type(alpha), out=None)
-    return np.maximum(x, y, out=out) if alpha <= 1 else np.minimum(x, y, out=out)
+    a = x.dtype.type(alpha)
+    pick = np.maximum if alpha <= 1 else np.minimum
+    return write_elementwise(out, lambda v: pick(v, np.multiply(v, a)), x)
 
 
-@kernel("ThresholdedRelu", dtypes=FLOATS_BF16)
-def thresholded_relu(x, *, alpha=1.0):
-    return np.where(x > alpha, x, 0).astype(x.dtype)
+@kernel("ThresholdedRelu", dtypes=FLOATS_BF16, out=True, inplace=True)
+def thresholded_relu(x, *, out=None, alpha=1.0):
+    return write_elementwise(out, lambda v: np.where(v > alpha, v, 0).astype(v.dtype), x)
 
 
-@kernel("HardSigmoid", dtypes=FLOATS_BF16)
-def hard_sigmoid(x, *, alpha=0.2, beta=0.5):
-    return np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(x.dtype)
+@kernel("HardSigmoid", dtypes=FLOATS_BF16, out=True, inplace=True)
+def hard_sigmoid(x, *, out=None, alpha=0.2, beta=0.5):
+    a, b = x.dtype.type(alpha), x.dtype.type(beta)
+    return write_elementwise(out, lambda v: np.clip(v * a + b, 0, 1).astype(v.dtype), x)
 
 
-@kernel("HardSwish", dtypes=FLOATS_BF16)
-def hard_swish(x):
-    return (x * np.clip(x * x.dtype.type(1 / 6) + x.dtype.type(0.5), 0, 1)).astype(x.dtype)
+@kernel("HardSwish", dtypes=FLOATS_BF16, out=True, inplace=True)
+def hard_swish(x, *, out=None):
+    a, b = x.dtype.type(1 / 6), x.dtype.type(0.5)
+    return write_elementwise(out, lambda v: (v * np.clip(v * a + b, 0, 1)).astype(v.dtype), x)
 
 
-@kernel("Mish", dtypes=FLOATS_BF16)
-def mish(x):
-    return (x * np.tanh(np.logaddexp(x, 0))).astype(x.dtype)
+@kernel("Mish", dtypes=FLOATS_BF16, out=True, inplace=True)
+def mish(x, *, out=None):
+    return write_elementwise(out, lambda v: (v * np.tanh(np.logaddexp(v, 0))).astype(v.dtype), x)
 
 
 @kernel("Gelu", dtypes=FLOATS_BF16, out=True, inplace=True, bind=True, workspace=_float32_scratch)
@@ -129,35 +141,50 @@ def gelu(ctx):
     def step(x, *, out=None):
         if approximate != "tanh" and x.dtype == np.float32:
             return _gelu32(x, out, ws)  # one compiled pass, rounded as onnxruntime's float32 Gelu
-        xf = x.astype(np.float64) if x.dtype != np.float64 else x
-        if approximate == "tanh":
-            y = 0.5 * xf * (1 + np.tanh(np.sqrt(2 / np.pi) * (xf + 0.044715 * xf ** 3)))
-        else:
-            y = 0.5 * xf * (1 + erf(xf / np.sqrt(2)))
-        return as_out(y.astype(x.dtype), out)
+        return write_elementwise(out, _gelu_tanh if approximate == "tanh" else _gelu_float64, x)
 
     return step
 
 
-@kernel("Swish", dtypes=FLOATS_BF16)
-def swish(x, *, alpha=1.0):
-    return (x / (1 + np.exp(-x.dtype.type(alpha) * x))).astype(x.dtype)
+def _gelu_tanh(x):
+    xf = x.astype(np.float64) if x.dtype != np.float64 else x
+    return (0.5 * xf * (1 + np.tanh(np.sqrt(2 / np.pi) * (xf + 0.044715 * xf ** 3)))).astype(x.dtype)
 
 
-@kernel("Shrink", dtypes=NUMERIC)
-def shrink(x, *, bias=0.0, lambd=0.5):
-    return np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0)).astype(x.dtype)
+def _gelu_float64(x):
+    """Exact GELU computed in float64 (the types without a compiled float32 pass)."""
+    xf = x.astype(np.float64) if x.dtype != np.float64 else x
+    return (0.5 * xf * (1 + erf(xf / np.sqrt(2)))).astype(x.dtype)
 
 
-@kernel(["IsNaN"], dtypes=FLOATS_BF16 | dtypes.FLOAT8)
-def isnan(x):
+@kernel("Swish", dtypes=FLOATS_BF16, out=True, inplace=True)
+def swish(x, *, out=None, alpha=1.0):
+    a = x.dtype.type(alpha)
+    return write_elementwise(out, lambda v: (v / (1 + np.exp(-a * v))).astype(v.dtype), x)
+
+
+@kernel("Shrink", dtypes=NUMERIC, out=True, inplace=True)
+def shrink(x, *, out=None, bias=0.0, lambd=0.5):
+    return write_elementwise(
+        out, lambda v: np.where(v < -lambd, v + bias, np.where(v > lambd, v - bias, 0)).astype(v.dtype), x)
+
+
+def _isnan(x):
     return np.isnan(x.astype(np.float32) if x.dtype.kind == "V" or x.dtype.itemsize == 1 else x)
 
 
-@kernel("IsInf", dtypes=FLOATS_BF16 | dtypes.FLOAT8)
-def isinf(x, *, detect_negative=1, detect_positive=1):
-    xf = x.astype(np.float32) if x.dtype.itemsize == 1 else x
-    return (np.isposinf(xf) & bool(detect_positive)) | (np.isneginf(xf) & bool(detect_negative))
+@kernel(["IsNaN"], dtypes=FLOATS_BF16 | dtypes.FLOAT8, out=True)
+def isnan(x, *, out=None):
+    return write_elementwise(out, _isnan, x)
+
+
+@kernel("IsInf", dtypes=FLOATS_BF16 | dtypes.FLOAT8, out=True)
+def isinf(x, *, out=None, detect_negative=1, detect_positive=1):
+    def fn(v):
+        vf = v.astype(np.float32) if v.dtype.itemsize == 1 else v
+        return (np.isposinf(vf) & bool(detect_positive)) | (np.isneginf(vf) & bool(detect_negative))
+
+    return write_elementwise(out, fn, x)
 
 
 @kernel("Clip", dtypes=NUMERIC, out=True, inplace=True, versions=(11, None))
@@ -180,9 +207,9 @@ def _copy(x, out):
     return out
 
 
-@kernel("Clip", dtypes=FLOATS, versions=(1, 10), name="clip_attrs")
-def clip_v6(x, *, min=-3.4028234663852886e38, max=3.4028234663852886e38):
-    return np.clip(x, min, max).astype(x.dtype)
+@kernel("Clip", dtypes=FLOATS, versions=(1, 10), out=True, inplace=True, name="clip_attrs")
+def clip_v6(x, *, out=None, min=-3.4028234663852886e38, max=3.4028234663852886e38):
+    return write_elementwise(out, lambda v: np.clip(v, min, max).astype(v.dtype), x)
 
 
 # ---------------------------------------------------------------- binary
@@ -206,44 +233,55 @@ for _name, _fn in [("Equal", np.equal), ("Less", np.less), ("Greater", np.greate
     _binary(_name, (lambda f: lambda a, b, *, out=None: f(a, b, out=out))(_fn), NUMERIC | set(BOOL), inplace=False)
 
 
-@kernel("Equal", dtypes=[object], name="equal_strings")
-def equal_strings(a, b):
-    return np.asarray(a == b, dtype=bool)
+@kernel("Equal", dtypes=[object], out=True, name="equal_strings")
+def equal_strings(a, b, *, out=None):
+    return write_elementwise(out, lambda u, v: np.asarray(u == v, dtype=bool), a, b)
 
 
 @kernel("Div", dtypes=NUMERIC, out=True, inplace=True)
 def div(a, b, *, out=None):
     if a.dtype.kind in "iu":
-        # ONNX integer division truncates toward zero (C semantics), NumPy's floors.
-        q = np.floor_divide(a, b, out=out)
-        if a.dtype.kind == "i":
-            fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
-            q += fix.astype(q.dtype)
-        return q
+        # Tile by tile: the remainder reads `a` after the quotient is formed, and in place
+        # the quotient's buffer is a's.
+        return write_elementwise(out, _int_div, a, b)
     return np.divide(a, b, out=out)
 
 
-@kernel("Mod", dtypes=NUMERIC)
-def mod(a, b, *, fmod=0):
+def _int_div(a, b):
+    """ONNX integer division truncates toward zero (C semantics), NumPy's floors."""
+    q = np.floor_divide(a, b)
+    if a.dtype.kind == "i":
+        fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+        q += fix.astype(q.dtype)
+    return q
+
+
+@kernel("Mod", dtypes=NUMERIC, out=True, inplace=True)
+def mod(a, b, *, out=None, fmod=0):
     # fmod=0: the result takes the divisor's sign (Python %); fmod=1: the dividend's (C fmod).
-    return np.fmod(a, b) if fmod else np.mod(a, b)
+    return write_elementwise(out, np.fmod if fmod else np.mod, a, b)
 
 
-@kernel("Pow", dtypes=NUMERIC)
-def pow_(a, b):
+def _pow(a, b):
     if a.dtype.kind in "iu":
         return np.power(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
     return np.power(a, b.astype(a.dtype) if b.dtype != a.dtype else b)
 
 
-@kernel("BitShift", dtypes=INTS)
-def bit_shift(a, b, *, direction):
-    return np.left_shift(a, b) if direction == "LEFT" else np.right_shift(a, b)
+@kernel("Pow", dtypes=NUMERIC, out=True, inplace=True)
+def pow_(a, b, *, out=None):
+    return write_elementwise(out, _pow, a, b)
 
 
-@kernel("PRelu", dtypes=NUMERIC, out=True)
+@kernel("BitShift", dtypes=INTS, out=True, inplace=True)
+def bit_shift(a, b, *, out=None, direction):
+    return write_elementwise(out, np.left_shift if direction == "LEFT" else np.right_shift, a, b)
+
+
+@kernel("PRelu", dtypes=NUMERIC, out=True, inplace=True)
 def prelu(x, slope, *, out=None):
-    return np.where(x < 0, x * slope, x, out=None) if out is None else _copy(np.where(x < 0, x * slope, x), out)
+    # A slope of a wider type computes wide and rounds to x's type, as NumPy casts into out.
+    return write_elementwise(out, lambda v, s: np.where(v < 0, v * s, v).astype(v.dtype, copy=False), x, slope)
 
 
 @kernel("Where", dtypes=[np.bool_], out=True)
@@ -271,12 +309,16 @@ _variadic("Max", np.maximum)
 _variadic("Min", np.minimum)
 
 
-@kernel("Mean", dtypes=FLOATS_BF16)
-def mean(*xs):
+def _mean(*xs):
     y = xs[0].astype(np.float64) if len(xs) == 1 else xs[0] + xs[1]
     for x in xs[2:]:
         y = y + x
     return (y / len(xs)).astype(xs[0].dtype)
+
+
+@kernel("Mean", dtypes=FLOATS_BF16, out=True)
+def mean(*xs, out=None):
+    return write_elementwise(out, _mean, *xs)
 
 
 # ---------------------------------------------------------------- casts
@@ -302,6 +344,29 @@ def cast_array(x, to_dtype, saturate=1, round_mode="up"):
         return x.astype(to)
 
 
+def _numpy_cast(x_dtype, to, saturate) -> bool:
+    """The cast is NumPy's own conversion (what cast_array's last line does)."""
+    if x_dtype == object or to == object:
+        return False
+    T = onnx.TensorProto
+    et = dtypes.elem_type(to)
+    saturating = et in (T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ) and saturate
+    return not saturating and et != getattr(T, "FLOAT8E8M0", -1)
+
+
+def cast_into(x, to_dtype, saturate, round_mode, out):
+    """cast_array(x, ...) written into `out`: NumPy's conversion straight into the buffer,
+    the float8 rules tile by tile; strings (never planned) as computed."""
+    to = np.dtype(to_dtype)
+    if out is None or x.dtype == object or to == object:
+        return as_out(cast_array(x, to, saturate, round_mode), out)
+    if _numpy_cast(x.dtype, to, saturate):
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.copyto(out, x, casting="unsafe")
+        return out
+    return write_elementwise(out, lambda v: cast_array(v, to, saturate, round_mode), x)
+
+
 def _float_str(v):
     f = float(v)
     if math.isnan(f):
@@ -318,14 +383,14 @@ def _parse_str(s, to):
     return float(s) if to.kind == "f" or to.kind == "V" else int(float(s)) if "." in s or "e" in s.lower() else int(s)
 
 
-@kernel("Cast", dtypes=ALL)
-def cast(x, *, to, saturate=1, round_mode="up"):
-    return cast_array(x, dtypes.np_dtype(to), saturate, round_mode)
+@kernel("Cast", dtypes=ALL, out=True)
+def cast(x, *, out=None, to, saturate=1, round_mode="up"):
+    return cast_into(x, dtypes.np_dtype(to), saturate, round_mode, out)
 
 
-@kernel("CastLike", dtypes=ALL)
-def cast_like(x, like, *, saturate=1, round_mode="up"):
-    return cast_array(x, like.dtype, saturate, round_mode)
+@kernel("CastLike", dtypes=ALL, out=True)
+def cast_like(x, like, *, out=None, saturate=1, round_mode="up"):
+    return cast_into(x, like.dtype, saturate, round_mode, out)
 
 
 # ---------------------------------------------------------------- opsets 1-6
@@ -339,12 +404,12 @@ def _legacy(op, fn, types):
 
         on, axis = int(ctx.attrs.get("broadcast", 0)), ctx.attrs.get("axis")
 
-        def step(a, b):
-            return fn(a, b.reshape(legacy_b_shape(a.ndim, b.shape, axis)) if on else b)
+        def step(a, b, *, out=None):
+            return write_elementwise(out, fn, a, b.reshape(legacy_b_shape(a.ndim, b.shape, axis)) if on else b)
 
         return step
 
-    kernel(op, dtypes=types, versions=(1, 6), bind=True, priority=10, name="legacy_broadcast")(build)
+    kernel(op, dtypes=types, versions=(1, 6), bind=True, out=True, priority=10, name="legacy_broadcast")(build)
 
 
 for _op, _fn, _types in [("Add", np.add, NUMERIC), ("Sub", np.subtract, NUMERIC), ("Mul", np.multiply, NUMERIC),

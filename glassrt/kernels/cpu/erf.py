@@ -17,10 +17,13 @@ import math
 
 import numpy as np
 
-_NB: dict = {}
+from ._jit import compiled, jit, vectorize
+
 _SQRT1_2 = 0.70710678118654752
+_OPTS = dict(error_model="numpy")
 
 
+@jit(**_OPTS)
 def _exp_argument(x, scale, e):
     """e = the exponent of erf's large-|v| branch, v = x * scale (clamped to |v| <= 4,
     where erf is 1 in float32, so that exp stays finite)."""
@@ -37,6 +40,7 @@ def _exp_argument(x, scale, e):
         e[i] = r * t - t
 
 
+@jit(inline="always", **_OPTS)
 def _erf_select(v, exp_r):
     """erf(v) from exp_r = exp(exponent argument): the small-|v| polynomial or 1 - exp_r."""
     f = np.float32
@@ -55,16 +59,19 @@ def _erf_select(v, exp_r):
 
 # Separate in-place loops: with out aliasing x, LLVM's runtime overlap check fails and the
 # loop runs scalar (measured 7x slower); one array read and written at the same index vectorizes.
+@jit(**_OPTS)
 def _erf_out(x, e, out):
     for i in range(x.size):
         out[i] = _erf_select(x[i], e[i])
 
 
+@jit(**_OPTS)
 def _erf_inplace(y, e):
     for i in range(y.size):
         y[i] = _erf_select(y[i], e[i])
 
 
+@jit(**_OPTS)
 def _gelu_out(x, e, out):
     """0.5·x·(1 + erf(x/√2)), the products rounded in float32 as onnxruntime's Gelu does."""
     f = np.float32
@@ -73,6 +80,7 @@ def _gelu_out(x, e, out):
         out[i] = f(0.5) * v * (f(1.0) + _erf_select(v * f(_SQRT1_2), e[i]))
 
 
+@jit(**_OPTS)
 def _gelu_inplace(y, e):
     f = np.float32
     for i in range(y.size):
@@ -80,16 +88,13 @@ def _gelu_inplace(y, e):
         y[i] = f(0.5) * v * (f(1.0) + _erf_select(v * f(_SQRT1_2), e[i]))
 
 
-def _compiled():
-    if not _NB:
-        import numba
+@vectorize(["float64(float64)"])
+def _erf64(v):
+    """libm's erf, as a ufunc (NumPy has none)."""
+    return math.erf(v)
 
-        opts = dict(cache=True, nogil=True, error_model="numpy")
-        globals()["_erf_select"] = numba.njit(inline="always", **opts)(_erf_select)
-        for fn in (_exp_argument, _erf_out, _erf_inplace, _gelu_out, _gelu_inplace):
-            _NB[fn.__name__] = numba.njit(**opts)(fn)
-        _NB["erf64"] = numba.vectorize(["float64(float64)"], cache=True)(lambda v: math.erf(v))
-    return _NB
+
+_PASSES = {"erf": (_erf_out, _erf_inplace), "gelu": (_gelu_out, _gelu_inplace)}
 
 
 def scratch_bytes(x_shape) -> int:
@@ -98,21 +103,21 @@ def scratch_bytes(x_shape) -> int:
 
 
 def _run(kind, x, out, workspace):
-    nb = _compiled()
     xc = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     res = out if out is not None and out.dtype == np.float32 and out.flags.c_contiguous else np.empty(x.shape,
                                                                                                   np.float32)
     n = xc.size
     e = workspace.view(np.float32)[:n] if workspace is not None and workspace.nbytes >= 4 * n else np.empty(n, np.float32)
-    nb["_exp_argument"](xc, np.float32(_SQRT1_2 if kind == "gelu" else 1.0), e)
+    _exp_argument(xc, np.float32(_SQRT1_2 if kind == "gelu" else 1.0), e)
     np.exp(e, out=e)
     flat = res.reshape(-1)
     if np.shares_memory(flat, xc) and flat.ctypes.data != xc.ctypes.data:
         xc = xc.copy()  # a partial overlap: neither loop would read x before it is overwritten
+    into, inplace = _PASSES[kind]
     if np.shares_memory(flat, xc):
-        nb[f"_{kind}_inplace"](flat, e)  # the output is the input's own buffer
+        inplace(flat, e)  # the output is the input's own buffer
     else:
-        nb[f"_{kind}_out"](xc, e, flat)
+        into(xc, e, flat)
     if out is not None and res is not out:
         np.copyto(out, res, casting="unsafe")
         return out
@@ -122,7 +127,7 @@ def _run(kind, x, out, workspace):
 def erf(x, out=None, workspace=None):
     """erf in x's dtype: float32 compiled, float64 through libm, half types via float32."""
     if x.dtype == np.float64:
-        f = _compiled()["erf64"]
+        f = compiled(_erf64)
         return f(x, out=out) if out is not None else f(x)
     if x.dtype == np.float32:
         return _run("erf", x, out, workspace)

@@ -1,6 +1,11 @@
 """Index-driven ops: gathers and scatters, sorting and selection (TopK, Unique, NonZero...),
 cumulative ops, block rearrangements (DepthToSpace, Col2Im, MaxUnpool) and a few odd ones
-(Einsum, Det, BitCast)."""
+(Einsum, Det, BitCast).
+
+Ops whose output shape follows from the input shapes (or small constant inputs) write into
+their planned buffer: scatters copy the data in and update it there, block rearrangements
+copy through a view of the buffer; gathers through fancy indexing compute aside and copy.
+NonZero, Unique and Compress have shapes that depend on the data, so they allocate."""
 from __future__ import annotations
 
 import itertools
@@ -9,7 +14,7 @@ import numpy as np
 
 from ... import dtypes
 from ..registry import kernel
-from ._util import ALL, FLOATS_BF16, NUMERIC, norm_axis
+from ._util import ALL, FLOATS_BF16, NUMERIC, as_out, new_out, norm_axis
 
 # The schema types of most ops here (no float8 / sub-byte types): what np.unique, np.nonzero... handle.
 STANDARD = NUMERIC | dtypes.BOOL | dtypes.COMPLEX | {dtypes.STRING}
@@ -56,8 +61,8 @@ def _axis_index(indices, axis):
 # ---------------------------------------------------------------- gathers
 
 
-@kernel("GatherElements", dtypes=ALL, versions=(11, None))
-def gather_elements(data, indices, *, axis=0):
+@kernel("GatherElements", dtypes=ALL, versions=(11, None), out=True)
+def gather_elements(data, indices, *, out=None, axis=0):
     a = norm_axis(axis, data.ndim)
     if indices.ndim != data.ndim:
         raise ValueError(f"indices rank {indices.ndim} differs from data rank {data.ndim}")
@@ -65,13 +70,13 @@ def gather_elements(data, indices, *, axis=0):
     if any(i > d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != a):
         raise ValueError(f"indices shape {idx.shape} exceeds data shape {data.shape} off axis {a}")
     if all(i == d for k, (i, d) in enumerate(zip(idx.shape, data.shape)) if k != a):
-        return np.take_along_axis(data, idx, axis=a)
+        return as_out(np.take_along_axis(data, idx, axis=a), out)
     # indices may be smaller than data on the other axes too: index those explicitly.
-    return data[_axis_index(idx, a)]
+    return as_out(data[_axis_index(idx, a)], out)
 
 
-@kernel("GatherND", dtypes=ALL, versions=(11, None))
-def gather_nd(data, indices, *, batch_dims=0):
+@kernel("GatherND", dtypes=ALL, versions=(11, None), out=True)
+def gather_nd(data, indices, *, out=None, batch_dims=0):
     b = int(batch_dims)
     k = indices.shape[-1]
     if indices.shape[:b] != data.shape[:b]:
@@ -85,8 +90,9 @@ def gather_nd(data, indices, *, batch_dims=0):
     tup = [np.arange(nb).reshape(nb, 1)]
     tup += [_fix_indices(idx[..., j], data.shape[b + j]) for j in range(k)]
     # (nb, m, *data.shape[b+k:]); empty index tuples select whole slices.
-    out = d[tuple(tup)] if k else np.broadcast_to(d[:, None], (nb, m) + d.shape[1:])
-    return _contig(out.reshape(indices.shape[:-1] + data.shape[b + k:]))
+    got = d[tuple(tup)] if k else np.broadcast_to(d[:, None], (nb, m) + d.shape[1:])
+    got = got.reshape(indices.shape[:-1] + data.shape[b + k:])
+    return _contig(got) if out is None else as_out(got, out)
 
 
 # ---------------------------------------------------------------- scatters
@@ -108,28 +114,38 @@ def _scatter_at(out, index, updates, reduction):
     return out
 
 
-def _scatter_elements(data, indices, updates, axis, reduction):
+def _copy_of(data, out):
+    """data copied into out (a new array without one): what a scatter updates."""
+    if out is None:
+        return data.copy()
+    if out.shape != data.shape:
+        raise ValueError(f"data has shape {list(data.shape)}, the planned output {list(out.shape)}")
+    np.copyto(out, data)
+    return out
+
+
+def _scatter_elements(data, indices, updates, axis, reduction, out):
     a = norm_axis(axis, data.ndim)
     if indices.shape != updates.shape:
         raise ValueError(f"indices shape {indices.shape} differs from updates shape {updates.shape}")
     if indices.ndim != data.ndim:
         raise ValueError(f"indices rank {indices.ndim} differs from data rank {data.ndim}")
     idx = _fix_indices(indices, data.shape[a])
-    return _scatter_at(data.copy(), _axis_index(idx, a), updates, reduction)
+    return _scatter_at(_copy_of(data, out), _axis_index(idx, a), updates, reduction)
 
 
-@kernel("ScatterElements", dtypes=ALL, versions=(11, None))
-def scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
-    return _scatter_elements(data, indices, updates, axis, reduction)
+@kernel("ScatterElements", dtypes=ALL, versions=(11, None), out=True)
+def scatter_elements(data, indices, updates, *, out=None, axis=0, reduction="none"):
+    return _scatter_elements(data, indices, updates, axis, reduction, out)
 
 
-@kernel("Scatter", dtypes=ALL, versions=(9, 11))
-def scatter(data, indices, updates, *, axis=0):
-    return _scatter_elements(data, indices, updates, axis, "none")
+@kernel("Scatter", dtypes=ALL, versions=(9, 11), out=True)
+def scatter(data, indices, updates, *, out=None, axis=0):
+    return _scatter_elements(data, indices, updates, axis, "none", out)
 
 
-@kernel("ScatterND", dtypes=ALL, versions=(11, None))
-def scatter_nd(data, indices, updates, *, reduction="none"):
+@kernel("ScatterND", dtypes=ALL, versions=(11, None), out=True)
+def scatter_nd(data, indices, updates, *, out=None, reduction="none"):
     k = indices.shape[-1]
     if k > data.ndim:
         raise ValueError(f"index tuples of length {k} are too long for data of rank {data.ndim}")
@@ -137,11 +153,11 @@ def scatter_nd(data, indices, updates, *, reduction="none"):
     if updates.shape != want:
         raise ValueError(f"updates shape {updates.shape} should be {want}")
     index = tuple(_fix_indices(indices[..., j], data.shape[j]) for j in range(k))
-    return _scatter_at(data.copy(), index, updates, reduction)
+    return _scatter_at(_copy_of(data, out), index, updates, reduction)
 
 
-@kernel("TensorScatter", dtypes=ALL, versions=(24, None))
-def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axis=-2):
+@kernel("TensorScatter", dtypes=ALL, versions=(24, None), out=True)
+def tensor_scatter(past_cache, update, write_indices=None, *, out=None, mode="linear", axis=-2):
     a = norm_axis(axis, past_cache.ndim)
     if a == 0:
         raise ValueError("TensorScatter: the sequence axis cannot be the batch axis 0")
@@ -157,46 +173,57 @@ def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axi
         pos %= max_len
     elif pos.size and (pos.min() < 0 or pos.max() >= max_len):
         raise IndexError(f"write positions {int(pos.min())}..{int(pos.max())} run past the cache length {max_len}")
-    out = past_cache.copy()
+    cache = _copy_of(past_cache, out)
     # Batch and sequence axes first, so that the two index arrays address (batch, seq) pairs.
-    np.moveaxis(out, a, 1)[np.arange(nb)[:, None], pos] = np.moveaxis(update, a, 1)
-    return out
+    np.moveaxis(cache, a, 1)[np.arange(nb)[:, None], pos] = np.moveaxis(update, a, 1)
+    return cache
 
 
 # ---------------------------------------------------------------- triangles, eye
 
 
-@kernel("Trilu", dtypes=ALL, versions=(14, None))
-def trilu(x, k=None, *, upper=1):
+@kernel("Trilu", dtypes=ALL, versions=(14, None), out=True)
+def trilu(x, k=None, *, out=None, upper=1):
     kk = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
     n, m = x.shape[-2:]
     j = np.arange(m) - np.arange(n)[:, None]  # column - row
     keep = j >= kk if upper else j <= kk
-    return np.where(keep, x, _zero(x.dtype))
+    if out is None:
+        return np.where(keep, x, _zero(x.dtype))
+    out[...] = _zero(x.dtype)
+    np.copyto(out, x, where=keep)
+    return out
 
 
-@kernel("EyeLike", dtypes=NUMERIC | dtypes.BOOL, versions=(9, None))
-def eye_like(x, *, dtype=None, k=0):
+@kernel("EyeLike", dtypes=NUMERIC | dtypes.BOOL, versions=(9, None), out=True)
+def eye_like(x, *, out=None, dtype=None, k=0):
     if x.ndim != 2:
         raise ValueError(f"EyeLike takes a 2-D input, not rank {x.ndim}")
     dt = x.dtype if dtype is None else dtypes.np_dtype(int(dtype))
-    out = np.zeros(x.shape, dt)
+    y = new_out(out, x.shape, dt)
+    y.fill(0)
     n, m = x.shape
     r = np.arange(max(0, -k), min(n, m - k)) if -n < k < m else np.arange(0)
-    out[r, r + k] = np.ones((), dt)
-    return out
+    y[r, r + k] = np.ones((), dt)
+    return y
 
 
 # ---------------------------------------------------------------- cumulative
 
 
-def _cumulative(x, axis, exclusive, reverse, fn, identity):
+def _cumulative(x, axis, exclusive, reverse, fn, identity, out):
     a = norm_axis(int(np.asarray(axis).reshape(-1)[0]), max(x.ndim, 1))
     if x.ndim == 0:
-        return x.copy()
+        return as_out(x.copy(), out)
+    wide = _wide(x.dtype)
+    if out is not None and not exclusive and not reverse and wide == x.dtype:
+        return fn(x, axis=a, dtype=wide, out=out)  # the running sum / product straight into the buffer
+    return as_out(_cumulative_aside(x, a, exclusive, reverse, fn, identity, wide), out)
+
+
+def _cumulative_aside(x, a, exclusive, reverse, fn, identity, wide):
     if reverse:
         x = np.flip(x, a)
-    wide = _wide(x.dtype)
     y = fn(x, axis=a, dtype=wide)
     if exclusive:
         # Shift by one along the axis; the first position gets the identity.
@@ -207,21 +234,21 @@ def _cumulative(x, axis, exclusive, reverse, fn, identity):
     return _contig(y.astype(x.dtype, copy=False))
 
 
-@kernel("CumSum", dtypes=NUMERIC, versions=(11, None))
-def cumsum(x, axis, *, exclusive=0, reverse=0):
-    return _cumulative(x, axis, exclusive, reverse, np.cumsum, 0)
+@kernel("CumSum", dtypes=NUMERIC, versions=(11, None), out=True)
+def cumsum(x, axis, *, out=None, exclusive=0, reverse=0):
+    return _cumulative(x, axis, exclusive, reverse, np.cumsum, 0, out)
 
 
-@kernel("CumProd", dtypes=NUMERIC, versions=(26, None))
-def cumprod(x, axis, *, exclusive=0, reverse=0):
-    return _cumulative(x, axis, exclusive, reverse, np.cumprod, 1)
+@kernel("CumProd", dtypes=NUMERIC, versions=(26, None), out=True)
+def cumprod(x, axis, *, out=None, exclusive=0, reverse=0):
+    return _cumulative(x, axis, exclusive, reverse, np.cumprod, 1, out)
 
 
 # ---------------------------------------------------------------- one-hot, selection
 
 
-@kernel("OneHot", dtypes=NUMERIC, versions=(9, None))
-def one_hot(indices, depth, values, *, axis=-1):
+@kernel("OneHot", dtypes=NUMERIC, versions=(9, None), out=True)
+def one_hot(indices, depth, values, *, out=None, axis=-1):
     d = int(np.asarray(depth).reshape(-1)[0])
     if d < 1:
         raise ValueError(f"OneHot depth must be positive, not {d}")
@@ -233,7 +260,7 @@ def one_hot(indices, depth, values, *, axis=-1):
     idx = np.where(idx < 0, idx + d, idx)  # out of [-d, d): matches no position below
     ar = np.arange(d).reshape((d,) + (1,) * (indices.ndim - a))
     hot = np.expand_dims(idx, a) == ar
-    return values[hot.astype(np.intp)]  # off at 0, on at 1
+    return as_out(values[hot.astype(np.intp)], out)  # off at 0, on at 1
 
 
 def _topk_order(x, axis, largest):
@@ -283,20 +310,26 @@ def _topk_partial(x, k, a, largest):
 _TOPK_TYPES = NUMERIC
 
 
-@kernel("TopK", dtypes=_TOPK_TYPES, versions=(1, 9), multi=True)
-def top_k_1(x, *, k, axis=-1):
-    return _topk(x, k, axis, True)
+def _topk_into(result, out):
+    values, indices = result
+    out = (tuple(out) + (None, None))[:2]
+    return as_out(values, out[0]), as_out(indices, out[1])
 
 
-@kernel("TopK", dtypes=_TOPK_TYPES, versions=(10, 10), multi=True, name="top_k_10")
-def top_k_10(x, k, *, axis=-1):
-    return _topk(x, k, axis, True)
+@kernel("TopK", dtypes=_TOPK_TYPES, versions=(1, 9), multi=True, out=True)
+def top_k_1(x, *, out=(None, None), k, axis=-1):
+    return _topk_into(_topk(x, k, axis, True), out)
 
 
-@kernel("TopK", dtypes=_TOPK_TYPES, versions=(11, None), multi=True, name="top_k_11")
-def top_k_11(x, k, *, axis=-1, largest=1, sorted=1):  # noqa: A002 — the ONNX attribute's name
+@kernel("TopK", dtypes=_TOPK_TYPES, versions=(10, 10), multi=True, out=True, name="top_k_10")
+def top_k_10(x, k, *, out=(None, None), axis=-1):
+    return _topk_into(_topk(x, k, axis, True), out)
+
+
+@kernel("TopK", dtypes=_TOPK_TYPES, versions=(11, None), multi=True, out=True, name="top_k_11")
+def top_k_11(x, k, *, out=(None, None), axis=-1, largest=1, sorted=1):  # noqa: A002 — the ONNX attribute's name
     # sorted=0 leaves the order unspecified: the sorted order is a valid one.
-    return _topk(x, k, axis, bool(largest))
+    return _topk_into(_topk(x, k, axis, bool(largest)), out)
 
 
 @kernel("Unique", dtypes=STANDARD, versions=(11, None), multi=True)
@@ -341,8 +374,8 @@ def compress(x, condition, *, axis=None):
     return np.compress(cond, x, axis=a)
 
 
-@kernel("ReverseSequence", dtypes=ALL, versions=(10, None))
-def reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0):
+@kernel("ReverseSequence", dtypes=ALL, versions=(10, None), out=True)
+def reverse_sequence(x, sequence_lens, *, out=None, batch_axis=1, time_axis=0):
     b, t = norm_axis(batch_axis, x.ndim), norm_axis(time_axis, x.ndim)
     if {b, t} != {0, 1}:
         raise ValueError(f"batch_axis and time_axis must be 0 and 1, not {batch_axis} and {time_axis}")
@@ -357,7 +390,7 @@ def reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0):
     if b == 1:
         src = src.T
     src = src.reshape(src.shape + (1,) * (x.ndim - 2))
-    return np.take_along_axis(x, np.broadcast_to(src, src.shape[:2] + x.shape[2:]), axis=t)
+    return as_out(np.take_along_axis(x, np.broadcast_to(src, src.shape[:2] + x.shape[2:]), axis=t), out)
 
 
 # ---------------------------------------------------------------- bits, linear algebra
@@ -370,8 +403,8 @@ def _bits(dt):
     return _SUBBYTE.get(dtypes.name(dt), np.dtype(dt).itemsize * 8)
 
 
-@kernel("BitCast", dtypes=ALL - {dtypes.STRING}, versions=(26, None))
-def bit_cast(x, *, to):
+@kernel("BitCast", dtypes=ALL - {dtypes.STRING}, versions=(26, None), out=True)
+def bit_cast(x, *, out=None, to):
     dt = dtypes.np_dtype(int(to))
     if _bits(x.dtype) != _bits(dt):
         raise ValueError(f"BitCast between {dtypes.name(x.dtype)} and {dtypes.name(dt)}: bit widths differ")
@@ -380,33 +413,44 @@ def bit_cast(x, *, to):
         # read them as the target type through a byte view.
         # (ml_dtypes reads only the low bits of each byte, signed types included).
         nbits = _SUBBYTE[dtypes.name(x.dtype)]
-        return _contig(x.view(np.uint8) & np.uint8((1 << nbits) - 1)).view(dt)
-    return _contig(x).view(dt).copy()
+        return as_out(_contig(x.view(np.uint8) & np.uint8((1 << nbits) - 1)).view(dt), out)
+    if out is not None and out.shape == x.shape:
+        out.view(x.dtype)[...] = x  # the same bytes, moved in x's own type
+        return out
+    return as_out(_contig(x).view(dt).copy(), out)
 
 
-@kernel("Det", dtypes=FLOATS_BF16, versions=(11, None))
-def det(x):
+@kernel("Det", dtypes=FLOATS_BF16, versions=(11, None), out=True)
+def det(x, *, out=None):
     if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
         raise ValueError(f"Det takes square matrices [..., M, M], not {list(x.shape)}")
-    return np.asarray(np.linalg.det(x.astype(_wide(x.dtype), copy=False))).astype(x.dtype, copy=False)
+    return as_out(np.asarray(np.linalg.det(x.astype(_wide(x.dtype), copy=False))).astype(x.dtype, copy=False), out)
 
 
-@kernel("Einsum", dtypes=NUMERIC, versions=(12, None))
-def einsum(*xs, equation):
+@kernel("Einsum", dtypes=NUMERIC, versions=(12, None), out=True)
+def einsum(*xs, out=None, equation):
     eq = equation.replace(" ", "")
     dt = xs[0].dtype
     wide = _wide(dt)
     ops = [x.astype(wide, copy=False) for x in xs]
     # optimize: contraction order for 3+ operands, BLAS (tensordot) for pairs.
     r = np.einsum(eq, *ops, optimize=len(ops) > 1)
-    return _contig(np.asarray(r).astype(dt, copy=False))
+    return _contig(np.asarray(r).astype(dt, copy=False)) if out is None else as_out(r, out, cast=True)
 
 
 # ---------------------------------------------------------------- block rearrangements
 
 
-@kernel("DepthToSpace", dtypes=ALL, versions=(1, None))
-def depth_to_space(x, *, blocksize, mode="DCR"):
+def _rearranged(t, out, shape):
+    """The transposed view t copied into out (seen with t's shape), or into a new array."""
+    if out is None:
+        return _contig(t).reshape(shape)
+    np.copyto(out.reshape(t.shape), t)
+    return out
+
+
+@kernel("DepthToSpace", dtypes=ALL, versions=(1, None), out=True)
+def depth_to_space(x, *, out=None, blocksize, mode="DCR"):
     bs = int(blocksize)
     n, c, h, w = x.shape
     if c % (bs * bs):
@@ -418,11 +462,11 @@ def depth_to_space(x, *, blocksize, mode="DCR"):
         t = x.reshape(n, oc, bs, bs, h, w).transpose(0, 1, 4, 2, 5, 3)
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    return _contig(t).reshape(n, oc, h * bs, w * bs)
+    return _rearranged(t, out, (n, oc, h * bs, w * bs))
 
 
-@kernel("SpaceToDepth", dtypes=ALL, versions=(1, None))
-def space_to_depth(x, *, blocksize, mode="DCR"):
+@kernel("SpaceToDepth", dtypes=ALL, versions=(1, None), out=True)
+def space_to_depth(x, *, out=None, blocksize, mode="DCR"):
     bs = int(blocksize)
     n, c, h, w = x.shape
     if h % bs or w % bs:
@@ -434,11 +478,11 @@ def space_to_depth(x, *, blocksize, mode="DCR"):
         t = t.transpose(0, 1, 3, 5, 2, 4)
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    return _contig(t).reshape(n, c * bs * bs, h // bs, w // bs)
+    return _rearranged(t, out, (n, c * bs * bs, h // bs, w // bs))
 
 
-@kernel("CenterCropPad", dtypes=ALL, versions=(18, None))
-def center_crop_pad(x, shape, *, axes=None):
+@kernel("CenterCropPad", dtypes=ALL, versions=(18, None), out=True)
+def center_crop_pad(x, shape, *, out=None, axes=None):
     r = x.ndim
     ax = list(range(r)) if axes is None else [norm_axis(int(a), r) for a in axes]
     shape = [int(s) for s in np.asarray(shape).reshape(-1)]
@@ -456,9 +500,12 @@ def center_crop_pad(x, shape, *, axes=None):
         elif s > dim:  # pad: likewise
             b = (s - dim) // 2
             dst[a] = slice(b, b + dim)
-    out = np.full(out_shape, _zero(x.dtype), x.dtype)
-    out[tuple(dst)] = x[tuple(src)]
-    return out
+    y = new_out(out, tuple(out_shape), x.dtype)
+    if y.shape != tuple(out_shape):
+        raise ValueError(f"the result has shape {out_shape}, the planned output {list(y.shape)}")
+    y[...] = _zero(x.dtype)
+    y[tuple(dst)] = x[tuple(src)]
+    return y
 
 
 def _col2im_geometry(image, block, dilations, pads, strides):
@@ -470,8 +517,8 @@ def _col2im_geometry(image, block, dilations, pads, strides):
     return dil, st, pd, blocks
 
 
-@kernel("Col2Im", dtypes=NUMERIC, versions=(18, None))
-def col2im(x, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+@kernel("Col2Im", dtypes=NUMERIC, versions=(18, None), out=True)
+def col2im(x, image_shape, block_shape, *, out=None, dilations=None, pads=None, strides=None):
     image = [int(v) for v in image_shape.reshape(-1)]
     block = [int(v) for v in block_shape.reshape(-1)]
     nd = len(image)
@@ -490,11 +537,12 @@ def col2im(x, image_shape, block_shape, *, dilations=None, pads=None, strides=No
         sl = tuple(slice(offs[i] * dil[i], offs[i] * dil[i] + (blocks[i] - 1) * st[i] + 1, st[i]) for i in range(nd))
         padded[(slice(None), slice(None)) + sl] += cols[:, :, t]
     crop = tuple(slice(pd[i], pd[i] + image[i]) for i in range(nd))
-    return _contig(padded[(slice(None), slice(None)) + crop]).astype(x.dtype, copy=False)
+    img = padded[(slice(None), slice(None)) + crop]
+    return _contig(img).astype(x.dtype, copy=False) if out is None else as_out(img, out, cast=True)
 
 
-@kernel("MaxUnpool", dtypes=FLOATS_BF16, versions=(9, None))
-def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, strides=None):
+@kernel("MaxUnpool", dtypes=FLOATS_BF16, versions=(9, None), out=True)
+def max_unpool(x, indices, output_shape=None, *, out=None, kernel_shape, pads=None, strides=None):
     nd = len(kernel_shape)
     st = list(strides or [1] * nd)
     pd = list(pads or [0] * (2 * nd))
@@ -510,12 +558,16 @@ def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, stride
     # reference and the node tests do (onnxruntime instead reads them in output_shape).
     total = int(np.prod(inferred, dtype=np.int64))
     idx = _fix_indices(indices.reshape(-1), total)
+    if out is not None and list(out.shape) == inferred:  # scattered straight into the buffer
+        out.fill(0)
+        out.reshape(-1)[idx] = x.reshape(-1)
+        return out
     y = np.zeros(total, x.dtype)
     y[idx] = x.reshape(-1)
     y = y.reshape(inferred)
     if output_shape is None:
-        return y
-    out = np.zeros(shape, x.dtype)
+        return as_out(y, out)
+    placed = np.zeros(shape, x.dtype)
     common = tuple(slice(0, min(a, b)) for a, b in zip(shape, inferred))
-    out[common] = y[common]
-    return out
+    placed[common] = y[common]
+    return as_out(placed, out)

@@ -5,7 +5,8 @@ import numpy as np
 
 from ..registry import kernel
 from ... import dtypes
-from ._util import INTS
+from ._util import INTS, as_out
+from ..buffers import tiles
 
 MATMUL_TYPES = [np.float32, np.float64] + list(INTS)
 HALF_TYPES = [np.float16] + [d for d in dtypes.FLOATS_BF16 if d.name == "bfloat16"]
@@ -43,11 +44,13 @@ def matmul_half(a, b, *, out=None):
     return out
 
 
-@kernel("Gemm", dtypes=HALF_TYPES, name="half_via_float32")
-def gemm_half(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
+@kernel("Gemm", dtypes=HALF_TYPES, out=True, name="half_via_float32")
+def gemm_half(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
+    """float16/bfloat16 through a float32 GEMM, rounded once into the output."""
     f = np.float32
-    return gemm(a.astype(f), b.astype(f), None if c is None else c.astype(f), alpha=alpha, beta=beta,
-                transA=transA, transB=transB).astype(a.dtype)
+    y = gemm(a.astype(f), b.astype(f), None if c is None else c.astype(f), alpha=alpha, beta=beta,
+             transA=transA, transB=transB)
+    return y.astype(a.dtype) if out is None else as_out(y, out, cast=True)
 
 
 @kernel("Gemm", dtypes=MATMUL_TYPES, out=True)
@@ -61,6 +64,9 @@ def gemm(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0, bro
     if c is not None and beta != 0.0:
         if beta == 1.0:
             y += c
-        else:
-            y += c * y.dtype.type(beta)
+        else:  # beta * C a tile at a time: C may be a whole (M, N) matrix
+            b = y.dtype.type(beta)
+            cb = np.broadcast_to(c, y.shape)
+            for idx in tiles(y.shape):
+                y[idx] += cb[idx] * b
     return y

@@ -10,6 +10,8 @@ import numpy as np
 
 from ... import dtypes
 from ..registry import kernel
+from ..buffers import computed_aside
+from .norm import softmax
 
 ML = "ai.onnx.ml"
 STRING = dtypes.STRING
@@ -47,8 +49,7 @@ def _probit(v):
 
 
 def _softmax(s):
-    e = np.exp(s - s.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
+    return softmax(s, axis=1)
 
 
 def _softmax_zero(s):
@@ -80,12 +81,14 @@ def _scores_transform(s, post_transform):
 # ---------------------------------------------------------------- simple transformers
 
 
-@kernel("Binarizer", domain=ML, dtypes=NUMBERS)
+@kernel("Binarizer", out=True, domain=ML, dtypes=NUMBERS)
+@computed_aside
 def binarizer(x, *, threshold=0.0):
     return (x > threshold).astype(x.dtype)
 
 
-@kernel("Scaler", domain=ML, dtypes=NUMBERS)
+@kernel("Scaler", out=True, domain=ML, dtypes=NUMBERS)
+@computed_aside
 def scaler(x, *, offset=None, scale=None):
     off = np.asarray(offset if offset is not None else [0.0], np.float32)
     sc = np.asarray(scale if scale is not None else [1.0], np.float32)
@@ -96,7 +99,8 @@ def scaler(x, *, offset=None, scale=None):
     return ((x.astype(np.float32) - off) * sc).astype(np.float32)
 
 
-@kernel("Normalizer", domain=ML, dtypes=NUMBERS)
+@kernel("Normalizer", out=True, domain=ML, dtypes=NUMBERS)
+@computed_aside
 def normalizer(x, *, norm="MAX"):
     r = _rows(x).astype(np.float32)
     if norm == "MAX":
@@ -113,7 +117,8 @@ def normalizer(x, *, norm="MAX"):
     return y.reshape(x.shape).astype(np.float32)
 
 
-@kernel("Imputer", domain=ML, dtypes=NUMBERS)
+@kernel("Imputer", out=True, domain=ML, dtypes=NUMBERS)
+@computed_aside
 def imputer(x, *, imputed_value_floats=None, imputed_value_int64s=None, replaced_value_float=0.0,
             replaced_value_int64=0):
     if x.dtype.kind == "f":
@@ -130,7 +135,8 @@ def imputer(x, *, imputed_value_floats=None, imputed_value_int64s=None, replaced
     return np.where(missing, values, x).astype(x.dtype)
 
 
-@kernel("ArrayFeatureExtractor", domain=ML, dtypes=NUMBERS + [STRING])
+@kernel("ArrayFeatureExtractor", out=True, domain=ML, dtypes=NUMBERS + [STRING])
+@computed_aside
 def array_feature_extractor(x, indices):
     idx = indices.reshape(-1).astype(np.int64)
     n = x.shape[-1]
@@ -140,7 +146,8 @@ def array_feature_extractor(x, indices):
     return y.reshape(1, -1) if x.ndim == 1 else y
 
 
-@kernel("FeatureVectorizer", domain=ML, dtypes=NUMBERS)
+@kernel("FeatureVectorizer", out=True, domain=ML, dtypes=NUMBERS)
+@computed_aside
 def feature_vectorizer(*xs, inputdimensions=None):
     dims = list(inputdimensions or [])
     if len(dims) != len(xs):
@@ -158,7 +165,8 @@ def feature_vectorizer(*xs, inputdimensions=None):
     return y
 
 
-@kernel("OneHotEncoder", domain=ML, dtypes=NUMBERS + [STRING], bind=True)
+@kernel("OneHotEncoder", out=True, domain=ML, dtypes=NUMBERS + [STRING], bind=True)
+@computed_aside(bind=True)
 def one_hot_encoder(ctx):
     strings = ctx.dtype(0) == STRING
     cats = ctx.attrs.get("cats_strings") if strings else ctx.attrs.get("cats_int64s")
@@ -225,7 +233,9 @@ def _lookup_table(keys, values, default, key_dtype):
     return by_search
 
 
-@kernel("LabelEncoder", domain=ML, versions=(1, 1), dtypes=[STRING, np.int64], bind=True, name="label_encoder_v1")
+@kernel("LabelEncoder", out=True, domain=ML, versions=(1, 1), dtypes=[STRING, np.int64], bind=True,
+        name="label_encoder_v1")
+@computed_aside(bind=True)
 def label_encoder_v1(ctx):
     """Opset 1: strings → their index in classes_strings, int64 → the class string."""
     classes = list(ctx.attrs.get("classes_strings") or [])
@@ -236,7 +246,8 @@ def label_encoder_v1(ctx):
                          ctx.attrs.get("default_string", "_Unused"), np.dtype(np.int64))
 
 
-@kernel("LabelEncoder", domain=ML, versions=(2, None), bind=True)
+@kernel("LabelEncoder", out=True, domain=ML, versions=(2, None), bind=True)
+@computed_aside(bind=True)
 def label_encoder(ctx):
     a = ctx.attrs
     key_dtype = ctx.dtype(0)
@@ -299,7 +310,8 @@ def _coefs(coefficients, n_out, c):
     return w.reshape(n_out, c)
 
 
-@kernel("LinearRegressor", domain=ML, dtypes=NUMBERS)
+@kernel("LinearRegressor", out=True, domain=ML, dtypes=NUMBERS)
+@computed_aside
 def linear_regressor(x, *, coefficients=None, intercepts=None, targets=1, post_transform="NONE"):
     r = _rows(x).astype(np.float64)
     w = _coefs(coefficients, targets, r.shape[1])
@@ -311,7 +323,8 @@ def linear_regressor(x, *, coefficients=None, intercepts=None, targets=1, post_t
     return _scores_transform(y, post_transform).astype(np.float32)
 
 
-@kernel("LinearClassifier", domain=ML, dtypes=NUMBERS, multi=True)
+@kernel("LinearClassifier", out=True, domain=ML, dtypes=NUMBERS, multi=True)
+@computed_aside
 def linear_classifier(x, *, coefficients=None, intercepts=None, classlabels_ints=None, classlabels_strings=None,
                       multi_class=0, post_transform="NONE"):
     labels = classlabels_strings if classlabels_strings else classlabels_ints
@@ -523,7 +536,8 @@ def _base_values(a):
     return b.astype(np.float64)
 
 
-@kernel("TreeEnsembleRegressor", domain=ML, dtypes=NUMBERS, bind=True)
+@kernel("TreeEnsembleRegressor", out=True, domain=ML, dtypes=NUMBERS, bind=True)
+@computed_aside(bind=True)
 def tree_ensemble_regressor(ctx):
     a = ctx.attrs
     forest, n_leaves, leaf_of = _old_forest(a)
@@ -547,7 +561,8 @@ def tree_ensemble_regressor(ctx):
     return step
 
 
-@kernel("TreeEnsembleClassifier", domain=ML, dtypes=NUMBERS, multi=True, bind=True)
+@kernel("TreeEnsembleClassifier", out=True, domain=ML, dtypes=NUMBERS, multi=True, bind=True)
+@computed_aside(bind=True)
 def tree_ensemble_classifier(ctx):
     a = ctx.attrs
     strings = a.get("classlabels_strings") is not None
@@ -618,7 +633,8 @@ def _binary_classifier(s, has, base, labels, binary, all_positive, post):
     return label, z.astype(np.float32)
 
 
-@kernel("TreeEnsemble", domain=ML, versions=(5, None), dtypes=[np.float32, np.float64, np.float16], bind=True)
+@kernel("TreeEnsemble", out=True, domain=ML, versions=(5, None), dtypes=[np.float32, np.float64, np.float16], bind=True)
+@computed_aside(bind=True)
 def tree_ensemble(ctx):
     a = ctx.attrs
     splits = np.asarray(a["nodes_splits"]).reshape(-1).astype(np.float64)

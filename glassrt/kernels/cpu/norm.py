@@ -9,6 +9,8 @@ from .. import registry
 from . import rows
 from ..registry import kernel
 from ._util import ACTIVATIONS, FLOATS, FLOATS_BF16, clamp_bounds, norm_axis
+from ..buffers import TILE_ELEMENTS
+from ._jit import compiled, jit, numba_missing
 
 
 def _inference_only(ctx):
@@ -49,22 +51,16 @@ def _affine_reason(ctx):
         return "needs float32/float64 input of rank >= 2"
     if clamp_bounds(ctx.attrs) is None:
         return f"activation {ctx.attrs.get('activation')} is not a clamp"
+    if numba_missing():
+        return numba_missing()
     if any(c is not None and c.ndim != 1 for c in ctx.const_inputs[1:5]):
         return "statistics are not per channel"
     return None
 
 
-_AFFINE = {}
-
-
-def _affine_loop():
-    """y = clamp(x * s[c] + b[c], lo, hi): one pass instead of three (mul, add, activation)."""
-    if "f" not in _AFFINE:
-        _AFFINE["f"] = __import__("numba").njit(cache=True, nogil=True)(_channel_affine)
-    return _AFFINE["f"]
-
-
+@jit()
 def _channel_affine(x, s, b, lo, hi, out):
+    """y = clamp(x * s[c] + b[c], lo, hi): one pass instead of three (mul, add, activation)."""
     n, c, p = x.shape
     for i in range(n):
         for k in range(c):
@@ -83,7 +79,7 @@ def batch_norm_affine(ctx):
     lo, hi = clamp_bounds(ctx.attrs)
     consts = ctx.const_inputs
     folded = tuple(v.astype(dt) for v in _fold(*consts[1:5], eps)) if all(c is not None for c in consts[1:5]) else None
-    loop = _affine_loop()
+    loop = compiled(_channel_affine)
 
     def step(x, scale, bias, mean, var, *, out):
         s, b = folded if folded is not None else (v.astype(dt) for v in _fold(scale, bias, mean, var, eps))
@@ -124,14 +120,23 @@ def softmax(ctx):
         x2, a = _softmax_axis(x, axis, opset)
         if a == x2.ndim - 1 and rows.usable(x2):  # over the last axis: compiled row passes
             return rows.softmax_last(x2, np.empty_like(x2) if out is None else out.reshape(x2.shape)).reshape(x.shape)
-        y = out.reshape(x2.shape) if out is not None else np.empty_like(x2)
-        with np.errstate(invalid="ignore"):  # an all -inf slice gives NaN, silently as onnxruntime does
-            np.subtract(x2, x2.max(axis=a, keepdims=True), out=y)
-            np.exp(y, out=y)
-            y /= y.sum(axis=a, keepdims=True)
+        y = softmax(x2, a, out.reshape(x2.shape) if out is not None else None)
         return y.reshape(x.shape) if out is None else out
 
     return step
+
+
+def softmax(x, axis=-1, out=None):
+    """Softmax along `axis` in NumPy passes (the max subtracted, exp, divided by the sum),
+    written into out (x itself for in place; a new array when None). An all -inf slice gives
+    NaN, silently, as onnxruntime's does. The Softmax kernel's general path, and custom ops'
+    (glassrt/contrib)."""
+    y = np.empty_like(x) if out is None else out
+    with np.errstate(invalid="ignore"):
+        np.subtract(x, x.max(axis=axis, keepdims=True), out=y)
+        np.exp(y, out=y)
+        y /= y.sum(axis=axis, keepdims=True)
+    return y
 
 
 @kernel("LogSoftmax", dtypes=FLOATS_BF16, bind=True, out=True)
@@ -147,21 +152,34 @@ def log_softmax(ctx):
         y = out.reshape(x2.shape) if out is not None else np.empty_like(x2)
         with np.errstate(invalid="ignore"):
             np.subtract(x2, x2.max(axis=a, keepdims=True), out=y)
-            y -= np.log(np.exp(y).sum(axis=a, keepdims=True))
+            for block in _outer_blocks(y, a):  # exp(y) a block at a time, not a tensor-sized temporary
+                yb = y[block]
+                yb -= np.log(np.exp(yb).sum(axis=a, keepdims=True))
         return y.reshape(x.shape) if out is None else out
 
     return step
 
 
-@kernel("Hardmax", dtypes=FLOATS_BF16, bind=True)
+def _outer_blocks(y, a):
+    """Slices of y along axis 0 of about a tile each, when the reduction axis `a` is another
+    one (each slice then reduces exactly as the whole array does); else the whole array."""
+    if y.ndim == 0 or a == 0:
+        return [...]
+    row = int(np.prod(y.shape[1:], dtype=np.int64))
+    step = max(1, TILE_ELEMENTS // max(row, 1))
+    return [slice(r, r + step) for r in range(0, y.shape[0], step)]
+
+
+@kernel("Hardmax", dtypes=FLOATS_BF16, out=True, bind=True)
 def hardmax(ctx):
     default = 1 if ctx.since_version < 13 else -1
     axis, opset = int(ctx.attrs.get("axis", default)), ctx.since_version
 
-    def step(x):
+    def step(x, *, out=None):
         x2, a = _softmax_axis(x, axis, opset)
-        y = np.zeros_like(x2)
+        y = np.zeros_like(x2) if out is None else out.reshape(x2.shape)
+        y.fill(0)
         np.put_along_axis(y, np.expand_dims(np.argmax(x2, axis=a), a), 1, axis=a)
-        return y.reshape(x.shape)
+        return y.reshape(x.shape) if out is None else out
 
     return step

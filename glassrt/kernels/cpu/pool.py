@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import kernel
-from ._util import FLOATS, pad_spatial, spatial_pads, window_views, windows
+from ._jit import compiled, jit, numba_missing
+from ._util import FLOATS, as_out, pad_spatial, spatial_pads, window_views, windows
 
 INT8 = [np.int8, np.uint8]
 
@@ -118,17 +119,18 @@ def average_pool(ctx):
     return step
 
 
-@kernel("LpPool", dtypes=FLOATS, bind=True)
+@kernel("LpPool", dtypes=FLOATS, out=True, bind=True)
 def lp_pool(ctx):
+    """Accumulates in float64 (an output-sized temporary), rounded once into the output."""
     x_shape, k, begin, end, extra, out_sp, strides, dil = _geometry(ctx)
     p = float(ctx.attrs.get("p", 2))
 
-    def step(x):
+    def step(x, *, out=None):
         xp = _padded(np.abs(x).astype(np.float64), begin, end, extra, 0, None)
         acc = np.zeros(tuple(x.shape[:2]) + tuple(out_sp), np.float64)
         for _, view in window_views(xp, k, strides, dil, out_sp):
             acc += view ** p
-        return (acc ** (1.0 / p)).astype(x.dtype)
+        return as_out((acc ** (1.0 / p)).astype(x.dtype), out)
 
     return step
 
@@ -143,9 +145,10 @@ def global_max_pool(x, *, out=None):
     return np.max(x, axis=tuple(range(2, x.ndim)), keepdims=True, out=out)
 
 
-@kernel("GlobalLpPool", dtypes=FLOATS)
-def global_lp_pool(x, *, p=2):
-    return (np.sum(np.abs(x) ** p, axis=tuple(range(2, x.ndim)), keepdims=True) ** (1.0 / p)).astype(x.dtype)
+@kernel("GlobalLpPool", dtypes=FLOATS, out=True)
+def global_lp_pool(x, *, out=None, p=2):
+    total = np.sum(np.abs(x) ** p, axis=tuple(range(2, x.ndim)), keepdims=True)
+    return as_out((total ** (1.0 / p)).astype(x.dtype), out)
 
 
 # ------------------------------------------------------------------ compiled 2-D kernels
@@ -207,43 +210,17 @@ def not_2d(ctx):
         return f"not 2-D (input rank {None if x is None else len(x)}, the compiled kernels take NCHW)"
     if any(int(p) < 0 for p in ctx.attrs.get("pads") or []):
         return "negative pads"
-    return None
+    return numba_missing()
 
 
-# The compiled functions are plain module-level functions, compiled by _jit() on first use
-# (importing Numba costs a quarter second; not every model pools). Module level, not
-# closures: Numba's disk cache misses every time for a closure over other compiled functions.
-_JIT: dict = {}  # name: (python function, extra numba.njit options)
-_NB: dict = {}  # name: compiled function
-
-
-def _numba(**opts):
-    def mark(fn):
-        _JIT[fn.__name__] = (fn, opts)
-        return fn
-
-    return mark
-
-
-def _jit():
-    """The compiled functions by name (Numba: compiled on first use, machine code cached on disk).
-    Single-threaded on purpose: parallel=True (prange over planes) halved the times on an idle
-    2-core machine but made them 10-100x slower while another process held a core, since each
-    call then waits for a descheduled worker thread."""
-    if not _NB:
-        import numba
-
-        compiled = {name: numba.njit(cache=True, nogil=True, fastmath=False, **opts)(fn)
-                    for name, (fn, opts) in _JIT.items()}
-        globals().update(compiled)  # each compiles on its first call, finding the others as globals
-        _NB.update(compiled)
-    return _NB
-
-
+# The compiled functions are compiled on first use (_jit.py). Single-threaded on purpose:
+# parallel=True (prange over planes) halved the times on an idle 2-core machine but made
+# them 10-100x slower while another process held a core, since each call then waits for a
+# descheduled worker thread.
 # Helpers are inlined: a call that takes array views costs about 50 ns, too much per plane.
 # Arrays travel flat with offsets, and loops index slices from 0 (no negative-index checks).
 
-@_numba(inline="always")
+@jit(inline="always", fastmath=False)
 def _load_plane(xf, base, runs, row_step, sw, wq, buf):
     """Copy the plane at xf[base:] into the phase-split buffer (pad cells keep their fill)."""
     for r in range(runs.shape[0]):
@@ -260,7 +237,7 @@ def _load_plane(xf, base, runs, row_step, sw, wq, buf):
             s += row_step
 
 
-@_numba(inline="always")
+@jit(inline="always", fastmath=False)
 def _store(acc, wq, yf, base, oh, ow):
     """yf[base:] as (oh, ow) = the first ow columns of each wq-wide row of acc."""
     for i in range(oh):
@@ -269,7 +246,7 @@ def _store(acc, wq, yf, base, oh, ow):
             yr[j] = a[j]
 
 
-@_numba(inline="always")
+@jit(inline="always", fastmath=False)
 def _weighted_sum(buf, taps, w, acc, n):
     """acc += sum over taps t of w[t] * (the run of buf that tap reads), three taps a pass."""
     t = 0
@@ -285,7 +262,7 @@ def _weighted_sum(buf, taps, w, acc, n):
             acc[q] += wa * a[q]
 
 
-@_numba()
+@jit(fastmath=False)
 def _max_planes(x, y, runs, row_step, sw, taps, wq, n, size, low):
     (planes, h, w), (_, oh, ow) = x.shape, y.shape
     xf, yf = x.ravel(), y.ravel()
@@ -304,7 +281,7 @@ def _max_planes(x, y, runs, row_step, sw, taps, wq, n, size, low):
         _store(acc, wq, yf, p * oh * ow, oh, ow)
 
 
-@_numba()
+@jit(fastmath=False)
 def _avg_planes(x, y, runs, row_step, sw, taps, wq, n, size, inv):
     (planes, h, w), (_, oh, ow) = x.shape, y.shape
     xf, yf = x.ravel(), y.ravel()
@@ -319,7 +296,7 @@ def _avg_planes(x, y, runs, row_step, sw, taps, wq, n, size, inv):
                 yr[j] = a[j] * s[j]
 
 
-@_numba()
+@jit(fastmath=False)
 def _depthwise_planes(x, y, runs, row_step, sw, taps, wq, n, size, w, b):
     """Plane p is channel p % C: w (C, taps), b (C,)."""
     (planes, h, ww), (_, oh, ow) = x.shape, y.shape
@@ -333,7 +310,7 @@ def _depthwise_planes(x, y, runs, row_step, sw, taps, wq, n, size, w, b):
         _store(acc, wq, yf, p * oh * ow, oh, ow)
 
 
-@_numba()
+@jit(fastmath=False)
 def _max_indices(x, y, idx, low, kh, kw, sh, sw, dh, dw, pt, pl, col_major):
     """Direct MaxPool with the flat index of each maximum (first in row-major window order)."""
     planes, h, w = x.shape
@@ -368,15 +345,15 @@ def max_pool_2d(ctx):
     lay = PlaneLayout(x_shape, k, begin, out_sp, strides, dil)
     want_indices = len(ctx.node.outputs) > 1 and bool(ctx.node.outputs[1])
     geo = (*k, *strides, *dil, *begin, int(ctx.attrs.get("storage_order", 0)) == 1)
-    nb = _jit()
+    max_planes, max_indices = compiled(_max_planes), compiled(_max_indices)
 
     def step(x, *, out):
         shape = tuple(x.shape[:2]) + tuple(out_sp)
         y = out[0] if out[0] is not None else np.empty(shape, x.dtype)
         if not want_indices:
-            return run_planes(nb["_max_planes"], x, y, dt, *lay.args(), low), None
+            return run_planes(max_planes, x, y, dt, *lay.args(), low), None
         idx = out[1] if out[1] is not None else np.empty(shape, np.int64)
-        return run_planes(lambda xp, yp: nb["_max_indices"](xp, yp, idx.reshape(yp.shape), low, *geo), x, y, dt), idx
+        return run_planes(lambda xp, yp: max_indices(xp, yp, idx.reshape(yp.shape), low, *geo), x, y, dt), idx
 
     return step
 
@@ -398,10 +375,10 @@ def average_pool_2d(ctx):
     counts = [_window_counts(*a, include_pad) for a in zip(x_shape[2:], k, begin, end, out_sp, strides, dil)]
     inv = (1.0 / np.maximum(np.outer(*counts), 1)).astype(dt)
     lay = PlaneLayout(x_shape, k, begin, out_sp, strides, dil)
-    nb = _jit()
+    avg_planes = compiled(_avg_planes)
 
     def step(x, *, out):
         y = out if out is not None else np.empty(tuple(x.shape[:2]) + tuple(out_sp), x.dtype)
-        return run_planes(nb["_avg_planes"], x, y, dt, *lay.args(), inv)
+        return run_planes(avg_planes, x, y, dt, *lay.args(), inv)
 
     return step

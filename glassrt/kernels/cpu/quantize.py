@@ -3,6 +3,9 @@
 Integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv) run as float64
 GEMMs: every 8-bit product is exact there and sums stay exact up to 2**53, far beyond any
 int32 accumulator, so BLAS gives the integer result without NumPy's slow integer matmul.
+
+(De)QuantizeLinear run tile by tile into their planned buffers; the integer products
+accumulate in a float64 array of the output's size and are converted into the buffer.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from onnx import helper
 
 from ... import dtypes
 from ..registry import kernel
-from ._util import norm_axis, pad_spatial, spatial_pads, windows
+from ._util import as_out, norm_axis, pad_spatial, spatial_pads, windows, write_elementwise
 
 _INT_QUANT = [np.int8, np.uint8, np.int16, np.uint16] + sorted(dtypes.SMALL_INTS, key=str)
 _FLOAT8 = dtypes.FLOAT8 - {np.dtype(ml_dtypes.float8_e8m0fnu)}
@@ -73,8 +76,8 @@ def _saturate_float(v, dt, saturate):
 # ---------------------------------------------------------------- QuantizeLinear
 
 
-@kernel("QuantizeLinear", versions=(10, None), dtypes=dtypes.FLOATS_BF16 | {np.dtype(np.int32)})
-def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, saturate=1, block_size=0, output_dtype=0,
+@kernel("QuantizeLinear", versions=(10, None), dtypes=dtypes.FLOATS_BF16 | {np.dtype(np.int32)}, out=True)
+def quantize_linear(x, y_scale, y_zero_point=None, *, out=None, axis=1, saturate=1, block_size=0, output_dtype=0,
                     precision=0):
     """y = saturate(round_half_even(x / y_scale) + y_zero_point), per tensor, per axis or blocked."""
     if y_zero_point is not None:
@@ -91,30 +94,38 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, saturate=1, block_
     scale = _broadcast_param(y_scale, x.shape, axis, block_size, "y_scale")
     # The division runs in `precision` when given, else in the scale's type (spec).
     work = _np(precision) if precision else _float_of(y_scale.dtype)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    params = [scale]
+    if y_zero_point is not None:
+        params.append(_broadcast_param(y_zero_point, x.shape, axis, block_size, "y_zero_point"))
+
+    lo, hi = _int_range(out_dt) if out_dt not in _QUANT_FLOATS else (None, None)
+
+    def quantize(x, scale, zero_point=None):
         # asarray: on 0-d operands NumPy returns a scalar, which cannot be written in place below
         q = np.asarray(np.divide(x.astype(work, copy=False), scale.astype(work, copy=False)))
         if out_dt in _QUANT_FLOATS:
             q = q.astype(np.float32) if q.dtype != np.float64 else q
-            if y_zero_point is not None:
-                q = q + _broadcast_param(y_zero_point, x.shape, axis, block_size, "y_zero_point").astype(q.dtype)
+            if zero_point is not None:
+                q = q + zero_point.astype(q.dtype)
             return np.asarray(_saturate_float(q, out_dt, saturate))
         # Rounded values plus a (16-bit at most) zero point are exact in float32 up to 2**24,
         # and anything beyond saturates anyway; half precision would round the sum, so widen it.
         q = np.rint(q, out=q) if q.dtype in (np.float32, np.float64) else np.rint(q).astype(np.float32)
-        if y_zero_point is not None:
-            q += _broadcast_param(y_zero_point, x.shape, axis, block_size, "y_zero_point").astype(q.dtype)
-        lo, hi = _int_range(out_dt)
+        if zero_point is not None:
+            q += zero_point.astype(q.dtype)
         np.clip(q, lo, hi, out=q)
         return q.astype(out_dt)
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return write_elementwise(out, quantize, x, *params)
 
 
 # ---------------------------------------------------------------- DequantizeLinear
 
 
 @kernel("DequantizeLinear", versions=(10, None),
-        dtypes=frozenset(map(np.dtype, _INT_QUANT + [np.int32])) | _QUANT_FLOATS)
-def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0):
+        dtypes=frozenset(map(np.dtype, _INT_QUANT + [np.int32])) | _QUANT_FLOATS, out=True)
+def dequantize_linear(x, x_scale, x_zero_point=None, *, out=None, axis=1, block_size=0, output_dtype=0):
     """y = (x - x_zero_point) * x_scale, in the output type's precision (float32 for half types)."""
     out_dt = _np(output_dtype) if output_dtype else x_scale.dtype
     if out_dt not in dtypes.FLOATS_BF16:
@@ -126,36 +137,51 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, ou
         _same_shape(x_zero_point, x_scale, "x")
     work = np.float64 if out_dt == np.float64 else np.float32
     scale = _broadcast_param(x_scale, x.shape, axis, block_size, "x_scale").astype(work)
-    if x.dtype in _QUANT_FLOATS or x.dtype.itemsize <= 2:
-        # float8/4 values and integers of at most 16 bits (and their differences) are exact in float32.
-        d = x.astype(work)
-        if x_zero_point is not None:
-            d -= _broadcast_param(x_zero_point, x.shape, axis, block_size, "x_zero_point").astype(work)
-    else:
-        # Integer difference first (exact), then one conversion.
-        d = x.astype(np.int64)
-        if x_zero_point is not None:
-            d -= _broadcast_param(x_zero_point.astype(np.int64), x.shape, axis, block_size, "x_zero_point")
-        d = d.astype(work)
-    d *= scale
-    return d.astype(out_dt, copy=False)
+    narrow = x.dtype in _QUANT_FLOATS or x.dtype.itemsize <= 2
+    params = [scale]
+    if x_zero_point is not None:
+        zp = x_zero_point if narrow else x_zero_point.astype(np.int64)
+        params.append(_broadcast_param(zp, x.shape, axis, block_size, "x_zero_point"))
+
+    def dequantize(x, scale, zero_point=None):
+        if narrow:
+            # float8/4 values and integers of at most 16 bits (and their differences) are exact in float32.
+            d = x.astype(work)
+            if zero_point is not None:
+                d -= zero_point.astype(work)
+        else:
+            # Integer difference first (exact), then one conversion.
+            d = x.astype(np.int64)
+            if zero_point is not None:
+                d -= zero_point
+            d = d.astype(work)
+        d *= scale
+        return d.astype(out_dt, copy=False)
+
+    return write_elementwise(out, dequantize, x, *params)
 
 
 # ---------------------------------------------------------------- DynamicQuantizeLinear
 
 
-@kernel("DynamicQuantizeLinear", dtypes=[np.float32], multi=True)
-def dynamic_quantize_linear(x):
+@kernel("DynamicQuantizeLinear", dtypes=[np.float32], multi=True, out=True)
+def dynamic_quantize_linear(x, *, out=(None, None, None)):
     """uint8 quantization with scale / zero point taken from the data range (which always includes 0)."""
     f32 = np.float32
     hi = f32(max(0.0, float(x.max()))) if x.size else f32(0)
     lo = f32(min(0.0, float(x.min()))) if x.size else f32(0)
     scale = f32(1.0) / f32(255) if hi == lo else f32(hi - lo) / f32(255)
     zp = np.rint(np.clip(f32(0) - lo / scale, 0, 255))
-    with np.errstate(invalid="ignore"):
-        y = np.asarray(np.rint(x / scale) + zp)  # an array even for 0-d x (clipped in place below)
-    np.clip(y, 0, 255, out=y)
-    return y.astype(np.uint8), np.asarray(scale, dtype=np.float32), np.asarray(zp, dtype=np.uint8)
+
+    def quantize(v):
+        with np.errstate(invalid="ignore"):
+            y = np.asarray(np.rint(v / scale) + zp)  # an array even for 0-d x (clipped in place below)
+        np.clip(y, 0, 255, out=y)
+        return y.astype(np.uint8)
+
+    y_out, scale_out, zp_out = (tuple(out) + (None,) * 3)[:3]
+    return (write_elementwise(y_out, quantize, x), as_out(np.asarray(scale, dtype=np.float32), scale_out),
+            as_out(np.asarray(zp, dtype=np.uint8), zp_out))
 
 
 # ---------------------------------------------------------------- integer products
@@ -194,13 +220,14 @@ def _col_param(p, b_shape, what):
                      f"column ([{n}])")
 
 
-@kernel("MatMulInteger", dtypes=_I8)
-def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+@kernel("MatMulInteger", dtypes=_I8, out=True)
+def matmul_integer(a, b, a_zero_point=None, b_zero_point=None, *, out=None):
     """int32 (A - a_zp) @ (B - b_zp); a_zp per tensor or per row, b_zp per tensor or per column."""
     az = _row_param(a_zero_point, a.shape, "a_zero_point") if a_zero_point is not None else None
     bz = _col_param(b_zero_point, b.shape, "b_zero_point") if b_zero_point is not None else None
     ad, bd = _centered(a, az), _centered(b, bz)
-    return np.asarray(np.matmul(ad, bd)).astype(np.int32)  # 1-D @ 1-D gives a scalar
+    acc = np.asarray(np.matmul(ad, bd))  # 1-D @ 1-D gives a scalar
+    return acc.astype(np.int32) if out is None else as_out(acc, out, cast=True)
 
 
 def _requantize(acc, mult, y_zero_point, fallback_dt):
@@ -216,8 +243,8 @@ def _requantize(acc, mult, y_zero_point, fallback_dt):
     return np.clip(r, lo, hi, out=r).astype(out_dt)
 
 
-@kernel("QLinearMatMul", versions=(10, None), dtypes=list(_I8) + sorted(_FLOAT8, key=str))
-def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
+@kernel("QLinearMatMul", versions=(10, None), dtypes=list(_I8) + sorted(_FLOAT8, key=str), out=True)
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None, *, out=None):
     """Quantized matmul: exact integer product, then one requantization to y's scale/zero point."""
     az = _row_param(a_zero_point, a.shape, "a_zero_point") if a_zero_point is not None else None
     bz = _col_param(b_zero_point, b.shape, "b_zero_point")
@@ -226,7 +253,7 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     mult = (_row_param(a_scale, a.shape, "a_scale") * _col_param(b_scale, b.shape, "b_scale")
             / _col_param(y_scale, b.shape, "y_scale")).astype(np.float64)
     yz = _col_param(y_zero_point, b.shape, "y_zero_point") if y_zero_point is not None else None
-    return _requantize(acc, mult, yz, a.dtype)
+    return as_out(_requantize(acc, mult, yz, a.dtype), out)
 
 
 def _conv_geometry(x, w, kernel_shape, strides, dilations, pads, auto_pad):
@@ -272,18 +299,18 @@ def _weight_centered(w, w_zero_point):
     return wd
 
 
-@kernel("ConvInteger", dtypes=_I8)
-def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1,
+@kernel("ConvInteger", dtypes=_I8, out=True)
+def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, out=None, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, pads=None, strides=None):
     """int32 conv of (x - x_zp) with (w - w_zp); w_zp per tensor or per output channel."""
     xd = _centered(x, None if x_zero_point is None else np.asarray(x_zero_point).reshape(()))
     acc = _int_conv(xd, _weight_centered(w, w_zero_point), int(group), kernel_shape, strides, dilations, pads,
                     auto_pad)
-    return acc.astype(np.int32)
+    return acc.astype(np.int32) if out is None else as_out(acc, out, cast=True)
 
 
-@kernel("QLinearConv", dtypes=_I8)
-def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *,
+@kernel("QLinearConv", dtypes=_I8, out=True)
+def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, out=None,
                  auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Quantized conv: exact integer conv (+ int32 bias), then requantization to y's scale/zero point."""
     xd = _centered(x, np.asarray(x_zero_point).reshape(()))
@@ -295,4 +322,4 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
     if ws.size > 1 and ws.size != w.shape[0]:
         raise ValueError(f"w_scale has {ws.size} elements, expected 1 or {w.shape[0]} (output channels)")
     mult = (x_scale.reshape(()) * _per_filter(ws, acc.ndim) / y_scale.reshape(())).astype(np.float64)
-    return _requantize(acc, mult, y_zero_point, x.dtype)
+    return as_out(_requantize(acc, mult, y_zero_point, x.dtype), out)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...ir import TensorType
 from ..registry import kernel
+from ._util import as_out
 
 _UNSEEDED = np.random.default_rng()
 
@@ -45,54 +46,54 @@ def _affine(draw, scale, shift, dtype):
     return y.astype(dtype)
 
 
-@kernel(["RandomUniform", "RandomUniformLike"], bind=True)
+@kernel(["RandomUniform", "RandomUniformLike"], out=True, bind=True)
 def random_uniform(ctx):
     a = ctx.attrs
     low, high, seed = float(a.get("low", 0.0)), float(a.get("high", 1.0)), a.get("seed")
     dtype = _out_dtype(ctx, np.float32)
     shape = tuple(int(d) for d in a["shape"]) if ctx.node.op_type == "RandomUniform" else None
 
-    def step(x=None):
+    def step(x=None, *, out=None):
         u = _uniform(_rng(seed), shape if shape is not None else x.shape)
-        return _affine(u, high - low, low, dtype)
+        return as_out(_affine(u, high - low, low, dtype), out)
 
     return step
 
 
-@kernel(["RandomNormal", "RandomNormalLike"], bind=True)
+@kernel(["RandomNormal", "RandomNormalLike"], out=True, bind=True)
 def random_normal(ctx):
     a = ctx.attrs
     mean, scale, seed = float(a.get("mean", 0.0)), float(a.get("scale", 1.0)), a.get("seed")
     dtype = _out_dtype(ctx, np.float32)
     shape = tuple(int(d) for d in a["shape"]) if ctx.node.op_type == "RandomNormal" else None
 
-    def step(x=None):
-        return _affine(_normal(_rng(seed), shape if shape is not None else x.shape), scale, mean, dtype)
+    def step(x=None, *, out=None):
+        return as_out(_affine(_normal(_rng(seed), shape if shape is not None else x.shape), scale, mean, dtype), out)
 
     return step
 
 
-@kernel("Bernoulli", bind=True)
+@kernel("Bernoulli", out=True, bind=True)
 def bernoulli(ctx):
     seed = ctx.attrs.get("seed")
     dtype = _out_dtype(ctx, ctx.dtype(0) or np.float32)
 
-    def step(x):
+    def step(x, *, out=None):
         p = x.astype(np.float64)
         if p.size and not ((p >= 0) & (p <= 1)).all():
             raise ValueError("Bernoulli probabilities must lie in [0, 1]")
-        return np.asarray(_rng(seed).binomial(1, p), dtype=dtype)  # binomial gives a Python int for 0-d p
+        return as_out(np.asarray(_rng(seed).binomial(1, p), dtype=dtype), out)  # binomial gives a Python int for 0-d p
 
     return step
 
 
-@kernel("Multinomial", bind=True)
+@kernel("Multinomial", out=True, bind=True)
 def multinomial(ctx):
     seed = ctx.attrs.get("seed")
     n = int(ctx.attrs.get("sample_size", 1))
     dtype = _out_dtype(ctx, np.int32)
 
-    def step(x):
+    def step(x, *, out=None):
         if x.ndim != 2:
             raise ValueError(f"Multinomial takes [batch, classes] log-probabilities, got shape {list(x.shape)}")
         logits = x.astype(np.float64)
@@ -102,7 +103,7 @@ def multinomial(ctx):
         # Inverse-CDF sampling: the class whose cumulative probability first exceeds u.
         u = _uniform(_rng(seed), (x.shape[0], n))
         idx = (cdf[:, None, :] <= u[:, :, None]).sum(axis=-1)
-        return np.minimum(idx, x.shape[1] - 1).astype(dtype)
+        return as_out(np.minimum(idx, x.shape[1] - 1).astype(dtype), out)
 
     return step
 

@@ -1,14 +1,20 @@
-"""Reductions (axes from the attribute or the input, keepdims, noop_with_empty_axes)."""
+"""Reductions (axes from the attribute or the input, keepdims, noop_with_empty_axes).
+
+Sum, Mean, Max, Min and Prod in the input's own type reduce straight into the planned
+buffer; the others (a wider accumulator, a transform first) reduce aside, into an array
+of the output's size, and copy it in."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...ops.meta.reduce import AXES_AS_INPUT
 from ..registry import kernel
-from ._util import FLOATS_BF16, NUMERIC, norm_axis
+from ._util import FLOATS_BF16, NUMERIC, as_out, norm_axis
 
 
-def _reducer(op, compute, types=NUMERIC):
+def _reducer(op, compute, types=NUMERIC, into=None):
+    """`into(x, ax, keep, out)`: the reduction written into out, or None where it cannot be."""
+
     def build(ctx):
         keep = bool(ctx.attrs.get("keepdims", 1))
         noop = bool(ctx.attrs.get("noop_with_empty_axes", 0))
@@ -23,11 +29,32 @@ def _reducer(op, compute, types=NUMERIC):
                 ax = None
             else:
                 ax = tuple(sorted(norm_axis(int(a), x.ndim) for a in ax))
+            if into is not None and out is not None and x.size and _reduced_shape(x.shape, ax, keep) == out.shape:
+                r = into(x, ax, keep, out)
+                if r is not None:
+                    return r
             r = compute(x, ax, keep)
             return _put(np.asarray(r, dtype=x.dtype) if np.asarray(r).dtype != x.dtype else np.asarray(r), out)
         return step
 
     kernel(op, dtypes=types, bind=True, out=True, name=op.lower())(build)
+
+
+def _reduced_shape(shape, ax, keep):
+    gone = range(len(shape)) if ax is None else ax
+    return tuple(1 if i in gone else d for i, d in enumerate(shape) if keep or i not in gone)
+
+
+def _same_type(reduce, typed=False):
+    """An `into` for a NumPy reduction that accumulates in the input's own type (passed as
+    dtype= when `typed`, as the reduction without out= is called)."""
+
+    def into(x, ax, keep, out):
+        if out.dtype != x.dtype or _acc.get(x.dtype, x.dtype) != x.dtype:
+            return None
+        return reduce(x, axis=ax, keepdims=keep, out=out, **(dict(dtype=x.dtype) if typed else {}))
+
+    return into
 
 
 def _put(v, out):
@@ -62,11 +89,15 @@ def _sum(x, ax, keep):
     return np.sum(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, x.dtype))
 
 
-_reducer("ReduceSum", _sum)
-_reducer("ReduceMean", lambda x, ax, keep: np.mean(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, None)))
-_reducer("ReduceMax", _empty_ok(lambda x, ax, keep: np.max(x, axis=ax, keepdims=keep), _low), NUMERIC | {np.dtype(bool)})
-_reducer("ReduceMin", _empty_ok(lambda x, ax, keep: np.min(x, axis=ax, keepdims=keep), _high), NUMERIC | {np.dtype(bool)})
-_reducer("ReduceProd", lambda x, ax, keep: np.prod(x, axis=ax, keepdims=keep, dtype=x.dtype))
+_reducer("ReduceSum", _sum, into=_same_type(np.sum, typed=True))
+_reducer("ReduceMean", lambda x, ax, keep: np.mean(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, None)),
+         into=lambda x, ax, keep, out: _same_type(np.mean)(x, ax, keep, out) if x.dtype.kind == "f" else None)
+_reducer("ReduceMax", _empty_ok(lambda x, ax, keep: np.max(x, axis=ax, keepdims=keep), _low),
+         NUMERIC | {np.dtype(bool)}, into=_same_type(np.max))
+_reducer("ReduceMin", _empty_ok(lambda x, ax, keep: np.min(x, axis=ax, keepdims=keep), _high),
+         NUMERIC | {np.dtype(bool)}, into=_same_type(np.min))
+_reducer("ReduceProd", lambda x, ax, keep: np.prod(x, axis=ax, keepdims=keep, dtype=x.dtype),
+         into=_same_type(np.prod, typed=True))
 _reducer("ReduceL1", lambda x, ax, keep: np.sum(np.abs(x), axis=ax, keepdims=keep, dtype=x.dtype))
 _reducer("ReduceL2", lambda x, ax, keep: np.sqrt(np.sum(np.square(x.astype(np.float64)), axis=ax, keepdims=keep)))
 _reducer("ReduceSumSquare", lambda x, ax, keep: np.sum(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype))
@@ -87,15 +118,15 @@ _reducer("ReduceLogSumExp", _logsumexp, FLOATS_BF16)
 
 
 def _arg(op, fn):
-    @kernel(op, dtypes=NUMERIC, name=op.lower())
-    def k(x, *, axis=0, keepdims=1, select_last_index=0):
+    @kernel(op, dtypes=NUMERIC, out=True, name=op.lower())
+    def k(x, *, out=None, axis=0, keepdims=1, select_last_index=0):
         a = norm_axis(axis, x.ndim)
         if select_last_index:
             r = x.shape[a] - 1 - fn(np.flip(x, axis=a), axis=a)
         else:
             r = fn(x, axis=a)
         r = r.astype(np.int64)
-        return np.expand_dims(r, a) if keepdims else r
+        return as_out(np.expand_dims(r, a) if keepdims else r, out)
     return k
 
 

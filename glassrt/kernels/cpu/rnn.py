@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import kernel
-from ._util import FLOATS_BF16
+from ._util import FLOATS_BF16, as_out
 
 # ---------------------------------------------------------------- activations (in place)
 
@@ -279,10 +279,17 @@ def _bias_rows(B, D, n, dt):
     return B[:, :n], B[:, n:]
 
 
+def _results(values, wanted, out):
+    """The wanted outputs, copied into their planned buffers (the recurrence itself runs in
+    per-step scratch and a time-major Y that is reordered at the end)."""
+    bufs = (tuple(out) + (None,) * len(values))[:len(values)]
+    return tuple(as_out(v, b) if w else None for v, w, b in zip(values, wanted, bufs))
+
+
 # ---------------------------------------------------------------- LSTM
 
 
-@kernel("LSTM", dtypes=FLOATS_BF16, bind=True, multi=True)
+@kernel("LSTM", dtypes=FLOATS_BF16, out=True, bind=True, multi=True)
 def lstm(ctx):
     """LSTM (gates i, o, f, c; peepholes i, o, f), all directions in one time loop."""
     spec = _Spec(ctx, ("Sigmoid", "Tanh", "Tanh"))
@@ -305,7 +312,7 @@ def lstm(ctx):
 
     weights = _weights(ctx, (1, 2, 3, 7), prep)
 
-    def step(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None):
+    def step(X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None, *, out=(None,)):
         H = _check(spec, X, W, R, 4)
         dt = X.dtype
         W_, RT, bias, peep = weights(W, R, B, P)
@@ -342,8 +349,7 @@ def lstm(ctx):
                 h = seq.step_state(t, h_new, h)
                 c = seq.step_state(t, c_new, c)
         Y, (yh, yc) = seq.finish(Y, (h, c), dt)
-        outs = (Y, yh, yc)
-        return tuple(v if w else None for v, w in zip(outs, spec.wanted))
+        return _results((Y, yh, yc), spec.wanted, out)
 
     return step
 
@@ -351,7 +357,7 @@ def lstm(ctx):
 # ---------------------------------------------------------------- GRU
 
 
-@kernel("GRU", dtypes=FLOATS_BF16, bind=True, multi=True)
+@kernel("GRU", dtypes=FLOATS_BF16, out=True, bind=True, multi=True)
 def gru(ctx):
     """GRU (gates z, r, h), linear_before_reset or not, all directions in one time loop."""
     spec = _Spec(ctx, ("Sigmoid", "Tanh"))
@@ -372,7 +378,7 @@ def gru(ctx):
 
     weights = _weights(ctx, (1, 2, 3), prep)
 
-    def step(X, W, R, B=None, sequence_lens=None, initial_h=None):
+    def step(X, W, R, B=None, sequence_lens=None, initial_h=None, *, out=(None,)):
         H = _check(spec, X, W, R, 3)
         dt = X.dtype
         W_, RT, bias, rbh = weights(W, R, B)
@@ -407,7 +413,7 @@ def gru(ctx):
                 seq.emit(Y, t, h_new)
                 h = seq.step_state(t, h_new, h)
         Y, (yh,) = seq.finish(Y, (h,), dt)
-        return tuple(v if w else None for v, w in zip((Y, yh), spec.wanted))
+        return _results((Y, yh), spec.wanted, out)
 
     return step
 
@@ -415,7 +421,7 @@ def gru(ctx):
 # ---------------------------------------------------------------- RNN
 
 
-@kernel("RNN", dtypes=FLOATS_BF16, bind=True, multi=True)
+@kernel("RNN", dtypes=FLOATS_BF16, out=True, bind=True, multi=True)
 def rnn(ctx):
     """Simple RNN: H = f(X·Wᵀ + H·Rᵀ + Wb + Rb), all directions in one time loop."""
     spec = _Spec(ctx, ("Tanh",))
@@ -429,7 +435,7 @@ def rnn(ctx):
 
     weights = _weights(ctx, (1, 2, 3), prep)
 
-    def step(X, W, R, B=None, sequence_lens=None, initial_h=None):
+    def step(X, W, R, B=None, sequence_lens=None, initial_h=None, *, out=(None,)):
         H = _check(spec, X, W, R, 1)
         dt = X.dtype
         W_, RT, bias = weights(W, R, B)
@@ -445,6 +451,6 @@ def rnn(ctx):
                 seq.emit(Y, t, h_new)
                 h = seq.step_state(t, h_new, h)
         Y, (yh,) = seq.finish(Y, (h,), dt)
-        return tuple(v if w else None for v, w in zip((Y, yh), spec.wanted))
+        return _results((Y, yh), spec.wanted, out)
 
     return step

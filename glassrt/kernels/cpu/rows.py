@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-_NB: dict = {}
+from ..buffers import TILE_ELEMENTS
+from ._jit import jit, numba_missing
+
+_PLAIN = dict(error_model="numpy")
+_SUMMING = dict(_PLAIN, fastmath={"reassoc", "nsz", "contract"})
 
 
+@jit(**_PLAIN)
 def _max_subtract(x, out):
     """out[i] = x[i] - max(x[i]); a NaN in a row makes the row NaN, as in NumPy."""
     n, m = x.shape
@@ -30,6 +35,7 @@ def _max_subtract(x, out):
             out[i, j] = x[i, j] - mx
 
 
+@jit(**_SUMMING)
 def _normalize_sum(y):
     n, m = y.shape
     for i in range(n):
@@ -41,6 +47,7 @@ def _normalize_sum(y):
             y[i, j] *= inv
 
 
+@jit(**_SUMMING)
 def _subtract_log_sum(y, e):
     """y[i] -= log(sum(e[i])): log-softmax from the shifted values and their exps."""
     n, m = y.shape
@@ -53,6 +60,7 @@ def _subtract_log_sum(y, e):
             y[i, j] -= ls
 
 
+@jit(**_SUMMING)
 def _layer_norm(x, scale, bias, eps, y, mean, inv_std):
     """Per row: mean, variance of (x - mean) (two passes, as the spec's function does),
     then y = (x - mean) * inv_std * scale + bias. scale/bias are per column."""
@@ -73,47 +81,38 @@ def _layer_norm(x, scale, bias, eps, y, mean, inv_std):
             y[i, j] = (x[i, j] - mu) * r * scale[j] + bias[j]
 
 
-def _compiled():
-    if not _NB:
-        import numba
-
-        plain = dict(cache=True, nogil=True, error_model="numpy")
-        summing = dict(plain, fastmath={"reassoc", "nsz", "contract"})
-        _NB["max_subtract"] = numba.njit(**plain)(_max_subtract)
-        _NB["normalize_sum"] = numba.njit(**summing)(_normalize_sum)
-        _NB["subtract_log_sum"] = numba.njit(**summing)(_subtract_log_sum)
-        _NB["layer_norm"] = numba.njit(**summing)(_layer_norm)
-    return _NB
-
-
 def usable(x) -> bool:
-    """float32, at least one column and one row: what these loops take."""
-    return x.dtype == np.float32 and x.ndim >= 1 and x.size > 0 and x.shape[-1] > 0
+    """float32, at least one column and one row: what these loops take (and Numba to compile them)."""
+    return x.dtype == np.float32 and x.ndim >= 1 and x.size > 0 and x.shape[-1] > 0 and numba_missing() is None
 
 
 def softmax_last(x, out):
     """Softmax over the last axis of float32 x into out (same shape, C-contiguous)."""
-    nb = _compiled()
     x2, y = np.ascontiguousarray(x).reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
-    nb["max_subtract"](x2, y)
+    _max_subtract(x2, y)
     np.exp(y, out=y)
-    nb["normalize_sum"](y)
+    _normalize_sum(y)
     return out
 
 
 def log_softmax_last(x, out):
-    nb = _compiled()
     x2, y = np.ascontiguousarray(x).reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
-    nb["max_subtract"](x2, y)
-    nb["subtract_log_sum"](y, np.exp(y))
+    _max_subtract(x2, y)
+    step = max(1, TILE_ELEMENTS // y.shape[1])  # exp of a block of rows at a time: no tensor-sized temporary
+    for r in range(0, y.shape[0], step):
+        _subtract_log_sum(y[r:r + step], np.exp(y[r:r + step]))
     return out
 
 
-def layer_norm_rows(x2, scale, bias, eps):
-    """(y, mean, inv_std) for float32 rows x2 (n, m) with per-column scale and bias (m,)."""
+def layer_norm_rows(x2, scale, bias, eps, y):
+    """Layer-normalized float32 rows x2 (n, m), per-column scale and bias (m,), written into
+    y (n, m) when it is a C-contiguous float32 array (else computed aside and copied);
+    returns each row's (mean, inv_std), (n,) float32."""
     n, m = x2.shape
-    y = np.empty((n, m), np.float32)
+    res = y if y.dtype == np.float32 and y.flags.c_contiguous else np.empty((n, m), np.float32)
     mean, inv = np.empty(n, np.float32), np.empty(n, np.float32)
-    _compiled()["layer_norm"](np.ascontiguousarray(x2), np.ascontiguousarray(scale, np.float32),
-                              np.ascontiguousarray(bias, np.float32), np.float32(eps), y, mean, inv)
-    return y, mean, inv
+    _layer_norm(np.ascontiguousarray(x2), np.ascontiguousarray(scale, np.float32),
+                np.ascontiguousarray(bias, np.float32), np.float32(eps), res, mean, inv)
+    if res is not y:
+        np.copyto(y, res)
+    return mean, inv

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..registry import kernel
 from ._util import norm_axis
+from ..buffers import computed_aside
 
 
 def _own(x):
@@ -39,7 +40,8 @@ def sequence_empty(*, dtype=None):
     return []
 
 
-@kernel("SequenceLength")
+@kernel("SequenceLength", out=True)
+@computed_aside
 def sequence_length(seq):
     return np.array(len(seq), dtype=np.int64)
 
@@ -109,7 +111,8 @@ def optional(x=None, *, type=None):
     return x
 
 
-@kernel("OptionalHasElement")
+@kernel("OptionalHasElement", out=True)
+@computed_aside
 def optional_has_element(x=None):
     return np.array(x is not None)
 

@@ -5,7 +5,7 @@ import numpy as np
 
 from ...ops.meta.shape import clamped_slice, constant_value, reshape_dims, uneven_split
 from ..registry import kernel
-from ._util import ALL, contiguous, norm_axis
+from ._util import ALL, as_out, contiguous, new_out, norm_axis
 
 INT_MAX = 2**63 - 1
 HALF = [d for d in ALL if d.name == "bfloat16"]
@@ -101,14 +101,14 @@ def concat(*xs, out=None, axis=1):  # Concat-1..3 made axis optional, defaulting
     return np.concatenate(xs, axis=norm_axis(axis, xs[0].ndim), out=out)
 
 
-@kernel("Split", dtypes=ALL, multi=True, bind=True)
+@kernel("Split", dtypes=ALL, out=True, multi=True, bind=True)
 def split(ctx):
     n = len(ctx.node.outputs)
     axis = int(ctx.attrs.get("axis", 0))
     attr_split = ctx.attrs.get("split")
     num_outputs = ctx.attrs.get("num_outputs")
 
-    def step(x, sizes=None):
+    def step(x, sizes=None, *, out=(None,) * n):
         a = norm_axis(axis, x.ndim)
         if ctx.opset < 13:
             sizes = attr_split
@@ -124,7 +124,8 @@ def split(ctx):
         if sum(sizes) != x.shape[a] or len(sizes) != n or min(sizes, default=0) < 0:
             raise ValueError(f"split sizes {sizes} do not match axis {a} of size {x.shape[a]} and {n} outputs")
         bounds = np.cumsum([0] + sizes)
-        return tuple(contiguous(np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=a)) for i in range(n))
+        parts = [x[(slice(None),) * a + (slice(int(bounds[i]), int(bounds[i + 1])),)] for i in range(n)]
+        return tuple(p.copy() if o is None else _put(p, o) for p, o in zip(parts, out))
 
     return step
 
@@ -186,7 +187,9 @@ def gather(x, indices, *, out=None, axis=0):
     if idx.size and (idx.min() < -n or idx.max() >= n):
         bad = idx[(idx < -n) | (idx >= n)].reshape(-1)[0]
         raise IndexError(f"index {bad} is out of range for axis {a} of size {n}")
-    return np.take(x, idx, axis=a, out=out)
+    # The indices are checked: "wrap" reads a negative one from the end as "raise" would, and
+    # writes straight into out ("raise" gathers into a temporary first).
+    return np.take(x, idx, axis=a, out=out, mode="wrap" if idx.size else "raise")
 
 
 @kernel("Expand", dtypes=ALL, out=True)
@@ -198,22 +201,28 @@ def expand(x, shape, *, out=None):
     return np.broadcast_to(x, target).copy()
 
 
-@kernel("Tile", dtypes=ALL)
-def tile(x, repeats):
-    return np.tile(x, [int(r) for r in repeats])
+@kernel("Tile", dtypes=ALL, out=True)
+def tile(x, repeats, *, out=None):
+    reps = [int(r) for r in repeats]
+    if out is None or len(reps) != x.ndim:
+        return as_out(np.tile(x, reps), out)
+    # out as (r0, s0, r1, s1, ...): x broadcast along every repeat axis, as np.tile lays it out.
+    np.copyto(out.reshape([d for r, s in zip(reps, x.shape) for d in (r, s)]),
+              x.reshape([d for s in x.shape for d in (1, s)]))
+    return out
 
 
-@kernel("Shape", dtypes=ALL)
-def shape_(x, *, start=0, end=None):
+@kernel("Shape", dtypes=ALL, out=True)
+def shape_(x, *, out=None, start=0, end=None):
     r = x.ndim
     s = max(0, min(r, start + r if start < 0 else start))
     e = r if end is None else max(0, min(r, end + r if end < 0 else end))
-    return np.array(x.shape[s:e], dtype=np.int64)
+    return as_out(np.array(x.shape[s:e], dtype=np.int64), out)
 
 
-@kernel("Size", dtypes=ALL)
-def size_(x):
-    return np.array(x.size, dtype=np.int64)
+@kernel("Size", dtypes=ALL, out=True)
+def size_(x, *, out=None):
+    return as_out(np.array(x.size, dtype=np.int64), out)
 
 
 @kernel("Constant", bind=True)
@@ -231,28 +240,30 @@ def constant_of_shape(shape, *, out=None, value=None):
     return out
 
 
-@kernel("Range", dtypes=[np.float16, np.float32, np.float64, np.int16, np.int32, np.int64] + HALF)
-def range_(start, limit, delta):
+@kernel("Range", dtypes=[np.float16, np.float32, np.float64, np.int16, np.int32, np.int64] + HALF, out=True)
+def range_(start, limit, delta, *, out=None):
     s, l, d = (float(v.reshape(-1)[0].astype(np.float64)) if v.dtype.kind in "fV" else int(v.reshape(-1)[0])
                for v in (start, limit, delta))
     n = max(int(np.ceil((l - s) / d)), 0)
     if start.dtype.kind in "iu":
-        return (s + np.arange(n, dtype=np.int64) * d).astype(start.dtype)
+        return as_out((s + np.arange(n, dtype=np.int64) * d).astype(start.dtype), out)
     # The ONNX function body accumulates in the input type: prev + delta, step after step.
-    out = np.empty(n, start.dtype)
+    y = new_out(out, (n,), start.dtype)
+    if y.shape != (n,):
+        raise ValueError(f"the range holds {n} values, the planned output {list(y.shape)}")
     acc, step = start.reshape(-1)[:1].copy(), delta.reshape(-1)[:1]
     for i in range(n):
-        out[i] = acc[0]
+        y[i] = acc[0]
         acc = (acc + step).astype(start.dtype)
-    return out
+    return y
 
 
-@kernel("Pad", dtypes=ALL, bind=True)
+@kernel("Pad", dtypes=ALL, out=True, bind=True)
 def pad(ctx):
     mode = ctx.attrs.get("mode", "constant")
     np_mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
 
-    def step(x, pads=None, value=None, axes=None):
+    def step(x, pads=None, value=None, axes=None, *, out=None):
         if ctx.opset < 11:
             # Pad-1 called the attribute "paddings"; Pad-2 renamed it "pads".
             pads_ = list(ctx.attrs["pads"] if "pads" in ctx.attrs else ctx.attrs["paddings"])
@@ -272,8 +283,16 @@ def pad(ctx):
         crop = tuple(slice(max(0, -b), x.shape[k] - max(0, -e)) for k, (b, e) in enumerate(width))
         x = x[crop]
         width = [(max(0, b), max(0, e)) for b, e in width]
-        if np_mode == "constant":
-            return np.pad(x, width, mode="constant", constant_values=cval)
-        return np.pad(x, width, mode=np_mode)
+        if np_mode != "constant" or out is None:
+            kw = dict(constant_values=cval) if np_mode == "constant" else {}
+            return as_out(np.pad(x, width, mode=np_mode, **kw), out)
+        # Constant padding straight into out: the value everywhere (assigned as np.pad
+        # assigns it), then the input in the middle.
+        if out.shape != tuple(d + b + e for d, (b, e) in zip(x.shape, width)):
+            raise ValueError(f"input {list(x.shape)} padded by {width} does not fit the planned output "
+                             f"{list(out.shape)}")
+        out[...] = np.asarray(cval).ravel()[0]
+        out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, width))] = x
+        return out
 
     return step

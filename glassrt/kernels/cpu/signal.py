@@ -2,7 +2,8 @@
 
 Complex values travel as a trailing dim of 2 (real, imaginary); a trailing dim of 1 is a real
 signal. float32/float64 are transformed in their own precision (NumPy >= 2 keeps complex64),
-float16/bfloat16 through float32.
+float16/bfloat16 through float32. The FFTs allocate their results; the kernels copy them
+into the planned buffers.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from ... import dtypes
 from ..registry import kernel
-from ._util import FLOATS_BF16
+from ._util import FLOATS_BF16, as_out
 
 _SIZE_INTS = [np.int32, np.int64]
 
@@ -72,31 +73,31 @@ def _dft(x, dft_length, axis, inverse, onesided):
     return _from_complex(y, x.dtype)
 
 
-@kernel("DFT", dtypes=FLOATS_BF16, versions=(17, 19), bind=True)
+@kernel("DFT", dtypes=FLOATS_BF16, versions=(17, 19), out=True, bind=True)
 def dft_17(ctx):
     """DFT-17: the axis is an attribute (default 1)."""
     axis = int(ctx.attrs.get("axis", 1))
     inverse, onesided = bool(ctx.attrs.get("inverse", 0)), bool(ctx.attrs.get("onesided", 0))
 
-    def step(x, dft_length=None):
-        return _dft(x, dft_length, axis, inverse, onesided)
+    def step(x, dft_length=None, *, out=None):
+        return as_out(_dft(x, dft_length, axis, inverse, onesided), out)
 
     return step
 
 
-@kernel("DFT", dtypes=FLOATS_BF16, versions=(20, None), bind=True)
+@kernel("DFT", dtypes=FLOATS_BF16, versions=(20, None), out=True, bind=True)
 def dft_20(ctx):
     """DFT-20: the axis is an optional input (default -2)."""
     inverse, onesided = bool(ctx.attrs.get("inverse", 0)), bool(ctx.attrs.get("onesided", 0))
 
-    def step(x, dft_length=None, axis=None):
-        return _dft(x, dft_length, -2 if axis is None else _scalar(axis, "axis"), inverse, onesided)
+    def step(x, dft_length=None, axis=None, *, out=None):
+        return as_out(_dft(x, dft_length, -2 if axis is None else _scalar(axis, "axis"), inverse, onesided), out)
 
     return step
 
 
-@kernel("STFT", dtypes=FLOATS_BF16, versions=(17, None))
-def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
+@kernel("STFT", dtypes=FLOATS_BF16, versions=(17, None), out=True)
+def stft(signal, frame_step, window=None, frame_length=None, *, out=None, onesided=1):
     """Frames as a strided view of the signal, windowed, one batched FFT over all of them."""
     if signal.ndim != 3:
         raise ValueError(f"signal must be [batch][signal_length][1 or 2], got shape {list(signal.shape)}")
@@ -123,7 +124,7 @@ def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
         y = np.fft.fft(view, fl, axis=-1)
         if onesided:
             y = y[..., :fl // 2 + 1]
-    return _from_complex(y, signal.dtype)
+    return as_out(_from_complex(y, signal.dtype), out)
 
 
 # ---------------------------------------------------------------- windows
@@ -143,26 +144,26 @@ def _window(size, periodic, output_datatype, a0, a1, a2):
         return w.astype(dtypes.np_dtype(int(output_datatype)))
 
 
-@kernel("HannWindow", dtypes=_SIZE_INTS, versions=(17, None))
-def hann_window(size, *, periodic=1, output_datatype=1):
-    return _window(size, periodic, output_datatype, 0.5, 0.5, 0.0)
+@kernel("HannWindow", dtypes=_SIZE_INTS, versions=(17, None), out=True)
+def hann_window(size, *, out=None, periodic=1, output_datatype=1):
+    return as_out(_window(size, periodic, output_datatype, 0.5, 0.5, 0.0), out)
 
 
-@kernel("HammingWindow", dtypes=_SIZE_INTS, versions=(17, None))
-def hamming_window(size, *, periodic=1, output_datatype=1):
-    return _window(size, periodic, output_datatype, 25 / 46, 21 / 46, 0.0)
+@kernel("HammingWindow", dtypes=_SIZE_INTS, versions=(17, None), out=True)
+def hamming_window(size, *, out=None, periodic=1, output_datatype=1):
+    return as_out(_window(size, periodic, output_datatype, 25 / 46, 21 / 46, 0.0), out)
 
 
-@kernel("BlackmanWindow", dtypes=_SIZE_INTS, versions=(17, None))
-def blackman_window(size, *, periodic=1, output_datatype=1):
-    return _window(size, periodic, output_datatype, 0.42, 0.5, 0.08)
+@kernel("BlackmanWindow", dtypes=_SIZE_INTS, versions=(17, None), out=True)
+def blackman_window(size, *, out=None, periodic=1, output_datatype=1):
+    return as_out(_window(size, periodic, output_datatype, 0.42, 0.5, 0.08), out)
 
 
 # ---------------------------------------------------------------- MelWeightMatrix
 
 
-@kernel("MelWeightMatrix", dtypes=_SIZE_INTS, versions=(17, None))
-def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, *,
+@kernel("MelWeightMatrix", dtypes=_SIZE_INTS, versions=(17, None), out=True)
+def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, *, out=None,
                       output_datatype=1):
     """Triangular filters on the mel scale, [dft_length // 2 + 1, num_mel_bins] (onnxruntime's bin rule)."""
     mels, n_fft, rate = (_scalar(num_mel_bins, "num_mel_bins"), _scalar(dft_length, "dft_length"),
@@ -180,7 +181,7 @@ def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, u
     with np.errstate(divide="ignore", invalid="ignore"):
         rise = np.where(center > left, (j - left) / np.maximum(center - left, 1), 1.0)
         fall = (right - j) / np.maximum(right - center, 1)
-    out = np.zeros((j.shape[0], mels))
-    out = np.where((j >= left) & (j <= center), rise, out)
-    out = np.where((j >= center) & (j < right), fall, out)
-    return out.astype(dtypes.np_dtype(int(output_datatype)))
+    weights = np.zeros((j.shape[0], mels))
+    weights = np.where((j >= left) & (j <= center), rise, weights)
+    weights = np.where((j >= center) & (j < right), fall, weights)
+    return as_out(weights.astype(dtypes.np_dtype(int(output_datatype))), out)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ... import dtypes
 from ..registry import kernel
+from ..buffers import computed_aside
 
 STRING = [dtypes.STRING]
 
@@ -174,7 +175,8 @@ def _translate_re2(p: str) -> str:
     return "".join(out)
 
 
-@kernel("RegexFullMatch", dtypes=STRING, bind=True)
+@kernel("RegexFullMatch", out=True, dtypes=STRING, bind=True)
+@computed_aside(bind=True)
 def regex_full_match(ctx):
     pattern = ctx.attrs.get("pattern")
     if pattern is None:
@@ -195,7 +197,8 @@ def regex_full_match(ctx):
 # ---------------------------------------------------------------- TfIdfVectorizer
 
 
-@kernel("TfIdfVectorizer", dtypes=dtypes.INTS | {dtypes.STRING}, bind=True)
+@kernel("TfIdfVectorizer", out=True, dtypes=dtypes.INTS | {dtypes.STRING}, bind=True)
+@computed_aside(bind=True)
 def tfidf_vectorizer(ctx):
     """Counts of the pool's n-grams (with skips) per row, weighted by mode.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import kernel
+from ._util import as_out
 
 DOMAIN = "ai.onnx.preview.training"
 
@@ -32,8 +33,14 @@ def _f64(a):
     return np.asarray(a, dtype=np.float64)
 
 
-@kernel("Adagrad", domain=DOMAIN, multi=True)
-def adagrad(r, t, *tensors, decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0):
+def _into(values, out):
+    """The updated tensors, each copied into its planned buffer."""
+    bufs = (tuple(out) + (None,) * len(values))[:len(values)]
+    return tuple(as_out(v, b) for v, b in zip(values, bufs))
+
+
+@kernel("Adagrad", domain=DOMAIN, out=True, multi=True)
+def adagrad(r, t, *tensors, out=(None,), decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0):
     xs, gs, hs = _groups(tensors, 3, "Adagrad")
     rate = _scalar(r) / (1 + _scalar(t) * decay_factor)
     new_x, new_h = [], []
@@ -42,11 +49,12 @@ def adagrad(r, t, *tensors, decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0
         h2 = h + g_reg * g_reg
         new_x.append((x - rate * g_reg / (np.sqrt(h2) + epsilon)).astype(x.dtype))
         new_h.append(h2.astype(h.dtype))
-    return tuple(new_x + new_h)
+    return _into(new_x + new_h, out)
 
 
-@kernel("Adam", domain=DOMAIN, multi=True)
-def adam(r, t, *tensors, alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0, norm_coefficient_post=0.0):
+@kernel("Adam", domain=DOMAIN, out=True, multi=True)
+def adam(r, t, *tensors, out=(None,), alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0,
+         norm_coefficient_post=0.0):
     xs, gs, vs, hs = _groups(tensors, 4, "Adam")
     step = _scalar(t)
     # Bias correction of both moments folded into the rate (none before the first update).
@@ -60,11 +68,11 @@ def adam(r, t, *tensors, alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0
         new_x.append(x2.astype(x.dtype))
         new_v.append(v2.astype(v.dtype))
         new_h.append(h2.astype(h.dtype))
-    return tuple(new_x + new_v + new_h)
+    return _into(new_x + new_v + new_h, out)
 
 
-@kernel("Momentum", domain=DOMAIN, multi=True)
-def momentum(r, t, *tensors, alpha, beta, mode, norm_coefficient):
+@kernel("Momentum", domain=DOMAIN, out=True, multi=True)
+def momentum(r, t, *tensors, out=(None,), alpha, beta, mode, norm_coefficient):
     if mode not in ("standard", "nesterov"):
         raise ValueError(f"Momentum mode must be 'standard' or 'nesterov', got {mode!r}")
     xs, gs, vs = _groups(tensors, 3, "Momentum")
@@ -77,4 +85,4 @@ def momentum(r, t, *tensors, alpha, beta, mode, norm_coefficient):
         x2 = x - rate * (v2 if mode == "standard" else g_reg + alpha * v2)
         new_x.append(x2.astype(x.dtype))
         new_v.append(v2.astype(v.dtype))
-    return tuple(new_x + new_v)
+    return _into(new_x + new_v, out)

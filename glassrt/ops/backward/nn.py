@@ -1,16 +1,19 @@
 """Backward of MatMul, Gemm, Conv, pooling, softmax, normalizations and dropout.
 
-Conv/ConvTranspose/pooling reuse the kernels' geometry helpers (kernels/cpu/_util.py) so the
-gradient sees exactly the windows the forward pass read: for each kernel tap, the strided
-view of the (padded) input it touched; the backward scatters into the same views of a
-zero-filled padded gradient and crops the padding off at the end.
+Conv/ConvTranspose/pooling reuse the forward pass's geometry (ops/geometry.py, ops/meta/nn.py)
+and window views (ops/windows.py) so the gradient sees exactly the windows the
+forward pass read: for each kernel tap, the strided view of the (padded) input it touched;
+the backward scatters into the same views of a zero-filled padded gradient and crops the
+padding off at the end.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import backward, unbroadcast
-from ...kernels.cpu._util import pad_spatial, spatial_pads, window_views, windows
+from ..geometry import spatial_pads
+from ..meta.nn import conv_transpose_geometry
+from ..windows import pad_spatial, window_views, windows
 
 
 def _norm_axis(a, rank):
@@ -97,12 +100,10 @@ def conv(ctx, gy):
 
 @backward("ConvTranspose")
 def conv_transpose(ctx, gy):
-    from ...kernels.cpu.vision import _conv_transpose_geometry
-
     x, w = ctx.inputs[:2]
     has_b = len(ctx.inputs) > 2 and ctx.inputs[2] is not None
     group = int(ctx.attr("group", 1))
-    k, strides, dil, begin, out_sp = _conv_transpose_geometry(x.shape, w.shape, ctx.attrs)
+    k, strides, dil, begin, out_sp = conv_transpose_geometry(x.shape, w.shape, ctx.attrs)
     n, c = x.shape[:2]
     mg = w.shape[1]
     cg = c // group

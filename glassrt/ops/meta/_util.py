@@ -1,41 +1,13 @@
 """Small helpers the meta rules share."""
 from __future__ import annotations
 
-import sympy
-
-from ... import symbolic
+from ..geometry import broadcast_shapes
 
 
 def broadcast(ctx, *shapes):
-    """Multidirectional (NumPy) broadcasting of shapes whose dims may be symbolic.
-    ctx: the MetaContext whose node an error names, or None (then a ValueError)."""
-    if any(s is None for s in shapes):
-        return None
-    rank = max((len(s) for s in shapes), default=0)
-    out = []
-    for k in range(rank):
-        dims = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
-        not_one = []
-        for d in dims:
-            if not (isinstance(d, int) and d == 1) and not any(d == e for e in not_one):
-                not_one.append(d)
-        if not not_one:
-            out.append(1)
-            continue
-        ints = [d for d in not_one if isinstance(d, int)]
-        if len(ints) > 1:
-            msg = (f"shapes {', '.join(symbolic.shape_str(s) for s in shapes)} do not broadcast "
-                   f"(dims {ints[0]} and {ints[1]})")
-            if ctx is None:
-                raise ValueError(msg)
-            ctx.fail(msg)
-        if ints:
-            out.append(ints[0])  # a symbol that meets a concrete dim must equal it (or be 1)
-        elif len(not_one) == 1:
-            out.append(not_one[0])
-        else:
-            out.append(sympy.Max(*not_one))
-    return tuple(out)
+    """Multidirectional (NumPy) broadcasting of shapes whose dims may be symbolic; an error
+    names ctx's node (ctx None: a ValueError). See ops/geometry.py."""
+    return broadcast_shapes(*shapes, ctx=ctx)
 
 
 def axis(ctx, a, rank, name="axis"):

@@ -68,6 +68,67 @@ def conv(ctx):
     return [ctx.tensor(ctx.dtype(0), tuple(out))]
 
 
+def conv_transpose_geometry(x_shape, w_shape, attrs):
+    """ConvTranspose's kernel, strides, dilations, begin pads and output spatial shape, from
+    the input and weight shapes and the attributes (the spec's rules). The spatial dims may
+    be symbolic (then so are the output's); a ValueError says what does not fit."""
+    nd = len(x_shape) - 2
+    k = [int(v) for v in (attrs.get("kernel_shape") or w_shape[2:])]
+    strides = [int(v) for v in (attrs.get("strides") or [1] * nd)]
+    dil = [int(v) for v in (attrs.get("dilations") or [1] * nd)]
+    out_pad = [int(v) for v in (attrs.get("output_padding") or [0] * nd)]
+    pads = [int(v) for v in (attrs.get("pads") or [0] * (2 * nd))]
+    auto_pad = attrs.get("auto_pad", "NOTSET") or "NOTSET"
+    output_shape = attrs.get("output_shape")
+    if len(k) != nd or len(strides) != nd or len(dil) != nd or len(out_pad) != nd or len(pads) != 2 * nd:
+        raise ValueError(f"kernel_shape {k}, strides {strides}, dilations {dil}, output_padding {out_pad} and "
+                         f"pads {pads} must match the {nd} spatial dims")
+    in_sp = [int(v) if isinstance(v, (int, np.integer)) else v for v in x_shape[2:]]
+    full = [s * (i - 1) + op + d * (kk - 1) + 1 for i, s, op, d, kk in zip(in_sp, strides, out_pad, dil, k)]
+    if output_shape:
+        out = [int(v) for v in output_shape][-nd:]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [i * s for i, s in zip(in_sp, strides)]
+    else:
+        out = None
+    if out is not None:
+        begin = []
+        for f, o in zip(full, out):
+            total = f - o
+            begin.append(total // 2 if auto_pad == "SAME_UPPER" else total - total // 2)
+    elif auto_pad == "VALID":
+        begin, out = [0] * nd, full
+    else:
+        begin = pads[:nd]
+        out = [f - b - e for f, b, e in zip(full, pads[:nd], pads[nd:])]
+    out = [o if isinstance(o, int) else symbolic.normalize(o) for o in out]
+    return k, strides, dil, begin, out
+
+
+@meta("ConvTranspose")
+def conv_transpose(ctx):
+    x, w = ctx.shape(0), ctx.shape(1)
+    if x is None or w is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    if len(x) < 3 or len(w) != len(x):
+        ctx.fail(f"input {symbolic.shape_str(x)} and weight {symbolic.shape_str(w)} must have the same rank (>= 3)")
+    if ctx.dtype(1) is not None and ctx.dtype(0) != ctx.dtype(1):
+        ctx.fail(f"X is {ctx.dtype(0)} but W is {ctx.dtype(1)}: they must have one type")
+    group = int(ctx.attr("group", 1))
+    if isinstance(x[1], int) and isinstance(w[0], int) and (x[1] != w[0] or w[0] % group):
+        ctx.fail(f"input has {x[1]} channels but weight {symbolic.shape_str(w)} with group={group} expects {w[0]}")
+    try:
+        k, _, _, _, out = conv_transpose_geometry(x, w, ctx.attrs)
+    except ValueError as e:
+        ctx.fail(str(e))
+    if any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(k, w[2:])):
+        ctx.fail(f"kernel_shape {k} contradicts the weight's shape {symbolic.shape_str(w)}")
+    if any(isinstance(o, int) and o < 0 for o in out):
+        ctx.fail(f"the output's spatial dims {out} would be negative")
+    expect_shape(ctx, 2, (w[1] * group,), "bias, one per output channel")
+    return [ctx.tensor(ctx.dtype(0), (x[0], w[1] * group, *out))]
+
+
 @meta(["MaxPool", "AveragePool", "LpPool"])
 def pool(ctx):
     x = ctx.shape(0)

@@ -318,6 +318,8 @@ def split(ctx):
             sizes = [s if (isinstance(s, int) or s.is_integer) else symbolic.fresh() for s in sizes]
     if len(sizes) != n:
         ctx.fail(f"split sizes {sizes} do not match the {n} outputs")
+    if any(isinstance(s, int) and s < 0 for s in sizes):
+        ctx.fail(f"split sizes {sizes} must not be negative")
     if isinstance(dim, int) and all(isinstance(s, int) for s in sizes) and sum(sizes) != dim:
         ctx.fail(f"split sizes {sizes} do not add up to dim {dim} of axis {a}")
     return [ctx.tensor(ctx.dtype(0), tuple(s if k == a else d for k, d in enumerate(shp))) for s in sizes]

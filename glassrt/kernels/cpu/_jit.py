@@ -1,0 +1,86 @@
+"""Numba, compiled lazily: the one way the cpu kernels get compiled loops.
+
+    from ._jit import jit
+
+    @jit(error_model="numpy")
+    def _loop(x, out): ...
+
+`_loop` stays a plain module-level function until it is first called; importing glassrt
+imports no Numba (a quarter of a second) and compiles nothing. The first call compiles it
+with numba.njit(cache=True, nogil=True, **options) — machine code cached on disk beside the
+module, so a later process only loads it; single-threaded on purpose: the threads belong to
+BLAS (see conv.py). Compiled functions may call each other: Numba reads a callee from the
+caller's module globals when it compiles the caller, so the first compilation in a module
+puts the dispatchers of all of that module's lazy functions in those globals (dispatchers
+compile their own code only when first called, so this costs nothing). Functions must be
+module-level, not closures: Numba's disk cache misses every time for a closure over other
+compiled functions.
+
+When Numba cannot be imported, `numba_missing()` says why — kernels that need it refuse a
+node with that reason at placement — and calling a lazy function raises it.
+"""
+from __future__ import annotations
+
+import functools
+
+_REASON: list = []  # [None] once Numba imported, [reason] when it cannot be
+
+
+def numba_missing() -> str | None:
+    """Why Numba is unavailable, or None when it imports."""
+    if not _REASON:
+        try:
+            import numba  # noqa: F401
+            _REASON.append(None)
+        except Exception as e:  # pragma: no cover - numba is a dependency
+            _REASON.append(f"numba unavailable ({type(e).__name__}: {e})")
+    return _REASON[0]
+
+
+class _Lazy:
+    """A function compiled on its first call (see the module docstring)."""
+
+    def __init__(self, fn, make):
+        functools.update_wrapper(self, fn)
+        self.fn, self.make = fn, make  # make(numba, fn) -> the compiled function
+        self.compiled = None
+
+    def __call__(self, *args, **kwargs):
+        return self.dispatcher()(*args, **kwargs)
+
+    def dispatcher(self):
+        if self.compiled is None:
+            _compile_module(self.fn.__globals__)
+        return self.compiled
+
+
+def _compile_module(namespace):
+    reason = numba_missing()
+    if reason is not None:
+        raise RuntimeError(f"this kernel needs Numba: {reason}")
+    import numba
+
+    for name, obj in list(namespace.items()):
+        if isinstance(obj, _Lazy) and obj.compiled is None:
+            obj.compiled = obj.make(numba, obj.fn)
+            namespace[name] = obj.compiled  # compiled callers find compiled callees
+
+
+def compiled(fn):
+    """The Numba dispatcher of a lazy function (a module's globals hold the dispatcher itself
+    once the module compiled): for kernels that take it at bind time, which then also
+    imports Numba, so that a run never does."""
+    return fn.dispatcher() if isinstance(fn, _Lazy) else fn
+
+
+def jit(**options):
+    """Decorator: numba.njit(cache=True, nogil=True, **options) on first call."""
+    opts = dict(cache=True, nogil=True, **options)
+    return lambda fn: _Lazy(fn, lambda numba, f: numba.njit(**opts)(f))
+
+
+def vectorize(signatures, **options):
+    """Decorator: numba.vectorize(signatures, cache=True, **options) on first call (a ufunc:
+    broadcasting and out= included)."""
+    opts = dict(cache=True, **options)
+    return lambda fn: _Lazy(fn, lambda numba, f: numba.vectorize(signatures, **opts)(f))

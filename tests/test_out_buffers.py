@@ -1,0 +1,135 @@
+"""Kernels write into the buffers the plan hands them (`out=`): the helpers they do it with,
+custom ops registered with out=True, and the lazily compiled Numba loops behind them."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import glassrt
+from glassrt.kernels.buffers import as_out, tiles, write_elementwise
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@pytest.mark.parametrize("shape, limit", [((), 4), ((7,), 3), ((5, 6, 7), 10), ((3, 100), 7), ((2, 0, 3), 4),
+                                          ((4, 5), 1000)])
+def test_tiles_cover_every_element_once_within_the_limit(shape, limit):
+    seen = np.zeros(shape, np.int64)
+    for idx in tiles(shape, limit):
+        block = seen[idx]
+        assert block.size <= max(limit, 1) or block.ndim == 0
+        seen[idx] += 1
+    assert (seen == 1).all()
+
+
+def test_write_elementwise_gives_the_bits_of_the_whole_array_expression():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((37, 41)).astype(np.float32)
+    b = rng.standard_normal(41).astype(np.float32)
+
+    def fn(u, v):
+        return (u / (1 + np.abs(u + v)) * np.float32(0.7)).astype(np.float32)
+
+    out = np.empty_like(x)
+    assert write_elementwise(out, fn, x, b, limit=100) is out
+    assert out.tobytes() == fn(x, b).tobytes()
+    assert write_elementwise(None, fn, x, b).tobytes() == fn(x, b).tobytes()
+
+
+def test_a_result_that_does_not_fit_the_planned_buffer_is_an_error_not_a_broadcast():
+    out = np.empty((3, 4), np.float32)
+    with pytest.raises(ValueError, match="shape"):
+        as_out(np.ones((1, 4), np.float32), out)
+    with pytest.raises(ValueError, match="type"):
+        as_out(np.ones((3, 4), np.float64), out)
+    as_out(np.ones((3, 4), np.float64), out, cast=True)
+    assert (out == 1).all()
+    with pytest.raises(ValueError, match="broadcast"):  # (4,) would fill (3, 4) only by stretching
+        write_elementwise(np.empty((3, 4), np.float32), np.negative, np.ones(4, np.float32))
+
+
+# ---------------------------------------------------------------- custom ops with out=True
+
+
+def _chain_model(op, domain, n_outputs):
+    """x -> op -> Neg -> y: op's first output is an intermediate value, planned in the arena."""
+    outs = ["t"] + [""] * (n_outputs - 1)
+    nodes = [helper.make_node(op, ["x"], outs, domain=domain, name="custom"), helper.make_node("Neg", ["t"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
+
+
+def test_custom_kernel_with_out_writes_into_the_arena():
+    handed = []
+    op = glassrt.custom_op("outtest::twice(Tensor x) -> Tensor", dtypes=[np.float32])
+    op.register_meta(lambda x: x)
+
+    def twice(x, *, out=None):
+        handed.append(out)
+        return np.multiply(x, 2, out=out)
+
+    op.register_kernel("cpu", twice, out=True)
+
+    try:
+        sess = glassrt.InferenceSession(_chain_model("twice", "outtest", 1), providers=["cpu"], fallback="error")
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        for _ in range(2):
+            np.testing.assert_array_equal(sess.run(None, {"x": x})[0], -2 * x)
+        buf = handed[-1]
+        assert isinstance(buf, np.ndarray) and buf.shape == (2, 3) and buf.dtype == np.float32
+        assert buf.base is not None  # a view of the plan's arena, not an array of its own
+        assert twice(x).tobytes() == (2 * x).tobytes()  # called directly (glassrt check): no buffer
+    finally:
+        op.unregister()
+
+
+def test_multi_output_custom_kernel_gets_one_buffer_per_schema_output():
+    handed = []
+    op = glassrt.custom_op("outtest::split_sign(Tensor x) -> (Tensor pos, Tensor neg)", dtypes=[np.float32])
+    op.register_meta(lambda x: (x, x))
+
+    def build(ctx):
+        def step(x, *, out):
+            handed.append(out)
+            pos = np.maximum(x, 0, out=out[0])
+            neg = np.minimum(x, 0, out=out[1])  # None: the node leaves this output unused
+            return pos, neg
+        return step
+
+    op.register_kernel("cpu", build, bind=True, out=True)
+    try:
+        sess = glassrt.InferenceSession(_chain_model("split_sign", "outtest", 2), providers=["cpu"], fallback="error")
+        x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], -np.maximum(x, 0))
+        assert len(handed[-1]) == 2
+        assert handed[-1][0] is not None and handed[-1][0].shape == (2, 3)
+        assert handed[-1][1] is None
+    finally:
+        op.unregister()
+
+
+# ---------------------------------------------------------------- lazily compiled loops
+
+
+def test_importing_the_cpu_kernels_imports_no_numba():
+    code = "import sys, glassrt, glassrt.kernels.cpu; print('numba' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+
+
+def test_compiled_loops_call_each_other_once_compiled():
+    from glassrt.kernels.cpu import erf
+
+    x = np.linspace(-3, 3, 1001, dtype=np.float32)
+    got = erf.erf(x)  # _erf_out calls the inlined _erf_select: the module compiles on first use
+    ref = np.array([math.erf(float(v)) for v in x])
+    assert np.max(np.abs(got - ref)) < 1e-6
+    assert type(erf._erf_select).__name__ == "CPUDispatcher"  # the module's globals now hold dispatchers
