@@ -5,7 +5,7 @@ from .errors import (FallbackError, GlassrtError, InputError, InputShapeError, I
                      ModelLoadError, NodeExecutionError, ShapeInferenceError, UnknownInputError,
                      UnsafeModelError, UnsupportedOperatorError)
 from .ir import TensorType as TensorMeta  # noqa: F401
-from .ops.custom import CustomOp, custom_op  # noqa: F401
+from .kernels.custom import CustomOp, custom_op  # noqa: F401
 from .runtime.options import SessionOptions  # noqa: F401
 from .api import FallbackWarning, InferenceSession, NodeArg  # noqa: F401
 from . import contrib  # noqa: F401

@@ -262,7 +262,7 @@ def check(op_filter, modules, json_file, custom_only):
         task = bar.add_task("checking built-in ops", total=None)
         rows = checks.run_checks(op_filter, builtins=not custom_only,
                                  progress=lambda i, n: bar.update(task, completed=i, total=n))
-    from .ops.custom import OPS
+    from .kernels.custom import OPS
 
     custom = {f"{d}::{n}" for d, n in OPS}
     shown = [r for r in rows if r.status in ("fail", "warn") or op_filter or r.op in custom]

@@ -673,7 +673,7 @@ def test_glassrt_check_passes(op):
 
 def test_variadic_schema():
     """`Tensor... name` takes one or more tensors; it must be the last tensor input."""
-    from glassrt.ops.custom import SchemaError, parse_schema
+    from glassrt.ops.custom_schema import SchemaError, parse_schema
 
     s = parse_schema("d::Cat(Tensor s, Tensor... xs, int axis) -> Tensor y")
     assert s.variadic and s.inputs == [("s", False), ("xs", False)]

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..ir import TensorType as Meta
 from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, tiles, write_elementwise
-from ..ops.custom import custom_op
+from ..kernels.custom import custom_op
 from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis
 
 MS = "com.microsoft"

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..ir import TensorType as Meta
 from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, write_elementwise
-from ..ops.custom import custom_op
+from ..kernels.custom import custom_op
 from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis, spatial_pads
 from ..ops.windows import pad_spatial, window_views
 

@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 import numpy as np
 
 from .contract import COMPOSITE, PRIMITIVE, OpContract
-from .custom import CustomSchema
+from .custom_schema import CustomSchema
 from .meta.nn import conv as conv_meta
 from .registry import register_custom
 

@@ -113,7 +113,7 @@ def _call(fn, inputs, attrs):
 def check_custom(op) -> list[Row]:
     name = f"{op.domain}::{op.name}"
     rows = []
-    from ..ops.custom import REQUIRED
+    from ..ops.custom_schema import REQUIRED
 
     required = [a for a, (_, d) in op.schema.attributes.items() if d is REQUIRED]
     if required and op.example_fn is None:
@@ -211,7 +211,7 @@ def _custom_decomposition(op, name, attrs, dts):
     import onnx
     from onnx import helper
 
-    from ..ops.custom import GraphBuilder
+    from ..ops.custom_schema import GraphBuilder
     from ..session import Session as InferenceSession
 
     bad = []
@@ -582,7 +582,7 @@ def coverage_table():
 
 
 def run_checks(op_filter=None, *, builtins=True, progress=None) -> list[Row]:
-    from ..ops.custom import OPS
+    from ..kernels.custom import OPS
 
     rows = []
     for op in list(OPS.values()):
