@@ -333,3 +333,26 @@ def test_clip_bounds_of_shape_one_fuse_like_scalars():
     plain = glassrt.InferenceSession(m, providers=["cpu"], sess_options=SessionOptions(graph_optimization_level="none"))
     x = rng.standard_normal((1, 3, 4, 4)).astype(np.float32)
     np.testing.assert_allclose(fused.run(None, {"x": x})[0], plain.run(None, {"x": x})[0], rtol=1e-6)
+
+
+def test_pool_accounting_is_exact_over_many_runs_with_dynamic_outputs():
+    """NonZero's output shape is known only at run time: the intermediate comes from the
+    plan's pool and goes back every run; the graph output is the caller's, never a pool
+    buffer. After 2,000 runs the pool holds exactly one block and hands out nothing."""
+    m = model([helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("Transpose", ["nz"], ["t"]),
+               helper.make_node("Cast", ["t"], ["y"], to=1)],
+              [tensor("x", [512])], [tensor("y", None)])
+    sess = glassrt.InferenceSession(m, providers=["cpu"])
+    x = np.ones(512, np.float32)
+    kept = [sess.run(None, {"x": x})[0] for _ in range(2000)]
+    stats = sess.memory_stats()["pool"]
+    assert stats["allocated_bytes"] == 0
+    assert stats["reserved_bytes"] == 4096 and stats["misses"] == 1  # one 512x1 int64 block, reused
+    assert len({id(k) for k in kept}) == 2000 and all(k.shape == (512, 1) for k in kept)
+
+
+def test_bad_session_arguments_are_glassrt_errors():
+    with pytest.raises(glassrt.InvalidArgumentError, match="fallback must be"):
+        glassrt.InferenceSession(_conv_bn_relu(), fallback="sometimes")
+    with pytest.raises(glassrt.InvalidArgumentError, match="graph_optimization_level"):
+        glassrt.InferenceSession(_conv_bn_relu(), sess_options=SessionOptions(graph_optimization_level="max"))
