@@ -266,19 +266,14 @@ _threads_applied = None
 
 
 def _apply_threads(n: int, notes: list):
-    """Limit BLAS (and any OpenMP library) and Numba threads, process-wide. A limit that
-    cannot be applied is logged and noted for explain, not ignored."""
+    """Numba's thread limit (process-wide). glassrt's own pool needs no setting here: each
+    run uses a pool of intra_op_num_threads threads, with BLAS single-threaded inside its
+    tasks (kernels/parallel.py says why). A limit that cannot be applied is logged and
+    noted for explain."""
     global _threads_applied
     if not n or n == _threads_applied:
         return
     _threads_applied = n
-    try:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(n)
-    except Exception as e:
-        notes.append(f"intra_op_num_threads={n} not applied to BLAS: {type(e).__name__}: {e}")
-        log.warning(notes[-1])
     try:
         import numba
 

@@ -44,11 +44,23 @@ def broadcast_shapes(*shapes, ctx=None):
             ctx.fail(msg)
         if ints:
             out.append(ints[0])  # a symbol that meets a concrete dim must equal it (or be 1)
-        elif len(not_one) == 1:
-            out.append(not_one[0])
         else:
-            out.append(sympy.Max(*not_one, evaluate=False))  # evaluating compares by assumptions: 0.1 s each
+            out.append(_max_of_dims(not_one))
     return tuple(out)
+
+
+def _max_of_dims(dims):
+    """The broadcast of symbolic dims that differ: their Max, kept small. Min(x, n) next to x
+    is absorbed (x[:n] broadcast with x is x), nested Maxes are flattened, and the Max is not
+    evaluated: SymPy's evaluation compares arguments by assumptions, and through a 12-layer
+    transformer the nested results took seconds each."""
+    flat = []
+    for d in dims:
+        for a in (d.args if isinstance(d, sympy.Max) else (d,)):
+            if not any(a == b for b in flat):
+                flat.append(a)
+    kept = [d for d in flat if not (isinstance(d, sympy.Min) and any(e in d.args for e in flat if e is not d))]
+    return kept[0] if len(kept) == 1 else sympy.Max(*kept, evaluate=False)
 
 
 def matmul_shape(a, b):

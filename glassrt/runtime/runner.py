@@ -16,6 +16,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..ir import TensorType, type_of_value  # noqa: F401  (type_of_value re-exported)
+from ..kernels.parallel import running_with
 from .memory import BufferPool
 from .plan import compile_plan, run_plan
 
@@ -161,11 +162,12 @@ class GraphRunner:
         for n, v in feeds.items():
             if isinstance(v, np.generic):  # e.g. a scalar taken from a scan input
                 feeds[n] = np.asarray(v)
-        plan = self._checkout(feeds)
-        try:
-            return run_plan(plan, feeds, profile=profile)
-        finally:
-            self._checkin(plan)
+        with running_with(self.options.intra_op_num_threads):  # glassrt's own threads do the parallel work
+            plan = self._checkout(feeds)
+            try:
+                return run_plan(plan, feeds, profile=profile)
+            finally:
+                self._checkin(plan)
 
 
 def _structure(sig) -> tuple:

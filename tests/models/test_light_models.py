@@ -28,12 +28,21 @@ def _pre_softmax(model):
 
 @pytest.mark.parametrize("name", lm.NAMES)
 def test_light_model_native_matches_shipped_output(name):
-    m = onnx.load(lm.path(name))
+    m = expose(onnx.load(lm.path(name)), _pre_softmax(onnx.load(lm.path(name))))
     x_name, shape = lm.input_shape(m)
-    sess = glassrt.InferenceSession(lm.path(name), providers=["cpu"], fallback="error")
+    sess = glassrt.InferenceSession(m, providers=["cpu"], fallback="error")
     assert sess.fallbacks == []
-    y = sess.run(None, {x_name: lm.reference_input(shape)})[0]
-    np.testing.assert_allclose(y, lm.expected_output(name), rtol=1e-3, atol=1e-6)
+    y, *logits = sess.run(None, {x_name: lm.reference_input(shape)})
+    expected = lm.expected_output(name)
+    if logits and not np.allclose(y, expected, rtol=1e-3, atol=1e-6):
+        # The 0.02 weights make every logit mathematically equal (squeezenet's are ~1e10): the
+        # uniform expected softmax then holds only if every summation order is the same, and
+        # a softmax of logits one float32 ulp apart is anything. Allowed exactly then.
+        z = logits[0].astype(np.float64)
+        assert np.ptp(expected) == 0 and np.ptp(z) <= 8 * np.finfo(np.float32).eps * np.abs(z).max(), \
+            f"{name}: logits spread {np.ptp(z):.3g} around {np.abs(z).max():.3g}"
+        return
+    np.testing.assert_allclose(y, expected, rtol=1e-3, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", lm.NAMES)

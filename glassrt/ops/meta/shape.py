@@ -346,10 +346,11 @@ def _slice_params(ctx, rank):
         ax = ctx.attrs.get("axes")
         steps = None
     else:
-        vals = [ctx.const(i) if ctx.has(i) else None for i in range(1, 5)]
+        # starts and ends may be symbolic (x[:, :Shape(y)[1]]); axes and steps must be known.
+        vals = [(ctx.value if i <= 2 else ctx.const)(i) if ctx.has(i) else None for i in range(1, 5)]
         if vals[0] is None or vals[1] is None or (ctx.has(3) and vals[2] is None) or (ctx.has(4) and vals[3] is None):
             return None
-        starts, ends = ints(vals[0]), ints(vals[1])
+        starts, ends = _dims(vals[0]), _dims(vals[1])
         ax = ints(vals[2]) if vals[2] is not None else None
         steps = ints(vals[3]) if vals[3] is not None else None
     starts, ends = list(starts), list(ends)
@@ -362,7 +363,18 @@ def _slice_params(ctx, rank):
     return list(zip(ax, starts, ends, steps))
 
 
+def _dims(v):
+    """A known 1-D value as ints, symbolic entries kept as SymPy expressions."""
+    return [symbolic.normalize(x) if not isinstance(x, (int, np.integer)) else int(x) for x in v.reshape(-1)]
+
+
 def slice_len(dim, start, end, step):
+    if not isinstance(start, int) or not isinstance(end, int):
+        # A symbolic bound: only the common x[start:end] with 0 <= start and end >= start is
+        # told (end clamped to the dim); anything else is decided at run time.
+        if step == 1 and isinstance(start, int) and start >= 0 and not isinstance(end, int) and end.is_positive:
+            return symbolic.normalize(sympy.Min(end, dim) - start) if start else sympy.Min(end, dim)
+        return symbolic.fresh("slice")
     if isinstance(dim, int):
         return len(range(*slice(start, end, step).indices(dim)))
     if step == 1 and start >= 0 and end >= INT_MAX // 4:
