@@ -119,7 +119,7 @@ class Session:
         if fallback == "warn":
             for f in self.fallbacks:
                 warnings.warn(f"glassrt fallback: {f}", FallbackWarning, stacklevel=2)
-        self.runner = GraphRunner(self.placement, self.options)
+        self.runner = GraphRunner(self.placement, self.options, adapt_threads=True)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
         self._lowered = None
         self._profile = Profile()
@@ -266,9 +266,8 @@ _threads_applied = None
 
 
 def _apply_threads(n: int, notes: list):
-    """Numba's thread limit (process-wide). glassrt's own pool needs no setting here: each
-    run uses a pool of intra_op_num_threads threads, with BLAS single-threaded inside its
-    tasks (kernels/parallel.py says why). A limit that cannot be applied is logged and
+    """Numba's thread limit (process-wide). BLAS and OpenMP threads are set per run, by the
+    plan's thread choice (runtime/threads.py). A limit that cannot be applied is logged and
     noted for explain."""
     global _threads_applied
     if not n or n == _threads_applied:

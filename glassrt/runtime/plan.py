@@ -63,6 +63,7 @@ class Plan:
     step_io: list = field(default_factory=list)
     pool: object = None  # BufferPool for values sized at run time
     free_at_end: tuple = ()  # slots released after the outputs are taken
+    threads: object = None  # threads.ThreadChoice: the thread count this plan runs fastest with now
 
 
 def compile_plan(placement, input_types: dict, options, make_runner, pool=None, retain: bool = False) -> Plan:

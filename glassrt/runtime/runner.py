@@ -11,20 +11,24 @@ few per signature) for the next time — concurrent `run` calls are safe, as in 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 
 import numpy as np
 
 from ..ir import TensorType, type_of_value  # noqa: F401  (type_of_value re-exported)
-from ..kernels.parallel import running_with
+from . import threads
 from .memory import BufferPool
 from .plan import compile_plan, run_plan
 
 
 class GraphRunner:
-    def __init__(self, placement, options, outer_names=()):
+    def __init__(self, placement, options, outer_names=(), adapt_threads=False):
         self.placement = placement
         self.options = options
+        # The session's own runner picks each run's thread count (threads.py); subgraph
+        # runners (loop bodies) run inside it and keep what it chose.
+        self.adapt_threads = adapt_threads
         self.outer_names = [n for n in outer_names]
         self.plans: OrderedDict = OrderedDict()
         self.plans_built = 0
@@ -162,12 +166,21 @@ class GraphRunner:
         for n, v in feeds.items():
             if isinstance(v, np.generic):  # e.g. a scalar taken from a scan input
                 feeds[n] = np.asarray(v)
-        with running_with(self.options.intra_op_num_threads):  # glassrt's own threads do the parallel work
-            plan = self._checkout(feeds)
-            try:
+        plan = self._checkout(feeds)
+        try:
+            if not self.adapt_threads:
                 return run_plan(plan, feeds, profile=profile)
-            finally:
-                self._checkin(plan)
+            if plan.threads is None:
+                plan.threads = threads.ThreadChoice(self.options.intra_op_num_threads or threads.available_cpus())
+            n = plan.threads.choose()
+            threads.use_threads(n)
+            t0 = time.perf_counter()
+            out = run_plan(plan, feeds, profile=profile)
+            if plan.threads.runs > 1:  # a plan's first run also warms caches (compiled loops, pages)
+                plan.threads.record(n, time.perf_counter() - t0)
+            return out
+        finally:
+            self._checkin(plan)
 
 
 def _structure(sig) -> tuple:

@@ -119,6 +119,7 @@ def explain(sess, dims: dict | None = None) -> dict:
                            "bytes": _dim(t.bytes, dims) if t.bytes is not None else None}
                           for t in placement.transfers],
         "notes": list(sess.notes),
+        "threads": plan.threads.to_json() if plan and plan.threads is not None else None,
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         **summary_mem,
     }

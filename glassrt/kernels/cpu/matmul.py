@@ -1,9 +1,8 @@
-"""MatMul and Gemm on BLAS (through NumPy), spread over glassrt's threads (kernels/parallel.py)."""
+"""MatMul and Gemm on BLAS (through NumPy)."""
 from __future__ import annotations
 
 import numpy as np
 
-from .. import parallel
 from ..registry import kernel
 from ... import dtypes
 from ._util import INTS, as_out
@@ -21,16 +20,18 @@ def _bcast_rhs(ctx):
 @kernel("MatMul", dtypes=MATMUL_TYPES, out=True, accepts=_bcast_rhs, priority=10, name="flattened_gemm")
 def matmul_2d_rhs(a, b, *, out=None):
     """A (..., K) @ B (K, N) as one GEMM over all leading rows of A."""
+    if a.ndim == 2 or not a.flags.c_contiguous:
+        return np.matmul(a, b, out=out)
+    k = a.shape[-1]
     if out is None:
-        if a.ndim == 2 or not a.flags.c_contiguous:
-            return np.matmul(a, b)
-        return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
-    return parallel.matmul(a, b, out)
+        return np.matmul(a.reshape(-1, k), b).reshape(a.shape[:-1] + (b.shape[1],))
+    np.matmul(a.reshape(-1, k), b, out=out.reshape(-1, b.shape[1]))
+    return out
 
 
 @kernel("MatMul", dtypes=MATMUL_TYPES, out=True)
 def matmul(a, b, *, out=None):
-    return parallel.matmul(a, b, out)
+    return np.matmul(a, b, out=out)
 
 
 @kernel("MatMul", dtypes=HALF_TYPES, out=True, name="half_via_float32")
@@ -57,7 +58,7 @@ def gemm(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0, bro
     # broadcast (Gemm-1..6): C broadcasts to (M, N) either way, as NumPy does.
     a = a.T if transA else a
     b = b.T if transB else b
-    y = parallel.matmul(a, b, out) if out is not None else np.matmul(a, b)
+    y = np.matmul(a, b, out=out)
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
     if c is not None and beta != 0.0:

@@ -1,0 +1,104 @@
+"""How many threads a run uses: the requested number while that is fastest, one thread
+while the machine is too busy for it.
+
+The threads are the BLAS library's (and any OpenMP library's: oneDNN): they run each big
+GEMM or convolution split into one static share per thread, and spin while they wait. On
+a quiet machine that is the fastest there is. When other processes hold the cores, a
+share whose thread is not running holds up the whole operation (measured on the 2-core
+machine: a 1×768×2304 matmul 0.15 ms on one thread, 12 ms on two with the other core
+busy), and the spinning steals time from the threads that could work. No single setting
+wins both ways, so each plan keeps the recent latency it had with each thread count (an
+exponential moving average of its runs) and runs with the faster one; every PROBE_EVERY
+runs it runs once with the other, so a change of load is noticed within a few runs.
+
+A glassrt thread pool of its own, with dynamic scheduling and sleeping workers, was
+measured first and dropped: waking a sleeping thread costs ~60 µs on these virtual
+machines (Python's GIL hands over the same way), which made fine-grained kernels 2-8x
+slower on a quiet machine.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+PROBE_EVERY = 8  # runs between two runs with the thread count not in use
+ALPHA = 0.3  # weight of the newest run in a thread count's moving average
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class ThreadChoice:
+    """Per plan: the requested thread count or one, whichever ran it faster lately."""
+
+    def __init__(self, requested: int):
+        self.requested = max(1, int(requested))
+        self.arms = (self.requested, 1) if self.requested > 1 else (1,)
+        self.ms: dict[int, float] = {}
+        self.runs = 0
+        self.last = self.arms[0]
+
+    def choose(self) -> int:
+        self.runs += 1
+        if len(self.arms) > 1:
+            untried = [a for a in self.arms if a not in self.ms]
+            if untried:
+                self.last = untried[0]
+            else:
+                best = min(self.arms, key=self.ms.__getitem__)
+                self.last = best if self.runs % PROBE_EVERY else next(a for a in self.arms if a != best)
+        return self.last
+
+    def record(self, threads: int, seconds: float) -> None:
+        ms = seconds * 1e3
+        old = self.ms.get(threads)
+        self.ms[threads] = ms if old is None else (1 - ALPHA) * old + ALPHA * ms
+
+    @property
+    def best(self) -> int:
+        tried = [a for a in self.arms if a in self.ms]
+        return min(tried, key=self.ms.__getitem__) if tried else self.arms[0]
+
+    def to_json(self) -> dict:
+        return {"requested": self.requested, "now": self.best, "runs": self.runs,
+                "recent_ms_by_threads": {str(k): round(v, 3) for k, v in sorted(self.ms.items())}}
+
+
+# ---------------------------------------------------------------- the libraries' thread counts
+
+_lock = threading.Lock()
+_controllers = None
+_current = None
+
+
+def refresh() -> None:
+    """Look for thread pools again (a provider loaded a library with one of its own)."""
+    global _controllers, _current
+    with _lock:
+        _controllers, _current = None, None
+
+
+def _find_controllers() -> list:
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        return [c for c in ThreadpoolController().lib_controllers if c.user_api in ("blas", "openmp")]
+    except Exception:  # no threadpoolctl, or nothing it can drive: the libraries keep their own setting
+        return []
+
+
+def use_threads(n: int) -> None:
+    """BLAS and OpenMP libraries run with n threads from now on (process-wide)."""
+    global _controllers, _current
+    if n == _current:
+        return
+    with _lock:
+        if _controllers is None:
+            _controllers = _find_controllers()
+        for c in _controllers:
+            c.set_num_threads(n)
+        _current = n
