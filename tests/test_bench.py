@@ -22,7 +22,16 @@ from tests.helpers import init, model, tensor
 
 
 def _bench(*args):
-    return CliRunner().invoke(main, ["bench", *args], env={"COLUMNS": "250"})
+    """The CLI's console was made when glassrt.cli was imported, at whatever width this
+    process had then (xdist workers have none): set the width the tables need here."""
+    from glassrt import cli
+
+    width = cli.console.width
+    cli.console.width = 250
+    try:
+        return CliRunner().invoke(main, ["bench", *args], env={"COLUMNS": "250"})
+    finally:
+        cli.console.width = width
 
 
 def _tiny_model():
