@@ -176,8 +176,7 @@ class GraphRunner:
             threads.use_threads(n)
             t0 = time.perf_counter()
             out = run_plan(plan, feeds, profile=profile)
-            if plan.threads.runs > 1:  # a plan's first run also warms caches (compiled loops, pages)
-                plan.threads.record(n, time.perf_counter() - t0)
+            plan.threads.record(time.perf_counter() - t0)
             return out
         finally:
             self._checkin(plan)

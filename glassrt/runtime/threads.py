@@ -9,7 +9,7 @@ machine: a 1×768×2304 matmul 0.15 ms on one thread, 12 ms on two with the othe
 busy), and the spinning steals time from the threads that could work. No single setting
 wins both ways, so each plan keeps the recent latency it had with each thread count (an
 exponential moving average of its runs) and runs with the faster one; every PROBE_EVERY
-runs it runs once with the other, so a change of load is noticed within a few runs.
+runs it tries the other for PROBE_RUNS runs, so a change of load is noticed soon.
 
 A glassrt thread pool of its own, with dynamic scheduling and sleeping workers, was
 measured first and dropped: waking a sleeping thread costs ~60 µs on these virtual
@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import threading
 
-PROBE_EVERY = 8  # runs between two runs with the thread count not in use
+PROBE_EVERY = 16  # runs between two tries of the thread count not in use
+PROBE_RUNS = 3  # runs in a row per try (the first is not measured)
 ALPHA = 0.3  # weight of the newest run in a thread count's moving average
 
 
@@ -33,30 +34,46 @@ def available_cpus() -> int:
 
 
 class ThreadChoice:
-    """Per plan: the requested thread count or one, whichever ran it faster lately."""
+    """Per plan: the requested thread count or one, whichever ran it faster lately.
+
+    Only a run whose previous run used the same count is measured: the first run after a
+    switch pays for waking (or starting) the library's threads. So the other count is
+    tried for PROBE_RUNS runs in a row, every PROBE_EVERY runs."""
 
     def __init__(self, requested: int):
         self.requested = max(1, int(requested))
         self.arms = (self.requested, 1) if self.requested > 1 else (1,)
         self.ms: dict[int, float] = {}
         self.runs = 0
-        self.last = self.arms[0]
+        self.last = self.previous = None  # the counts of this run and the run before
+        self._probing, self._probe_left = None, 0
 
     def choose(self) -> int:
         self.runs += 1
-        if len(self.arms) > 1:
+        if len(self.arms) == 1:
+            n = self.arms[0]
+        elif self._probe_left:
+            self._probe_left -= 1
+            n = self._probing
+        else:
             untried = [a for a in self.arms if a not in self.ms]
-            if untried:
-                self.last = untried[0]
+            best = self.best
+            if untried or self.runs % PROBE_EVERY == 0:
+                n = untried[0] if untried else next(a for a in self.arms if a != best)
+                self._probing, self._probe_left = n, PROBE_RUNS - 1
             else:
-                best = min(self.arms, key=self.ms.__getitem__)
-                self.last = best if self.runs % PROBE_EVERY else next(a for a in self.arms if a != best)
-        return self.last
+                n = best
+        self.previous, self.last = self.last, n
+        return n
 
-    def record(self, threads: int, seconds: float) -> None:
+    def record(self, seconds: float) -> None:
+        """The latency of the run `choose` was last asked for; kept only when the run before
+        it used the same count."""
+        if self.previous != self.last:
+            return
         ms = seconds * 1e3
-        old = self.ms.get(threads)
-        self.ms[threads] = ms if old is None else (1 - ALPHA) * old + ALPHA * ms
+        old = self.ms.get(self.last)
+        self.ms[self.last] = ms if old is None else (1 - ALPHA) * old + ALPHA * ms
 
     @property
     def best(self) -> int:
