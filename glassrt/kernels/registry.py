@@ -37,7 +37,11 @@ class BindContext:
     const_inputs: list  # values known at plan time (initializers, folded), else None
     contract: Any = None
     session: Any = None
-    workspace: Any = None  # a uint8 slice of the arena when the kernel asked for scratch  # lets control-flow kernels build runners for their subgraphs
+    workspace: Any = None  # a uint8 slice of the arena when the kernel asked for scratch
+    layouts: dict = field(default_factory=dict)  # value name -> "nhwc" where not plain NCHW (runtime/layout.py)
+
+    def layout(self, name) -> str:
+        return self.layouts.get(name, "nchw") if name else "nchw"
 
     @property
     def opset(self):
@@ -84,6 +88,11 @@ class Kernel:
     workspace: Callable | None = None  # (BindContext) -> bytes of scratch memory
     priority: int = 0
     attrs: frozenset | None = None  # attribute names understood; None: any
+    # Layouts besides plain NCHW the kernel reads and writes ("nhwc"): a 4-D value whose
+    # producer and readers all take one lives in it (runtime/layout.py).
+    layouts: frozenset = frozenset()
+    # Bound only to concrete shapes: refused where placement sees symbolic dims.
+    static_only: bool = False
     doc: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -130,7 +139,8 @@ def _signature_attrs(fn) -> frozenset | None:
 
 def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), dtypes=None,
            out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
-           accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None):
+           accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None, layouts=(),
+           static_only: bool = False):
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
@@ -141,7 +151,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
                 provider=provider, domain=domain, op_type=op, fn=fn, versions=versions,
                 dtypes=None if dtypes is None else frozenset(np.dtype(d) for d in dtypes),
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
-                workspace=workspace, priority=priority,
+                workspace=workspace, priority=priority, layouts=frozenset(layouts), static_only=static_only,
                 attrs=frozenset(attrs) if attrs is not None else (None if bind else _signature_attrs(fn)),
                 doc=(fn.__doc__ or "").strip().split("\n")[0],
             ))

@@ -19,6 +19,7 @@ from ..ir import Graph, Node, TensorType
 from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
 from .infer import Inference, infer
+from .layout import choose_layouts
 from .select import provider_verdict
 
 HOST = "cpu"  # the device whose arrays are NumPy arrays: graph inputs and outputs live here
@@ -62,6 +63,8 @@ class Placement:
     subgraphs: dict  # node name -> {attr name: Placement or [Placement]}
     transfers: list
     inference: Inference  # the symbolic types the decisions were made on
+    layouts: dict = field(default_factory=dict)  # value -> "nhwc" where not plain NCHW (layout.py)
+    layout_edges: list = field(default_factory=list)  # layout.LayoutEdge: where a region meets NCHW values
 
     def all_decisions(self):
         yield from self.decisions.values()
@@ -125,6 +128,8 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
                         for n, why in unsupported))
     if not unsupported:
         _insert_transfers(placement, providers, types)
+        if outer_types is None:
+            placement.layouts, placement.layout_edges = choose_layouts(placement.graph, placement.decisions, types)
     return placement
 
 

@@ -134,7 +134,8 @@ def _select_or_fold(placement, types, consts, feeds, options, make_runner):
             continue
         ctx = BindContext(node, contract.attrs_with_defaults(node), [types.get(i) if i else None for i in node.inputs],
                           [types.get(o) if o else None for o in node.outputs],
-                          [consts.get(i) if i else None for i in node.inputs], contract=contract)
+                          [consts.get(i) if i else None for i in node.inputs], contract=contract,
+                          layouts=placement.layouts)
         subgraphs = placement.subgraphs.get(node.name)
         kern, why = choose_kernel(decision, ctx, options, make_runner, subgraphs)
         if (foldable and options.constant_folding and all(i in consts for i in node.inputs if i)
@@ -173,7 +174,12 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
     for o, t in zip(node.outputs, ctx.output_types):
         pv = memory.values.get(o) if o else None
         if pv is not None and pv.offset is not None:
-            bufs.append(arena[pv.offset:pv.offset + _nbytes(t)].view(t.dtype).reshape(t.shape))
+            buf = arena[pv.offset:pv.offset + _nbytes(t)].view(t.dtype)
+            if placement.layouts.get(o) == "nhwc":  # the same bytes, NHWC-strided (layout.py)
+                n, c, h, w = t.shape
+                bufs.append(buf.reshape(n, h, w, c).transpose(0, 3, 1, 2))
+            else:
+                bufs.append(buf.reshape(t.shape))
             fresh.append(None)
         else:  # a graph output: a new array per run, handed to the caller
             bufs.append(None)

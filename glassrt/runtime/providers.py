@@ -68,8 +68,30 @@ class ReferenceProvider(Provider):
         return [self._cache[key]]
 
 
-_PROVIDERS = {"cpu": CpuProvider, "reference": ReferenceProvider}
-ALIASES = {"CPUExecutionProvider": "cpu", "cpu": "cpu", "reference": "reference"}
+class OnednnProvider(Provider):
+    """oneDNN's CPU primitives (kernels/onednn/): convolutions with fused post-ops, pooling,
+    concat, activations, normalization, in NHWC between its own nodes. Needs the
+    `onednn-cpu-gomp` package; without it every node says so and goes to the next provider."""
+
+    name = "onednn"
+
+    def __init__(self):
+        from ..kernels.onednn import capi
+
+        self.unavailable = capi.UNAVAILABLE
+        if not self.unavailable:
+            from ..kernels.onednn import kernels  # noqa: F401  (registers them)
+            from . import threads
+
+            threads.refresh()  # its OpenMP library joins the thread pools set per run
+
+    def kernels(self, domain, op_type, opset):
+        return [] if self.unavailable else kernels_for("onednn", domain, op_type)
+
+
+_PROVIDERS = {"cpu": CpuProvider, "reference": ReferenceProvider, "onednn": OnednnProvider}
+ALIASES = {"CPUExecutionProvider": "cpu", "cpu": "cpu", "reference": "reference", "onednn": "onednn",
+           "DnnlExecutionProvider": "onednn"}
 DEFAULT = ["cpu", "reference"]
 
 

@@ -28,6 +28,8 @@ def kernel_reason(k: Kernel, ctx: BindContext, *, shapes: bool = True) -> str | 
     if not k.covers_version(since):
         lo, hi = k.versions
         return f"{k.name} covers {ctx.node.op_type} versions {lo}..{hi or 'latest'}, node needs version {since}"
+    if k.static_only and not is_static(ctx):
+        return f"{k.name} is bound to concrete shapes, and this node's are symbolic here"
     n_out = max((i + 1 for i, o in enumerate(ctx.node.outputs) if o), default=0)
     if n_out > 1 and not k.multi:
         return f"{k.name} computes one output; the node asks for {n_out}"
@@ -81,6 +83,9 @@ def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
     kernels that pass the shape-independent checks, for selection to choose from per plan."""
     ks = provider.kernels(node.domain, node.op_type, node.opset)
     if not ks:
+        why_not = getattr(provider, "unavailable", None)
+        if why_not:
+            return [], f"{provider.name} is unavailable: {why_not}"
         return [], f"no {provider.name} kernel for {node.op_type}" + (f" (domain {node.domain})" if node.domain else "")
     candidates, ok, why = [], [], []
     for k in ks:

@@ -98,7 +98,8 @@ def explain(sess, dims: dict | None = None) -> dict:
                 else:
                     outside["unsized"] += 1
             values.append({"name": pv.name, "bytes": nbytes, "offset": pv.offset, "first_step": pv.first_step,
-                           "last_step": pv.last_step, "kind": pv.kind, "shares_with": pv.shares_with})
+                           "last_step": pv.last_step, "kind": pv.kind, "shares_with": pv.shares_with,
+                           "layout": placement.layouts.get(pv.name, "nchw") if placement.layouts else None})
         m = plan.memory
         summary_mem = {"naive_bytes": m.naive_bytes, "arena_bytes": m.arena_bytes,
                        "lower_bound_bytes": m.lower_bound_bytes, "arena_over_lower_bound": round(m.ratio, 4),
@@ -119,6 +120,8 @@ def explain(sess, dims: dict | None = None) -> dict:
                            "bytes": _dim(t.bytes, dims) if t.bytes is not None else None}
                           for t in placement.transfers],
         "notes": list(sess.notes),
+        "layouts": {"nhwc_values": len(placement.layouts),
+                    "edges": [{"value": e.value, "node": e.node, "kind": e.kind} for e in placement.layout_edges]},
         "threads": plan.threads.to_json() if plan and plan.threads is not None else None,
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         **summary_mem,
@@ -198,6 +201,10 @@ def render(report: dict, console, max_reason: int = 70) -> None:
     for t in s["transfer_list"]:
         console.print(f"  '{t['value']}' {t['from']} → {t['to']} ({fmt_bytes(t['bytes'])}) for "
                       f"{t['consumer'] or 'the caller'}", highlight=False, markup=False)
+    if s["layouts"]["nhwc_values"]:
+        console.print(f"layouts: {s['layouts']['nhwc_values']} value(s) in NHWC between kernels that take it; "
+                      f"{len(s['layouts']['edges'])} edge(s) where a region meets NCHW values (the kernel there "
+                      "reorders)", highlight=False, markup=False)
     for note in s["notes"]:
         console.print(f"note: {note}", style="yellow", highlight=False, markup=False)
     if s["arena_bytes"] is not None:

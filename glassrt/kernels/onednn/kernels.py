@@ -1,0 +1,528 @@
+"""The `onednn` provider's kernels: convolutions (bias, residual and activation fused as
+post-ops), pooling, concat, activations, batch normalization, LRN and Add, float32, 2-D.
+
+Layouts. oneDNN's fastest convolutions on AVX2 read and write NHWC activations. A 4-D value
+whose producer and every reader are these kernels lives in NHWC: placement decides it
+(runtime/layout.py), the plan hands kernels NHWC-strided views of the logical NCHW shape,
+and `ctx.layouts` tells a kernel which of its values are NHWC when it binds. A conv whose
+input is plain NCHW (a graph input, a cpu node's output) reads it as is when it has few
+it reorders it into its workspace first (reading NCHW while writing NHWC, oneDNN 3.2 has
+only its reference implementation); a conv whose output is read elsewhere writes NHWC into
+its workspace and reorders it into the NCHW output. Pooling, concat and the elementwise kernels read and
+write either layout directly.
+
+Weights and biases are constants, reordered once into the layout the primitive chose.
+
+Threads. A oneDNN primitive runs with the OpenMP thread count that was current when it
+was made; each kernel keeps one set of primitives per thread count and runs the set of
+the count the run asked for (runtime/threads.py sets it per run).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops.geometry import spatial_pads
+from ..registry import kernel
+from . import capi, dnnl
+from .dnnl import ARG_BIAS, ARG_DST, ARG_FROM, ARG_MEAN, ARG_MULTIPLE_SRC, ARG_SCALE, ARG_SHIFT, ARG_SRC, \
+    ARG_SRC_0, ARG_SRC_1, ARG_TO, ARG_VARIANCE, ARG_WEIGHTS, MemoryDesc
+
+F32 = [np.float32]
+NHWC = "nhwc"
+LAYOUTS = (NHWC,)
+
+
+def _fmt(layout: str) -> str:
+    return "acdb" if layout == NHWC else "abcd"
+
+
+def _buffer(a: np.ndarray, layout: str) -> np.ndarray:
+    """What oneDNN reads or writes for value `a`: the (N, H, W, C) buffer behind an
+    NHWC-strided view, or a C-contiguous NCHW array."""
+    if layout == NHWC:
+        return a.transpose(0, 2, 3, 1)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _workspace_views(ws, *sizes):
+    """float32 buffers of `sizes` elements each, one after the other in the workspace."""
+    out, at = [], 0
+    for n in sizes:
+        nbytes = -(-n * 4 // 64) * 64
+        out.append(ws[at:at + n * 4].view(np.float32) if ws is not None else np.empty(n, np.float32))
+        at += nbytes
+    return out
+
+
+def _ws_bytes(*sizes) -> int:
+    return sum(-(-n * 4 // 64) * 64 for n in sizes)
+
+
+def _same_memory(shape) -> bool:
+    """NCHW and NHWC are the same bytes when there is one pixel or one channel."""
+    return int(shape[2]) * int(shape[3]) == 1 or int(shape[1]) == 1
+
+
+class _LayoutChange:
+    """For a primitive that must write the layout it reads (oneDNN 3.2 has only reference
+    implementations of pooling and elementwise ops that read one layout and write another):
+    it writes into the workspace in its input's layout, and a reorder writes the output."""
+
+    def __init__(self, ctx, in_layout, out_layout, y_shape):
+        self.needed = in_layout != out_layout and not _same_memory(y_shape)
+        self.dst_format = _fmt(in_layout) if self.needed or _same_memory(y_shape) else _fmt(out_layout)
+        self.y, self.in_layout, self.out_layout = [int(d) for d in y_shape], in_layout, out_layout
+        n = int(np.prod(self.y))
+        self.buffer = _workspace_views(ctx.workspace, n)[0] if self.needed else None
+
+    @staticmethod
+    def workspace(ctx, in_layout, out_layout, y_shape) -> int:
+        return _ws_bytes(int(np.prod(y_shape))) if in_layout != out_layout and not _same_memory(y_shape) else 0
+
+    def dst(self, out):
+        """The array the primitive writes."""
+        if self.needed:
+            return self.staged()
+        return _buffer(out, self.in_layout) if _same_memory(self.y) else _buffer(out, self.out_layout)
+
+    def staged(self):
+        n, c, h, w = self.y
+        return self.buffer.reshape(n, h, w, c) if self.in_layout == NHWC else self.buffer.reshape(n, c, h, w)
+
+    def reorder(self):
+        """A bound reorder from the staged result into the output's layout (None if not needed)."""
+        if not self.needed:
+            return None
+        return dnnl.reorder(MemoryDesc.create(self.y, np.float32, _fmt(self.in_layout)),
+                            MemoryDesc.create(self.y, np.float32, _fmt(self.out_layout))) \
+            .primitive().bind({ARG_FROM: self.staged(), ARG_TO: None})
+
+    def finish(self, reorder, out):
+        if reorder is not None:
+            reorder.run({ARG_TO: _buffer(out, self.out_layout)})
+
+
+class _PerThreads:
+    """One set of bound primitives per OpenMP thread count, made on first use."""
+
+    def __init__(self, build):
+        self.build, self.sets = build, {}
+
+    def get(self):
+        n = capi.get_max_threads()
+        s = self.sets.get(n)
+        if s is None:
+            s = self.sets[n] = self.build()
+        return s
+
+
+def _unavailable(ctx):
+    return f"oneDNN is unavailable: {capi.UNAVAILABLE}" if capi.UNAVAILABLE else None
+
+
+def _static_4d(ctx, inputs=(0,)):
+    for i in inputs:
+        shape = ctx.shape(i)
+        if shape is None or len(shape) != 4:
+            return f"input {i} is not 4-D (these kernels are for 2-D images)"
+    return None
+
+
+# ---------------------------------------------------------------- convolution
+
+_ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid")
+
+
+def _conv_geometry(ctx):
+    x, w = [int(d) for d in ctx.shape(0)], [int(d) for d in ctx.shape(1)]
+    k = [int(v) for v in (ctx.attrs.get("kernel_shape") or w[2:])]
+    begin, end, out, strides, dil = spatial_pads(x[2:], k, ctx.attrs.get("strides"), ctx.attrs.get("dilations"),
+                                                 ctx.attrs.get("pads"), ctx.attrs.get("auto_pad", "NOTSET"))
+    return x, w, k, list(begin), list(end), [x[0], w[0], *out], list(strides), list(dil)
+
+
+def _conv_reason(ctx):
+    why = _unavailable(ctx) or _static_4d(ctx)
+    if why:
+        return why
+    if ctx.const(1) is None:
+        return "the weights are not a constant (they are reordered once, when the plan is built)"
+    if ctx.has(2) and ctx.const(2) is None:
+        return "the bias is not a constant"
+    act = ctx.attrs.get("activation", "")
+    if act not in _ACTIVATIONS:
+        return f"activation {act} has no oneDNN post-op here"
+    x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
+    if min(y) <= 0:
+        return "an empty output"
+    return None
+
+
+def _residual(ctx):
+    return ctx.node.op_type == "FusedConv" and len(ctx.node.inputs) > 3 and bool(ctx.node.inputs[3])
+
+
+def _conv_layouts(ctx):
+    """(layout of the input, does the input need a reorder, layout of the output)."""
+    in_layout, out_layout = ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
+    return in_layout, in_layout != NHWC, out_layout
+
+
+def _conv_workspace(ctx):
+    if _conv_reason(ctx):
+        return 0
+    x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
+    in_layout, reorder_in, out_layout = _conv_layouts(ctx)
+    return _ws_bytes(int(np.prod(x)) if reorder_in else 0, int(np.prod(y)) if out_layout != NHWC else 0)
+
+
+def _post_ops(ctx, y_shape):
+    post = dnnl.PostOps()
+    z_arg = None
+    if _residual(ctx):
+        post.binary("add", MemoryDesc.create(y_shape, np.float32, _fmt(ctx.layout(ctx.node.inputs[3]))))
+        z_arg = post.binary_arg()
+    act = ctx.attrs.get("activation", "")
+    params = list(ctx.attrs.get("activation_params") or [])
+    if act == "Relu":
+        post.eltwise("relu")
+    elif act == "LeakyRelu":
+        post.eltwise("relu", alpha=params[0] if params else 0.01)
+    elif act == "Clip":
+        post.eltwise("clip", alpha=params[0], beta=params[1])
+    elif act == "Sigmoid":
+        post.eltwise("sigmoid")
+    return post, z_arg
+
+
+@kernel(["Conv"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_conv_reason, layouts=LAYOUTS,
+        static_only=True, workspace=_conv_workspace, name="conv")
+def conv(ctx):
+    """oneDNN convolution, NHWC activations, weights in the layout the primitive chose."""
+    x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
+    group = int(ctx.attrs.get("group", 1))
+    in_layout, reorder_in, out_layout = _conv_layouts(ctx)
+    src_format = "acdb"
+    weights = np.ascontiguousarray(ctx.const(1), np.float32)
+    bias = np.ascontiguousarray(ctx.const(2), np.float32) if ctx.has(2) else None
+    z_layout = ctx.layout(ctx.node.inputs[3]) if _residual(ctx) else None
+    src_ws, dst_ws = _workspace_views(ctx.workspace, int(np.prod(x)) if reorder_in else 0,
+                                      int(np.prod(y)) if out_layout != NHWC else 0)
+    packed = {}  # weights reordered once per layout a primitive chose
+
+    def build():
+        post, z_arg = _post_ops(ctx, y)
+        pd = dnnl.conv(x, w, group=group, strides=strides, dilations=dil, pads=begin + end, bias=bias is not None,
+                       src_format=src_format, dst_format="acdb", post_ops=post)
+        wmd = pd.weights_md()
+        if wmd not in packed:
+            packed[wmd] = dnnl.prepack(weights, None, wmd)
+        args = {ARG_SRC: None, ARG_WEIGHTS: packed[wmd], ARG_DST: None}
+        if bias is not None:
+            args[ARG_BIAS] = bias
+        if z_arg is not None:
+            args[z_arg] = None
+        main = pd.primitive().bind(args)
+        to_nhwc = dnnl.reorder(MemoryDesc.create(x, np.float32, "abcd"), MemoryDesc.create(x, np.float32, "acdb")) \
+            .primitive().bind({ARG_FROM: None, ARG_TO: src_ws.reshape(x[0], x[2], x[3], x[1])}) if reorder_in else None
+        to_nchw = dnnl.reorder(MemoryDesc.create(y, np.float32, "acdb"), MemoryDesc.create(y, np.float32, "abcd")) \
+            .primitive().bind({ARG_FROM: dst_ws.reshape(y[0], y[2], y[3], y[1]), ARG_TO: None}) \
+            if out_layout != NHWC else None
+        return main, z_arg, to_nhwc, to_nchw
+
+    prims = _PerThreads(build)
+    src_nhwc = src_ws.reshape(x[0], x[2], x[3], x[1]) if reorder_in else None
+    dst_nhwc = dst_ws.reshape(y[0], y[2], y[3], y[1]) if out_layout != NHWC else None
+
+    def step(xa, wa=None, ba=None, za=None, *, out):
+        main, z_arg, to_nhwc, to_nchw = prims.get()
+        if to_nhwc is not None:
+            to_nhwc.run({ARG_FROM: _buffer(xa, "nchw")})
+            src = src_nhwc
+        else:
+            src = _buffer(xa, in_layout)
+        buffers = {ARG_SRC: src, ARG_DST: dst_nhwc if to_nchw is not None else _buffer(out, NHWC)}
+        if z_arg is not None:
+            buffers[z_arg] = _buffer(za, z_layout)
+        main.run(buffers)
+        if to_nchw is not None:
+            to_nchw.run({ARG_TO: _buffer(out, "nchw")})
+        return out
+
+    return step
+
+
+# The same kernel runs glassrt::FusedConv (bias, residual and activation as post-ops).
+kernel(["FusedConv"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_conv_reason,
+       layouts=LAYOUTS, static_only=True, workspace=_conv_workspace, name="conv")(conv)
+
+
+# ---------------------------------------------------------------- pooling
+
+
+def _pool_reason(ctx):
+    why = _unavailable(ctx) or _static_4d(ctx)
+    if why:
+        return why
+    if len([o for o in ctx.node.outputs if o]) > 1:
+        return "the Indices output is not computed here"
+    if ctx.node.op_type in ("MaxPool", "AveragePool"):
+        if any(int(d) != 1 for d in ctx.attrs.get("dilations") or []):
+            return "dilated pooling"
+        if int(ctx.attrs.get("storage_order", 0)):
+            return "storage_order=1"
+        if ctx.node.op_type == "AveragePool" and int(ctx.attrs.get("count_include_pad", 0)) \
+                and int(ctx.attrs.get("ceil_mode", 0)):
+            return "ceil_mode with count_include_pad (the extra window would count in the divisor)"
+    return None
+
+
+def _io_layouts(ctx):
+    return ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
+
+
+def _change_workspace(ctx):
+    if ctx.shape(0) is None or len(ctx.shape(0)) != 4 or ctx.out_shape(0) is None:
+        return 0
+    return _LayoutChange.workspace(ctx, *_io_layouts(ctx), ctx.out_shape(0))
+
+
+@kernel(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"], provider="onednn", dtypes=F32, out=True,
+        bind=True, accepts=_pool_reason, layouts=LAYOUTS, static_only=True, name="pool", workspace=_change_workspace)
+def pool(ctx):
+    x = [int(d) for d in ctx.shape(0)]
+    op = ctx.node.op_type
+    in_layout, out_layout = ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
+    if op.startswith("Global"):
+        kernel_shape, pads, strides, ceil = x[2:], [0, 0, 0, 0], [1, 1], False
+    else:
+        kernel_shape = [int(v) for v in ctx.attrs["kernel_shape"]]
+        ceil = bool(int(ctx.attrs.get("ceil_mode", 0)))
+        begin, end, _, strides, _ = spatial_pads(x[2:], kernel_shape, ctx.attrs.get("strides"), None,
+                                                 ctx.attrs.get("pads"), ctx.attrs.get("auto_pad", "NOTSET"), ceil)
+        pads, strides = list(begin) + list(end), list(strides)
+    if "Max" in op:
+        alg = "max"
+    else:
+        alg = "avg_include_padding" if int(ctx.attrs.get("count_include_pad", 0)) else "avg_exclude_padding"
+
+    change = _LayoutChange(ctx, in_layout, out_layout, ctx.out_shape(0))
+
+    def build():
+        pd = dnnl.pool(x, kernel_shape, strides=strides, pads=pads, alg=alg, ceil_mode=ceil,
+                       src_format=_fmt(in_layout), dst_format=change.dst_format)
+        return pd.primitive().bind({ARG_SRC: None, ARG_DST: None}), change.reorder()
+
+    prims = _PerThreads(build)
+
+    def step(xa, *, out):
+        main, reorder = prims.get()
+        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
+        change.finish(reorder, out)
+        return out
+
+    return step
+
+
+# ---------------------------------------------------------------- concat, elementwise
+
+
+def _concat_reason(ctx):
+    why = _unavailable(ctx) or _static_4d(ctx, range(len(ctx.node.inputs)))
+    if why:
+        return why
+    if int(ctx.attrs.get("axis", 1)) not in (1, -3):
+        return "concat along an axis other than the channels"
+    if not all(ctx.node.inputs):
+        return "an omitted input"
+    return None
+
+
+@kernel(["Concat"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_concat_reason, layouts=LAYOUTS,
+        static_only=True, name="concat", workspace=_change_workspace)
+def concat(ctx):
+    names = list(ctx.node.inputs)
+    shapes = [[int(d) for d in ctx.shape(i)] for i in range(len(names))]
+    layouts = [ctx.layout(n) for n in names]
+    out_layout = ctx.layout(ctx.node.outputs[0])
+    y = [int(d) for d in ctx.out_shape(0)]
+    change = _LayoutChange(ctx, layouts[0], out_layout, y)
+
+    def build():
+        pd = dnnl.concat([MemoryDesc.create(s, np.float32, _fmt(lay)) for s, lay in zip(shapes, layouts)], 1,
+                         MemoryDesc.create(y, np.float32, change.dst_format))
+        main = pd.primitive().bind({**{ARG_MULTIPLE_SRC + i: None for i in range(len(names))}, ARG_DST: None})
+        return main, change.reorder()
+
+    prims = _PerThreads(build)
+
+    def step(*xs, out):
+        main, reorder = prims.get()
+        buffers = {ARG_MULTIPLE_SRC + i: _buffer(a, lay) for i, (a, lay) in enumerate(zip(xs, layouts))}
+        buffers[ARG_DST] = change.dst(out)
+        main.run(buffers)
+        change.finish(reorder, out)
+        return out
+
+    return step
+
+
+def _eltwise_reason(ctx):
+    why = _unavailable(ctx) or _static_4d(ctx)
+    if why:
+        return why
+    if ctx.node.op_type == "Clip" and ctx.node.opset >= 11:
+        for i in (1, 2):
+            if ctx.has(i) and (ctx.const(i) is None or ctx.const(i).size != 1):
+                return "Clip bounds that are not constants"
+    return None
+
+
+def _eltwise_args(ctx):
+    op = ctx.node.op_type
+    if op == "LeakyRelu":
+        return "relu", float(ctx.attrs.get("alpha", 0.01)), 0.0
+    if op == "Clip":
+        if ctx.node.opset < 11:
+            return "clip", float(ctx.attrs.get("min", -3.4e38)), float(ctx.attrs.get("max", 3.4e38))
+        lo = float(ctx.const(1).reshape(-1)[0]) if ctx.has(1) else -3.4e38
+        hi = float(ctx.const(2).reshape(-1)[0]) if ctx.has(2) else 3.4e38
+        return "clip", lo, hi
+    return {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}[op], None, None
+
+
+@kernel(["Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh"], provider="onednn", dtypes=F32, out=True, bind=True,
+        accepts=_eltwise_reason, layouts=LAYOUTS, static_only=True, name="eltwise", workspace=_change_workspace)
+def eltwise(ctx):
+    x = [int(d) for d in ctx.shape(0)]
+    in_layout, out_layout = ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
+    name, alpha, beta = _eltwise_args(ctx)
+    change = _LayoutChange(ctx, in_layout, out_layout, x)
+
+    def build():
+        pd = dnnl.eltwise(MemoryDesc.create(x, np.float32, _fmt(in_layout)),
+                          MemoryDesc.create(x, np.float32, change.dst_format), name, alpha, beta)
+        return pd.primitive().bind({ARG_SRC: None, ARG_DST: None}), change.reorder()
+
+    prims = _PerThreads(build)
+
+    def step(xa, *rest, out):
+        main, reorder = prims.get()
+        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
+        change.finish(reorder, out)
+        return out
+
+    return step
+
+
+def _add_reason(ctx):
+    why = _unavailable(ctx) or _static_4d(ctx, (0, 1))
+    if why:
+        return why
+    if tuple(ctx.shape(0)) != tuple(ctx.shape(1)):
+        return "operands of different shapes (no broadcasting here)"
+    return None
+
+
+@kernel(["Add"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_add_reason, layouts=LAYOUTS,
+        static_only=True, name="binary")
+def add(ctx):
+    x = [int(d) for d in ctx.shape(0)]
+    layouts = [ctx.layout(n) for n in ctx.node.inputs[:2]]
+    out_layout = ctx.layout(ctx.node.outputs[0])
+
+    def build():
+        pd = dnnl.binary(*(MemoryDesc.create(x, np.float32, _fmt(lay)) for lay in layouts),
+                         MemoryDesc.create(x, np.float32, _fmt(out_layout)), "add")
+        return pd.primitive().bind({ARG_SRC_0: None, ARG_SRC_1: None, ARG_DST: None})
+
+    prims = _PerThreads(build)
+
+    def step(a, b, *, out):
+        prims.get().run({ARG_SRC_0: _buffer(a, layouts[0]), ARG_SRC_1: _buffer(b, layouts[1]),
+                         ARG_DST: _buffer(out, out_layout)})
+        return out
+
+    return step
+
+
+# ---------------------------------------------------------------- normalization
+
+
+def _bn_reason(ctx):
+    why = _unavailable(ctx) or _static_4d(ctx)
+    if why:
+        return why
+    if int(ctx.attrs.get("training_mode", 0)) or not int(ctx.attrs.get("spatial", 1)):
+        return "training mode or non-spatial batch normalization"
+    if len([o for o in ctx.node.outputs if o]) != 1:
+        return "running statistics outputs"
+    if any(ctx.const(i) is None for i in range(1, 5)):
+        return "scale, bias, mean and variance are not constants"
+    act = ctx.attrs.get("activation", "")
+    if act not in _ACTIVATIONS:
+        return f"activation {act} has no oneDNN post-op here"
+    return None
+
+
+@kernel(["BatchNormalization"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_bn_reason,
+        layouts=LAYOUTS, static_only=True, name="batch_norm", workspace=_change_workspace)
+def batch_norm(ctx):
+    x = [int(d) for d in ctx.shape(0)]
+    in_layout, out_layout = ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
+    scale, shift, mean, var = (np.ascontiguousarray(ctx.const(i), np.float32).reshape(-1) for i in range(1, 5))
+    eps = float(ctx.attrs.get("epsilon", 1e-5))
+    change = _LayoutChange(ctx, in_layout, out_layout, x)
+
+    def build():
+        post, _ = _post_ops(ctx, x)
+        attr = dnnl.Attr(post) if len(post) else None
+        pd = dnnl.batch_norm(MemoryDesc.create(x, np.float32, _fmt(in_layout)),
+                             MemoryDesc.create(x, np.float32, change.dst_format), eps, attr=attr)
+        main = pd.primitive().bind({ARG_SRC: None, ARG_DST: None, ARG_SCALE: scale, ARG_SHIFT: shift,
+                                    ARG_MEAN: mean, ARG_VARIANCE: var})
+        return main, change.reorder()
+
+    prims = _PerThreads(build)
+
+    def step(xa, *params, out):
+        main, reorder = prims.get()
+        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
+        change.finish(reorder, out)
+        return out
+
+    return step
+
+
+kernel(["FusedBatchNormalization"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
+       accepts=_bn_reason, layouts=LAYOUTS, static_only=True, name="batch_norm", workspace=_change_workspace)(batch_norm)
+
+
+def _lrn_reason(ctx):
+    return _unavailable(ctx) or _static_4d(ctx)
+
+
+@kernel(["LRN"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_lrn_reason, layouts=LAYOUTS,
+        static_only=True, name="lrn", workspace=_change_workspace)
+def lrn(ctx):
+    x = [int(d) for d in ctx.shape(0)]
+    in_layout, out_layout = ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
+    size = int(ctx.attrs["size"])
+    alpha, beta, bias = (float(ctx.attrs.get(a, d)) for a, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+
+    change = _LayoutChange(ctx, in_layout, out_layout, x)
+
+    def build():
+        pd = dnnl.lrn(MemoryDesc.create(x, np.float32, _fmt(in_layout)),
+                      MemoryDesc.create(x, np.float32, change.dst_format), size=size, alpha=alpha, beta=beta, k=bias)
+        return pd.primitive().bind({ARG_SRC: None, ARG_DST: None}), change.reorder()
+
+    prims = _PerThreads(build)
+
+    def step(xa, *, out):
+        main, reorder = prims.get()
+        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
+        change.finish(reorder, out)
+        return out
+
+    return step

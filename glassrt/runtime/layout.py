@@ -1,0 +1,71 @@
+"""Layouts: which 4-D values live in NHWC instead of plain NCHW.
+
+A provider's kernels may read and write layouts besides NCHW (`Kernel.layouts`): oneDNN's
+convolutions are fastest with NHWC activations. A value takes NHWC when its producer and
+every reader can: it then never changes layout on its way, and a value that any other
+kernel reads stays NCHW. So layout changes happen only at the edges of a region, inside
+the kernel there (a oneDNN conv reorders an NCHW input it reads, or reorders its result
+into an NCHW output), and explain lists those edges. Graph inputs and outputs, values a
+subgraph reads and values computed from constants alone (folded when a plan is built)
+stay NCHW.
+
+The plan gives an NHWC value an NHWC-strided view of its logical NCHW shape (same bytes in
+the arena), so code that reads it as an array still reads the right numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import TensorType
+
+NHWC = "nhwc"
+
+
+@dataclass
+class LayoutEdge:
+    value: str
+    node: str  # the node at the edge of a region
+    kind: str  # "read" (the node reads an NCHW value) or "write" (it writes NCHW for readers elsewhere)
+
+
+def _takes(decision, layout) -> bool:
+    return bool(decision.kernels) and all(layout in k.layouts for k in decision.kernels)
+
+
+def choose_layouts(graph, decisions, types) -> tuple[dict, list]:
+    """({value: "nhwc"}, [LayoutEdge]) for a placed graph."""
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    readers: dict[str, list] = {}
+    implicit = set()
+    for n in graph.nodes:
+        for i in n.inputs:
+            if i:
+                readers.setdefault(i, []).append(n)
+        implicit.update(n.implicit_inputs)
+    outputs = set(graph.output_names())
+    constant = set(graph.initializers)
+    layouts = {}
+    for name, node in producer.items():
+        t = types.get(name)
+        if not (isinstance(t, TensorType) and t.shape is not None and len(t.shape) == 4
+                and t.dtype == np.float32) or name in outputs or name in implicit or not readers.get(name):
+            continue
+        if all(i in constant for i in node.inputs if i):
+            continue  # folded when a plan is built, by whatever kernel: keep it plain
+        if _takes(decisions[node.name], NHWC) and all(_takes(decisions[r.name], NHWC) for r in readers[name]):
+            layouts[name] = NHWC
+    edges = []
+    for n in graph.nodes:
+        if not _takes(decisions[n.name], NHWC):
+            continue
+        for i in n.inputs:
+            t = types.get(i)
+            if i and i not in layouts and i not in constant and isinstance(t, TensorType) and t.rank == 4:
+                edges.append(LayoutEdge(i, n.name, "read"))
+        for o in n.outputs:
+            t = types.get(o)
+            if o and o not in layouts and isinstance(t, TensorType) and t.rank == 4:
+                edges.append(LayoutEdge(o, n.name, "write"))
+    return layouts, edges
