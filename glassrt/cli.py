@@ -15,6 +15,7 @@ from rich.table import Table
 
 from . import dtypes, symbolic
 from .errors import GlassrtError
+from .tools.inputs import random_value
 
 console = Console()
 
@@ -60,14 +61,8 @@ def generate_inputs(sess, dims: dict, seed: int = 0) -> dict:
             if missing:
                 raise GlassrtError(f"input '{arg.name}' has symbolic dim '{d}'; bind it with --dim {missing[0]}=N")
             shape.append(int(symbolic.evaluate(d, dims)))
-        dt = t.dtype
-        if dt.kind == "f":
-            feeds[arg.name] = rng.random(shape).astype(dt)
-        elif dt.kind in "iu":
-            feeds[arg.name] = rng.integers(0, 10, shape).astype(dt)
-        elif dt.kind == "b":
-            feeds[arg.name] = rng.random(shape) > 0.5
-        else:
+        feeds[arg.name] = random_value(rng, shape, t.dtype)
+        if feeds[arg.name] is None:
             raise GlassrtError(f"cannot generate input '{arg.name}' of type {arg.type}; pass --input")
     return feeds
 

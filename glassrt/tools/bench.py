@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .inputs import random_value
+
 RUNTIMES = ("glassrt", "onnxruntime")
 RTOL, ATOL = 1e-3, 1e-4  # outputs "differ" beyond np.allclose(glassrt, onnxruntime, RTOL, ATOL)
 BUSY_MARK = "glassrt-bench-busy"  # in each busy process's command line, so it can be found
@@ -141,13 +143,8 @@ def generate_feeds(model, dims: dict, seed: int = 0) -> dict:
             else:
                 shape.append(dims.get(d.dim_param, 1))
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
-        if dtype.kind == "f":
-            feeds[vi.name] = rng.random(shape).astype(dtype)
-        elif dtype.kind in "iu":
-            feeds[vi.name] = rng.integers(0, 10, shape).astype(dtype)
-        elif dtype.kind == "b":
-            feeds[vi.name] = rng.random(shape) > 0.5
-        else:
+        feeds[vi.name] = random_value(rng, shape, dtype)
+        if feeds[vi.name] is None:
             raise BenchError(f"cannot generate input '{vi.name}' of type {dtype}")
     return feeds
 

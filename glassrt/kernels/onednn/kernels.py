@@ -287,12 +287,34 @@ def _change_workspace(ctx):
     return _LayoutChange.workspace(ctx, *_io_layouts(ctx), ctx.out_shape(0))
 
 
+def _single_primitive(ctx, y_shape, make_pd, params=None):
+    """The step of one primitive from input 0 to output 0, in the layouts the values have:
+    `make_pd(src_format, dst_format)` makes its descriptor; `params` are constant arguments.
+    Where the primitive cannot write the output's layout it writes the input's, staged in
+    the workspace, and a reorder writes the output."""
+    in_layout, out_layout = _io_layouts(ctx)
+    change = _LayoutChange(ctx, in_layout, out_layout, y_shape)
+
+    def build():
+        pd = make_pd(_fmt(in_layout), change.dst_format)
+        return pd.primitive().bind({ARG_SRC: None, ARG_DST: None, **(params or {})}), change.reorder()
+
+    prims = _PerThreads(build)
+
+    def step(xa, *rest, out):
+        main, reorder = prims.get()
+        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
+        change.finish(reorder, out)
+        return out
+
+    return step
+
+
 @kernel(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"], provider="onednn", dtypes=F32, out=True,
         bind=True, accepts=_pool_reason, layouts=LAYOUTS, static_only=True, name="pool", workspace=_change_workspace)
 def pool(ctx):
     x = [int(d) for d in ctx.shape(0)]
     op = ctx.node.op_type
-    in_layout, out_layout = ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
     if op.startswith("Global"):
         kernel_shape, pads, strides, ceil = x[2:], [0, 0, 0, 0], [1, 1], False
     else:
@@ -306,22 +328,8 @@ def pool(ctx):
     else:
         alg = "avg_include_padding" if int(ctx.attrs.get("count_include_pad", 0)) else "avg_exclude_padding"
 
-    change = _LayoutChange(ctx, in_layout, out_layout, ctx.out_shape(0))
-
-    def build():
-        pd = dnnl.pool(x, kernel_shape, strides=strides, pads=pads, alg=alg, ceil_mode=ceil,
-                       src_format=_fmt(in_layout), dst_format=change.dst_format)
-        return pd.primitive().bind({ARG_SRC: None, ARG_DST: None}), change.reorder()
-
-    prims = _PerThreads(build)
-
-    def step(xa, *, out):
-        main, reorder = prims.get()
-        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
-        change.finish(reorder, out)
-        return out
-
-    return step
+    return _single_primitive(ctx, ctx.out_shape(0), lambda src, dst: dnnl.pool(
+        x, kernel_shape, strides=strides, pads=pads, alg=alg, ceil_mode=ceil, src_format=src, dst_format=dst))
 
 
 # ---------------------------------------------------------------- concat, elementwise
@@ -395,24 +403,9 @@ def _eltwise_args(ctx):
         accepts=_eltwise_reason, layouts=LAYOUTS, static_only=True, name="eltwise", workspace=_change_workspace)
 def eltwise(ctx):
     x = [int(d) for d in ctx.shape(0)]
-    in_layout, out_layout = ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
     name, alpha, beta = _eltwise_args(ctx)
-    change = _LayoutChange(ctx, in_layout, out_layout, x)
-
-    def build():
-        pd = dnnl.eltwise(MemoryDesc.create(x, np.float32, _fmt(in_layout)),
-                          MemoryDesc.create(x, np.float32, change.dst_format), name, alpha, beta)
-        return pd.primitive().bind({ARG_SRC: None, ARG_DST: None}), change.reorder()
-
-    prims = _PerThreads(build)
-
-    def step(xa, *rest, out):
-        main, reorder = prims.get()
-        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
-        change.finish(reorder, out)
-        return out
-
-    return step
+    return _single_primitive(ctx, x, lambda src, dst: dnnl.eltwise(
+        MemoryDesc.create(x, np.float32, src), MemoryDesc.create(x, np.float32, dst), name, alpha, beta))
 
 
 def _add_reason(ctx):
@@ -469,29 +462,15 @@ def _bn_reason(ctx):
         layouts=LAYOUTS, static_only=True, name="batch_norm", workspace=_change_workspace)
 def batch_norm(ctx):
     x = [int(d) for d in ctx.shape(0)]
-    in_layout, out_layout = ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
     scale, shift, mean, var = (np.ascontiguousarray(ctx.const(i), np.float32).reshape(-1) for i in range(1, 5))
     eps = float(ctx.attrs.get("epsilon", 1e-5))
-    change = _LayoutChange(ctx, in_layout, out_layout, x)
+    post, _ = _post_ops(ctx, x)
 
-    def build():
-        post, _ = _post_ops(ctx, x)
-        attr = dnnl.Attr(post) if len(post) else None
-        pd = dnnl.batch_norm(MemoryDesc.create(x, np.float32, _fmt(in_layout)),
-                             MemoryDesc.create(x, np.float32, change.dst_format), eps, attr=attr)
-        main = pd.primitive().bind({ARG_SRC: None, ARG_DST: None, ARG_SCALE: scale, ARG_SHIFT: shift,
-                                    ARG_MEAN: mean, ARG_VARIANCE: var})
-        return main, change.reorder()
+    def make(src, dst):
+        return dnnl.batch_norm(MemoryDesc.create(x, np.float32, src), MemoryDesc.create(x, np.float32, dst), eps,
+                               attr=dnnl.Attr(post) if len(post) else None)
 
-    prims = _PerThreads(build)
-
-    def step(xa, *params, out):
-        main, reorder = prims.get()
-        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
-        change.finish(reorder, out)
-        return out
-
-    return step
+    return _single_primitive(ctx, x, make, {ARG_SCALE: scale, ARG_SHIFT: shift, ARG_MEAN: mean, ARG_VARIANCE: var})
 
 
 kernel(["FusedBatchNormalization"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
@@ -506,23 +485,8 @@ def _lrn_reason(ctx):
         static_only=True, name="lrn", workspace=_change_workspace)
 def lrn(ctx):
     x = [int(d) for d in ctx.shape(0)]
-    in_layout, out_layout = ctx.layout(ctx.node.inputs[0]), ctx.layout(ctx.node.outputs[0])
     size = int(ctx.attrs["size"])
     alpha, beta, bias = (float(ctx.attrs.get(a, d)) for a, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
-
-    change = _LayoutChange(ctx, in_layout, out_layout, x)
-
-    def build():
-        pd = dnnl.lrn(MemoryDesc.create(x, np.float32, _fmt(in_layout)),
-                      MemoryDesc.create(x, np.float32, change.dst_format), size=size, alpha=alpha, beta=beta, k=bias)
-        return pd.primitive().bind({ARG_SRC: None, ARG_DST: None}), change.reorder()
-
-    prims = _PerThreads(build)
-
-    def step(xa, *, out):
-        main, reorder = prims.get()
-        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
-        change.finish(reorder, out)
-        return out
-
-    return step
+    return _single_primitive(ctx, x, lambda src, dst: dnnl.lrn(
+        MemoryDesc.create(x, np.float32, src), MemoryDesc.create(x, np.float32, dst), size=size, alpha=alpha,
+        beta=beta, k=bias))
