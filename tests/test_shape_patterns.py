@@ -141,3 +141,25 @@ def test_shape_formulas_bind_symbols_from_input_dims():
     shifted = ShapeFormula.build([TensorType(f32, (past + 1, 3))], [TensorType(f32, (3, past + 1))])
     assert shifted.evaluate([np.zeros((7, 3), np.float32)]) == [(3, 7)]  # past + 1 = 7 binds past = 6
     assert ShapeFormula.build([TensorType(f32, (past * 2,))], [TensorType(f32, (past,))]) is None
+
+
+def test_symbolic_slice_bounds_out_of_range_fail_loudly_not_silently():
+    """data[:n] with n from the input's shape: shape inference takes n within the data (as
+    onnxruntime's does), so a plan shared by several n treats the slice as n long. When n
+    exceeds the data, the real slice is shorter, and the node that meets both lengths
+    fails with its name, on the shared plan as on a plan of its own."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["data", "zero", "s"], ["d"]),
+             helper.make_node("Add", ["d", "x"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+                          [numpy_helper.from_array(np.arange(6, dtype=np.float32), "data"),
+                           numpy_helper.from_array(np.array([0], np.int64), "zero")])
+    sess = glassrt.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
+                                    providers=["cpu"])
+    for n in (2, 3, 4, 5):  # the fourth distinct length runs on the shared plan
+        np.testing.assert_array_equal(sess.run(None, {"x": np.ones(n, np.float32)})[0], np.arange(n) + 1)
+    assert _patterns(sess)
+    with pytest.raises(glassrt.GlassrtError, match="Add node 'add'"):
+        sess.run(None, {"x": np.ones(8, np.float32)})

@@ -368,12 +368,22 @@ def _dims(v):
     return [symbolic.normalize(x) if not isinstance(x, (int, np.integer)) else int(x) for x in v.reshape(-1)]
 
 
+def _nonnegative(v) -> bool:
+    return v >= 0 if isinstance(v, int) else bool(v.is_nonnegative)
+
+
 def slice_len(dim, start, end, step):
     if not isinstance(start, int) or not isinstance(end, int):
-        # A symbolic bound: only the common x[start:end] with 0 <= start and end >= start is
-        # told (end clamped to the dim); anything else is decided at run time.
-        if step == 1 and isinstance(start, int) and start >= 0 and not isinstance(end, int) and end.is_positive:
-            return symbolic.normalize(sympy.Min(end, dim) - start) if start else sympy.Min(end, dim)
+        # A symbolic bound (x[:, past:past + seq], position_ids[:, :seq]): as onnxruntime's
+        # symbolic shape inference does, the bounds are taken to lie within the dim, so the
+        # length is end - start. Taking the clamp into account instead (Min(end, dim)) keeps
+        # every shape downstream symbolic and every node after it bound per run. A run whose
+        # bounds do fall outside gets its real slice, and the first node whose input then
+        # disagrees with the plan fails with the node named, never silently.
+        if step == 1 and _nonnegative(start) and (end >= INT_MAX // 4 if isinstance(end, int) else _nonnegative(end)):
+            length = symbolic.normalize((dim if isinstance(end, int) else end) - start)
+            if not isinstance(length, int) or length >= 0:
+                return length
         return symbolic.fresh("slice")
     if isinstance(dim, int):
         return len(range(*slice(start, end, step).indices(dim)))
