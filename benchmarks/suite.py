@@ -237,7 +237,7 @@ def main(argv=None):
             console.print(f"[bold red]error:[/] {e}")
             return 1
         settings = bench.Settings(runtimes=bench.RUNTIMES, runs=a.runs, warmup=a.warmup, threads=a.threads,
-                                  busy=a.busy, providers=("cpu", "reference"))
+                                  busy=a.busy)
         env = bench.environment()
         results, decoding = run_suite(selected, settings, a.rounds, console)
     full = bench.report(results, settings, env, decoding)

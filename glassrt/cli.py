@@ -15,7 +15,10 @@ from rich.table import Table
 
 from . import dtypes, symbolic
 from .errors import GlassrtError
+from .runtime.providers import DEFAULT as _DEFAULT
 from .tools.inputs import random_value
+
+DEFAULT_PROVIDERS = ",".join(_DEFAULT)
 
 console = Console()
 
@@ -95,7 +98,7 @@ def _model_arg(model):
 @click.argument("model", required=False)
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="Feed an input from a .npy file.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim for generated inputs.")
-@click.option("--providers", default="cpu,reference", show_default=True, help="Provider priority list.")
+@click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True, help="Provider priority list.")
 @click.option("--strict", is_flag=True, help="Fail if any node would fall back (fallback='error').")
 @click.option("--save", type=click.Path(file_okay=False), help="Write each output to DIR/NAME.npy.")
 @click.option("--runs", default=5, show_default=True, help="Timed runs after the first (latency is their median).")
@@ -177,7 +180,7 @@ def run(model, inputs, dims, providers, strict, save, runs):
 @main.command()
 @click.argument("model", required=False)
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim (e.g. batch=64).")
-@click.option("--providers", default="cpu,reference", show_default=True)
+@click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True)
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Also write the report as JSON.")
 @click.option("--width", default=70, show_default=True, help="Truncate reasons to this many characters.")
 def explain(model, dims, providers, json_file, width):
@@ -207,7 +210,7 @@ def explain(model, dims, providers, json_file, width):
 @click.option("--top", default=15, show_default=True, help="Rows in each table.")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
-@click.option("--providers", default="cpu,reference", show_default=True)
+@click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True)
 def profile(model, runs, trace, top, inputs, dims, providers):
     """Run MODEL several times and show where the time goes, per op type and per node."""
     from rich.progress import Progress
@@ -319,7 +322,7 @@ def compare(model, prov_a, prov_b, inputs, dims, rtol, atol):
 @click.argument("model", required=False)
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
-@click.option("--providers", default="cpu,reference", show_default=True)
+@click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True)
 def nan(model, inputs, dims, providers):
     """Run MODEL and name the first node that produced a NaN or an Inf."""
     from .tools.compare import first_anomaly
@@ -347,7 +350,7 @@ def nan(model, inputs, dims, providers):
 @click.option("--threads", default=2, show_default=True, help="intra_op_num_threads for every runtime.")
 @click.option("--busy", default=0, show_default=True, help="Run K CPU-bound processes during the timed runs.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write everything, per-run latencies too.")
-@click.option("--providers", default="cpu,reference", show_default=True, help="glassrt's provider priority list.")
+@click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True, help="glassrt's provider priority list.")
 def bench(models, versus, runs, warmup, dims, threads, busy, json_file, providers):
     """Time MODEL... (.onnx files or built-in names: light:resnet50, mobilenet, bert-base,
     gpt2-step), each runtime in its own process, against onnxruntime with --vs."""

@@ -82,10 +82,17 @@ class Session:
     "silent" (as "warn", without the warnings: the fallbacks are still in sess.fallbacks).
     """
 
-    def __init__(self, model, providers=None, *, fallback: str = "warn", sess_options: SessionOptions | None = None,
-                 base_dir: str | None = None):
-        if isinstance(providers, SessionOptions):  # onnxruntime's order: (model, sess_options, providers)
-            providers, sess_options = None, providers
+    def __init__(self, model, options_or_providers=None, providers=None, *, fallback: str = "warn",
+                 sess_options: SessionOptions | None = None, base_dir: str | None = None):
+        # The second positional argument is onnxruntime's sess_options or glassrt's providers.
+        if isinstance(options_or_providers, SessionOptions):
+            if sess_options is not None:
+                raise InvalidArgumentError("SessionOptions given twice (second argument and sess_options=)")
+            sess_options = options_or_providers
+        elif options_or_providers is not None:
+            if providers is not None:
+                raise InvalidArgumentError("providers given twice (second argument and providers=)")
+            providers = options_or_providers
         if providers is not None and not isinstance(providers, (list, tuple)):
             raise GlassrtError(f"providers must be a list of provider names, got {type(providers).__name__} "
                                "(glassrt takes glassrt.SessionOptions, not onnxruntime's)")
@@ -119,7 +126,12 @@ class Session:
         if fallback == "warn":
             for f in self.fallbacks:
                 warnings.warn(f"glassrt fallback: {f}", FallbackWarning, stacklevel=2)
-        self.runner = GraphRunner(self.placement, self.options, adapt_threads=True)
+        openmp_pool = any(p.openmp_pool for p in self.providers)
+        if openmp_pool:
+            self.notes.append("threads: OpenMP's pool alone (oneDNN's kernels, and the cpu kernels' float32 "
+                              "matrix products through oneDNN's sgemm); NumPy's BLAS is held at 1 thread "
+                              "during runs so that two pools of spinning workers do not share the cores")
+        self.runner = GraphRunner(self.placement, self.options, adapt_threads=True, openmp_pool=openmp_pool)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
         self._lowered = None
         self._profile = Profile()

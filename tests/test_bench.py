@@ -12,7 +12,7 @@ import onnx.numpy_helper
 import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
-from onnx import TensorProto, helper
+from onnx import helper
 
 import glassrt
 from glassrt.cli import main

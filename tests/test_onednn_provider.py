@@ -77,3 +77,94 @@ def test_symbolic_shapes_go_to_the_cpu_kernels_with_a_reason():
     assert node["provider"] == "cpu" and "bound to concrete shapes" in node["reason"]
     y = sess.run(None, {"x": np.ones((2, 3, 8, 8), np.float32)})[0]
     np.testing.assert_allclose(y, np.full((2, 4, 8, 8), 3.0))
+
+
+# ---------------------------------------------------------------- one pool of threads
+
+
+@pytest.mark.parametrize("case", ["plain", "a_transposed", "b_transposed", "row_strides", "batched", "broadcast_b",
+                                  "one_row", "float64", "empty"])
+def test_products_through_onednn_sgemm_equal_numpy(case):
+    from glassrt.kernels import gemm
+
+    rng = np.random.default_rng(1)
+    f = np.float64 if case == "float64" else np.float32
+    a, b = rng.standard_normal((7, 5)).astype(f), rng.standard_normal((5, 9)).astype(f)
+    if case == "a_transposed":
+        a = np.ascontiguousarray(a.T).T
+    elif case == "b_transposed":
+        b = np.ascontiguousarray(b.T).T
+    elif case == "row_strides":
+        a, b = rng.standard_normal((7, 8)).astype(f)[:, 1:6], rng.standard_normal((5, 12)).astype(f)[:, 2:11]
+    elif case == "batched":
+        a, b = rng.standard_normal((3, 7, 5)).astype(f), rng.standard_normal((3, 5, 9)).astype(f)
+    elif case == "broadcast_b":
+        a = rng.standard_normal((2, 3, 7, 5)).astype(f)
+    elif case == "one_row":
+        a = rng.standard_normal((1, 5)).astype(f)
+    elif case == "empty":
+        a = np.zeros((0, 5), f)
+    out = np.full(np.broadcast_shapes(a.shape[:-1] + (1,), (1,) * (a.ndim - b.ndim) + b.shape[:-2] + (1, 1))[:-1]
+                  + (b.shape[-1],), np.nan, f)
+    gemm.use_openmp(True)
+    try:
+        assert gemm.engine().startswith("oneDNN")
+        gemm.matmul(a, b, out)
+    finally:
+        gemm.use_openmp(False)
+    np.testing.assert_allclose(out, np.matmul(a.astype(np.float64), b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_session_with_onednn_runs_on_the_openmp_pool_and_says_so():
+    from glassrt.kernels import gemm
+    from glassrt.runtime import threads
+
+    w = np.random.default_rng(2).standard_normal((16, 8)).astype(np.float32)
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], [tensor("x", [4, 16])], [tensor("y", None)],
+              [init("w", w)], opset=17)
+    x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    y = sess.run(None, {"x": x})[0]
+    assert threads._current[1] is True and gemm.engine().startswith("oneDNN")
+    np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5)
+    assert any("OpenMP's pool alone" in n for n in sess.explain()["summary"]["notes"])
+    cpu = glassrt.InferenceSession(m, providers=["cpu"])
+    cpu.run(None, {"x": x})
+    assert threads._current[1] is False and gemm.engine() == "NumPy BLAS"
+
+
+def test_passing_the_partial_onednn_provider_is_not_a_fallback():
+    """onednn takes only what it is fast at: a Reshape after it runs on cpu without a warning,
+    with onednn's reason in explain; a node that passes cpu (the complete provider) still
+    counts as a fallback."""
+    m = model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+               helper.make_node("Reshape", ["r", "s"], ["y"], name="reshape")],
+              [tensor("x", [1, 2, 3, 3])], [tensor("y", None)], [init("s", np.array([1, -1], np.int64))], opset=17)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    assert sess.fallbacks == []
+    node = next(n for n in sess.explain()["nodes"] if n["name"] == "reshape")
+    assert node["provider"] == "cpu" and not node["fallback"] and "onednn: no onednn kernel for Reshape" in node["reason"]
+
+    from glassrt.runtime.providers import CpuProvider
+
+    class NoReshape(CpuProvider):
+        def kernels(self, domain, op_type, opset):
+            return [] if op_type == "Reshape" else super().kernels(domain, op_type, opset)
+
+    with pytest.warns(glassrt.FallbackWarning):
+        sess = glassrt.InferenceSession(m, providers=[NoReshape(), "reference"])
+    assert [f.node for f in sess.fallbacks] == ["reshape"]
+
+
+def test_a_conv_onednn_has_only_generic_code_for_goes_to_cpu():
+    """24 input channels in 4 groups (6 per group): oneDNN 3.2 has only x64:gemm:jit for it."""
+    w = np.random.default_rng(4).standard_normal((112, 6, 1, 1)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", group=4)], [tensor("x", [1, 24, 8, 8])],
+              [tensor("y", None)], [init("w", w)], opset=17)
+    fast, cpu = _sessions(m)
+    node = fast.explain()["nodes"][0]
+    assert node["provider"] == "cpu" and "generic implementation" in node["reason"]
+    x = np.random.default_rng(5).standard_normal((1, 24, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)

@@ -4,7 +4,6 @@ stage functions directly, so a stage that breaks is named by the test that fails
 from __future__ import annotations
 
 import itertools
-import warnings
 
 import numpy as np
 import pytest

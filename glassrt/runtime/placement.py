@@ -3,8 +3,10 @@
 Input: a graph after the passes (composites the providers lack are already expanded, see
 passes/expand.py) and its inferred types. For each node the provider priority list is
 walked in order; the first provider with a kernel that can run the node takes it.
-Anything a later provider runs is a fallback: warned once per node, counted, and an
-error under fallback="error".
+A node that passes a complete provider (cpu: it aims to run every operator) and runs on a
+later one (reference) is a fallback: warned once per node, counted, and an error under
+fallback="error". Passing a partial provider (onednn: it takes only what it is fast at) is
+its design, not a fallback; explain still gives its reason.
 
 Where a value crosses between providers that keep data on different devices, a
 `glassrt::Transfer` node is inserted: a step of the plan like any other, placed on the
@@ -33,6 +35,10 @@ class Decision:
     reason: str  # why this provider
     rejected: list = field(default_factory=list)  # [(provider, reason)] for providers skipped
     fallback: bool = False
+
+    def skipped(self) -> str:
+        """Why the providers before this one did not take the node ("" when none did not)."""
+        return "; ".join(f"{p}: {r}" for p, r in self.rejected)
 
 
 @dataclass
@@ -143,7 +149,8 @@ def decide(node, types, values, providers, expansion_failure=None) -> tuple[Deci
     for rank, p in enumerate(providers):
         ks, why = provider_verdict(p, node, contract, ctx)
         if ks:
-            return Decision(node, p.name, ks, why, list(rejected), fallback=rank > 0), ""
+            passed_complete = any(not q.partial for q in providers[:rank])
+            return Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete), ""
         rejected.append((p.name, why))
         if rank == 0 and expansion_failure:
             rejected.append(("decomposition", expansion_failure))

@@ -13,6 +13,8 @@ from ..kernels.registry import Kernel, kernels_for
 class Provider:
     name = "?"
     device = "cpu"  # where this provider's tensors live; "cpu" is the host (NumPy arrays)
+    openmp_pool = False  # its kernels run on OpenMP's threads: runs then use that pool alone (threads.py)
+    partial = False  # takes only some nodes by design: passing it is not a fallback (placement.py)
 
     def kernels(self, domain: str, op_type: str, opset: int) -> list[Kernel]:
         raise NotImplementedError
@@ -74,11 +76,13 @@ class OnednnProvider(Provider):
     `onednn-cpu-gomp` package; without it every node says so and goes to the next provider."""
 
     name = "onednn"
+    partial = True
 
     def __init__(self):
         from ..kernels.onednn import capi
 
         self.unavailable = capi.UNAVAILABLE
+        self.openmp_pool = not self.unavailable
         if not self.unavailable:
             from ..kernels.onednn import kernels  # noqa: F401  (registers them)
             from . import threads

@@ -23,12 +23,13 @@ from .plan import compile_plan, run_plan
 
 
 class GraphRunner:
-    def __init__(self, placement, options, outer_names=(), adapt_threads=False):
+    def __init__(self, placement, options, outer_names=(), adapt_threads=False, openmp_pool=False):
         self.placement = placement
         self.options = options
-        # The session's own runner picks each run's thread count (threads.py); subgraph
-        # runners (loop bodies) run inside it and keep what it chose.
+        # The session's own runner picks each run's thread count and pool (threads.py);
+        # subgraph runners (loop bodies) run inside it and keep what it chose.
         self.adapt_threads = adapt_threads
+        self.openmp_pool = openmp_pool
         self.outer_names = [n for n in outer_names]
         self.plans: OrderedDict = OrderedDict()
         self.plans_built = 0
@@ -173,7 +174,7 @@ class GraphRunner:
             if plan.threads is None:
                 plan.threads = threads.ThreadChoice(self.options.intra_op_num_threads or threads.available_cpus())
             n = plan.threads.choose()
-            threads.use_threads(n)
+            threads.use_threads(n, self.openmp_pool)
             t0 = time.perf_counter()
             out = run_plan(plan, feeds, profile=profile)
             plan.threads.record(time.perf_counter() - t0)

@@ -132,7 +132,7 @@ def choose_kernel(decision, ctx, options, make_runner=None, subgraphs=None):
             rejected.append(f"{algorithm(k)}: {why}")
             continue
         if decision.fallback:
-            text = "fallback — " + "; ".join(f"{p}: {r}" for p, r in decision.rejected)
+            text = "fallback — " + decision.skipped()
         elif len(decision.kernels) == 1:
             text = k.doc or f"the only {decision.provider} kernel for {ctx.node.op_type}"
         else:
@@ -141,6 +141,8 @@ def choose_kernel(decision, ctx, options, make_runner=None, subgraphs=None):
                 text += " over " + "; ".join(rejected)
             if k.doc:
                 text += f" — {k.doc}"
+        if decision.rejected and not decision.fallback:  # passed a partial provider (onednn)
+            text += f" [{decision.skipped()}]"
         return k, text
     raise NodeExecutionError(f"{describe_node(ctx.node)}: no {decision.provider} kernel accepts these "
                              f"input shapes: {'; '.join(rejected)}")

@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import threading
 
+from ..kernels import gemm
+
 PROBE_EVERY = 16  # runs between two tries of the thread count not in use
 PROBE_RUNS = 3  # runs in a row per try (the first is not measured)
 ALPHA = 0.3  # weight of the newest run in a thread count's moving average
@@ -108,14 +110,18 @@ def _find_controllers() -> list:
         return []
 
 
-def use_threads(n: int) -> None:
-    """BLAS and OpenMP libraries run with n threads from now on (process-wide)."""
+def use_threads(n: int, openmp: bool = False) -> None:
+    """The libraries' thread counts from now on (process-wide). openmp=False: BLAS and any
+    OpenMP library run n threads. openmp=True (a session with the onednn provider): OpenMP
+    runs n threads, BLAS one, and the cpu kernels' float32 products go to oneDNN's sgemm on
+    OpenMP's threads (kernels/gemm.py): one pool of spinning workers, not two."""
     global _controllers, _current
-    if n == _current:
+    if (n, openmp) == _current:
         return
     with _lock:
         if _controllers is None:
             _controllers = _find_controllers()
         for c in _controllers:
-            c.set_num_threads(n)
-        _current = n
+            c.set_num_threads(1 if openmp and c.user_api == "blas" else n)
+        gemm.use_openmp(openmp)
+        _current = (n, openmp)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.providers import DEFAULT as DEFAULT_PROVIDERS
 from .inputs import random_value
 
 RUNTIMES = ("glassrt", "onnxruntime")
@@ -47,7 +48,7 @@ class Settings:
     warmup: int = 2  # untimed runs after the first, in each worker
     threads: int = 2  # intra_op_num_threads for both (onnxruntime: inter_op_num_threads=1)
     busy: int = 0  # CPU-bound processes running during the timed runs
-    providers: tuple = ("cpu", "reference")  # glassrt's
+    providers: tuple = tuple(DEFAULT_PROVIDERS)  # glassrt's
     block: int = 5  # timed runs per turn before the other runtime's turn
     # Before each turn: a pause, and one untimed run. The other worker's threads spin for up
     # to ~0.1 s after its turn (onnxruntime's pool, OpenBLAS's) and would take this one's cores.

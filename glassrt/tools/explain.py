@@ -74,7 +74,7 @@ def explain(sess, dims: dict | None = None) -> dict:
             kernel, reason = "folded", "all inputs known when the plan was built: evaluated once, at plan time"
         else:
             kernel = d.kernels[0].name if d.kernels else None
-            reason = d.reason if not d.fallback else "fallback: " + "; ".join(f"{p}: {r}" for p, r in d.rejected)
+            reason = "fallback: " + d.skipped() if d.fallback else d.reason + (f" [{d.skipped()}]" if d.rejected else "")
         nodes.append({
             "name": node.name, "op": node.op_type, "domain": node.domain, "opset": node.opset,
             "provider": d.provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,

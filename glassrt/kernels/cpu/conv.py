@@ -5,7 +5,7 @@ import numpy as np
 
 from dataclasses import replace
 
-from .. import registry
+from .. import gemm, registry
 from ..registry import kernel
 from . import pool
 from ._jit import compiled, jit, numba_missing
@@ -110,12 +110,12 @@ def conv_1x1(ctx):
     def step(x, w, b=None, z=None, *, out):
         n = x.shape[0]
         if group == 1:
-            np.matmul(w.reshape(m, -1), x.reshape(n, x.shape[1], -1), out=out.reshape(n, m, -1))
+            gemm.matmul(w.reshape(m, -1), x.reshape(n, x.shape[1], -1), out.reshape(n, m, -1))
         else:  # ShuffleNet-style grouped pointwise convs: one GEMM per group, no copies
             x3, o3, w2 = x.reshape(n, x.shape[1], -1), out.reshape(n, m, -1), w.reshape(m, -1)
             cg = x.shape[1] // group
             for g in range(group):
-                np.matmul(w2[g * mg:(g + 1) * mg], x3[:, g * cg:(g + 1) * cg], out=o3[:, g * mg:(g + 1) * mg])
+                gemm.matmul(w2[g * mg:(g + 1) * mg], x3[:, g * cg:(g + 1) * cg], o3[:, g * mg:(g + 1) * mg])
         if bias_act is None:
             _add_bias(out, b)
         elif residual:  # ResNet's conv + bias + skip connection + Relu: one pass over the output
@@ -246,8 +246,8 @@ def conv_im2col(ctx):
             cols = cols_buf[: n * kk * (r1 - r0) * row_pix].reshape((n, cg) + tuple(k) + (r1 - r0,) + tuple(out_sp[1:]))
             for g in range(group):
                 np.copyto(cols, view[(slice(None), slice(g * cg, (g + 1) * cg)) + tile[2:]])
-                np.matmul(wm[g * mg:(g + 1) * mg], cols.reshape(n, kk, (r1 - r0) * row_pix),
-                          out=out3[:, g * mg:(g + 1) * mg, r0 * row_pix:r1 * row_pix])
+                gemm.matmul(wm[g * mg:(g + 1) * mg], cols.reshape(n, kk, (r1 - r0) * row_pix),
+                            out3[:, g * mg:(g + 1) * mg, r0 * row_pix:r1 * row_pix])
         _add_bias(out, b)
         return out
 
@@ -638,7 +638,7 @@ def conv_winograd(ctx):
             u = ub[:36 * c * t].reshape(36, c, t)
             y = yb[:36 * m * t].reshape(36, m, t)
             wino_in(0, c, x, u, pt, pl, th, tw, r0, r1, consts)
-            np.matmul(wt, u, out=y)
+            gemm.matmul(wt, u, y)
             wino_out(0, m, y, out, bias, th, tw, r0, r1, consts)
         return out
 
@@ -703,8 +703,8 @@ def conv_im2col2d(ctx):
                 for g in range(group):
                     im2col(0, kk, xf, i * chw + g * cg * h * w_in, h, w_in, cf, kh, kw, sh, sw, dh, dw,
                            pt, pl, r0, r1, ow)
-                    np.matmul(wm[g * mg:(g + 1) * mg], cf.reshape(kk, p),
-                              out=out3[i, g * mg:(g + 1) * mg, r0 * ow:r1 * ow])
+                    gemm.matmul(wm[g * mg:(g + 1) * mg], cf.reshape(kk, p),
+                                out3[i, g * mg:(g + 1) * mg, r0 * ow:r1 * ow])
                 if b is not None or clamps:
                     bias_act(0, m, out2[i * m:(i + 1) * m], r0 * ow, r1 * ow, bias, clamp)
         return out

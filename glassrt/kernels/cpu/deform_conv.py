@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 
 from ..registry import kernel
-from ._util import FLOATS, as_out, new_out
+from ._util import FLOATS, as_out
 
 
 @kernel("DeformConv", dtypes=FLOATS, versions=(19, None), out=True)

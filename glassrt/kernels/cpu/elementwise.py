@@ -270,6 +270,15 @@ def _pow(a, b):
 
 @kernel("Pow", dtypes=NUMERIC, out=True, inplace=True)
 def pow_(a, b, *, out=None):
+    if out is not None and a.dtype.kind == "f" and b.size == 1 and out.shape == a.shape and out.dtype == a.dtype:
+        # x**2 and x**3 (GELU's tanh form) as products, as onnxruntime computes them: a tenth
+        # of np.power's time.
+        e = float(b.reshape(-1)[0])
+        if e == 2.0:
+            return np.multiply(a, a, out=out)
+        if e == 3.0 and out is not a:
+            np.multiply(a, a, out=out)
+            return np.multiply(out, a, out=out)
     return write_elementwise(out, _pow, a, b)
 
 

@@ -1,8 +1,9 @@
-"""MatMul and Gemm on BLAS (through NumPy)."""
+"""MatMul and Gemm on BLAS (NumPy's, or oneDNN's sgemm on the OpenMP pool: kernels/gemm.py)."""
 from __future__ import annotations
 
 import numpy as np
 
+from .. import gemm as products
 from ..registry import kernel
 from ... import dtypes
 from ._util import INTS, as_out
@@ -20,18 +21,19 @@ def _bcast_rhs(ctx):
 @kernel("MatMul", dtypes=MATMUL_TYPES, out=True, accepts=_bcast_rhs, priority=10, name="flattened_gemm")
 def matmul_2d_rhs(a, b, *, out=None):
     """A (..., K) @ B (K, N) as one GEMM over all leading rows of A."""
-    if a.ndim == 2 or not a.flags.c_contiguous:
-        return np.matmul(a, b, out=out)
-    k = a.shape[-1]
     if out is None:
-        return np.matmul(a.reshape(-1, k), b).reshape(a.shape[:-1] + (b.shape[1],))
-    np.matmul(a.reshape(-1, k), b, out=out.reshape(-1, b.shape[1]))
+        out = np.empty(a.shape[:-1] + (b.shape[1],), np.result_type(a, b))
+    if a.ndim == 2 or not a.flags.c_contiguous:
+        return products.matmul(a, b, out)
+    products.matmul(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, b.shape[1]))
     return out
 
 
 @kernel("MatMul", dtypes=MATMUL_TYPES, out=True)
 def matmul(a, b, *, out=None):
-    return np.matmul(a, b, out=out)
+    if out is None or a.ndim < 2 or b.ndim < 2:
+        return np.matmul(a, b, out=out)
+    return products.matmul(a, b, out)
 
 
 @kernel("MatMul", dtypes=HALF_TYPES, out=True, name="half_via_float32")
@@ -58,7 +60,7 @@ def gemm(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0, bro
     # broadcast (Gemm-1..6): C broadcasts to (M, N) either way, as NumPy does.
     a = a.T if transA else a
     b = b.T if transB else b
-    y = np.matmul(a, b, out=out)
+    y = np.matmul(a, b) if out is None else products.matmul(a, b, out)
     if alpha != 1.0:
         y *= y.dtype.type(alpha)
     if c is not None and beta != 0.0:

@@ -5,19 +5,26 @@ Layouts. oneDNN's fastest convolutions on AVX2 read and write NHWC activations. 
 whose producer and every reader are these kernels lives in NHWC: placement decides it
 (runtime/layout.py), the plan hands kernels NHWC-strided views of the logical NCHW shape,
 and `ctx.layouts` tells a kernel which of its values are NHWC when it binds. A conv whose
-input is plain NCHW (a graph input, a cpu node's output) reads it as is when it has few
-it reorders it into its workspace first (reading NCHW while writing NHWC, oneDNN 3.2 has
+input is plain NCHW (a graph input, a cpu node's output) reorders it into its workspace
+first (reading NCHW while writing NHWC, oneDNN 3.2 has
 only its reference implementation); a conv whose output is read elsewhere writes NHWC into
 its workspace and reorders it into the NCHW output. Pooling, concat and the elementwise kernels read and
 write either layout directly.
 
-Weights and biases are constants, reordered once into the layout the primitive chose.
+Weights and biases are constants, reordered once into the layout the primitive chose. A conv
+for which oneDNN has only its generic im2col+GEMM or reference code is left to the cpu
+provider (`_SLOW_IMPLS`).
+
+Threads: the kernels run on OpenMP's threads; a session with this provider runs everything
+on that one pool (the cpu kernels' matrix products through oneDNN's sgemm, kernels/gemm.py).
 
 Threads. A oneDNN primitive runs with the OpenMP thread count that was current when it
 was made; each kernel keeps one set of primitives per thread count and runs the set of
 the count the run asked for (runtime/threads.py sets it per run).
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -42,6 +49,23 @@ def _buffer(a: np.ndarray, layout: str) -> np.ndarray:
     if layout == NHWC:
         return a.transpose(0, 2, 3, 1)
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+class _Views:
+    """`_buffer` with memory: while a slot gets the same array as last run (the plan's arena
+    views are the same objects every run), it returns the same buffer view, so Step.run sees
+    an unchanged argument and does not re-point its memory (a checked set costs ~10 µs, as
+    much as a small primitive: 1.4 ms of shufflenet's 8)."""
+
+    __slots__ = ("arrays", "views")
+
+    def __init__(self):
+        self.arrays, self.views = {}, {}
+
+    def __call__(self, slot, a: np.ndarray, layout: str) -> np.ndarray:
+        if self.arrays.get(slot) is not a:
+            self.arrays[slot], self.views[slot] = a, _buffer(a, layout)
+        return self.views[slot]
 
 
 def _workspace_views(ws, *sizes):
@@ -74,16 +98,17 @@ class _LayoutChange:
         self.y, self.in_layout, self.out_layout = [int(d) for d in y_shape], in_layout, out_layout
         n = int(np.prod(self.y))
         self.buffer = _workspace_views(ctx.workspace, n)[0] if self.needed else None
+        self.staged_view = self.staged() if self.needed else None
 
     @staticmethod
     def workspace(ctx, in_layout, out_layout, y_shape) -> int:
         return _ws_bytes(int(np.prod(y_shape))) if in_layout != out_layout and not _same_memory(y_shape) else 0
 
-    def dst(self, out):
+    def dst(self, out, views):
         """The array the primitive writes."""
         if self.needed:
-            return self.staged()
-        return _buffer(out, self.in_layout) if _same_memory(self.y) else _buffer(out, self.out_layout)
+            return self.staged_view
+        return views("dst", out, self.in_layout if _same_memory(self.y) else self.out_layout)
 
     def staged(self):
         n, c, h, w = self.y
@@ -97,9 +122,9 @@ class _LayoutChange:
                             MemoryDesc.create(self.y, np.float32, _fmt(self.out_layout))) \
             .primitive().bind({ARG_FROM: self.staged(), ARG_TO: None})
 
-    def finish(self, reorder, out):
+    def finish(self, reorder, out, views):
         if reorder is not None:
-            reorder.run({ARG_TO: _buffer(out, self.out_layout)})
+            reorder.run({ARG_TO: views("to", out, self.out_layout)})
 
 
 class _PerThreads:
@@ -155,7 +180,24 @@ def _conv_reason(ctx):
     x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
     if min(y) <= 0:
         return "an empty output"
+    impl = _conv_impl(tuple(x), tuple(w), int(ctx.attrs.get("group", 1)), tuple(strides), tuple(dil),
+                      tuple(begin + end))
+    if impl.startswith(_SLOW_IMPLS):
+        return (f"oneDNN has only its generic implementation ({impl}) for this shape "
+                f"(group {ctx.attrs.get('group', 1)}, {w[1]} input channels per group), slower than glassrt's kernels")
     return None
+
+
+# oneDNN's fallbacks when no jit kernel fits a shape (e.g. a grouped conv with 6 channels per
+# group): shufflenet's 24>112 group-4 1x1 conv ran 1.28 ms in x64:gemm:jit, 0.3 ms in cpu.gemm_1x1.
+_SLOW_IMPLS = ("x64:gemm", "gemm:", "ref")
+
+
+@functools.lru_cache(maxsize=1024)
+def _conv_impl(x, w, group, strides, dil, pads) -> str:
+    """The implementation oneDNN picks for a conv (NHWC, as the kernel runs it)."""
+    return dnnl.conv(x, w, group=group, strides=list(strides), dilations=list(dil), pads=list(pads), bias=True,
+                     src_format="acdb", dst_format="acdb").impl
 
 
 def _residual(ctx):
@@ -234,19 +276,21 @@ def conv(ctx):
     src_nhwc = src_ws.reshape(x[0], x[2], x[3], x[1]) if reorder_in else None
     dst_nhwc = dst_ws.reshape(y[0], y[2], y[3], y[1]) if out_layout != NHWC else None
 
+    views = _Views()
+
     def step(xa, wa=None, ba=None, za=None, *, out):
         main, z_arg, to_nhwc, to_nchw = prims.get()
         if to_nhwc is not None:
-            to_nhwc.run({ARG_FROM: _buffer(xa, "nchw")})
+            to_nhwc.run({ARG_FROM: views("x", xa, "nchw")})
             src = src_nhwc
         else:
-            src = _buffer(xa, in_layout)
-        buffers = {ARG_SRC: src, ARG_DST: dst_nhwc if to_nchw is not None else _buffer(out, NHWC)}
+            src = views("x", xa, in_layout)
+        buffers = {ARG_SRC: src, ARG_DST: dst_nhwc if to_nchw is not None else views("y", out, NHWC)}
         if z_arg is not None:
-            buffers[z_arg] = _buffer(za, z_layout)
+            buffers[z_arg] = views("z", za, z_layout)
         main.run(buffers)
         if to_nchw is not None:
-            to_nchw.run({ARG_TO: _buffer(out, "nchw")})
+            to_nchw.run({ARG_TO: views("y", out, "nchw")})
         return out
 
     return step
@@ -300,11 +344,12 @@ def _single_primitive(ctx, y_shape, make_pd, params=None):
         return pd.primitive().bind({ARG_SRC: None, ARG_DST: None, **(params or {})}), change.reorder()
 
     prims = _PerThreads(build)
+    views = _Views()
 
     def step(xa, *rest, out):
         main, reorder = prims.get()
-        main.run({ARG_SRC: _buffer(xa, in_layout), ARG_DST: change.dst(out)})
-        change.finish(reorder, out)
+        main.run({ARG_SRC: views("x", xa, in_layout), ARG_DST: change.dst(out, views)})
+        change.finish(reorder, out, views)
         return out
 
     return step
@@ -363,13 +408,14 @@ def concat(ctx):
         return main, change.reorder()
 
     prims = _PerThreads(build)
+    views = _Views()
 
     def step(*xs, out):
         main, reorder = prims.get()
-        buffers = {ARG_MULTIPLE_SRC + i: _buffer(a, lay) for i, (a, lay) in enumerate(zip(xs, layouts))}
-        buffers[ARG_DST] = change.dst(out)
+        buffers = {ARG_MULTIPLE_SRC + i: views(i, a, lay) for i, (a, lay) in enumerate(zip(xs, layouts))}
+        buffers[ARG_DST] = change.dst(out, views)
         main.run(buffers)
-        change.finish(reorder, out)
+        change.finish(reorder, out, views)
         return out
 
     return step
@@ -430,10 +476,11 @@ def add(ctx):
         return pd.primitive().bind({ARG_SRC_0: None, ARG_SRC_1: None, ARG_DST: None})
 
     prims = _PerThreads(build)
+    views = _Views()
 
     def step(a, b, *, out):
-        prims.get().run({ARG_SRC_0: _buffer(a, layouts[0]), ARG_SRC_1: _buffer(b, layouts[1]),
-                         ARG_DST: _buffer(out, out_layout)})
+        prims.get().run({ARG_SRC_0: views(0, a, layouts[0]), ARG_SRC_1: views(1, b, layouts[1]),
+                         ARG_DST: views("y", out, out_layout)})
         return out
 
     return step

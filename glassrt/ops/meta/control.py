@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import symbolic
-from ...ir import OptionalType, SequenceType, TensorType
+from ...ir import SequenceType, TensorType
 from ...ir import merge_types as merge
 from ..registry import meta
 from ._util import axis as norm_axis
