@@ -77,9 +77,10 @@ class Session:
     """Session(model, providers=None, *, fallback="warn", sess_options=None)
 
     model: a path, bytes or onnx.ModelProto. providers: priority list, default
-    ["cpu", "reference"]. fallback: "warn" (run on a later provider, warn once per node,
-    count it), "error" (raise FallbackError at creation listing every such node) or
-    "silent" (as "warn", without the warnings: the fallbacks are still in sess.fallbacks).
+    providers.DEFAULT (onednn where installed, cpu, reference). fallback: "warn" (a node
+    that passes the complete cpu provider runs on a later one: warn once per node, count
+    it), "error" (raise FallbackError at creation listing every such node) or "silent" (as
+    "warn", without the warnings: the fallbacks are still in sess.fallbacks).
     """
 
     def __init__(self, model, options_or_providers=None, providers=None, *, fallback: str = "warn",
@@ -101,7 +102,7 @@ class Session:
         self.options = sess_options or SessionOptions()
         self.notes: list[str] = []  # what explain should say about this session's setup
         _apply_threads(self.options.intra_op_num_threads, self.notes)
-        self.providers = providers_mod.make(providers)
+        self.providers = providers_mod.make(providers, self.notes)
         t0 = time.perf_counter()
         self.graph = onnx_io.load(model, base_dir)
         self._source = (model, base_dir)

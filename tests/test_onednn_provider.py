@@ -3,6 +3,8 @@ provider's kernels, NHWC between its own nodes (runtime/layout.py), results equa
 glassrt's cpu kernels and to onnxruntime. Skipped where the oneDNN library is missing."""
 from __future__ import annotations
 
+import os
+import time
 import warnings
 
 import numpy as np
@@ -67,16 +69,27 @@ def test_a_region_meets_plain_values_at_its_edges():
     assert {"value": "x", "node": "c1", "kind": "read"} in edges
 
 
-def test_symbolic_shapes_go_to_the_cpu_kernels_with_a_reason():
+def test_symbolic_shapes_are_placed_on_onednn_and_each_plan_binds_its_shapes():
+    """A batch dim left symbolic (as most exported models have it) does not keep oneDNN out:
+    the node is placed on it, and each plan, made for concrete shapes, binds its primitive."""
     m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], [tensor("x", ["n", 3, 8, 8])],
               [tensor("y", None)], [init("w", np.ones((4, 3, 1, 1), np.float32))], opset=17)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
-    node = sess.explain()["nodes"][0]
-    assert node["provider"] == "cpu" and "bound to concrete shapes" in node["reason"]
-    y = sess.run(None, {"x": np.ones((2, 3, 8, 8), np.float32)})[0]
-    np.testing.assert_allclose(y, np.full((2, 4, 8, 8), 3.0))
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    assert sess.explain()["nodes"][0]["provider"] == "onednn"
+    for n in (2, 3):
+        y = sess.run(None, {"x": np.ones((n, 3, 8, 8), np.float32)})[0]
+        np.testing.assert_allclose(y, np.full((n, 4, 8, 8), 3.0))
+        node = sess.explain({"n": n})["nodes"][0]
+        assert node["provider"] == "onednn" and node["kernel"] == "onednn.Conv"
+
+
+def test_a_symbolic_conv_onednn_has_only_generic_code_for_goes_to_cpu_at_placement():
+    """The batch is symbolic; oneDNN's choice is judged on a stand-in binding of it."""
+    w = np.random.default_rng(4).standard_normal((112, 6, 1, 1)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", group=4)],
+              [tensor("x", ["n", 24, 8, 8])], [tensor("y", None)], [init("w", w)], opset=17)
+    node = glassrt.InferenceSession(m, providers=["onednn", "cpu"]).explain()["nodes"][0]
+    assert node["provider"] == "cpu" and "generic implementation" in node["reason"]
 
 
 # ---------------------------------------------------------------- one pool of threads
@@ -168,3 +181,33 @@ def test_a_conv_onednn_has_only_generic_code_for_goes_to_cpu():
     assert node["provider"] == "cpu" and "generic implementation" in node["reason"]
     x = np.random.default_rng(5).standard_normal((1, 24, 8, 8)).astype(np.float32)
     np.testing.assert_allclose(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_runs_instead_of_hanging_in_openmp():
+    """GNU OpenMP's workers do not survive a fork: a child that used them with two threads
+    would hang in its first parallel region. glassrt runs OpenMP on one thread there."""
+    w = np.random.default_rng(6).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+              [tensor("x", [1, 4, 16, 16])], [tensor("y", None)], [init("w", w)], opset=17)
+    so = glassrt.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = glassrt.InferenceSession(m, so, providers=["onednn", "cpu"])
+    x = np.ones((1, 4, 16, 16), np.float32)
+    expected = sess.run(None, {"x": x})[0]
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 when it ran and agreed
+        try:
+            os._exit(0 if np.allclose(sess.run(None, {"x": x})[0], expected) else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung in its run")

@@ -355,3 +355,33 @@ def test_bad_session_arguments_are_glassrt_errors():
         glassrt.InferenceSession(_conv_bn_relu(), fallback="sometimes")
     with pytest.raises(glassrt.InvalidArgumentError, match="graph_optimization_level"):
         glassrt.InferenceSession(_conv_bn_relu(), sess_options=SessionOptions(graph_optimization_level="max"))
+
+
+def test_a_plan_moves_a_node_its_placed_provider_refuses_for_the_plans_shapes():
+    """Placement judges a kernel bound to concrete shapes on a stand-in binding of the
+    symbolic dims; a plan whose real shapes it refuses runs the node on the next provider,
+    says why, and keeps its values in plain layouts."""
+    from glassrt.kernels.registry import Kernel
+    from glassrt.runtime.providers import Provider
+
+    def relu(ctx):
+        return lambda x, *, out: np.maximum(x, 0, out=out)
+
+    class SmallBatches(Provider):  # a partial provider whose kernel takes batches under 40
+        name, partial = "small", True
+
+        def kernels(self, domain, op_type, opset):
+            if op_type != "Relu":
+                return []
+            return [Kernel("small.Relu", "small", "", "Relu", relu, out=True, builder=True, static_only=True,
+                           accepts=lambda ctx: None if ctx.shape(0)[0] < 40 else "a batch of 40 or more")]
+
+    m = model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [tensor("x", ["n", 3])], [tensor("y", None)])
+    sess = glassrt.InferenceSession(m, providers=[SmallBatches(), "cpu"])
+    assert sess.placement.decisions["relu"].provider == "small" and sess.fallbacks == []
+    for n, provider in [(2, "small"), (50, "cpu")]:
+        x = np.linspace(-1, 1, n * 3, dtype=np.float32).reshape(n, 3)
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.maximum(x, 0))
+        node = sess.explain({"n": n})["nodes"][0]
+        assert node["provider"] == provider, node
+    assert "small for these shapes: " in node["reason"] and "a batch of 40 or more" in node["reason"]

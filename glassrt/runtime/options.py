@@ -16,6 +16,11 @@ def _default_memory_limit() -> int:
 class SessionOptions:
     # Threads for BLAS and Numba (0: leave the process's setting alone). Process-wide.
     intra_op_num_threads: int = 0
+    # Let each plan run on one thread instead while that is measured faster (another process
+    # holds the cores; runtime/threads.py). oneDNN's products and convolutions may sum in
+    # another order on another thread count, so outputs can then differ in the last bits
+    # from one run to the next; False: always intra_op_num_threads, bit-identical runs.
+    adaptive_threads: bool = True
     # Compiled plans kept per session, one per input-shape signature (least recently used
     # evicted first), so that varying shapes cannot grow memory without bound.
     plan_cache_size: int = 8

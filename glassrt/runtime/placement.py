@@ -22,7 +22,7 @@ from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
 from .infer import Inference, infer
 from .layout import choose_layouts
-from .select import provider_verdict
+from .select import kernel_reason, provider_verdict
 
 HOST = "cpu"  # the device whose arrays are NumPy arrays: graph inputs and outputs live here
 
@@ -35,6 +35,9 @@ class Decision:
     reason: str  # why this provider
     rejected: list = field(default_factory=list)  # [(provider, reason)] for providers skipped
     fallback: bool = False
+    # What the later providers would do: a plan takes it when this provider's kernels refuse
+    # the plan's shapes (placement decides on symbolic ones; see runtime/plan.py).
+    alternative: Decision | None = None
 
     def skipped(self) -> str:
         """Why the providers before this one did not take the node ("" when none did not)."""
@@ -150,7 +153,16 @@ def decide(node, types, values, providers, expansion_failure=None) -> tuple[Deci
         ks, why = provider_verdict(p, node, contract, ctx)
         if ks:
             passed_complete = any(not q.partial for q in providers[:rank])
-            return Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete), ""
+            d = Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete)
+            if rank + 1 < len(providers) and not any(kernel_reason(k, ctx) is None for k in ks):
+                # taken on shapes it cannot judge yet (symbolic): the next providers' choice,
+                # for plans whose shapes its kernels refuse
+                alt, _ = decide(node, types, values, providers[rank + 1:])
+                if alt is not None:
+                    alt.rejected = list(rejected) + [(p.name, "refused the plan's shapes")] + alt.rejected
+                    alt.fallback = alt.fallback or passed_complete or not p.partial
+                    d.alternative = alt
+            return d, ""
         rejected.append((p.name, why))
         if rank == 0 and expansion_failure:
             rejected.append(("decomposition", expansion_failure))

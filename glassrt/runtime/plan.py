@@ -77,8 +77,16 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
         t = inf.types.get(name)
         if name not in input_types and isinstance(t, TensorType) and v.dtype == t.dtype and v.dtype != object:
             consts[name] = v
-    executed, folded, selections = _select_or_fold(placement, inf.types, consts, set(input_types), options,
-                                                   make_runner)
+    layouts, known = placement.layouts, dict(consts)  # folding adds to known
+    executed, folded, selections, moved = _select_or_fold(placement, layouts, inf.types, known, set(input_types),
+                                                          options, make_runner)
+    if moved and layouts:
+        # A node went to a later provider for these shapes: its values stay plain NCHW, and
+        # so, simply, do all of this plan's (the NHWC choice assumed the placed providers).
+        layouts, known = {}, dict(consts)
+        executed, folded, selections, moved = _select_or_fold(placement, layouts, inf.types, known,
+                                                              set(input_types), options, make_runner)
+    consts = known
     keep = set(graph.output_names())
     if retain:
         keep |= {o for node, _, _, _ in executed for o in node.outputs if o}
@@ -95,8 +103,8 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     slots: dict[str, int] = {}
     for name in [*input_types, *(o for node, _, _, _ in executed for o in node.outputs if o), *consts, *keep]:
         slots.setdefault(name, len(slots))
-    steps = [_make_step(k, entry, memory, arena, keep, slots, selections[k].reason, options, make_runner, placement, pool)
-             for k, entry in enumerate(executed)]
+    steps = [_make_step(k, entry, memory, arena, keep, slots, selections[k].reason, options, make_runner, placement,
+                        layouts, pool) for k, entry in enumerate(executed)]
     free_at_end = _free_lists(steps, step_io, memory, slots, keep | set(consts) | set(input_types))
 
     template = [None] * len(slots)
@@ -120,10 +128,12 @@ def _nbytes(t) -> int:
     return 0
 
 
-def _select_or_fold(placement, types, consts, feeds, options, make_runner):
+def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runner):
     """Per node: fold it if its outputs are known or computable now, else pick its kernel.
-    Returns ([(node, kernel, ctx, decision)] to execute, [folded node names], [Selection])."""
-    executed, folded, selections = [], [], []
+    A node whose placed provider refuses these shapes goes to the decision's alternative.
+    Returns ([(node, kernel, ctx, decision)] to execute, [folded node names], [Selection],
+    [names of nodes that went to the alternative])."""
+    executed, folded, selections, moved = [], [], [], []
     for node in placement.graph.nodes:
         decision = placement.decisions[node.name]
         contract = get_contract(node.domain, node.op_type, node.opset)
@@ -135,9 +145,18 @@ def _select_or_fold(placement, types, consts, feeds, options, make_runner):
         ctx = BindContext(node, contract.attrs_with_defaults(node), [types.get(i) if i else None for i in node.inputs],
                           [types.get(o) if o else None for o in node.outputs],
                           [consts.get(i) if i else None for i in node.inputs], contract=contract,
-                          layouts=placement.layouts)
+                          layouts=layouts)
         subgraphs = placement.subgraphs.get(node.name)
-        kern, why = choose_kernel(decision, ctx, options, make_runner, subgraphs)
+        try:
+            kern, why = choose_kernel(decision, ctx, options, make_runner, subgraphs)
+        except NodeExecutionError as e:
+            if decision.alternative is None:
+                raise
+            refused = str(e).split(": ", 1)[-1]
+            decision = decision.alternative
+            kern, why = choose_kernel(decision, ctx, options, make_runner, subgraphs)
+            why = f"{why} [{placement.decisions[node.name].provider} for these shapes: {refused}]"
+            moved.append(node.name)
         if (foldable and options.constant_folding and all(i in consts for i in node.inputs if i)
                 and not (set(node.inputs) & feeds) and folding.within_limit(ctx.output_types, options)):
             for o, r in zip(node.outputs, folding.evaluate(kern, ctx, make_runner, subgraphs)):
@@ -148,7 +167,7 @@ def _select_or_fold(placement, types, consts, feeds, options, make_runner):
                 continue
         executed.append((node, kern, ctx, decision))
         selections.append(Selection(node.name, node.op_type, decision.provider, kern.name, why))
-    return executed, folded, selections
+    return executed, folded, selections, moved
 
 
 def _step_io(node, kern, ctx) -> StepIO:
@@ -167,7 +186,8 @@ def _step_io(node, kern, ctx) -> StepIO:
                   sizes, inplace, aliases, ws)
 
 
-def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runner, placement, pool) -> Step:
+def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runner, placement, layouts,
+               pool) -> Step:
     """Bind one kernel: arena views for its outputs, its workspace, slots for its values."""
     node, kern, ctx, decision = entry
     bufs, fresh = [], []
@@ -175,7 +195,7 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
         pv = memory.values.get(o) if o else None
         if pv is not None and pv.offset is not None:
             buf = arena[pv.offset:pv.offset + _nbytes(t)].view(t.dtype)
-            if placement.layouts.get(o) == "nhwc":  # the same bytes, NHWC-strided (layout.py)
+            if layouts.get(o) == "nhwc":  # the same bytes, NHWC-strided (layout.py)
                 n, c, h, w = t.shape
                 bufs.append(buf.reshape(n, h, w, c).transpose(0, 3, 1, 2))
             else:

@@ -96,10 +96,15 @@ class OnednnProvider(Provider):
 _PROVIDERS = {"cpu": CpuProvider, "reference": ReferenceProvider, "onednn": OnednnProvider}
 ALIASES = {"CPUExecutionProvider": "cpu", "cpu": "cpu", "reference": "reference", "onednn": "onednn",
            "DnnlExecutionProvider": "onednn"}
-DEFAULT = ["cpu", "reference"]
+# oneDNN first where it is installed (a dependency on Linux x86-64): it takes the convolutions,
+# pooling and the like it is fast at, glassrt's cpu kernels everything else.
+DEFAULT = ["onednn", "cpu", "reference"]
 
 
-def make(names) -> list[Provider]:
+def make(names, notes: list | None = None) -> list[Provider]:
+    """Provider objects for a priority list (None: DEFAULT). A default provider that cannot
+    load here (onednn without its library) is left out, with the reason in `notes`; one the
+    caller named stays, and each node it cannot take says why."""
     from ..errors import GlassrtError
 
     out = []
@@ -110,5 +115,11 @@ def make(names) -> list[Provider]:
         key = ALIASES.get(n, n)
         if key not in _PROVIDERS:
             raise GlassrtError(f"unknown provider '{n}'; available: {', '.join(sorted(_PROVIDERS))}")
-        out.append(_PROVIDERS[key]())
+        p = _PROVIDERS[key]()
+        if not names and getattr(p, "unavailable", None):
+            if notes is not None:
+                notes.append(f"provider {p.name} is not used: {p.unavailable}; glassrt's own kernels run "
+                             f"every node")
+            continue
+        out.append(p)
     return out

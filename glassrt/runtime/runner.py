@@ -172,7 +172,8 @@ class GraphRunner:
             if not self.adapt_threads:
                 return run_plan(plan, feeds, profile=profile)
             if plan.threads is None:
-                plan.threads = threads.ThreadChoice(self.options.intra_op_num_threads or threads.available_cpus())
+                plan.threads = threads.ThreadChoice(self.options.intra_op_num_threads or threads.available_cpus(),
+                                                    self.options.adaptive_threads)
             n = plan.threads.choose()
             threads.use_threads(n, self.openmp_pool)
             t0 = time.perf_counter()

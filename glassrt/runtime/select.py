@@ -8,9 +8,11 @@ it replays. Constant folding uses the same two to evaluate a node once.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from .. import dtypes
+from .. import dtypes, symbolic
 from ..errors import GlassrtError, NodeExecutionError, describe_node
 from ..ir import TensorType
 from ..kernels.registry import BindContext, Kernel
@@ -22,13 +24,14 @@ _MISSING = object()
 
 
 def kernel_reason(k: Kernel, ctx: BindContext, *, shapes: bool = True) -> str | None:
-    """None if the kernel can run the node, else why not. shapes=False skips the kernel's
-    own predicate (which may need concrete shapes; selection re-checks it per plan)."""
+    """None if the kernel can run the node, else why not. shapes=False skips what depends on
+    the shapes: the kernel's own predicate and its need of concrete shapes (selection
+    re-checks both per plan)."""
     since = ctx.since_version
     if not k.covers_version(since):
         lo, hi = k.versions
         return f"{k.name} covers {ctx.node.op_type} versions {lo}..{hi or 'latest'}, node needs version {since}"
-    if k.static_only and not is_static(ctx):
+    if shapes and k.static_only and not is_static(ctx):
         return f"{k.name} is bound to concrete shapes, and this node's are symbolic here"
     n_out = max((i + 1 for i, o in enumerate(ctx.node.outputs) if o), default=0)
     if n_out > 1 and not k.multi:
@@ -93,13 +96,44 @@ def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
         if r:
             why.append(r)
             continue
-        candidates.append(k)
         r = kernel_reason(k, ctx)
+        if r and k.static_only and not is_static(ctx):
+            # A kernel bound per concrete shape judges a stand-in binding of the symbolic
+            # dims (ranks, channels and kernel sizes are what its predicate looks at); each
+            # plan re-checks its own shapes and moves the node on if it refuses them.
+            r = kernel_reason(k, _stand_in(ctx))
+            if r:
+                why.append(r)
+                continue
+            r = f"{k.name} is bound to concrete shapes: each plan binds it for its own"
+        candidates.append(k)
         (why.append(r) if r else ok.append(k))
     if ok or (candidates and not _all_static(ctx)):
         candidates.sort(key=lambda k: -k.priority)
         return candidates, f"{provider.name} has {node.op_type} kernel(s): {', '.join(k.name for k in candidates)}"
     return [], "; ".join(dict.fromkeys(why))
+
+
+STAND_IN_DIM = 32  # what a symbolic dim is taken to be when judging a static_only kernel
+
+
+def _stand_in(ctx):
+    """ctx with every symbolic dim bound to STAND_IN_DIM (a dim the binding leaves
+    fractional or unknown becomes STAND_IN_DIM too)."""
+    def bind(t):
+        if not isinstance(t, TensorType) or t.shape is None or t.is_static:
+            return t
+        dims = []
+        for d in t.shape:
+            if not isinstance(d, int):
+                try:
+                    v = symbolic.evaluate(d, {n: STAND_IN_DIM for n in symbolic.free_names(d)})
+                    d = int(v) if float(v) == int(v) and int(v) > 0 else STAND_IN_DIM
+                except (TypeError, ValueError):
+                    d = STAND_IN_DIM
+            dims.append(d)
+        return TensorType(t.dtype, tuple(dims))
+    return replace(ctx, input_types=[bind(t) for t in ctx.input_types], output_types=[bind(t) for t in ctx.output_types])
 
 
 def _all_static(ctx) -> bool:

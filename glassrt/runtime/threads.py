@@ -19,6 +19,7 @@ slower on a quiet machine.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from ..kernels import gemm
@@ -42,9 +43,9 @@ class ThreadChoice:
     switch pays for waking (or starting) the library's threads. So the other count is
     tried for PROBE_RUNS runs in a row, every PROBE_EVERY runs."""
 
-    def __init__(self, requested: int):
+    def __init__(self, requested: int, adaptive: bool = True):
         self.requested = max(1, int(requested))
-        self.arms = (self.requested, 1) if self.requested > 1 else (1,)
+        self.arms = (self.requested, 1) if self.requested > 1 and adaptive else (self.requested,)
         self.ms: dict[int, float] = {}
         self.runs = 0
         self.last = self.previous = None  # the counts of this run and the run before
@@ -83,8 +84,11 @@ class ThreadChoice:
         return min(tried, key=self.ms.__getitem__) if tried else self.arms[0]
 
     def to_json(self) -> dict:
-        return {"requested": self.requested, "now": self.best, "runs": self.runs,
-                "recent_ms_by_threads": {str(k): round(v, 3) for k, v in sorted(self.ms.items())}}
+        out = {"requested": self.requested, "now": self.best, "runs": self.runs,
+               "recent_ms_by_threads": {str(k): round(v, 3) for k, v in sorted(self.ms.items())}}
+        if fork_note():
+            out["note"] = fork_note()
+        return out
 
 
 # ---------------------------------------------------------------- the libraries' thread counts
@@ -92,6 +96,27 @@ class ThreadChoice:
 _lock = threading.Lock()
 _controllers = None
 _current = None
+_forked = False  # this process is a fork's child: its OpenMP runs one thread (see _after_fork)
+_per_thread = threading.local()  # .omp: the OpenMP count this thread last set
+
+
+def _after_fork() -> None:
+    """GNU OpenMP is not fork-safe: a child forked after the parent ran a parallel region
+    hangs in its first region with more than one thread (measured: a oneDNN conv in a
+    multiprocessing-style fork child). So a child runs OpenMP on one thread."""
+    global _forked, _current
+    _forked, _current = True, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def fork_note() -> str | None:
+    if _forked:
+        return ("this process was forked: OpenMP (oneDNN) runs one thread here, since GNU OpenMP's "
+                "workers do not survive a fork")
+    return None
 
 
 def refresh() -> None:
@@ -111,17 +136,24 @@ def _find_controllers() -> list:
 
 
 def use_threads(n: int, openmp: bool = False) -> None:
-    """The libraries' thread counts from now on (process-wide). openmp=False: BLAS and any
-    OpenMP library run n threads. openmp=True (a session with the onednn provider): OpenMP
-    runs n threads, BLAS one, and the cpu kernels' float32 products go to oneDNN's sgemm on
-    OpenMP's threads (kernels/gemm.py): one pool of spinning workers, not two."""
+    """The libraries' thread counts from now on. openmp=False: BLAS and any OpenMP library
+    run n threads. openmp=True (a session with the onednn provider): OpenMP runs n threads,
+    BLAS one, and the cpu kernels' float32 products go to oneDNN's sgemm on OpenMP's
+    threads (kernels/gemm.py): one pool of spinning workers, not two. BLAS's count and the
+    products' route are process-wide; OpenMP's count belongs to the calling thread (GNU
+    OpenMP keeps it per thread), so each thread that runs a session sets its own."""
     global _controllers, _current
-    if (n, openmp) == _current:
+    omp = 1 if _forked else n
+    if (n, openmp) == _current and getattr(_per_thread, "omp", None) == omp:
         return
     with _lock:
         if _controllers is None:
             _controllers = _find_controllers()
         for c in _controllers:
-            c.set_num_threads(1 if openmp and c.user_api == "blas" else n)
+            c.set_num_threads(omp if c.user_api == "openmp" else (1 if openmp else n))
+        capi = sys.modules.get("glassrt.kernels.onednn.capi")
+        if capi is not None and capi.lib is not None:
+            capi.set_num_threads(omp)  # whether or not threadpoolctl found this libgomp
         gemm.use_openmp(openmp)
         _current = (n, openmp)
+        _per_thread.omp = omp

@@ -68,8 +68,10 @@ def explain(sess, dims: dict | None = None) -> dict:
         flops = node_flops(node, attrs, in_t, out_t)
         if flops is not None and node.name not in folded_in_plan:
             total_flops = total_flops + flops
-        if node.name in selection:
-            kernel, reason = selection[node.name].kernel, selection[node.name].reason
+        provider = d.provider
+        if node.name in selection:  # the plan's choice: a later provider where these shapes need it
+            provider, kernel, reason = selection[node.name].provider, selection[node.name].kernel, \
+                selection[node.name].reason
         elif node.name in folded_in_plan:
             kernel, reason = "folded", "all inputs known when the plan was built: evaluated once, at plan time"
         else:
@@ -77,7 +79,7 @@ def explain(sess, dims: dict | None = None) -> dict:
             reason = "fallback: " + d.skipped() if d.fallback else d.reason + (f" [{d.skipped()}]" if d.rejected else "")
         nodes.append({
             "name": node.name, "op": node.op_type, "domain": node.domain, "opset": node.opset,
-            "provider": d.provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,
+            "provider": provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,
             "origin": node.origin or None, "step": step_of.get(node.name),
             "outputs": [_type_json(o, t, dims) for o, t in zip(node.outputs, out_t) if o],
             "flops": _dim(flops, dims) if flops is not None else None,
