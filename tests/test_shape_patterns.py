@@ -64,6 +64,19 @@ def test_growing_cache_shares_one_plan_and_matches_onnxruntime():
     assert "past" in repr(pattern) and "x[" in repr(pattern)
 
 
+def test_the_pattern_comes_from_the_latest_shapes_not_an_earlier_prompt():
+    """A batch of 4 first (a prompt), then one-row steps with a growing cache: the plan
+    shared by the steps keeps the batch fixed at 1 (it varied only before them), so only
+    the cache's nodes bind per shape."""
+    sess = glassrt.InferenceSession(_decoder_step(), providers=["cpu"])
+    sess.run(None, _feeds(3, batch=4))
+    for past in range(4, 12):
+        sess.run(None, _feeds(past))
+    (pattern,) = _patterns(sess)
+    assert pattern.matches(sess.runner.signature(_feeds(20), None))
+    assert not pattern.matches(sess.runner.signature(_feeds(20, batch=2), None))
+
+
 def test_generalize_after_zero_compiles_per_shape():
     sess = glassrt.InferenceSession(_decoder_step(), providers=["cpu"],
                                     sess_options=glassrt.SessionOptions(generalize_after=0, plan_cache_size=64))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 _F32 = np.dtype(np.float32)
+_SMALL = 1 << 16  # multiply-adds per matrix of a stack below which NumPy runs the whole stack
 _sgemm = None  # oneDNN's dnnl_sgemm while runs use the OpenMP pool, else None
 
 
@@ -73,6 +74,8 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
             np.matmul(a, b, out=out)
         return out
     batch = out.shape[:-2]
+    if a.shape[-2] * a.shape[-1] * b.shape[-1] < _SMALL:  # attention's per-head products: one NumPy
+        return np.matmul(a, b, out=out)                    # call beats a ctypes call per matrix
     a = np.broadcast_to(a, batch + a.shape[-2:])
     b = np.broadcast_to(b, batch + b.shape[-2:])
     for idx in np.ndindex(*batch):

@@ -101,7 +101,9 @@ class GraphRunner:
         similar = [s for s in self._seen if _structure(s) == _structure(sig)]
         if len(similar) <= after:
             return None
-        pattern = ShapePattern.generalize(similar, self.placement.graph)
+        # From the latest shapes only: a decode loop's prompt (16 tokens, an empty cache)
+        # must not make the token dim symbolic for every one-token step after it.
+        pattern = ShapePattern.generalize(similar[-max(2, after):], self.placement.graph)
         if pattern is None or not pattern.matches(sig):
             return None
         types = pattern.types()
