@@ -2,7 +2,7 @@
 from .errors import (FallbackError, GlassrtError, InputError, InputShapeError, InputTypeError,  # noqa: F401
                      InvalidArgumentError,
                      InvalidModelError, KernelContractError, MemoryLimitError, MissingInputError,
-                     ModelLoadError, NodeExecutionError, ShapeInferenceError, UnknownInputError,
+                     ModelLoadError, NodeExecutionError, ShapeInferenceError, UnknownInputError, UnknownOutputError,
                      UnsafeModelError, UnsupportedOperatorError)
 from .ir import TensorType as TensorMeta  # noqa: F401
 from .kernels.custom import CustomOp, custom_op  # noqa: F401

@@ -54,6 +54,10 @@ class InputTypeError(InputError, TypeError):
     pass
 
 
+class UnknownOutputError(GlassrtError, ValueError):
+    """run() asked for an output the model does not have."""
+
+
 class InputShapeError(InputError):
     pass
 

@@ -302,9 +302,11 @@ def parse_type(tp: onnx.TypeProto, where: str = ""):
         dims = []
         for d in tt.shape.dim:
             which = d.WhichOneof("value")
-            if which == "dim_value":
-                if d.dim_value < 0:
-                    raise InvalidModelError(f"'{where}': negative dimension {d.dim_value}")
+            if which == "dim_value" and d.dim_value < 0:
+                # Paddle's exporter writes -1 for a dynamic dim; onnxruntime reads it as
+                # unknown, and so does glassrt (the dim gets a fresh symbol).
+                dims.append(symbolic.fresh())
+            elif which == "dim_value":
                 dims.append(int(d.dim_value))
             elif which == "dim_param" and d.dim_param:
                 dims.append(symbolic.symbol(d.dim_param))

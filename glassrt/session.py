@@ -17,7 +17,7 @@ import numpy as np
 
 from . import dtypes, onnx_io, symbolic
 from .errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, InvalidArgumentError,
-                      MissingInputError, UnknownInputError)
+                      MissingInputError, UnknownInputError, UnknownOutputError)
 from .ir import OptionalType, SequenceType, TensorType
 from .passes import run_passes
 from .runtime import providers as providers_mod
@@ -170,6 +170,14 @@ class Session:
         return [p.name for p in self.providers]
 
     def run(self, output_names, input_feed: dict, run_options=None) -> list:
+        names = self.graph.output_names()
+        if isinstance(output_names, (str, bytes)):
+            raise InvalidArgumentError(f"output_names must be a list of names or None, not the string "
+                                       f"{output_names!r} (did you mean [{output_names!r}]?); the model's "
+                                       f"outputs are {names}")
+        missing = [n for n in output_names or [] if n not in names]
+        if missing:
+            raise UnknownOutputError(f"unknown output name(s) {missing}; the model's outputs are {names}")
         feeds = self._check_feeds(input_feed)
         if self.options.enable_profiling:
             steps, start = [], time.perf_counter()
@@ -177,12 +185,8 @@ class Session:
             self._profile.add_run(steps, start, time.perf_counter())
         else:
             outs = self.runner.run(feeds)
-        names = self.graph.output_names()
         if not output_names:
             return outs
-        missing = [n for n in output_names if n not in names]
-        if missing:
-            raise UnknownInputError(f"unknown output name(s) {missing}; the model's outputs are {names}")
         return [outs[names.index(n)] for n in output_names]
 
     # ---------------------------------------------------------------- glass box

@@ -161,3 +161,21 @@ def test_layer_normalization_before_opset_17_as_onnxruntime_writes_it():
     expected = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = glassrt.InferenceSession(m, providers=["cpu"], fallback="error").run(None, {"x": x})[0]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [["n", 4, 5], [2, 4, 5]])
+def test_a_provider_refusing_the_input_shape_hands_the_node_to_the_next(shape):
+    """providers=["reference", "cpu"]: onnx.reference's GlobalMaxPool is wrong on 3-D input
+    and refuses it; the node runs on cpu, whether the shape is known at placement or only
+    when a plan is made for it."""
+    import warnings
+
+    m = model([helper.make_node("GlobalMaxPool", ["x"], ["y"], name="gmp")], [tensor("x", shape)], [tensor("y", None)],
+              opset=17)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = glassrt.InferenceSession(m, providers=["reference", "cpu"])
+    x = np.random.default_rng(0).random((2, 4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], x.max(axis=2, keepdims=True))
+    node = sess.explain({"n": 2})["nodes"][0]
+    assert node["provider"] == "cpu" and "wrong on 3-D input" in node["reason"], node

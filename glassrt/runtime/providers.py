@@ -96,25 +96,49 @@ class OnednnProvider(Provider):
 _PROVIDERS = {"cpu": CpuProvider, "reference": ReferenceProvider, "onednn": OnednnProvider}
 ALIASES = {"CPUExecutionProvider": "cpu", "cpu": "cpu", "reference": "reference", "onednn": "onednn",
            "DnnlExecutionProvider": "onednn"}
+# onnxruntime's other execution providers: named in a list written for onnxruntime, each is
+# skipped with a warning (as onnxruntime skips one it was not built with).
+ORT_ONLY = {"CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider",
+            "MIGraphXExecutionProvider", "OpenVINOExecutionProvider", "CoreMLExecutionProvider",
+            "DmlExecutionProvider", "QNNExecutionProvider", "NnapiExecutionProvider", "XnnpackExecutionProvider",
+            "ACLExecutionProvider", "ArmNNExecutionProvider", "CANNExecutionProvider", "AzureExecutionProvider",
+            "WebGpuExecutionProvider", "VitisAIExecutionProvider", "JsExecutionProvider", "RknpuExecutionProvider",
+            "TvmExecutionProvider", "SNPEExecutionProvider"}
 # oneDNN first where it is installed (a dependency on Linux x86-64): it takes the convolutions,
 # pooling and the like it is fast at, glassrt's cpu kernels everything else.
 DEFAULT = ["onednn", "cpu", "reference"]
 
 
 def make(names, notes: list | None = None) -> list[Provider]:
-    """Provider objects for a priority list (None: DEFAULT). A default provider that cannot
-    load here (onednn without its library) is left out, with the reason in `notes`; one the
-    caller named stays, and each node it cannot take says why."""
+    """Provider objects for a priority list (None: DEFAULT). An entry is a name (glassrt's
+    or onnxruntime's), a (name, options) pair as onnxruntime takes them, or a Provider
+    object. A default provider that cannot load here (onednn without its library) is left
+    out, with the reason in `notes`; one the caller named stays, and each node it cannot
+    take says why. onnxruntime's providers glassrt does not have are skipped with a warning."""
+    import warnings
+
     from ..errors import GlassrtError
 
     out = []
-    for n in names or DEFAULT:
-        if isinstance(n, Provider):  # a provider object of the caller's own (tests, experiments)
-            out.append(n)
+    for entry in names or DEFAULT:
+        if isinstance(entry, Provider):  # a provider object of the caller's own (tests, experiments)
+            out.append(entry)
+            continue
+        n, options = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, None)
+        if not isinstance(n, str) or not (options is None or isinstance(options, dict)):
+            raise GlassrtError(f"a provider is a name or a (name, options dict) pair, got {entry!r}")
+        if n in ORT_ONLY:
+            why = f"provider {n} is onnxruntime's; glassrt has no such provider and skips it"
+            warnings.warn(why, UserWarning, stacklevel=4)
+            if notes is not None:
+                notes.append(why)
             continue
         key = ALIASES.get(n, n)
         if key not in _PROVIDERS:
-            raise GlassrtError(f"unknown provider '{n}'; available: {', '.join(sorted(_PROVIDERS))}")
+            raise GlassrtError(f"unknown provider '{n}'; available: {', '.join(sorted(_PROVIDERS))} "
+                               f"(or onnxruntime's names: {', '.join(sorted(k for k in ALIASES if k not in _PROVIDERS))})")
+        if options:
+            raise GlassrtError(f"provider '{key}' takes no options; got {', '.join(map(repr, options))}")
         p = _PROVIDERS[key]()
         if not names and getattr(p, "unavailable", None):
             if notes is not None:
@@ -122,4 +146,6 @@ def make(names, notes: list | None = None) -> list[Provider]:
                              f"every node")
             continue
         out.append(p)
+    if not out:
+        raise GlassrtError(f"no provider left to run on from {list(names)}")
     return out

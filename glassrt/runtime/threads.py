@@ -26,6 +26,9 @@ from ..kernels import gemm
 
 PROBE_EVERY = 16  # runs between two tries of the thread count not in use
 PROBE_RUNS = 3  # runs in a row per try (the first is not measured)
+PROBE_MAX_EVERY = 256  # the longest wait between tries, after tries that lost clearly
+LOST_BY = 1.25  # a try this much slower than the count in use doubles the wait before the next
+SLOWER = 1.5  # the count in use this much slower than its best so far: try the other now
 ALPHA = 0.3  # weight of the newest run in a thread count's moving average
 
 
@@ -41,15 +44,20 @@ class ThreadChoice:
 
     Only a run whose previous run used the same count is measured: the first run after a
     switch pays for waking (or starting) the library's threads. So the other count is
-    tried for PROBE_RUNS runs in a row, every PROBE_EVERY runs."""
+    tried for PROBE_RUNS runs in a row, PROBE_EVERY runs after the last try; a try that
+    loses clearly doubles that wait (up to PROBE_MAX_EVERY: on a quiet machine a one-thread
+    try costs its runs' latency, which showed in p90), and the count in use slowing to
+    SLOWER times its best (another process took a core) brings the next try forward."""
 
     def __init__(self, requested: int, adaptive: bool = True):
         self.requested = max(1, int(requested))
         self.arms = (self.requested, 1) if self.requested > 1 and adaptive else (self.requested,)
         self.ms: dict[int, float] = {}
+        self.floor: dict[int, float] = {}  # the lowest moving average each count has had
         self.runs = 0
         self.last = self.previous = None  # the counts of this run and the run before
         self._probing, self._probe_left = None, 0
+        self.wait, self._next_try, self._last_try = PROBE_EVERY, PROBE_EVERY, 0
 
     def choose(self) -> int:
         self.runs += 1
@@ -59,15 +67,27 @@ class ThreadChoice:
             self._probe_left -= 1
             n = self._probing
         else:
+            if self._probing is not None:
+                self._judge_try()
             untried = [a for a in self.arms if a not in self.ms]
             best = self.best
-            if untried or self.runs % PROBE_EVERY == 0:
+            slowed = best in self.ms and self.ms[best] > SLOWER * self.floor[best] \
+                and self.runs - self._last_try >= PROBE_EVERY
+            if untried or self.runs >= self._next_try or slowed:
                 n = untried[0] if untried else next(a for a in self.arms if a != best)
                 self._probing, self._probe_left = n, PROBE_RUNS - 1
             else:
                 n = best
         self.previous, self.last = self.last, n
         return n
+
+    def _judge_try(self) -> None:
+        """After a try: wait longer before the next when it lost clearly."""
+        tried, self._probing = self._probing, None
+        others = [self.ms[a] for a in self.arms if a != tried and a in self.ms]
+        lost = tried in self.ms and others and self.ms[tried] > LOST_BY * min(others)
+        self.wait = min(2 * self.wait, PROBE_MAX_EVERY) if lost else PROBE_EVERY
+        self._last_try, self._next_try = self.runs, self.runs + self.wait
 
     def record(self, seconds: float) -> None:
         """The latency of the run `choose` was last asked for; kept only when the run before
@@ -76,7 +96,8 @@ class ThreadChoice:
             return
         ms = seconds * 1e3
         old = self.ms.get(self.last)
-        self.ms[self.last] = ms if old is None else (1 - ALPHA) * old + ALPHA * ms
+        self.ms[self.last] = ema = ms if old is None else (1 - ALPHA) * old + ALPHA * ms
+        self.floor[self.last] = min(self.floor.get(self.last, ema), ema)
 
     @property
     def best(self) -> int:
@@ -84,7 +105,8 @@ class ThreadChoice:
         return min(tried, key=self.ms.__getitem__) if tried else self.arms[0]
 
     def to_json(self) -> dict:
-        out = {"requested": self.requested, "now": self.best, "runs": self.runs,
+        out = {"requested": self.requested, "now": self.best, "runs": self.runs, "next_try_in": max(
+                   0, self._next_try - self.runs) if len(self.arms) > 1 else None,
                "recent_ms_by_threads": {str(k): round(v, 3) for k, v in sorted(self.ms.items())}}
         if fork_note():
             out["note"] = fork_note()

@@ -81,9 +81,14 @@ def _layer_norm(x, scale, bias, eps, y, mean, inv_std):
             y[i, j] = (x[i, j] - mu) * r * scale[j] + bias[j]
 
 
+MIN_ROWS = 8  # fewer rows (a classifier's head): NumPy's whole-array passes are as fast
+
+
 def usable(x) -> bool:
-    """float32, at least one column and one row: what these loops take (and Numba to compile them)."""
-    return x.dtype == np.float32 and x.ndim >= 1 and x.size > 0 and x.shape[-1] > 0 and numba_missing() is None
+    """float32 with at least MIN_ROWS rows: what these loops take and are worth it for (a
+    process's first compiled call loads Numba, ~0.6 s of a CNN's first run here)."""
+    return (x.dtype == np.float32 and x.ndim >= 1 and x.size > 0 and x.shape[-1] > 0
+            and x.size // x.shape[-1] >= MIN_ROWS and numba_missing() is None)
 
 
 def softmax_last(x, out):

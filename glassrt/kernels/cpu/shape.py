@@ -42,7 +42,10 @@ def reshape(ctx):
 
 @kernel(["Flatten"], dtypes=ALL, alias=True)
 def flatten(x, *, axis=1):
-    a = norm_axis(axis, x.ndim)
+    # axis in [-r, r]: axis == r gives (prod(dims), 1) (norm_axis allows [-r, r) only)
+    a = axis + x.ndim if axis < 0 else axis
+    if not 0 <= a <= x.ndim:
+        raise ValueError(f"axis {axis} out of range for a rank-{x.ndim} input (allowed [{-x.ndim}, {x.ndim}])")
     return x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), -1) if x.size else \
         x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), int(np.prod(x.shape[a:], dtype=np.int64)))
 

@@ -1,0 +1,68 @@
+"""Models and calls onnxruntime accepts that glassrt must accept the same way (issue 9)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import glassrt
+
+from .helpers import model, tensor
+
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.mark.parametrize("axis", [3, -3, 0, 2, -1])
+def test_flatten_axis_may_equal_the_rank(axis):
+    """The range is [-r, r]; axis == r gives [prod(dims), 1] (a sentence-transformer's mask)."""
+    m = model([helper.make_node("Flatten", ["x"], ["y"], axis=axis)], [tensor("x", [2, 3, 4])], [tensor("y", None)],
+              opset=13)
+    x = np.random.default_rng(0).random((2, 3, 4)).astype(np.float32)
+    got = glassrt.InferenceSession(m).run(None, {"x": x})[0]
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_flatten_axis_beyond_the_rank_is_a_clear_error():
+    m = model([helper.make_node("Flatten", ["x"], ["y"], name="flat", axis=4)], [tensor("x", [2, 3, 4])],
+              [tensor("y", None)], opset=13)
+    with pytest.raises(glassrt.GlassrtError, match="flat"):
+        glassrt.InferenceSession(m).run(None, {"x": np.zeros((2, 3, 4), np.float32)})
+
+
+def test_an_input_declared_with_dim_value_minus_one_is_dynamic():
+    """Paddle's exporter writes dim_value: -1 for a dynamic dim; onnxruntime runs any size."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3])
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [x], [tensor("y", None)], opset=17)
+    sess = glassrt.InferenceSession(m)
+    for n in (1, 5):
+        a = np.linspace(-1, 1, n * 3, dtype=np.float32).reshape(n, 3)
+        np.testing.assert_array_equal(sess.run(None, {"x": a})[0], np.maximum(a, 0))
+
+
+def test_run_with_a_string_or_an_unknown_output_name_says_so():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", None)], opset=17)
+    sess = glassrt.InferenceSession(m)
+    x = np.zeros(2, np.float32)
+    with pytest.raises(glassrt.InvalidArgumentError, match=r"not the string 'y' \(did you mean \['y'\]\?\)"):
+        sess.run("y", {"x": x})
+    with pytest.raises(glassrt.UnknownOutputError, match=r"unknown output name\(s\) \['z'\].*outputs are \['y'\]"):
+        sess.run(["z"], {"x": x})
+    assert sess.run(["y"], {"x": x})[0].shape == (2,)
+
+
+def test_provider_lists_written_for_onnxruntime():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", None)], opset=17)
+    with pytest.warns(UserWarning, match="CUDAExecutionProvider is onnxruntime's"):
+        sess = glassrt.InferenceSession(m, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert sess.get_providers() == ["cpu"]
+    assert any("CUDAExecutionProvider" in n for n in sess.explain()["summary"]["notes"])
+    sess = glassrt.InferenceSession(m, providers=[("CPUExecutionProvider", {})])
+    assert sess.get_providers() == ["cpu"]
+    with pytest.raises(glassrt.GlassrtError, match="provider 'cpu' takes no options; got 'arena_extend_strategy'"):
+        glassrt.InferenceSession(m, providers=[("cpu", {"arena_extend_strategy": "kSameAsRequested"})])
+    with pytest.raises(glassrt.GlassrtError, match="unknown provider 'gpu'"):
+        glassrt.InferenceSession(m, providers=["gpu"])
+    with pytest.warns(UserWarning), pytest.raises(glassrt.GlassrtError, match="no provider left"):
+        glassrt.InferenceSession(m, providers=["CUDAExecutionProvider"])

@@ -1,0 +1,35 @@
+"""The per-plan thread choice (runtime/threads.py), on simulated latencies."""
+from __future__ import annotations
+
+from glassrt.runtime.threads import PROBE_MAX_EVERY, ThreadChoice
+
+
+def _drive(choice, latency, runs):
+    """Run `runs` times; latency(run, threads) -> ms. Returns the counts used."""
+    used = []
+    for i in range(runs):
+        n = choice.choose()
+        choice.record(latency(i, n) / 1e3)
+        used.append(n)
+    return used
+
+
+def test_a_quiet_machine_keeps_the_requested_count_and_tries_one_thread_rarely():
+    used = _drive(ThreadChoice(2), lambda i, n: 10.0 if n == 2 else 18.0, 2000)
+    assert used[-1] == 2
+    assert used[200:].count(1) / len(used[200:]) < 0.03  # tries back off to every 256 runs
+
+
+def test_load_arriving_moves_to_one_thread_soon_and_back_when_it_leaves():
+    def latency(i, n):
+        busy = 500 <= i < 1500
+        return (40.0 if n == 2 else 20.0) if busy else (10.0 if n == 2 else 18.0)
+
+    used = _drive(ThreadChoice(2), latency, 2500)
+    assert used[499] == 2
+    assert all(n == 1 for n in used[540:560])  # the slowdown brought the next try forward
+    assert used[1500 + PROBE_MAX_EVERY + 20:].count(2) > 0.9 * len(used[1500 + PROBE_MAX_EVERY + 20:])
+
+
+def test_not_adaptive_is_one_count():
+    assert set(_drive(ThreadChoice(2, adaptive=False), lambda i, n: 1.0, 100)) == {2}
