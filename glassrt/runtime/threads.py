@@ -7,9 +7,9 @@ a quiet machine that is the fastest there is. When other processes hold the core
 share whose thread is not running holds up the whole operation (measured on the 2-core
 machine: a 1×768×2304 matmul 0.15 ms on one thread, 12 ms on two with the other core
 busy), and the spinning steals time from the threads that could work. No single setting
-wins both ways, so each plan keeps the recent latency it had with each thread count (an
-exponential moving average of its runs) and runs with the faster one; every PROBE_EVERY
-runs it tries the other for PROBE_RUNS runs, so a change of load is noticed soon.
+wins both ways, so each plan keeps the recent latency it had with each thread count (the
+median of its last runs) and runs with the faster one, trying the other now and then
+(ThreadChoice), so a change of load is noticed soon.
 
 A glassrt thread pool of its own, with dynamic scheduling and sleeping workers, was
 measured first and dropped: waking a sleeping thread costs ~60 µs on these virtual
@@ -19,6 +19,7 @@ slower on a quiet machine.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import threading
 
@@ -27,9 +28,10 @@ from ..kernels import gemm
 PROBE_EVERY = 16  # runs between two tries of the thread count not in use
 PROBE_RUNS = 3  # runs in a row per try (the first is not measured)
 PROBE_MAX_EVERY = 256  # the longest wait between tries, after tries that lost clearly
+WINS_BY = 1.1  # a try must be this much faster than the count in use to replace it
 LOST_BY = 1.25  # a try this much slower than the count in use doubles the wait before the next
 SLOWER = 1.5  # the count in use this much slower than its best so far: try the other now
-ALPHA = 0.3  # weight of the newest run in a thread count's moving average
+RECENT = 5  # measured runs per count whose median is its latency
 
 
 def available_cpus() -> int:
@@ -42,22 +44,31 @@ def available_cpus() -> int:
 class ThreadChoice:
     """Per plan: the requested thread count or one, whichever ran it faster lately.
 
-    Only a run whose previous run used the same count is measured: the first run after a
-    switch pays for waking (or starting) the library's threads. So the other count is
-    tried for PROBE_RUNS runs in a row, PROBE_EVERY runs after the last try; a try that
-    loses clearly doubles that wait (up to PROBE_MAX_EVERY: on a quiet machine a one-thread
-    try costs its runs' latency, which showed in p90), and the count in use slowing to
-    SLOWER times its best (another process took a core) brings the next try forward."""
+    A count's latency is the median of its last RECENT measured runs, so one slow run (the
+    machine busy for a moment) moves nothing. Only a run whose previous run used the same
+    count is measured: the first run after a switch pays for waking (or starting) the
+    library's threads. So the other count is tried for PROBE_RUNS runs in a row, on fresh
+    measurements, and replaces the count in use only when WINS_BY faster. Tries come
+    PROBE_EVERY runs after the last one; a try that loses clearly doubles that wait (up to
+    PROBE_MAX_EVERY: on a quiet machine a one-thread try costs its runs' latency, which
+    showed in p90), and the count in use slowing to SLOWER times its best (another process
+    took a core) brings the next try forward."""
 
     def __init__(self, requested: int, adaptive: bool = True):
         self.requested = max(1, int(requested))
         self.arms = (self.requested, 1) if self.requested > 1 and adaptive else (self.requested,)
-        self.ms: dict[int, float] = {}
-        self.floor: dict[int, float] = {}  # the lowest moving average each count has had
+        self.recent: dict[int, list] = {a: [] for a in self.arms}
+        self._warm: set = set()  # counts whose first measured run (still warming up) was dropped
+        self.floor: dict[int, float] = {}  # the lowest latency each count has had
+        self.current = self.arms[0]
         self.runs = 0
         self.last = self.previous = None  # the counts of this run and the run before
         self._probing, self._probe_left = None, 0
         self.wait, self._next_try, self._last_try = PROBE_EVERY, PROBE_EVERY, 0
+
+    def latency(self, arm: int) -> float | None:
+        r = self.recent[arm]
+        return statistics.median(r) if r else None
 
     def choose(self) -> int:
         self.runs += 1
@@ -69,23 +80,28 @@ class ThreadChoice:
         else:
             if self._probing is not None:
                 self._judge_try()
-            untried = [a for a in self.arms if a not in self.ms]
-            best = self.best
-            slowed = best in self.ms and self.ms[best] > SLOWER * self.floor[best] \
+            now = self.latency(self.current)
+            slowed = now is not None and now > SLOWER * self.floor[self.current] \
                 and self.runs - self._last_try >= PROBE_EVERY
-            if untried or self.runs >= self._next_try or slowed:
-                n = untried[0] if untried else next(a for a in self.arms if a != best)
+            if self.runs >= self._next_try or slowed:  # the first try comes PROBE_EVERY runs in
+                n = next(a for a in self.arms if a != self.current)
                 self._probing, self._probe_left = n, PROBE_RUNS - 1
+                if n != self.current:
+                    self.recent[n].clear()  # judged on this try's runs alone
             else:
-                n = best
+                n = self.current
         self.previous, self.last = self.last, n
         return n
 
     def _judge_try(self) -> None:
-        """After a try: wait longer before the next when it lost clearly."""
+        """After a try: switch when it won clearly; wait longer before the next when it lost clearly."""
         tried, self._probing = self._probing, None
-        others = [self.ms[a] for a in self.arms if a != tried and a in self.ms]
-        lost = tried in self.ms and others and self.ms[tried] > LOST_BY * min(others)
+        mine, now = self.latency(tried), self.latency(self.current)
+        lost = False
+        if tried != self.current and mine is not None and now is not None:
+            if mine * WINS_BY < now:
+                self.current = tried
+            lost = mine > LOST_BY * now
         self.wait = min(2 * self.wait, PROBE_MAX_EVERY) if lost else PROBE_EVERY
         self._last_try, self._next_try = self.runs, self.runs + self.wait
 
@@ -94,20 +110,24 @@ class ThreadChoice:
         it used the same count."""
         if self.previous != self.last:
             return
-        ms = seconds * 1e3
-        old = self.ms.get(self.last)
-        self.ms[self.last] = ema = ms if old is None else (1 - ALPHA) * old + ALPHA * ms
-        self.floor[self.last] = min(self.floor.get(self.last, ema), ema)
+        if self.last not in self._warm:  # a count's first measured run may still touch new memory
+            self._warm.add(self.last)
+            return
+        r = self.recent[self.last]
+        r.append(seconds * 1e3)
+        del r[:-RECENT]
+        lat = self.latency(self.last)
+        self.floor[self.last] = min(self.floor.get(self.last, lat), lat)
 
     @property
     def best(self) -> int:
-        tried = [a for a in self.arms if a in self.ms]
-        return min(tried, key=self.ms.__getitem__) if tried else self.arms[0]
+        return self.current
 
     def to_json(self) -> dict:
         out = {"requested": self.requested, "now": self.best, "runs": self.runs, "next_try_in": max(
                    0, self._next_try - self.runs) if len(self.arms) > 1 else None,
-               "recent_ms_by_threads": {str(k): round(v, 3) for k, v in sorted(self.ms.items())}}
+               "recent_ms_by_threads": {str(a): round(self.latency(a), 3) for a in sorted(self.arms)
+                                        if self.recent[a]}}
         if fork_note():
             out["note"] = fork_note()
         return out
