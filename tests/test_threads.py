@@ -4,12 +4,14 @@ from __future__ import annotations
 from glassrt.runtime.threads import PROBE_MAX_EVERY, ThreadChoice
 
 
-def _drive(choice, latency, runs):
-    """Run `runs` times; latency(run, threads) -> ms. Returns the counts used."""
+def _drive(choice, latency, runs, cpu_share=None):
+    """Run `runs` times; latency(run, threads) -> ms, cpu_share(run, threads) -> CPU seconds
+    per second. Returns the counts used."""
     used = []
     for i in range(runs):
         n = choice.choose()
-        choice.record(latency(i, n) / 1e3)
+        ms = latency(i, n)
+        choice.record(ms / 1e3, None if cpu_share is None else cpu_share(i, n) * ms / 1e3)
         used.append(n)
     return used
 
@@ -53,3 +55,17 @@ def test_the_first_runs_of_a_plan_warming_up_do_not_decide():
     touching new memory or making primitives: they do not count."""
     used = _drive(ThreadChoice(2), lambda i, n: (60.0 if i < 2 else 10.0) if n == 2 else 18.0, 300)
     assert used[:3] == [2, 2, 2] and used[10:].count(2) > 0.95 * len(used[10:])
+
+
+def test_a_process_busy_from_its_start_is_noticed_by_its_cpu_share():
+    """Loaded from the first run: no faster past to slow down from, but the runs get less
+    than one core between their two threads, so one thread is tried long before FIRST_TRY."""
+    used = _drive(ThreadChoice(2), lambda i, n: 40.0 if n == 2 else 25.0, 60,
+                  cpu_share=lambda i, n: 0.7 if n == 2 else 0.9)
+    assert used[5:10] == [1] * 5 and used[10:].count(1) > 0.85 * 50  # tried after 3 measured runs, kept
+
+
+def test_a_quiet_plan_does_not_try_one_thread_early():
+    used = _drive(ThreadChoice(2), lambda i, n: 10.0 if n == 2 else 18.0, 60,
+                  cpu_share=lambda i, n: 1.9 if n == 2 else 1.0)
+    assert used == [2] * 60

@@ -178,9 +178,9 @@ class GraphRunner:
                                                     self.options.adaptive_threads)
             n = plan.threads.choose()
             threads.use_threads(n, self.openmp_pool)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = run_plan(plan, feeds, profile=profile)
-            plan.threads.record(time.perf_counter() - t0)
+            plan.threads.record(time.perf_counter() - t0, time.process_time() - c0)
             return out
         finally:
             self._checkin(plan)

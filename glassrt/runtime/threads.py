@@ -26,6 +26,9 @@ import threading
 from ..kernels import gemm
 
 PROBE_EVERY = 16  # runs between two tries of the thread count not in use
+FIRST_TRY = 64  # runs before the first try without a sign of load (a first one-thread try
+# builds that count's oneDNN primitives: 110 ms once for inception_v2, whose runs take 30)
+STARVED = 1.0  # CPU seconds per wall second below which a multi-thread run lacked its cores
 PROBE_RUNS = 3  # runs in a row per try (the first is not measured)
 PROBE_MAX_EVERY = 256  # the longest wait between tries, after tries that lost clearly
 WINS_BY = 1.1  # a try must be this much faster than the count in use to replace it
@@ -49,10 +52,12 @@ class ThreadChoice:
     count is measured: the first run after a switch pays for waking (or starting) the
     library's threads. So the other count is tried for PROBE_RUNS runs in a row, on fresh
     measurements, and replaces the count in use only when WINS_BY faster. Tries come
-    PROBE_EVERY runs after the last one; a try that loses clearly doubles that wait (up to
-    PROBE_MAX_EVERY: on a quiet machine a one-thread try costs its runs' latency, which
-    showed in p90), and the count in use slowing to SLOWER times its best (another process
-    took a core) brings the next try forward."""
+    PROBE_EVERY runs after the last one (the first FIRST_TRY runs in); a try that loses
+    clearly doubles that wait (up to PROBE_MAX_EVERY: on a quiet machine a one-thread try
+    costs its runs' latency, which showed in p90). A sign of load brings the next try
+    forward: the count in use slowing to SLOWER times its best, or its runs getting less
+    than STARVED CPU seconds per second between all their threads (the main thread alone
+    is always runnable, so a process under that did not get even one core)."""
 
     def __init__(self, requested: int, adaptive: bool = True):
         self.requested = max(1, int(requested))
@@ -64,7 +69,8 @@ class ThreadChoice:
         self.runs = 0
         self.last = self.previous = None  # the counts of this run and the run before
         self._probing, self._probe_left = None, 0
-        self.wait, self._next_try, self._last_try = PROBE_EVERY, PROBE_EVERY, 0
+        self.cpu: dict[int, list] = {a: [] for a in self.arms}  # CPU seconds per second of recent runs
+        self.wait, self._next_try, self._last_try = PROBE_EVERY, FIRST_TRY, -PROBE_EVERY
 
     def latency(self, arm: int) -> float | None:
         r = self.recent[arm]
@@ -80,18 +86,24 @@ class ThreadChoice:
         else:
             if self._probing is not None:
                 self._judge_try()
-            now = self.latency(self.current)
-            slowed = now is not None and now > SLOWER * self.floor[self.current] \
-                and self.runs - self._last_try >= PROBE_EVERY
-            if self.runs >= self._next_try or slowed:  # the first try comes PROBE_EVERY runs in
+            if self.runs >= self._next_try or (self._loaded() and self.runs - self._last_try >= PROBE_EVERY):
                 n = next(a for a in self.arms if a != self.current)
                 self._probing, self._probe_left = n, PROBE_RUNS - 1
                 if n != self.current:
                     self.recent[n].clear()  # judged on this try's runs alone
+                    self.cpu[n].clear()
             else:
                 n = self.current
         self.previous, self.last = self.last, n
         return n
+
+    def _loaded(self) -> bool:
+        """Signs that other processes hold the cores the count in use needs."""
+        now = self.latency(self.current)
+        if now is not None and now > SLOWER * self.floor[self.current]:
+            return True
+        share = self.cpu[self.current]
+        return self.current > 1 and len(share) >= 3 and statistics.median(share) < STARVED
 
     def _judge_try(self) -> None:
         """After a try: switch when it won clearly; wait longer before the next when it lost clearly."""
@@ -105,9 +117,9 @@ class ThreadChoice:
         self.wait = min(2 * self.wait, PROBE_MAX_EVERY) if lost else PROBE_EVERY
         self._last_try, self._next_try = self.runs, self.runs + self.wait
 
-    def record(self, seconds: float) -> None:
-        """The latency of the run `choose` was last asked for; kept only when the run before
-        it used the same count."""
+    def record(self, seconds: float, cpu_seconds: float | None = None) -> None:
+        """The latency (and the process's CPU time) of the run `choose` was last asked for;
+        kept only when the run before it used the same count."""
         if self.previous != self.last:
             return
         if self.last not in self._warm:  # a count's first measured run may still touch new memory
@@ -116,6 +128,10 @@ class ThreadChoice:
         r = self.recent[self.last]
         r.append(seconds * 1e3)
         del r[:-RECENT]
+        if cpu_seconds is not None and seconds > 0:
+            c = self.cpu[self.last]
+            c.append(cpu_seconds / seconds)
+            del c[:-RECENT]
         lat = self.latency(self.last)
         self.floor[self.last] = min(self.floor.get(self.last, lat), lat)
 
