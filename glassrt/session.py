@@ -170,6 +170,9 @@ class Session:
         return [p.name for p in self.providers]
 
     def run(self, output_names, input_feed: dict, run_options=None) -> list:
+        if run_options is not None:
+            raise InvalidArgumentError("run_options: glassrt has no RunOptions yet (no run tags, log levels, "
+                                       "terminate or time budgets); pass None")
         names = self.graph.output_names()
         if isinstance(output_names, (str, bytes)):
             raise InvalidArgumentError(f"output_names must be a list of names or None, not the string "

@@ -66,3 +66,24 @@ def test_provider_lists_written_for_onnxruntime():
         glassrt.InferenceSession(m, providers=["gpu"])
     with pytest.warns(UserWarning), pytest.raises(glassrt.GlassrtError, match="no provider left"):
         glassrt.InferenceSession(m, providers=["CUDAExecutionProvider"])
+
+
+def test_session_options_work_or_are_refused_by_name():
+    so = glassrt.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = 2, 1  # what onnxruntime users set
+    so.graph_optimization_level = "ORT_ENABLE_BASIC"
+    with pytest.raises(glassrt.InvalidArgumentError, match="no option 'optimized_model_filepath': glassrt does not "
+                                                          "write optimized models"):
+        so.optimized_model_filepath = "out.onnx"
+    with pytest.raises(glassrt.InvalidArgumentError, match="no option 'enable_magic': no such option"):
+        so.enable_magic = True
+    with pytest.raises(glassrt.InvalidArgumentError, match="inter_op_num_threads=4: glassrt runs one node at a time"):
+        so.inter_op_num_threads = 4
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", None)], opset=17)
+    assert glassrt.InferenceSession(m, so).run(None, {"x": np.ones(2, np.float32)})[0].tolist() == [1.0, 1.0]
+
+
+def test_run_options_are_refused_not_ignored():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", None)], opset=17)
+    with pytest.raises(glassrt.InvalidArgumentError, match="no RunOptions yet"):
+        glassrt.InferenceSession(m).run(None, {"x": np.ones(2, np.float32)}, ort.RunOptions())

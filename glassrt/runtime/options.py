@@ -4,12 +4,31 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..errors import InvalidArgumentError
+
 
 def _default_memory_limit() -> int:
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
     except (ValueError, OSError, AttributeError):
         return 16 << 30
+
+
+# onnxruntime's SessionOptions that glassrt does not have, and why (or what to use instead).
+_NOT_HERE = {
+    "optimized_model_filepath": "glassrt does not write optimized models; `glassrt explain` shows what its "
+                                "passes changed",
+    "execution_mode": "glassrt runs nodes in order (ORT_SEQUENTIAL)",
+    "log_severity_level": "glassrt reports through Python warnings and explain, not log levels",
+    "log_verbosity_level": "glassrt reports through Python warnings and explain, not log levels",
+    "logid": "glassrt has no logger ids",
+    "enable_cpu_mem_arena": "glassrt always plans an arena per plan (memory_limit_bytes caps it)",
+    "enable_mem_pattern": "glassrt's memory plan is always on",
+    "enable_mem_reuse": "glassrt's memory plan is always on",
+    "use_deterministic_compute": "see adaptive_threads (False: bit-identical runs)",
+    "profile_file_prefix": "end_profiling(path) takes the file name",
+    "execution_order": "glassrt runs nodes in the model's topological order",
+}
 
 
 @dataclass
@@ -54,6 +73,20 @@ class SessionOptions:
     check_outputs: bool = True
     # Record a per-node timing profile on every run (see Session.profile()).
     enable_profiling: bool = False
+    # onnxruntime's: glassrt runs one node at a time, so 0 (default) or 1 only.
+    inter_op_num_threads: int = 0
+
+    def __setattr__(self, name, value):
+        # Every option works or is refused by name: a setting that silently did nothing
+        # (onnxruntime's optimized_model_filepath, say) would mislead.
+        if name not in self.__dataclass_fields__:
+            why = _NOT_HERE.get(name, "no such option")
+            raise InvalidArgumentError(f"SessionOptions has no option {name!r}: {why}; the options are "
+                                       f"{', '.join(self.__dataclass_fields__)}")
+        if name == "inter_op_num_threads" and int(value) > 1:
+            raise InvalidArgumentError(f"inter_op_num_threads={value}: glassrt runs one node at a time (0 or 1); "
+                                       f"intra_op_num_threads sets the threads each node uses")
+        object.__setattr__(self, name, value)
 
     def memory_limit(self) -> int:
         return self.memory_limit_bytes or _default_memory_limit()
