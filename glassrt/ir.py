@@ -138,6 +138,7 @@ class Graph:
     outer_names: list[str] = field(default_factory=list)
     doc: str = ""
     ir_version: int = 0
+    meta: dict = field(default_factory=dict)  # the model's producer, version, metadata_props (ModelMeta)
 
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o}

@@ -79,6 +79,14 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
     graph = parser.graph(proto.graph, outer=frozenset())
     graph.doc = proto.doc_string
     graph.ir_version = int(proto.ir_version)
+    graph.meta = {"producer_name": _text(proto.producer_name, "producer_name"),
+                  "graph_name": _text(proto.graph.name, "graph name"),
+                  "domain": _text(proto.domain, "domain"),
+                  "description": _text(proto.doc_string, "doc_string"),
+                  "graph_description": _text(proto.graph.doc_string, "graph doc_string"),
+                  "version": int(proto.model_version),
+                  "custom_metadata_map": {_text(p.key, "metadata key"): _text(p.value, "metadata value")
+                                          for p in proto.metadata_props}}
     return graph
 
 

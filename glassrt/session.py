@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -71,6 +71,18 @@ def _refine(declared, inferred):
         return declared
     unnamed = lambda d: not isinstance(d, int) and str(d).startswith("unk__")  # noqa: E731
     return TensorType(declared.dtype, tuple(i if unnamed(d) else d for d, i in zip(declared.shape, inferred.shape)))
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """The model's metadata, as onnxruntime's ModelMetadata has it."""
+    producer_name: str = ""
+    graph_name: str = ""
+    domain: str = ""
+    description: str = ""
+    graph_description: str = ""
+    version: int = 0
+    custom_metadata_map: dict = field(default_factory=dict)
 
 
 class Session:
@@ -165,6 +177,18 @@ class Session:
     def transfers(self) -> list:
         """Values copied between providers that keep data on different devices."""
         return self.placement.transfers
+
+    def get_modelmeta(self) -> ModelMeta:
+        """As onnxruntime's: producer_name, graph_name, domain, description,
+        graph_description, version, custom_metadata_map."""
+        return ModelMeta(**self.graph.meta)
+
+    def get_session_options(self) -> SessionOptions:
+        return self.options
+
+    def get_provider_options(self) -> dict:
+        """{provider: options}: glassrt's providers take no options yet."""
+        return {p.name: {} for p in self.providers}
 
     def get_providers(self) -> list[str]:
         return [p.name for p in self.providers]

@@ -87,3 +87,18 @@ def test_run_options_are_refused_not_ignored():
     m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", None)], opset=17)
     with pytest.raises(glassrt.InvalidArgumentError, match="no RunOptions yet"):
         glassrt.InferenceSession(m).run(None, {"x": np.ones(2, np.float32)}, ort.RunOptions())
+
+
+def test_model_metadata_session_and_provider_options_as_onnxruntime_reports_them():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", None)], opset=17)
+    m.producer_name, m.model_version, m.doc_string, m.domain = "pytorch", 3, "a relu", "ai.example"
+    m.graph.doc_string = "the graph"
+    helper.set_model_props(m, {"author": "me", "license": "MIT"})
+    sess = glassrt.InferenceSession(m, providers=["cpu"])
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).get_modelmeta()
+    got = sess.get_modelmeta()
+    for key in ("producer_name", "graph_name", "domain", "description", "graph_description", "version",
+                "custom_metadata_map"):
+        assert getattr(got, key) == getattr(want, key), key
+    assert sess.get_session_options() is sess.options
+    assert sess.get_provider_options() == {"cpu": {}}
