@@ -266,7 +266,13 @@ def _check_value(name, value, t, bound):
     if isinstance(t, TensorType):
         if not isinstance(value, np.ndarray):
             if isinstance(value, (list, tuple, int, float, bool, np.generic)):
+                python_numbers = not isinstance(value, np.generic)
                 value = np.asarray(value)
+                # Python numbers (nested lists) take the declared dtype where that keeps
+                # their kind (ints or floats into float32); floats into an int input stay an error.
+                if (python_numbers and value.dtype != t.dtype and value.dtype.kind in "biuf"
+                        and t.dtype.kind in "biuf" and np.can_cast(value.dtype, t.dtype, "same_kind")):
+                    value = value.astype(t.dtype)
             else:
                 raise InputTypeError(f"input '{name}': expected a NumPy array ({dtypes.ort_type_string(t.dtype)}), "
                                      f"got {type(value).__name__}")

@@ -102,3 +102,17 @@ def test_model_metadata_session_and_provider_options_as_onnxruntime_reports_them
         assert getattr(got, key) == getattr(want, key), key
     assert sess.get_session_options() is sess.options
     assert sess.get_provider_options() == {"cpu": {}}
+
+
+def test_nested_list_feeds_take_the_declared_dtype_where_no_kind_changes():
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2, 2])], [tensor("y", None)], opset=17)
+    sess = glassrt.InferenceSession(m)
+    y = sess.run(None, {"x": [[1.5, -2.0], [3, -4]]})[0]
+    assert y.dtype == np.float32 and y.tolist() == [[1.5, 0.0], [3.0, 0.0]]
+    ids = model([helper.make_node("Neg", ["i"], ["o"])], [tensor("i", [2], TensorProto.INT64)], [tensor("o", None)],
+                opset=17)
+    assert glassrt.InferenceSession(ids).run(None, {"i": [1, 2]})[0].tolist() == [-1, -2]
+    with pytest.raises(glassrt.InputTypeError, match="expected dtype tensor\\(int64\\), got tensor\\(double\\)"):
+        glassrt.InferenceSession(ids).run(None, {"i": [1.5, 2.0]})  # floats into ints would lose the .5
+    with pytest.raises(glassrt.InputTypeError, match="expected dtype tensor\\(float\\), got tensor\\(double\\)"):
+        sess.run(None, {"x": np.ones((2, 2))})  # a NumPy array keeps its dtype, as in onnxruntime
