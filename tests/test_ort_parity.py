@@ -116,3 +116,14 @@ def test_nested_list_feeds_take_the_declared_dtype_where_no_kind_changes():
         glassrt.InferenceSession(ids).run(None, {"i": [1.5, 2.0]})  # floats into ints would lose the .5
     with pytest.raises(glassrt.InputTypeError, match="expected dtype tensor\\(float\\), got tensor\\(double\\)"):
         sess.run(None, {"x": np.ones((2, 2))})  # a NumPy array keeps its dtype, as in onnxruntime
+
+
+def test_a_plan_over_the_memory_limit_names_its_largest_values():
+    m = model([helper.make_node("Relu", ["x"], ["a"], name="r1"), helper.make_node("Neg", ["a"], ["b"], name="n1"),
+               helper.make_node("Relu", ["b"], ["y"], name="r2")], [tensor("x", [512, 1024])], [tensor("y", None)],
+              opset=17)
+    sess = glassrt.InferenceSession(m, glassrt.SessionOptions(memory_limit_bytes=3 << 20), providers=["cpu"])
+    with pytest.raises(glassrt.MemoryLimitError, match=r"the plan for input x: \[512, 1024\] needs .* the largest "
+                                                       r"values: 'a' float\[512, 1024\] \(2,097,152 bytes\) from "
+                                                       r"Relu 'r1'"):
+        sess.run(None, {"x": np.ones((512, 1024), np.float32)})

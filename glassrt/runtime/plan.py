@@ -96,8 +96,10 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
                       for o, t in zip(node.outputs, ctx.output_types) if o in keep and _nbytes(t))
     limit = options.memory_limit()
     if memory.arena_bytes + fresh_bytes > limit:
-        raise MemoryLimitError(f"the plan for inputs {_sig_str(input_types)} needs a {memory.arena_bytes:,}-byte arena "
-                               f"and {fresh_bytes:,} bytes of outputs, over the session's memory limit of {limit:,} bytes")
+        raise MemoryLimitError(f"the plan for {_sig_str(input_types) or 'a model without inputs'} needs a "
+                               f"{memory.arena_bytes:,}-byte arena and {fresh_bytes:,} bytes of outputs, over the "
+                               f"session's memory limit of {limit:,} bytes; the largest values: "
+                               f"{_largest_values(executed)} (SessionOptions.memory_limit_bytes sets the limit)")
     arena = allocate_arena(memory.arena_bytes)
 
     slots: dict[str, int] = {}
@@ -439,4 +441,13 @@ def signature_of(feeds: dict) -> tuple:
 
 
 def _sig_str(input_types) -> str:
-    return ", ".join(f"{n}: {symbolic.shape_str(getattr(t, 'shape', None))}" for n, t in input_types.items())
+    return ", ".join(f"input {n}: {symbolic.shape_str(getattr(t, 'shape', None))}" for n, t in input_types.items())
+
+
+def _largest_values(executed, most: int = 3) -> str:
+    """The biggest outputs of a plan's nodes, to find what a memory limit is about."""
+    sized = [(_nbytes(t), o, t, node) for node, _, ctx, _ in executed
+             for o, t in zip(node.outputs, ctx.output_types) if o and _nbytes(t)]
+    sized.sort(key=lambda e: -e[0])
+    return "; ".join(f"'{o}' {dtypes.name(t.dtype)}{list(t.shape)} ({n:,} bytes) from {node.op_type} "
+                     f"'{node.name}'" for n, o, t, node in sized[:most]) or "none sized"
