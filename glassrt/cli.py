@@ -76,13 +76,24 @@ def main():
     """glassrt — an ONNX inference runtime that shows every decision it makes."""
 
 
-def _session(source, providers, fallback="warn"):
+def _options(threads):
+    from . import SessionOptions
+
+    return SessionOptions(intra_op_num_threads=threads)
+
+
+threads_option = click.option("--threads", default=0, show_default=True,
+                              help="intra_op_num_threads (0: every CPU this process may use).")
+
+
+def _session(source, providers, fallback="warn", threads=0):
     """A session whose fallback warnings are left to the report (explain/profile show them)."""
     from . import InferenceSession
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return InferenceSession(source, providers=providers.split(","), fallback=fallback)
+        return InferenceSession(source, providers=providers.split(","), fallback=fallback,
+                                sess_options=_options(threads))
 
 
 def _model_arg(model):
@@ -102,7 +113,8 @@ def _model_arg(model):
 @click.option("--strict", is_flag=True, help="Fail if any node would fall back (fallback='error').")
 @click.option("--save", type=click.Path(file_okay=False), help="Write each output to DIR/NAME.npy.")
 @click.option("--runs", default=5, show_default=True, help="Timed runs after the first (latency is their median).")
-def run(model, inputs, dims, providers, strict, save, runs):
+@threads_option
+def run(model, inputs, dims, providers, strict, save, runs, threads):
     """Run MODEL (default: the embedded light_resnet50 from the onnx package) and report."""
     from . import InferenceSession
     from .session import FallbackWarning
@@ -112,7 +124,8 @@ def run(model, inputs, dims, providers, strict, save, runs):
         with warnings.catch_warnings():
             warnings.simplefilter("always", FallbackWarning)
             t0 = time.perf_counter()
-            sess = InferenceSession(source, providers=providers.split(","), fallback="error" if strict else "warn")
+            sess = InferenceSession(source, providers=providers.split(","), fallback="error" if strict else "warn",
+                                    sess_options=_options(threads))
             created = time.perf_counter() - t0
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
         t0 = time.perf_counter()
@@ -141,7 +154,8 @@ def run(model, inputs, dims, providers, strict, save, runs):
     console.print(table)
     lat = statistics.median(times) if times else first
     console.print(f"latency: first run {first * 1e3:.1f} ms (plan built; on a fresh install also Numba's one-time "
-                  f"compile, cached on disk), then median {lat * 1e3:.2f} ms over {len(times)} runs")
+                  f"compile, cached on disk), then median {lat * 1e3:.2f} ms over {len(times)} runs "
+                  f"({sess.options.intra_op_num_threads or 'all'} thread(s) requested)")
     counts = sess.placement.counts()
     console.print("nodes per provider: " + ", ".join(f"{p}={n}" for p, n in counts.items())
                   + f"  (graph passes rewrote {len(sess.pass_log)} place(s); {len(sess.folded)} node(s) folded)",
@@ -211,7 +225,8 @@ def explain(model, dims, providers, json_file, width):
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
 @click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True)
-def profile(model, runs, trace, top, inputs, dims, providers):
+@threads_option
+def profile(model, runs, trace, top, inputs, dims, providers, threads):
     """Run MODEL several times and show where the time goes, per op type and per node."""
     from rich.progress import Progress
 
@@ -219,7 +234,7 @@ def profile(model, runs, trace, top, inputs, dims, providers):
 
     source, default_name = _model_arg(model)
     try:
-        sess = _session(source, providers)
+        sess = _session(source, providers, threads=threads)
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
         with Progress(transient=True, console=console) as bar:
             task = bar.add_task("profiling", total=runs)
@@ -299,15 +314,17 @@ def check(op_filter, modules, json_file, custom_only):
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
 @click.option("--rtol", default=1e-4, show_default=True)
 @click.option("--atol", default=1e-5, show_default=True)
-def compare(model, prov_a, prov_b, inputs, dims, rtol, atol):
+@threads_option
+def compare(model, prov_a, prov_b, inputs, dims, rtol, atol, threads):
     """Run MODEL on two provider lists and name the first node where they disagree."""
     from .tools.compare import first_disagreement
 
     source, default_name = _model_arg(model)
     try:
-        sess = _session(source, prov_a)
+        sess = _session(source, prov_a, threads=threads)
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
-        found, n = first_disagreement(source, feeds, prov_a.split(","), prov_b.split(","), rtol, atol)
+        found, n = first_disagreement(source, feeds, prov_a.split(","), prov_b.split(","), rtol, atol,
+                                      sess_options=_options(threads))
     except GlassrtError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)

@@ -24,6 +24,17 @@ def test_run_default_model_checks_the_shipped_output():
     assert "light_resnet50.onnx" in res.stdout and "match" in res.stdout and "fallbacks: 0" in res.stdout
 
 
+def test_threads_option_on_run_profile_and_compare(tmp_path):
+    p = tmp_path / "add.onnx"
+    onnx.save(add_model(), p)
+    res = _cli("run", str(p), "--runs", "1", "--threads", "1", "--dim", "batch=2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "(1 thread(s) requested)" in " ".join(res.stdout.split())
+    for cmd in (["profile", str(p), "--runs", "2"], ["compare", str(p)]):
+        res = _cli(*cmd, "--threads", "1", "--dim", "batch=2")
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_run_with_inputs_dims_save_and_strict(tmp_path):
     p = tmp_path / "enc.onnx"
     onnx.save(transformer_encoder(), p)

@@ -42,15 +42,15 @@ class Disagreement:
                 f"to {self.max_abs:.3g} (relative {self.max_rel:.3g}) at {self.where}: {self.a!r} vs {self.b!r}")
 
 
-def first_disagreement(model, feeds: dict, providers_a, providers_b, rtol=1e-4, atol=1e-5):
+def first_disagreement(model, feeds: dict, providers_a, providers_b, rtol=1e-4, atol=1e-5, sess_options=None):
     """(the first value, in execution order, on which the two provider lists disagree, or
     None; the number of values compared)."""
     from ..session import Session as InferenceSession
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sa = InferenceSession(model, providers=providers_a, fallback="warn")
-        sb = InferenceSession(model, providers=providers_b, fallback="warn")
+        sa = InferenceSession(model, providers=providers_a, fallback="warn", sess_options=sess_options)
+        sb = InferenceSession(model, providers=providers_b, fallback="warn", sess_options=sess_options)
     va, steps = all_values(sa, feeds)
     vb, steps_b = all_values(sb, feeds)
     kernel_b = {o: st.kernel.name for st in steps_b for o in st.node.outputs if o}
