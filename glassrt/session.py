@@ -86,9 +86,10 @@ class ModelMeta:
 
 
 class Session:
-    """Session(model, providers=None, *, fallback="warn", sess_options=None)
+    """Session(model, sess_options_or_providers=None, providers=None, *, fallback="warn", sess_options=None)
 
-    model: a path, bytes or onnx.ModelProto. providers: priority list, default
+    model: a path, bytes or onnx.ModelProto. The second argument is onnxruntime's
+    sess_options (a SessionOptions) or a providers list. providers: priority list, default
     providers.DEFAULT (onednn where installed, cpu, reference). fallback: "warn" (a node
     that passes the complete cpu provider runs on a later one: warn once per node, count
     it), "error" (raise FallbackError at creation listing every such node) or "silent" (as

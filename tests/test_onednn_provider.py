@@ -96,7 +96,7 @@ def test_a_symbolic_conv_onednn_has_only_generic_code_for_goes_to_cpu_at_placeme
 
 
 @pytest.mark.parametrize("case", ["plain", "a_transposed", "b_transposed", "row_strides", "batched", "broadcast_b",
-                                  "one_row", "float64", "empty"])
+                                  "one_row", "float64", "empty", "small_stack"])
 def test_products_through_onednn_sgemm_equal_numpy(case):
     from glassrt.kernels import gemm
 
@@ -109,10 +109,12 @@ def test_products_through_onednn_sgemm_equal_numpy(case):
         b = np.ascontiguousarray(b.T).T
     elif case == "row_strides":
         a, b = rng.standard_normal((7, 8)).astype(f)[:, 1:6], rng.standard_normal((5, 12)).astype(f)[:, 2:11]
-    elif case == "batched":
-        a, b = rng.standard_normal((3, 7, 5)).astype(f), rng.standard_normal((3, 5, 9)).astype(f)
+    elif case == "batched":  # stacks of matrices big enough to go to oneDNN one by one
+        a, b = rng.standard_normal((3, 40, 50)).astype(f), rng.standard_normal((3, 50, 40)).astype(f)
     elif case == "broadcast_b":
-        a = rng.standard_normal((2, 3, 7, 5)).astype(f)
+        a, b = rng.standard_normal((2, 3, 40, 50)).astype(f), rng.standard_normal((50, 40)).astype(f)
+    elif case == "small_stack":  # attention-head-sized: the whole stack in one NumPy call
+        a, b = rng.standard_normal((3, 7, 5)).astype(f), rng.standard_normal((3, 5, 9)).astype(f)
     elif case == "one_row":
         a = rng.standard_normal((1, 5)).astype(f)
     elif case == "empty":
@@ -120,12 +122,16 @@ def test_products_through_onednn_sgemm_equal_numpy(case):
     out = np.full(np.broadcast_shapes(a.shape[:-1] + (1,), (1,) * (a.ndim - b.ndim) + b.shape[:-2] + (1, 1))[:-1]
                   + (b.shape[-1],), np.nan, f)
     gemm.use_openmp(True)
+    calls, sgemm = [], gemm._sgemm
+    gemm._sgemm = lambda *args: calls.append(args) or sgemm(*args)  # count the products oneDNN ran
     try:
         assert gemm.engine().startswith("oneDNN")
         gemm.matmul(a, b, out)
     finally:
         gemm.use_openmp(False)
     np.testing.assert_allclose(out, np.matmul(a.astype(np.float64), b), rtol=1e-5, atol=1e-5)
+    numpy_cases = ("float64", "empty", "small_stack")
+    assert (len(calls) == 0) if case in numpy_cases else (len(calls) == int(np.prod(out.shape[:-2], dtype=int)))
 
 
 def test_a_session_with_onednn_runs_on_the_openmp_pool_and_says_so():

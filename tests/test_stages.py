@@ -385,3 +385,35 @@ def test_a_plan_moves_a_node_its_placed_provider_refuses_for_the_plans_shapes():
         node = sess.explain({"n": n})["nodes"][0]
         assert node["provider"] == provider, node
     assert "small for these shapes: " in node["reason"] and "a batch of 40 or more" in node["reason"]
+
+
+def test_a_plan_that_moves_a_node_keeps_its_values_plain_and_explain_says_so():
+    """Two nodes of a partial NHWC provider: the value between them is NHWC. A plan whose
+    shapes the provider refuses runs both on cpu, in plain layouts, and explain reports the
+    plan's layouts (none), not placement's."""
+    from glassrt.kernels.registry import Kernel
+    from glassrt.runtime.providers import Provider
+
+    def relu(ctx):
+        return lambda x, *, out: np.maximum(x, 0, out=out)
+
+    class SmallNhwc(Provider):
+        name, partial = "small_nhwc", True
+
+        def kernels(self, domain, op_type, opset):
+            if op_type != "Relu":
+                return []
+            return [Kernel("small_nhwc.Relu", self.name, "", "Relu", relu, out=True, builder=True, static_only=True,
+                           layouts=frozenset({"nhwc"}),
+                           accepts=lambda ctx: None if ctx.shape(0)[0] < 40 else "a batch of 40 or more")]
+
+    m = model([helper.make_node("Relu", ["x"], ["a"], name="r1"), helper.make_node("Relu", ["a"], ["b"], name="r2"),
+               helper.make_node("Neg", ["b"], ["y"], name="neg")], [tensor("x", ["n", 3, 4, 4])], [tensor("y", None)])
+    sess = glassrt.InferenceSession(m, providers=[SmallNhwc(), "cpu"])
+    assert sess.placement.layouts == {"a": "nhwc"}
+    for n, nhwc in [(2, 1), (50, 0)]:
+        x = np.linspace(-1, 1, n * 48, dtype=np.float32).reshape(n, 3, 4, 4)
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], -np.maximum(x, 0))
+        report = sess.explain({"n": n})
+        assert report["summary"]["layouts"]["nhwc_values"] == nhwc
+        assert next(v for v in report["values"] if v["name"] == "a")["layout"] == ("nhwc" if nhwc else "nchw")

@@ -64,6 +64,7 @@ class Plan:
     pool: object = None  # BufferPool for values sized at run time
     free_at_end: tuple = ()  # slots released after the outputs are taken
     threads: object = None  # threads.ThreadChoice: the thread count this plan runs fastest with now
+    layouts: dict = field(default_factory=dict)  # value -> "nhwc" in this plan ({} when a node moved providers)
 
 
 def compile_plan(placement, input_types: dict, options, make_runner, pool=None, retain: bool = False) -> Plan:
@@ -118,7 +119,8 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     outputs = [(name, slots[name], name not in owned) for name in graph.output_names()]
     plan = Plan(signature=(), steps=steps, slots=slots, template=template,
                 inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
-                types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end)
+                types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end,
+                layouts=layouts)
     plan.build_seconds = time.perf_counter() - t0
     return plan
 

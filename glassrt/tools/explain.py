@@ -101,7 +101,7 @@ def explain(sess, dims: dict | None = None) -> dict:
                     outside["unsized"] += 1
             values.append({"name": pv.name, "bytes": nbytes, "offset": pv.offset, "first_step": pv.first_step,
                            "last_step": pv.last_step, "kind": pv.kind, "shares_with": pv.shares_with,
-                           "layout": placement.layouts.get(pv.name, "nchw") if placement.layouts else None})
+                           "layout": plan.layouts.get(pv.name, "nchw") if placement.layouts else None})
         m = plan.memory
         summary_mem = {"naive_bytes": m.naive_bytes, "arena_bytes": m.arena_bytes,
                        "lower_bound_bytes": m.lower_bound_bytes, "arena_over_lower_bound": round(m.ratio, 4),
@@ -122,8 +122,10 @@ def explain(sess, dims: dict | None = None) -> dict:
                            "bytes": _dim(t.bytes, dims) if t.bytes is not None else None}
                           for t in placement.transfers],
         "notes": list(sess.notes),
-        "layouts": {"nhwc_values": len(placement.layouts),
-                    "edges": [{"value": e.value, "node": e.node, "kind": e.kind} for e in placement.layout_edges]},
+        # the plan's layouts when there is one: a plan that moved a node to another provider keeps all NCHW
+        "layouts": {"nhwc_values": len(plan.layouts if plan else placement.layouts),
+                    "edges": [{"value": e.value, "node": e.node, "kind": e.kind} for e in placement.layout_edges]
+                    if not plan or plan.layouts else []},
         "threads": plan.threads.to_json() if plan and plan.threads is not None else None,
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         **summary_mem,
