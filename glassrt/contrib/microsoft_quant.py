@@ -881,8 +881,11 @@ def _qlinear_softmax(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out=None
         perm[a], perm[-1] = perm[-1], perm[a]
         rows = x.transpose(perm).reshape(-1, x.shape[a])
     d = rows.shape[1]
-    shift = max(0.0, math.log(_F32_MAX / d) - 5) / float(sx)
-    table = np.exp((np.arange(256, dtype=F64) - 255 + shift) * float(sx)).astype(F32)
+    # FLT_MAX / D and its log in float32 (the kernel's C++ types: float / size_t, then logf).
+    shift = max(0.0, float(F32.type(math.log(float(F32.type(_F32_MAX) / F32.type(d))))) - 5) / float(sx)
+    # libm's exp, as onnxruntime's std::exp: NumPy's own float64 exp (SIMD, e.g. on AVX-512)
+    # can differ by an ulp, enough to move a float32 entry and so an output step.
+    table = np.array([math.exp((i - 255 + shift) * float(sx)) for i in range(256)], F64).astype(F32)
     inv_sy = F32.type(math.floor(F32.type(1) / sy))
     direct = perm is None and out is not None
     y = out.reshape(rows.shape) if direct else np.empty(rows.shape, dt)
