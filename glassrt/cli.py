@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import dtypes, symbolic
+from . import dtypes
 from .errors import GlassrtError
 from .runtime.providers import DEFAULT as _DEFAULT
-from .tools.inputs import random_value
+from .tools import inputs as made_up
 
 DEFAULT_PROVIDERS = ",".join(_DEFAULT)
 
@@ -41,33 +41,6 @@ def _parse_dims(items) -> dict[str, int]:
         except ValueError:
             raise click.BadParameter(f"dim {k} must be an integer, got {v!r}", param_hint="--dim") from None
     return dims
-
-
-def generate_inputs(sess, dims: dict, seed: int = 0) -> dict:
-    """Inputs from the declared shapes: random for floats, small ints for ints, --dim binds symbols."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for arg, vi in zip(sess.get_inputs(), sess._inputs):
-        t = vi.type
-        if t is None or getattr(t, "shape", None) is None:
-            raise GlassrtError(f"input '{arg.name}' has no declared shape; pass it with --input {arg.name}=FILE.npy")
-        shape = []
-        for d in t.shape:
-            if isinstance(d, int):
-                shape.append(d)
-                continue
-            names = symbolic.free_names(d)
-            missing = sorted(n for n in names if n not in dims)
-            if missing and all(n.startswith("unk__") for n in missing):
-                shape.append(1)
-                continue
-            if missing:
-                raise GlassrtError(f"input '{arg.name}' has symbolic dim '{d}'; bind it with --dim {missing[0]}=N")
-            shape.append(int(symbolic.evaluate(d, dims)))
-        feeds[arg.name] = random_value(rng, shape, t.dtype)
-        if feeds[arg.name] is None:
-            raise GlassrtError(f"cannot generate input '{arg.name}' of type {arg.type}; pass --input")
-    return feeds
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -207,7 +180,9 @@ def explain(model, dims, providers, json_file, width):
     source, _ = _model_arg(model)
     try:
         sess = _session(source, providers)
-        report = build_report(sess, _parse_dims(dims))
+        dims = _parse_dims(dims)
+        made_up.check_dims(sess, dims)
+        report = build_report(sess, dims)
     except GlassrtError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
@@ -387,22 +362,29 @@ def bench(models, versus, runs, warmup, dims, threads, busy, json_file, provider
 
 
 def _load_inputs(sess, inputs, dims, default_name):
+    """The --input files, and made-up values for every other input (each one printed: a
+    result on invented data should say so)."""
     given = {}
     for name, file in _parse_pairs(inputs, "--input").items():
         try:
             given[name] = np.load(file, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise GlassrtError(f"cannot read --input {name}={file}: {escape(str(e))}") from e
+    made_up.check_dims(sess, dims)
     if default_name and not given:
         from .tools import light_models
 
         (arg,) = sess.get_inputs()
-        return {arg.name: light_models.reference_input(arg.shape)}
-    missing = [a for a in sess.get_inputs() if a.name not in given]
-    if missing:
-        generated = generate_inputs(sess, dims)
-        given.update({a.name: generated[a.name] for a in missing})
-    return given
+        value = light_models.reference_input(arg.shape)
+        console.print(made_up.describe(arg.name, value, "arange(n)/n, the input onnx's test runner makes"),
+                      highlight=False, markup=False)
+        return {arg.name: value}
+    generated, notes = made_up.generate(sess, dims, given)
+    for name, value in generated.items():
+        console.print("made up " + made_up.describe(name, value), highlight=False, markup=False)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    return {**given, **generated}
 
 
 if __name__ == "__main__":

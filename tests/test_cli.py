@@ -76,3 +76,65 @@ def test_profile_writes_a_trace(tmp_path):
     assert res.returncode == 0, res.stderr
     events = json.loads((tmp_path / "t.json").read_text())
     assert any(e["cat"] == "Node" for e in events) and "per op type" in res.stdout
+
+
+def _two_inputs(x_shape=("batch", "seq"), m_shape=("batch", "seq")):
+    from onnx import helper
+
+    from tests.helpers import model, tensor
+
+    return model([helper.make_node("Add", ["x", "m"], ["y"], name="add")],
+                 [tensor("x", list(x_shape)), tensor("m", list(m_shape))], [tensor("y", ["batch", "seq"])])
+
+
+def test_made_up_inputs_unbound_dims_in_one_error_and_given_inputs_bind_dims():
+    import pytest
+
+    import glassrt
+    from glassrt.tools import inputs
+
+    sess = glassrt.InferenceSession(_two_inputs())
+    with pytest.raises(glassrt.GlassrtError) as e:
+        inputs.generate(sess, {})
+    msg = str(e.value)  # both dims, both inputs, in one message
+    assert "'batch' (inputs x, m)" in msg and "'seq' (inputs x, m)" in msg and "--dim batch=N --dim seq=N" in msg
+    # x supplied: its shape binds batch and seq, so m is made to match
+    feeds, notes = inputs.generate(sess, {}, {"x": np.ones((3, 4), np.float32)})
+    assert list(feeds) == ["m"] and feeds["m"].shape == (3, 4) and notes == []
+    # x supplied but m needs a dim x does not carry: only m is blamed
+    sess = glassrt.InferenceSession(_two_inputs(("batch",), ("batch", "seq")))
+    with pytest.raises(glassrt.GlassrtError) as e:
+        inputs.generate(sess, {}, {"x": np.ones((3,), np.float32)})
+    assert "'seq' (input m)" in str(e.value) and "x" not in str(e.value).split("bind")[0]
+    with pytest.raises(glassrt.GlassrtError, match="--dim batch=2, but --input x has batch=3"):
+        inputs.generate(sess, {"batch": 2, "seq": 1}, {"x": np.ones((3,), np.float32)})
+
+
+def test_unnamed_dim_defaults_to_one_with_a_note_and_misspelt_dims_are_refused():
+    import pytest
+
+    import glassrt
+    from glassrt.tools import inputs
+
+    sess = glassrt.InferenceSession(_two_inputs(("batch", None), ("batch", "seq")))
+    feeds, notes = inputs.generate(sess, {"batch": 2, "seq": 3})
+    assert feeds["x"].shape == (2, 1) and feeds["m"].shape == (2, 3)
+    assert notes == ["input 'x' dim 1 has no name in the model: made it 1"]
+    with pytest.raises(glassrt.GlassrtError, match="--dim btach: the model has no dim of that name; "
+                                                   "its inputs' dims are: batch, seq"):
+        inputs.generate(sess, {"btach": 2, "seq": 3})
+    assert inputs.describe("x", np.array([[0.5, 2.0]], np.float32)) == "input 'x': float[1, 2], values in [0.5, 2]"
+
+
+def test_cli_prints_made_up_inputs_and_refuses_a_misspelt_dim(tmp_path):
+    p = tmp_path / "two.onnx"
+    onnx.save(_two_inputs(), p)
+    np.save(tmp_path / "x.npy", np.ones((3, 4), np.float32))
+    res = _cli("run", str(p), "--runs", "1", "--input", f"x={tmp_path / 'x.npy'}")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "made up input 'm': float[3, 4], values in [" in res.stdout and "made up input 'x'" not in res.stdout
+    res = _cli("run", str(p), "--runs", "1")
+    assert res.returncode == 1 and res.stdout.count("error:") == 1 and "--dim batch=N --dim seq=N" in res.stdout
+    for cmd in ("run", "explain"):
+        res = _cli(cmd, str(p), "--dim", "btach=2")
+        assert res.returncode == 1 and "its inputs' dims are: batch, seq" in res.stdout, res.stdout

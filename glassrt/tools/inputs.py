@@ -1,7 +1,11 @@
-"""Inputs generated from declared shapes, for `glassrt run`, `profile` and `bench`."""
+"""Inputs generated from declared shapes, for `glassrt run`, `profile`, `compare`, `nan` and `bench`."""
 from __future__ import annotations
 
 import numpy as np
+
+from .. import dtypes, symbolic
+from ..errors import GlassrtError
+from ..ir import TensorType
 
 
 def random_value(rng, shape, dtype) -> np.ndarray | None:
@@ -15,3 +19,118 @@ def random_value(rng, shape, dtype) -> np.ndarray | None:
     if dtype.kind == "b":
         return rng.random(shape) > 0.5
     return None
+
+
+def _unnamed(name: str) -> bool:
+    """A dim the model leaves without a name (no dim_param): glassrt calls it unk__N."""
+    return name.startswith("unk__")
+
+
+def model_dims(sess) -> list[str]:
+    """The named symbolic dims of the model's inputs: what --dim may bind."""
+    names = set()
+    for vi in sess._inputs:
+        if isinstance(vi.type, TensorType) and vi.type.shape is not None:
+            names.update(n for d in vi.type.shape for n in symbolic.free_names(d) if not _unnamed(n))
+    return sorted(names)
+
+
+def check_dims(sess, dims: dict) -> None:
+    """A --dim the model does not have binds nothing: most likely a typo, so refuse it by name."""
+    known = model_dims(sess)
+    unknown = sorted(set(dims) - set(known))
+    if unknown:
+        has = f"its inputs' dims are: {', '.join(known)}" if known else "its inputs have no named symbolic dims"
+        which = "no dim of that name" if len(unknown) == 1 else "no dims of those names"
+        raise GlassrtError(f"--dim {', '.join(unknown)}: the model has {which}; {has}")
+
+
+def _dims_of_given(sess, given: dict, dims: dict) -> dict:
+    """Bindings the supplied inputs fix: x of shape (3, 7) declared [batch, seq] binds both."""
+    bound = {}
+    for vi in sess._inputs:
+        value = given.get(vi.name)
+        t = vi.type
+        if not isinstance(value, np.ndarray) or not isinstance(t, TensorType) or t.shape is None \
+                or value.ndim != len(t.shape):
+            continue  # the run itself reports a wrong rank, with the input's name
+        for d, got in zip(t.shape, value.shape):
+            if isinstance(d, int) or not d.is_Symbol or _unnamed(d.name) or d.name in bound:
+                continue
+            if d.name in dims and dims[d.name] != got:
+                raise GlassrtError(f"--dim {d.name}={dims[d.name]}, but --input {vi.name} has {d.name}={got}")
+            bound[d.name] = int(got)
+    return bound
+
+
+def generate(sess, dims: dict, given: dict | None = None, seed: int = 0) -> tuple[dict, list[str]]:
+    """({name: value} for every input not in `given`, notes on what was assumed).
+
+    Symbolic dims are bound by `dims` (--dim) or by the shapes of the given inputs; a dim
+    the model leaves unnamed is 1 (noted). Every input that cannot be made is reported in
+    one error, so a user fixes the command line once, not once per try.
+    """
+    given = given or {}
+    check_dims(sess, dims)
+    bindings = {**_dims_of_given(sess, given, dims), **dims}
+    rng = np.random.default_rng(seed)
+    feeds, notes, problems = {}, [], []
+    unbound: dict[str, list[str]] = {}  # dim -> the inputs that need it
+    for arg, vi in zip(sess.get_inputs(), sess._inputs):
+        if arg.name in given:
+            continue
+        t = vi.type
+        if not isinstance(t, TensorType) or t.shape is None:
+            problems.append(f"input '{arg.name}' ({arg.type}) has no declared shape: pass it with "
+                            f"--input {arg.name}=FILE.npy")
+            continue
+        shape, missing = [], []
+        for axis, d in enumerate(t.shape):
+            if isinstance(d, int):
+                shape.append(d)
+                continue
+            free = symbolic.free_names(d)
+            if free and all(_unnamed(n) for n in free):
+                notes.append(f"input '{arg.name}' dim {axis} has no name in the model: made it 1")
+                shape.append(1)
+                continue
+            v = symbolic.evaluate(d, bindings)
+            if isinstance(v, int):
+                shape.append(v)
+            else:
+                missing += sorted(n for n in symbolic.free_names(v) if not _unnamed(n))
+        for n in dict.fromkeys(missing):
+            unbound.setdefault(n, []).append(arg.name)
+        if missing:
+            continue
+        value = random_value(rng, shape, t.dtype)
+        if value is None:
+            problems.append(f"cannot make up input '{arg.name}' of type {arg.type}: pass it with "
+                            f"--input {arg.name}=FILE.npy")
+            continue
+        feeds[arg.name] = value
+    if unbound:
+        which = "; ".join(f"'{d}' (input{'s' if len(ins) > 1 else ''} {', '.join(ins)})" for d, ins in unbound.items())
+        problems.insert(0, f"unbound symbolic dim{'s' if len(unbound) > 1 else ''} {which}: bind "
+                           + " ".join(f"--dim {d}=N" for d in unbound)
+                           + " or pass the input" + ("s" if len({i for v in unbound.values() for i in v}) > 1 else "")
+                           + " with --input NAME=FILE.npy")
+    if problems:
+        raise GlassrtError(("cannot make up the inputs: " + problems[0]) if len(problems) == 1
+                           else "cannot make up the inputs:\n  " + "\n  ".join(problems))
+    return feeds, notes
+
+
+def describe(name: str, value, how: str = "") -> str:
+    """One line per made-up input: name, dtype, shape and the range of its values."""
+    if not isinstance(value, np.ndarray):
+        return f"input '{name}': {type(value).__name__}"
+    kind = dtypes.name(value.dtype)
+    if value.size == 0:
+        span = "empty"
+    elif value.dtype.kind == "b":
+        span = f"{int(value.sum())} of {value.size} True"
+    else:
+        lo, hi = value.min(), value.max()
+        span = f"values in [{lo:.4g}, {hi:.4g}]" if value.dtype.kind == "f" else f"values in [{lo}, {hi}]"
+    return f"input '{name}': {kind}{list(value.shape)}, {span}" + (f" ({how})" if how else "")
