@@ -17,6 +17,7 @@ from . import dtypes
 from .errors import GlassrtError
 from .runtime.providers import DEFAULT as _DEFAULT
 from .tools import inputs as made_up
+from .tools.compare import ATOL, RTOL
 
 DEFAULT_PROVIDERS = ",".join(_DEFAULT)
 
@@ -287,12 +288,12 @@ def check(op_filter, modules, json_file, custom_only):
               help="Second provider list (reference first; cpu where the reference is known wrong).")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
-@click.option("--rtol", default=1e-4, show_default=True)
-@click.option("--atol", default=1e-5, show_default=True)
+@click.option("--rtol", default=RTOL, show_default=True, help="Relative tolerance (float32 end to end).")
+@click.option("--atol", default=ATOL, show_default=True, help="Absolute tolerance.")
 @threads_option
 def compare(model, prov_a, prov_b, inputs, dims, rtol, atol, threads):
     """Run MODEL on two provider lists and name the first node where they disagree."""
-    from .tools.compare import first_disagreement
+    from .tools.compare import first_disagreement, verdict
 
     source, default_name = _model_arg(model)
     try:
@@ -303,11 +304,10 @@ def compare(model, prov_a, prov_b, inputs, dims, rtol, atol, threads):
     except GlassrtError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
-    if found is None:
-        console.print(f"[green]agree[/]: {n} values compared (rtol={rtol}, atol={atol})")
-        return
-    console.print(f"[bold red]first disagreement[/] (after {n} values compared): {escape(str(found))}", highlight=False)
-    sys.exit(1)
+    console.print(verdict(found, n, rtol, atol), style="green" if found is None else "bold red", highlight=False,
+                  markup=False)
+    if found is not None:
+        sys.exit(1)
 
 
 @main.command()

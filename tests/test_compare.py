@@ -28,21 +28,43 @@ def test_cpu_and_reference_agree_on_a_light_model():
 
 
 @pytest.fixture
-def broken_sqrt():
-    """A cpu Sqrt that is subtly wrong (adds 1e-3), standing in for a kernel bug."""
+def sqrt_plus():
+    """Installs a cpu Sqrt that adds a constant: a kernel bug, or rounding noise when small."""
     saved = list(registry.kernels_for("cpu", "", "Sqrt"))
-    registry.unregister("cpu", "", "Sqrt")
-    registry.register(registry.Kernel("cpu.Sqrt.buggy", "cpu", "", "Sqrt", lambda x: np.sqrt(x) + x.dtype.type(1e-3)))
-    yield
+
+    def install(offset):
+        registry.unregister("cpu", "", "Sqrt")
+        registry.register(registry.Kernel("cpu.Sqrt.buggy", "cpu", "", "Sqrt",
+                                          lambda x: np.sqrt(x) + x.dtype.type(offset)))
+    yield install
     registry.unregister("cpu", "", "Sqrt")
     for k in saved:
         registry.register(k)
 
 
-def test_first_disagreement_names_the_culprit(broken_sqrt):
-    found, _ = first_disagreement(_chain(), {"x": np.array([1, 2, 3, 4], np.float32)}, ["cpu"], ["reference"])
+def test_first_disagreement_names_the_culprit(sqrt_plus):
+    sqrt_plus(1e-3)  # 5e-4 relative on these values: hunting it needs tighter than the defaults
+    found, _ = first_disagreement(_chain(), {"x": np.array([1, 2, 3, 4], np.float32)}, ["cpu"], ["reference"],
+                                  rtol=1e-4, atol=1e-5)
     assert found.node == "root" and found.op == "Sqrt" and found.kernel_a == "cpu.Sqrt.buggy"
     assert found.kernel_b == "reference.Sqrt" and 9e-4 < found.max_abs < 1.1e-3
+
+
+def test_default_tolerances_suit_float32_end_to_end(sqrt_plus):
+    from glassrt.tools.compare import ATOL, RTOL, verdict
+
+    x = {"x": np.array([2e-4, 5e-4, 1e-3, 2e-3], np.float32)}  # sqrt(2x) in 0.02..0.06
+    sqrt_plus(2e-5)  # float32 rounding noise a few layers deep: not a disagreement
+    found, n = first_disagreement(_chain(), x, ["cpu"], ["reference"])
+    assert found is None and n == 4
+    assert verdict(found, n, RTOL, ATOL) == "agree: 4 values compared (rtol=0.001, atol=0.0001)"
+    found, _ = first_disagreement(_chain(), x, ["cpu"], ["reference"], rtol=1e-4, atol=1e-5)  # the old defaults
+    assert found is not None and found.node == "root"
+    sqrt_plus(1e-2)  # a real bug is still caught with the defaults
+    found, n = first_disagreement(_chain(), x, ["cpu"], ["reference"])
+    assert found.node == "root"
+    assert verdict(found, n, RTOL, ATOL).startswith("first disagreement (after 2 values compared, rtol=0.001, "
+                                                    "atol=0.0001): Sqrt node 'root'")
 
 
 def test_first_anomaly_tells_produced_from_propagated():
@@ -69,3 +91,4 @@ def test_cli_compare_and_nan(tmp_path):
     res = subprocess.run([sys.executable, "-m", "glassrt.cli", "compare", str(p), "--input", f"x={x}"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "agree" in res.stdout, res.stdout + res.stderr
+    assert "(rtol=0.001, atol=0.0001)" in res.stdout  # the tolerances in effect, in the verdict
