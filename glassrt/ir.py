@@ -53,6 +53,17 @@ class OptionalType:
         return f"optional({self.elem or '?'})"
 
 
+@dataclass(frozen=True)
+class MapType:
+    """map(key, value): ai.onnx.ml's maps (ZipMap's outputs, DictVectorizer's inputs). At
+    run time a Python dict, keys int (int64) or str (string), as onnxruntime returns them."""
+    key: np.dtype  # int64 or object (string)
+    value: Any  # a type, or None when unknown
+
+    def __str__(self):
+        return f"map({dtypes.name(self.key)},{self.value or '?'})"
+
+
 def type_str(t) -> str:
     return "?" if t is None else str(t)
 
@@ -70,6 +81,8 @@ def merge_types(a, b):
         return TensorType(a.dtype, tuple(x if x == y else symbolic.fresh() for x, y in zip(a.shape, b.shape)))
     if type(a) is type(b) and isinstance(a, (SequenceType, OptionalType)):
         return type(a)(merge_types(a.elem, b.elem))
+    if isinstance(a, MapType) and isinstance(b, MapType) and a.key == b.key:
+        return MapType(a.key, merge_types(a.value, b.value))
     return None
 
 
@@ -82,6 +95,11 @@ def type_of_value(v):
         for x in v[1:]:
             elem = merge_types(elem, type_of_value(x))
         return SequenceType(elem)
+    if isinstance(v, dict):
+        # Keys are Python ints or strs; values Python floats, whose ONNX type (float or
+        # double) the dict does not say.
+        key = next(iter(v), None)
+        return MapType(np.dtype(object) if isinstance(key, str) else np.dtype(np.int64), None)
     return None
 
 
@@ -121,7 +139,7 @@ class Node:
 @dataclass
 class ValueInfo:
     name: str
-    type: Any  # TensorType | SequenceType | OptionalType | None
+    type: Any  # TensorType | SequenceType | OptionalType | MapType | None
 
 
 @dataclass

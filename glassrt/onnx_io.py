@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from . import dtypes, symbolic
 from .errors import InvalidModelError, ModelLoadError, UnsafeModelError
-from .ir import Graph, Node, OptionalType, SequenceType, TensorType, ValueInfo
+from .ir import Graph, MapType, Node, OptionalType, SequenceType, TensorType, ValueInfo
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -325,7 +325,16 @@ def parse_type(tp: onnx.TypeProto, where: str = ""):
         return SequenceType(parse_type(tp.sequence_type.elem_type, where) if tp.sequence_type.HasField("elem_type") else None)
     if kind == "optional_type":
         return OptionalType(parse_type(tp.optional_type.elem_type, where) if tp.optional_type.HasField("elem_type") else None)
-    return None  # map types and unset types: unknown
+    if kind == "map_type":
+        mt = tp.map_type
+        try:
+            key = dtypes.np_dtype(mt.key_type)
+        except KeyError:
+            raise InvalidModelError(f"'{where}': unknown map key type {mt.key_type}") from None
+        if key.kind not in "iuO":  # the spec's keys: integers and strings
+            raise InvalidModelError(f"'{where}': a map key must be an integer or a string, got {dtypes.name(key)}")
+        return MapType(key, parse_type(mt.value_type, where) if mt.HasField("value_type") else None)
+    return None  # unset types: unknown
 
 
 def to_type_proto(t) -> onnx.TypeProto | None:
@@ -349,6 +358,11 @@ def to_type_proto(t) -> onnx.TypeProto | None:
         if inner is None:
             return None
         return helper.make_optional_type_proto(inner)
+    if isinstance(t, MapType):
+        inner = to_type_proto(t.value)
+        if inner is None:
+            return None
+        return helper.make_map_type_proto(dtypes.elem_type(t.key), inner)
     return None
 
 
@@ -443,7 +457,7 @@ def attribute_to_proto(name: str, value) -> onnx.AttributeProto:
 
     if isinstance(value, np.ndarray):
         return helper.make_attribute(name, numpy_helper.from_array(value))
-    if isinstance(value, (TensorType, SequenceType, OptionalType)):
+    if isinstance(value, (TensorType, SequenceType, OptionalType, MapType)):
         return helper.make_attribute(name, to_type_proto(value))
     if isinstance(value, _Graph) or (isinstance(value, list) and value and isinstance(value[0], _Graph)):
         raise NotImplementedError("subgraph attributes are not converted back to protos")

@@ -18,7 +18,7 @@ import numpy as np
 from . import dtypes, onnx_io, symbolic
 from .errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, InvalidArgumentError,
                       MissingInputError, UnknownInputError, UnknownOutputError)
-from .ir import OptionalType, SequenceType, TensorType
+from .ir import MapType, OptionalType, SequenceType, TensorType
 from .passes import run_passes
 from .runtime import providers as providers_mod
 from .runtime.infer import infer
@@ -57,6 +57,10 @@ def _node_arg(name, t) -> NodeArg:
     if isinstance(t, OptionalType):
         inner = _node_arg(name, t.elem).type if t.elem is not None else "unknown"
         return NodeArg(name, [], f"optional({inner})")
+    if isinstance(t, MapType):
+        # onnxruntime: map(int64,tensor(float)), the key as a bare element type.
+        inner = _node_arg(name, t.value).type if t.value is not None else "unknown"
+        return NodeArg(name, [], f"map({dtypes.ort_type_string(t.key)[len('tensor('):-1]},{inner})")
     return NodeArg(name, None, "unknown")
 
 
@@ -310,6 +314,15 @@ def _check_value(name, value, t, bound):
         if value is None:
             return None
         return _check_value(name, value, t.elem, bound) if t.elem is not None else value
+    if isinstance(t, MapType):
+        if not isinstance(value, dict):
+            raise InputTypeError(f"input '{name}': expected a map (dict), got {type(value).__name__}")
+        want = str if t.key == np.dtype(object) else (int, np.integer)
+        bad = next((k for k in value if not isinstance(k, want) or isinstance(k, bool)), None)
+        if bad is not None:
+            raise InputTypeError(f"input '{name}': expected {'string' if want is str else 'int64'} keys, "
+                                 f"got {type(bad).__name__} key {bad!r}")
+        return value
     return value
 
 

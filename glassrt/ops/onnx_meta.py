@@ -11,7 +11,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from .. import dtypes, symbolic
-from ..ir import OptionalType, SequenceType, TensorType
+from ..ir import MapType, OptionalType, SequenceType, TensorType
 from ..onnx_io import node_to_proto
 
 _MAX_DATA = 4096  # only small constant inputs (shapes, axes) are worth sending
@@ -42,6 +42,9 @@ def onnx_meta(ctx):
             tp = helper.make_tensor_type_proto(dtypes.elem_type(t.dtype), dims)
             tp.tensor_type.shape.SetInParent()  # rank 0 must read as a scalar, not as unknown rank
             return tp
+        if isinstance(t, MapType):
+            inner = to_proto(t.value)
+            return None if inner is None else helper.make_map_type_proto(dtypes.elem_type(t.key), inner)
         inner = to_proto(t.elem)
         if inner is None:
             return None
@@ -102,4 +105,10 @@ def from_proto(tp, names):
         return SequenceType(from_proto(tp.sequence_type.elem_type, names))
     if kind == "optional_type":
         return OptionalType(from_proto(tp.optional_type.elem_type, names))
+    if kind == "map_type":
+        try:
+            key = dtypes.np_dtype(tp.map_type.key_type)
+        except KeyError:
+            return None
+        return MapType(key, from_proto(tp.map_type.value_type, names))
     return None

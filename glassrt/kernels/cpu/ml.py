@@ -686,3 +686,27 @@ def tree_ensemble(ctx):
         return _scores_transform(s, post).astype(x.dtype)
 
     return step
+
+
+# ---------------------------------------------------------------- ZipMap
+
+
+@kernel("ZipMap", domain=ML, dtypes=[np.float32])
+def zip_map(x, *, classlabels_int64s=None, classlabels_strings=None):
+    """A list of dicts, one per row, label -> score; keys Python ints or strs and values
+    Python floats, as onnxruntime returns them (the float32 scores widened exactly, keys in
+    onnxruntime's order)."""
+    if bool(classlabels_int64s) == bool(classlabels_strings):
+        raise ValueError("ZipMap needs exactly one of classlabels_int64s and classlabels_strings")
+    keys = [str(k) for k in classlabels_strings] if classlabels_strings else [int(k) for k in classlabels_int64s]
+    if x.ndim not in (1, 2):
+        raise ValueError(f"ZipMap takes a [N, C] or [C] tensor, got shape {list(x.shape)}")
+    r = x.reshape(1, -1) if x.ndim == 1 else x
+    if r.shape[1] != len(keys):
+        raise ValueError(f"the input has {r.shape[1]} columns (shape {list(x.shape)}) for {len(keys)} class "
+                         "labels: one score per class is expected")
+    # onnxruntime builds each map as a std::map: keys in sorted order (strings by their UTF-8
+    # bytes, which is code point order), a repeated label keeping its last column.
+    last = {k: i for i, k in enumerate(keys)}
+    order = sorted(last)
+    return [dict(zip(order, row)) for row in r[:, [last[k] for k in order]].tolist()]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir import OptionalType
+from ... import symbolic
+from ...ir import MapType, OptionalType, SequenceType
 from ..registry import meta
 
 
@@ -83,3 +84,29 @@ def ml_feature_vectorizer(ctx):
     n = _batch(ctx)
     dims = ctx.attrs.get("inputdimensions") or []
     return [ctx.tensor(np.float32, None if n is None else (n, int(sum(dims))))]
+
+
+def zipmap_labels(ctx):
+    """ZipMap's class labels and their key dtype; exactly one of the two lists (as onnxruntime)."""
+    ints, strings = ctx.attrs.get("classlabels_int64s"), ctx.attrs.get("classlabels_strings")
+    if bool(ints) == bool(strings):
+        ctx.fail("needs exactly one of classlabels_int64s and classlabels_strings, "
+                 + ("got both" if ints else "got neither"))
+    return (list(strings), np.dtype(object)) if strings else (list(ints), np.dtype(np.int64))
+
+
+@meta("ZipMap", domain=ML)
+def ml_zipmap(ctx):
+    """seq(map(int64 or string, float)): one map per row of a [N, C] input ([C] is one row),
+    C the number of class labels."""
+    labels, key = zipmap_labels(ctx)
+    ctx.dtype(0)  # a tensor (the schema's type check has made it float)
+    s = ctx.shape(0)
+    if s is not None:
+        if len(s) not in (1, 2):
+            ctx.fail(f"input 0 '{ctx.node.inputs[0]}' must be [N, C] or [C], got rank {len(s)} "
+                     f"{symbolic.shape_str(s)}")
+        if isinstance(s[-1], int) and s[-1] != len(labels):
+            ctx.fail(f"input 0 '{ctx.node.inputs[0]}' has {s[-1]} columns (shape {symbolic.shape_str(s)}), "
+                     f"but the node has {len(labels)} class labels: one score per class is expected")
+    return [SequenceType(MapType(key, ctx.tensor(np.float32, ())))]
