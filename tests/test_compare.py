@@ -75,6 +75,18 @@ def test_first_anomaly_tells_produced_from_propagated():
     assert first_anomaly(sess, {"x": np.array([1, 2, 3, 4], np.float32)}) is None
 
 
+def test_nan_tool_is_quiet_but_user_runs_still_warn():
+    import warnings
+
+    sess = glassrt.InferenceSession(_chain())
+    x = {"x": np.array([1, -2, 3, 0], np.float32)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any RuntimeWarning would raise
+        assert first_anomaly(sess, x).node == "root"
+    with pytest.warns(RuntimeWarning, match="invalid value encountered in sqrt"):
+        sess.run(None, x)  # not hidden for the user's own code
+
+
 def test_cli_compare_and_nan(tmp_path):
     import subprocess
     import sys
@@ -88,6 +100,7 @@ def test_cli_compare_and_nan(tmp_path):
     res = subprocess.run([sys.executable, "-m", "glassrt.cli", "nan", str(p), "--input", f"x={x}"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "root" in res.stdout and "NaN" in res.stdout
+    assert "RuntimeWarning" not in res.stdout + res.stderr, res.stderr
     res = subprocess.run([sys.executable, "-m", "glassrt.cli", "compare", str(p), "--input", f"x={x}"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "agree" in res.stdout, res.stdout + res.stderr
