@@ -5,6 +5,7 @@ import statistics
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -50,6 +51,28 @@ def main():
     """glassrt — an ONNX inference runtime that shows every decision it makes."""
 
 
+@contextmanager
+def _progress(description: str, total: int | None = None, counted: bool = False):
+    """A transient progress bar while a long step runs, on a terminal only: piped output
+    (a log, a test, `| grep`) gets nothing, not even the blank line a non-terminal rich
+    Live leaves. Yields update(completed, total=None); `counted` shows "done/total"."""
+    if not console.is_terminal:
+        yield lambda completed, total=None: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
+    columns += [MofNCompleteColumn()] if counted else []
+    with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda completed, total=None: bar.update(task, completed=completed, **({"total": total} if total else {}))
+
+
+def _creating(source):
+    """Session creation of a big model (loading, passes, placement) takes seconds: say so."""
+    return _progress(f"creating the session for {Path(str(source)).name}")
+
+
 def _options(threads):
     from . import SessionOptions
 
@@ -64,7 +87,7 @@ def _session(source, providers, fallback="warn", threads=0):
     """A session whose fallback warnings are left to the report (explain/profile show them)."""
     from . import InferenceSession
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _creating(source):
         warnings.simplefilter("ignore")
         return InferenceSession(source, providers=providers.split(","), fallback=fallback,
                                 sess_options=_options(threads))
@@ -95,7 +118,7 @@ def run(model, inputs, dims, providers, strict, save, runs, threads):
 
     source, default_name = _model_arg(model)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _creating(source):
             warnings.simplefilter("always", FallbackWarning)
             t0 = time.perf_counter()
             sess = InferenceSession(source, providers=providers.split(","), fallback="error" if strict else "warn",
@@ -204,17 +227,14 @@ def explain(model, dims, providers, json_file, width):
 @threads_option
 def profile(model, runs, trace, top, inputs, dims, providers, threads):
     """Run MODEL several times and show where the time goes, per op type and per node."""
-    from rich.progress import Progress
-
     from .tools.profile import profile_session, render
 
     source, default_name = _model_arg(model)
     try:
         sess = _session(source, providers, threads=threads)
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
-        with Progress(transient=True, console=console) as bar:
-            task = bar.add_task("profiling", total=runs)
-            prof = profile_session(sess, feeds, runs, warmup=1, progress=lambda i: bar.update(task, completed=i))
+        with _progress("profiling (the first, untimed run builds the plan)", total=runs, counted=True) as update:
+            prof = profile_session(sess, feeds, runs, warmup=1, progress=update)
     except GlassrtError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)
@@ -236,7 +256,6 @@ def check(op_filter, modules, json_file, custom_only):
     import json
     from dataclasses import asdict
 
-    from rich.progress import Progress
     from rich.table import Table
 
     from .tools import check as checks
@@ -247,10 +266,8 @@ def check(op_filter, modules, json_file, custom_only):
         except Exception as e:  # noqa: BLE001 — the user's module: report, do not crash
             console.print(f"[bold red]error:[/] cannot import --module {m}: {type(e).__name__}: {escape(str(e))}", highlight=False)
             sys.exit(2)
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("checking built-in ops", total=None)
-        rows = checks.run_checks(op_filter, builtins=not custom_only,
-                                 progress=lambda i, n: bar.update(task, completed=i, total=n))
+    with _progress("checking operator contracts", counted=True) as update:
+        rows = checks.run_checks(op_filter, builtins=not custom_only, progress=lambda i, n: update(i, n))
     from .kernels.custom import OPS
 
     custom = {f"{d}::{n}" for d, n in OPS}
@@ -299,8 +316,9 @@ def compare(model, prov_a, prov_b, inputs, dims, rtol, atol, threads):
     try:
         sess = _session(source, prov_a, threads=threads)
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
-        found, n = first_disagreement(source, feeds, prov_a.split(","), prov_b.split(","), rtol, atol,
-                                      sess_options=_options(threads))
+        with _progress(f"running on {prov_a} and on {prov_b}, keeping every value"):
+            found, n = first_disagreement(source, feeds, prov_a.split(","), prov_b.split(","), rtol, atol,
+                                          sess_options=_options(threads))
     except GlassrtError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)

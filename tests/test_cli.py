@@ -146,3 +146,43 @@ def test_check_output_holds_no_numpy_warnings():
         res = _cli("check", "--op", op)
         assert res.returncode == 0, res.stdout + res.stderr
         assert "RuntimeWarning" not in res.stdout + res.stderr, res.stderr
+
+
+def _cli_on_a_terminal(*args, timeout=300) -> str:
+    """Run the CLI with its stdout on a pseudo-terminal, as a user at a shell sees it."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE")}
+    proc = subprocess.Popen([sys.executable, "-m", "glassrt.cli", *args], stdout=slave, stderr=slave,
+                            env={**env, "COLUMNS": "120", "TERM": "xterm"})
+    os.close(slave)
+    out = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], timeout)
+        if not ready:
+            proc.kill()
+            break
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=timeout)
+    os.close(master)
+    return out.decode("utf-8", "replace")
+
+
+def test_progress_bars_on_a_terminal_and_nothing_extra_when_piped(tmp_path):
+    p = tmp_path / "enc.onnx"
+    onnx.save(transformer_encoder(), p)
+    args = ("profile", str(p), "--runs", "2", "--top", "1", "--dim", "batch=1", "--dim", "seq=4")
+    shown = _cli_on_a_terminal(*args)
+    assert "creating the session for enc.onnx" in shown and "profiling" in shown and "per op type" in shown
+    assert "checking operator contracts" in _cli_on_a_terminal("check", "--op", "Relu")
+    piped = _cli(*args)
+    assert piped.returncode == 0 and "creating the session" not in piped.stdout and "profiling" not in piped.stdout
+    assert not piped.stdout.startswith("\n") and "\n\n" not in piped.stdout and "\x1b" not in piped.stdout
