@@ -382,12 +382,7 @@ def bench(models, versus, runs, warmup, dims, threads, busy, json_file, provider
 def _load_inputs(sess, inputs, dims, default_name):
     """The --input files, and made-up values for every other input (each one printed: a
     result on invented data should say so)."""
-    given = {}
-    for name, file in _parse_pairs(inputs, "--input").items():
-        try:
-            given[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise GlassrtError(f"cannot read --input {name}={file}: {escape(str(e))}") from e
+    given = {name: made_up.load_npy(name, file) for name, file in _parse_pairs(inputs, "--input").items()}
     made_up.check_dims(sess, dims)
     if default_name and not given:
         from .tools import light_models

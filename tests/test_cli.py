@@ -186,3 +186,31 @@ def test_progress_bars_on_a_terminal_and_nothing_extra_when_piped(tmp_path):
     piped = _cli(*args)
     assert piped.returncode == 0 and "creating the session" not in piped.stdout and "profiling" not in piped.stdout
     assert not piped.stdout.startswith("\n") and "\n\n" not in piped.stdout and "\x1b" not in piped.stdout
+
+
+def test_input_that_is_not_npy_is_named_without_a_pickle_hint(tmp_path):
+    import pytest
+
+    import glassrt
+    from glassrt.tools.inputs import load_npy
+
+    text = tmp_path / "x.txt"
+    text.write_text("1 2 3\n")
+    objects = tmp_path / "obj.npy"
+    np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    archive = tmp_path / "a.npz"
+    np.savez(archive, x=np.ones(3))
+    for path, says in ((text, "is not a .npy file"), (objects, "holds Python objects"), (archive, "is a .npz archive")):
+        with pytest.raises(glassrt.GlassrtError) as e:
+            load_npy("x", str(path))
+        msg = str(e.value)
+        assert f"'{path}' {says}" in msg and "expected a .npy file as numpy.save writes it" in msg
+        assert "allow_pickle" not in msg and "pickled data" not in msg
+    good = tmp_path / "x.npy"
+    np.save(good, np.arange(3.0))
+    assert load_npy("x", str(good)).tolist() == [0.0, 1.0, 2.0]
+    p = tmp_path / "add.onnx"
+    onnx.save(add_model(), p)
+    res = _cli("run", str(p), "--input", f"x={text}")
+    out = " ".join(res.stdout.split())  # long temporary paths may wrap
+    assert res.returncode == 1 and "is not a .npy file" in out and "allow_pickle" not in out

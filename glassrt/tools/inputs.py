@@ -21,6 +21,32 @@ def random_value(rng, shape, dtype) -> np.ndarray | None:
     return None
 
 
+ACCEPTED = "a .npy file as numpy.save writes it (one array; numeric, bool or string dtype)"
+
+
+def load_npy(name: str, path: str) -> np.ndarray:
+    """An --input file. Only the .npy format, never pickle: NumPy's own message for a text
+    file ("contains pickled data ... allow_pickle=") would point the user at unpickling an
+    input, which runs code from it, so anything else is refused here, by kind."""
+    where = f"--input {name}={path}"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise GlassrtError(f"cannot read {where}: {e.strerror or e}") from e
+    if head != b"\x93NUMPY":
+        kind = "a .npz archive (several arrays)" if head.startswith(b"PK") else "not a .npy file"
+        raise GlassrtError(f"{where}: '{path}' is {kind}; expected {ACCEPTED}. From text: "
+                           "numpy.save('x.npy', numpy.loadtxt('x.txt', dtype='float32'))")
+    try:
+        value = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        why = ("holds Python objects (dtype object), which only pickle can load; glassrt never unpickles an input"
+               if "allow_pickle" in str(e) else f"is a damaged .npy file ({e})")
+        raise GlassrtError(f"{where}: '{path}' {why}; expected {ACCEPTED}") from e
+    return value
+
+
 def _unnamed(name: str) -> bool:
     """A dim the model leaves without a name (no dim_param): glassrt calls it unk__N."""
     return name.startswith("unk__")
