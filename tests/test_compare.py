@@ -105,3 +105,12 @@ def test_cli_compare_and_nan(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "agree" in res.stdout, res.stdout + res.stderr
     assert "(rtol=0.001, atol=0.0001)" in res.stdout  # the tolerances in effect, in the verdict
+
+
+def test_tools_reachable_after_a_plain_import_glassrt():
+    import subprocess
+    import sys
+
+    code = "import glassrt; glassrt.tools.compare.first_disagreement; glassrt.tools.metrics.instrument"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
