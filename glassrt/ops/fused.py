@@ -7,6 +7,10 @@ kernels against it).
   `activation_params`; written by passes/fusion.py.
   glassrt::FusedBatchNormalization(X, scale, B, mean, var) — inference BatchNormalization
   followed by `activation`, likewise (pre-activation nets: DenseNet, ResNet v2).
+  glassrt::FusedMatMul(A, B, bias?, Z?) — act(alpha·(A @ B) + bias + Z): MatMul with what
+  follows it in transformers (a scale, the bias Add, a residual or mask Add, an activation
+  such as Gelu); written by passes/fuse_matmul.py. bias broadcasts along the last dim, Z
+  into the product's shape (never enlarging it).
   glassrt::Transfer(X) — X copied from `src_device` to `dst_device`; inserted by placement
   where a value crosses between providers on different devices (primitive: the provider
   on the device side runs it).
@@ -20,6 +24,7 @@ import numpy as np
 from .contract import COMPOSITE, PRIMITIVE, OpContract
 from .custom_schema import CustomSchema
 from .meta.nn import conv as conv_meta
+from .meta.nn import matmul as matmul_meta
 from .registry import register_custom
 
 DOMAIN = "glassrt"
@@ -38,6 +43,14 @@ FUSED_BATCH_NORM = CustomSchema(DOMAIN, "FusedBatchNormalization",
                                 {**_BN_ATTRS, "activation": ("str", "Relu"), "activation_params": ("float[]", [])},
                                 ["Y"], "glassrt::FusedBatchNormalization(Tensor X, Tensor scale, Tensor B, Tensor mean, "
                                        "Tensor var, float epsilon, str activation, float[] activation_params) -> Tensor")
+
+
+FUSED_MATMUL = CustomSchema(DOMAIN, "FusedMatMul", [("A", False), ("B", False), ("bias", True), ("Z", True)],
+                             {"alpha": ("float", 1.0), "activation": ("str", ""), "activation_params": ("float[]", [])},
+                             ["Y"], "glassrt::FusedMatMul(Tensor A, Tensor B, Tensor? bias, Tensor? Z, float alpha, "
+                                    "str activation, float[] activation_params) -> Tensor")
+# The activations FusedMatMul applies (Gelu: the exact, erf form).
+MATMUL_ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Gelu")
 
 
 def _fused_decomposition(op_type, own_attrs, opset):
@@ -59,7 +72,22 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
     inputs, residual = list(node.inputs), None
     if op_type == "Conv" and len(inputs) > 3:
         inputs, residual = inputs[:3], inputs[3] or None
-    protos = [helper.make_node(op_type, inputs, [mid], name=f"{node.name}/{op_type.lower()}", **op_attrs)]
+    protos = []
+    if op_type == "MatMul":
+        inputs, bias, residual = inputs[:2], (inputs + ["", ""])[2], (inputs + ["", ""])[3] or None
+        alpha = float(node.attrs.get("alpha", 1.0))
+        protos.append(helper.make_node("MatMul", inputs, [mid], name=f"{node.name}/matmul"))
+        if alpha != 1.0:
+            dt = input_types[0].dtype if input_types and input_types[0] is not None else np.float32
+            protos.append(helper.make_node("Constant", [], [mid + "/alpha"], name=f"{node.name}/alpha",
+                                           value=numpy_helper.from_array(np.array(alpha, dtype=dt))))
+            protos.append(helper.make_node("Mul", [mid, mid + "/alpha"], [mid + "*alpha"], name=f"{node.name}/scale"))
+            mid += "*alpha"
+        if bias:
+            protos.append(helper.make_node("Add", [mid, bias], [mid + "+bias"], name=f"{node.name}/bias"))
+            mid += "+bias"
+    else:
+        protos.append(helper.make_node(op_type, inputs, [mid], name=f"{node.name}/{op_type.lower()}", **op_attrs))
     if residual:
         protos.append(helper.make_node("Add", [mid, residual], [mid + "+z"], name=f"{node.name}/residual"))
         mid += "+z"
@@ -93,6 +121,40 @@ def _fused_conv_meta(ctx):
     return out
 
 
+def _fused_matmul_meta(ctx):
+    """MatMul's rule; bias broadcasts along the last dim only, Z into the product's shape."""
+    out = matmul_meta(ctx)
+    y = out[0].shape
+    act = ctx.attr("activation", "")
+    if act not in MATMUL_ACTIVATIONS:
+        ctx.fail(f"activation '{act}' is not one of {', '.join(a for a in MATMUL_ACTIVATIONS if a)}")
+    for i, what in ((2, "bias"), (3, "residual input Z")):
+        if not ctx.has(i):
+            continue
+        if ctx.dtype(i) != out[0].dtype:
+            ctx.fail(f"{what} must have the output's dtype {out[0].dtype}, got {ctx.dtype(i)}")
+        s = ctx.shape(i)
+        if s is None or y is None:
+            continue
+        if i == 2 and not bias_fits(s, y):
+            ctx.fail(f"bias must broadcast along the last dim only, got shape {list(s)}")
+        if not fits_into(s, y):
+            ctx.fail(f"{what} of shape {list(s)} must broadcast into the product's shape {list(y)}")
+    return out
+
+
+def fits_into(s, y) -> bool:
+    """Shape s broadcasts into shape y without enlarging it (every dim 1 or y's own)."""
+    if len(s) > len(y):
+        return False
+    return all((isinstance(d, int) and d == 1) or d == e for d, e in zip(s, y[len(y) - len(s):]))
+
+
+def bias_fits(s, y) -> bool:
+    """Shape s is a bias: ones, then the product's last dim (or 1)."""
+    return fits_into(s, y) and all(isinstance(d, int) and d == 1 for d in s[:-1])
+
+
 def _same_as_x(ctx):
     return [ctx.tensor(ctx.dtype(0), ctx.shape(0))]
 
@@ -100,6 +162,9 @@ def _same_as_x(ctx):
 register_custom(OpContract(DOMAIN, "FusedConv", 1, FUSED_CONV, meta=_fused_conv_meta, category=COMPOSITE,
                            decomposition=_fused_decomposition("Conv", _CONV_ATTRS, 13),
                            notes=["Conv [+ residual] + activation, fused by passes/fusion.py"]))
+register_custom(OpContract(DOMAIN, "FusedMatMul", 1, FUSED_MATMUL, meta=_fused_matmul_meta, category=COMPOSITE,
+                           decomposition=_fused_decomposition("MatMul", (), 20),
+                           notes=["MatMul + scale + bias + residual + activation, fused by passes/fuse_matmul.py"]))
 register_custom(OpContract(DOMAIN, "FusedBatchNormalization", 1, FUSED_BATCH_NORM, meta=_same_as_x, category=COMPOSITE,
                            decomposition=_fused_decomposition("BatchNormalization", ("epsilon",), 15),
                            notes=["inference BatchNormalization + activation, fused by passes/fusion.py"]))

@@ -12,6 +12,7 @@ from .dead_code import remove_dead_code
 from .expand import expand_composites
 from .fuse_conv import fuse_conv_activation, fuse_conv_residual
 from .fuse_gelu import fuse_gelu
+from .fuse_matmul import fuse_matmul
 from .manager import LEVELS, Pass, PassContext, PassRecord, run_pipeline, selected  # noqa: F401
 
 TYPES, PROVIDERS = "types", "providers"
@@ -31,6 +32,8 @@ PIPELINE = [
     Pass("fuse_conv_activation", "extended", fuse_conv_activation, option="fusion",
          doc="Conv/BatchNormalization + Relu/LeakyRelu/Clip/Sigmoid become one fused op"),
     Pass("fuse_gelu", "extended", fuse_gelu, option="fusion", doc="GELU written out with Erf becomes one Gelu"),
+    Pass("fuse_matmul", "extended", fuse_matmul, frozenset({TYPES}), option="fusion",
+         doc="MatMul + scale + bias Add + residual/mask Add + activation become one glassrt::FusedMatMul"),
 ]
 
 

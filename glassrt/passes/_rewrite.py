@@ -31,6 +31,31 @@ def origin(node, what) -> str:
     return f"{node.origin + '; ' if node.origin else ''}{what}"
 
 
+def activation_of(n, consts):
+    """(name, params) of an activation node a fused kernel can apply to its output, or None:
+    Relu, LeakyRelu (alpha), Clip (constant float bounds), Sigmoid, Tanh, exact Gelu."""
+    if n is None or n.domain or len(n.outputs) != 1:
+        return None
+    if n.op_type in ("Relu", "Sigmoid", "Tanh"):
+        return n.op_type, []
+    if n.op_type == "Gelu":
+        return ("Gelu", []) if n.attrs.get("approximate", "none") == "none" else None
+    if n.op_type == "LeakyRelu":
+        return "LeakyRelu", [float(n.attrs.get("alpha", 0.01))]
+    if n.op_type != "Clip":
+        return None
+    if n.opset < 11:
+        return "Clip", [float(n.attrs.get("min", -3.4e38)), float(n.attrs.get("max", 3.4e38))]
+    names = (n.inputs[1:3] + ["", ""])[:2]
+    bounds = [consts.get(x) if x else None for x in names]
+    if any(x and b is None for x, b in zip(names, bounds)):
+        return None  # bounds known only at run time
+    if any(b is not None and (b.size != 1 or b.dtype.kind != "f") for b in bounds):
+        return None  # not one float each (onnxruntime takes shape (1,) too): the Clip kernel judges
+    return "Clip", [float(bounds[0].reshape(-1)[0]) if bounds[0] is not None else -np.inf,
+                    float(bounds[1].reshape(-1)[0]) if bounds[1] is not None else np.inf]
+
+
 def per_channel(c, rank, channels):
     """c as a float64 vector over axis 1 of a rank-`rank` tensor, or None if it broadcasts otherwise."""
     if c.ndim == 0 or c.size == 1:

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from ..ir import Node
-from ._rewrite import Readers, origin, producers
+from ._rewrite import Readers, activation_of, origin, producers
 
 ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid")
 
@@ -87,20 +85,10 @@ def _fuse_activation(graph, nodes, consts, log):
                 continue
         elif conv.op_type != "Conv":
             continue
-        params = []
-        if n.op_type == "LeakyRelu":
-            params = [float(n.attrs.get("alpha", 0.01))]
-        elif n.op_type == "Clip":
-            if n.opset < 11:
-                params = [float(n.attrs.get("min", -3.4e38)), float(n.attrs.get("max", 3.4e38))]
-            else:
-                bounds = [consts.get(x) if x else None for x in (n.inputs[1:3] + ["", ""])[:2]]
-                if any(x and b is None for x, b in zip((n.inputs[1:3] + ["", ""])[:2], bounds)):
-                    continue  # bounds known only at run time
-                if any(b is not None and (b.size != 1 or b.dtype.kind != "f") for b in bounds):
-                    continue  # not one float each (onnxruntime takes shape (1,) too): the Clip kernel judges
-                params = [float(bounds[0].reshape(-1)[0]) if bounds[0] is not None else -np.inf,
-                          float(bounds[1].reshape(-1)[0]) if bounds[1] is not None else np.inf]
+        found = activation_of(n, consts)
+        if found is None:
+            continue
+        params = found[1]
         kind = "FusedConv" if conv.op_type == "Conv" else "FusedBatchNormalization"
         attrs = dict(conv.attrs) if kind == "FusedConv" else {"epsilon": conv.attrs.get("epsilon", 1e-5)}
         fused[conv.name] = Node(kind, "glassrt", list(conv.inputs[:5]), list(n.outputs[:1]),

@@ -1,0 +1,194 @@
+"""The `onednn` provider's matrix products: MatMul, Gemm and glassrt::FusedMatMul on
+oneDNN's matmul primitive, for products with constant weights (a layer's B).
+
+What it gains over a BLAS call: the weights are reordered once into the blocked layout
+the primitive reads fastest (NumPy cannot keep a packed matrix), and FusedMatMul's
+epilogue (scale, bias, residual or mask, activation; passes/fuse_matmul.py) runs as
+post-ops while each tile of the product is still in cache, with no pass over memory of
+its own. A (..., M, K) input is one (rows, K) product.
+
+Products whose B is computed at run time (attention's per-head products) stay with the
+cpu kernels: their shapes change with the sequence (every token, when decoding), and a
+oneDNN primitive is made per shape (tens of microseconds each).
+
+Weights larger than `_PACK_LIMIT` are read where they lie (plain layout) rather than
+copied: a packed copy doubles what a 400 MB classifier layer holds in memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops.fused import MATMUL_ACTIVATIONS
+from ..registry import kernel
+from . import dnnl
+from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
+from .kernels import F32, _PerThreads, _unavailable
+
+_PACK_LIMIT = 64 << 20
+_SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
+
+# FusedMatMul's activations as oneDNN eltwise post-ops: (name, params -> (alpha, beta)).
+_POST = {"Relu": ("relu", lambda p: (0.0, 0.0)), "LeakyRelu": ("relu", lambda p: (p[0] if p else 0.01, 0.0)),
+         "Clip": ("clip", lambda p: (p[0], p[1])), "Sigmoid": ("logistic", lambda p: (0.0, 0.0)),
+         "Tanh": ("tanh", lambda p: (0.0, 0.0)), "Gelu": ("gelu_erf", lambda p: (0.0, 0.0))}
+assert set(_POST) == set(MATMUL_ACTIVATIONS) - {""}
+
+
+class _Product:
+    """The geometry of a product with constant B: rows × K @ K × N (+ the epilogue)."""
+
+    def __init__(self, ctx):
+        op = ctx.node.op_type
+        a, b = [int(d) for d in ctx.shape(0)], [int(d) for d in ctx.shape(1)]
+        self.trans_a = op == "Gemm" and bool(ctx.attrs.get("transA", 0))
+        self.trans_b = op == "Gemm" and bool(ctx.attrs.get("transB", 0))
+        self.k = a[-2] if self.trans_a else a[-1]
+        self.rows = a[-1] if self.trans_a else int(np.prod(a[:-1], dtype=np.int64))
+        self.n = b[0] if self.trans_b else b[1]
+        self.alpha = float(ctx.attrs.get("alpha", 1.0))
+        self.bias = self.z = None  # constant (N,) bias / a value added into the product
+        self.z_shape = None
+        if op == "Gemm":
+            beta = float(ctx.attrs.get("beta", 1.0))
+            c = ctx.const(2) if ctx.has(2) else None
+            if c is not None and beta != 0.0:
+                self.bias = (np.broadcast_to(c.astype(np.float32).reshape(-1), (self.n,)) * np.float32(beta)).reshape(1, -1)
+            self.act, self.params = "", []
+        else:
+            if ctx.has(2):
+                self.bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(1, -1)
+                if self.bias.shape[1] != self.n:
+                    self.bias = np.broadcast_to(self.bias, (1, self.n)).copy()
+            if ctx.has(3):
+                self.z_shape = [int(d) for d in ctx.shape(3)]
+            self.act = ctx.attrs.get("activation", "") if op == "FusedMatMul" else ""
+            self.params = [float(v) for v in ctx.attrs.get("activation_params") or []]
+
+    def z_dims(self, y_shape):
+        """Z as the 2-D operand oneDNN reads: (rows, N), (1, N), (rows, 1) or (1, 1)."""
+        z = [1] * (len(y_shape) - len(self.z_shape)) + self.z_shape
+        lead = int(np.prod(z[:-1], dtype=np.int64))
+        return (self.rows if lead == self.rows else 1, z[-1])
+
+    def post_ops(self, y_shape):
+        """(post-ops, the bias's argument if it is a post-op, Z's argument): the bias is the
+        primitive's own unless a scale comes first (alpha·(A @ B) + bias)."""
+        post = dnnl.PostOps()
+        bias_arg = z_arg = None
+        if self.alpha != 1.0:
+            post.eltwise("linear", self.alpha, 0.0)
+            if self.bias is not None:
+                post.binary("add", MemoryDesc.create((1, self.n), np.float32, "ab"))
+                bias_arg = post.binary_arg()
+        if self.z_shape is not None:
+            post.binary("add", MemoryDesc.create(self.z_dims(y_shape), np.float32, "ab"))
+            z_arg = post.binary_arg()
+        if self.act:
+            name, params = _POST[self.act]
+            post.eltwise(name, *params(self.params))
+        return post, bias_arg, z_arg
+
+
+def _z_reason(z_shape, y_shape):
+    """None if Z broadcasts into (rows, N) in a way oneDNN reads: whole, one row, or one column."""
+    z = [1] * (len(y_shape) - len(z_shape)) + list(z_shape)
+    lead = int(np.prod(z[:-1], dtype=np.int64))
+    rows = int(np.prod(y_shape[:-1], dtype=np.int64))
+    if lead not in (1, rows) or (lead == rows and z[:-1] != list(y_shape[:-1])):
+        return f"Z of shape {list(z_shape)} broadcasts over some leading dims of {list(y_shape)} only"
+    return None
+
+
+def _reason(ctx):
+    why = _unavailable(ctx)
+    if why:
+        return why
+    a, b = ctx.shape(0), ctx.shape(1)
+    if a is None or b is None or len(b) != 2 or len(a) < 2 or (ctx.node.op_type == "Gemm" and len(a) != 2):
+        return "B is not a matrix or A has rank < 2 (matrix-vector products stay with cpu)"
+    if ctx.const(1) is None:
+        return "B is computed at run time (only constant weights are prepacked here)"
+    if ctx.node.op_type == "Gemm" and ctx.has(2):
+        c = ctx.const(2)
+        n = int(b[0] if ctx.attrs.get("transB", 0) else b[1])
+        if c is None or c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
+            return "C is not a constant row (N,) or (1, N)"
+    if ctx.node.op_type == "FusedMatMul":
+        if ctx.has(2) and ctx.const(2) is None:
+            return "the bias is not a constant"
+        if ctx.attrs.get("activation", "") not in MATMUL_ACTIVATIONS:
+            return f"activation {ctx.attrs.get('activation')} has no oneDNN post-op here"
+        y = ctx.out_shape(0)
+        if ctx.has(3):
+            why = _z_reason([int(d) for d in ctx.shape(3)], [int(d) for d in y])
+            if why:
+                return why
+    if min(int(d) for d in list(a) + list(b)) == 0:
+        return "an empty product"
+    impl = _primitive(ctx).impl
+    if impl.startswith(_SLOW):
+        return f"oneDNN has only its reference matmul ({impl}) for this product"
+    return None
+
+
+def _weights_md(p):
+    """B as the constant lies: (K, N), or (N, K) read transposed (Gemm's transB)."""
+    if p.trans_b:
+        return MemoryDesc.create((p.n, p.k), np.float32, "ab").permute_axes((1, 0))
+    return MemoryDesc.create((p.k, p.n), np.float32, "ab")
+
+
+def _primitive(ctx, product=None):
+    """The primitive descriptor for the node's product (weights 'any', so oneDNN picks its
+    packed layout, unless they are too large to copy)."""
+    p = product or _Product(ctx)
+    y = [int(d) for d in ctx.out_shape(0)]
+    post, bias_arg, _ = p.post_ops(y)
+    src = MemoryDesc.create((p.k, p.rows), np.float32, "ab").permute_axes((1, 0)) if p.trans_a \
+        else MemoryDesc.create((p.rows, p.k), np.float32, "ab")
+    weights = _weights_md(p) if p.k * p.n * 4 > _PACK_LIMIT else MemoryDesc.any((p.k, p.n))
+    bias = MemoryDesc.create((1, p.n), np.float32, "ab") if p.bias is not None and bias_arg is None else None
+    return dnnl.matmul(src, weights, MemoryDesc.create((p.rows, p.n), np.float32, "ab"), bias, attr=post)
+
+
+@kernel(["MatMul", "Gemm"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_reason, static_only=True,
+        name="matmul")
+def matmul(ctx):
+    """oneDNN matmul over A's rows, B reordered once; FusedMatMul's epilogue as post-ops."""
+    p = _Product(ctx)
+    y = [int(d) for d in ctx.out_shape(0)]
+    b = np.ascontiguousarray(ctx.const(1), np.float32)
+    packed = {}
+
+    def build():
+        pd = _primitive(ctx, p)
+        post, bias_arg, z_arg = p.post_ops(y)
+        wmd = pd.weights_md()
+        if wmd not in packed:
+            packed[wmd] = b if wmd == _weights_md(p) else dnnl.prepack(b, _weights_md(p), wmd)
+        args = {ARG_SRC: None, ARG_WEIGHTS: packed[wmd], ARG_DST: None}
+        if p.bias is not None:
+            args[bias_arg if bias_arg is not None else ARG_BIAS] = p.bias
+        if z_arg is not None:
+            args[z_arg] = None
+        return pd.primitive().bind(args), z_arg
+
+    prims = _PerThreads(build)
+    z_dims = p.z_dims(y) if p.z_shape is not None else None
+    z_view = [None, None]  # the last Z and its 2-D view: the same view object keeps the memory's pointer
+
+    def step(a, b_=None, c=None, z=None, *, out):
+        prim, z_arg = prims.get()
+        buffers = {ARG_SRC: a if a.flags.c_contiguous else np.ascontiguousarray(a), ARG_DST: out}
+        if z_arg is not None:
+            if z_view[0] is not z:
+                z_view[:] = z, (z if z.flags.c_contiguous else np.ascontiguousarray(z)).reshape(z_dims)
+            buffers[z_arg] = z_view[1]
+        prim.run(buffers)
+        return out
+
+    return step
+
+
+kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_reason,
+       static_only=True, name="matmul")(matmul)

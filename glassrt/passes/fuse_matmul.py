@@ -1,0 +1,104 @@
+"""Fuse what follows a MatMul in transformers into one glassrt::FusedMatMul:
+
+    MatMul [→ Mul/Div by a scalar constant] [→ Add bias] [→ Add Z] [→ activation]
+
+each step optional, in that order: attention scores (MatMul, Div by √d, Add the mask), the
+projections (MatMul, Add bias [, Add the residual]), the feed-forward's first half (MatMul,
+Add bias, Gelu). The fused kernels apply the steps as the product is written (oneDNN's
+post-ops) or in place on it (cpu): no intermediate value, no extra pass over memory.
+
+bias is a constant that broadcasts along the last dim only; Z any value that broadcasts into
+the product's shape without enlarging it. Only float32 and float64 products are fused (the
+fused kernels' types). Like the conv fusions, each rewrite keeps the output name, fires only
+when every intermediate value has one reader and is not a graph output, and names the nodes
+it replaced in the fused node's `origin`. Dividing by c becomes alpha = 1/c: within an ulp.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..ir import Node, TensorType
+from ..ops.fused import bias_fits, fits_into
+from ._rewrite import Readers, activation_of, origin
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Gelu")
+
+
+def fuse_matmul(graph, ctx):
+    changes = []
+    nodes = _fuse(graph, list(graph.nodes), graph.constants(), ctx.types, changes)
+    return (replace(graph, nodes=nodes), changes) if changes else (graph, [])
+
+
+def _plain(n, op, arity=2):
+    return n is not None and n.op_type == op and not n.domain and len(n.inputs) == arity \
+        and "broadcast" not in n.attrs
+
+
+def _other(node, value):
+    a, b = node.inputs
+    return b if a == value else a if b == value else None
+
+
+def _scalar(consts, name, dtype):
+    c = consts.get(name)
+    return float(c.reshape(-1)[0]) if c is not None and c.size == 1 and c.ndim <= 1 and c.dtype == dtype else None
+
+
+def _fuse(graph, nodes, consts, types, log):
+    readers = Readers(graph, nodes)
+    replaced, dropped = {}, set()
+    for mm in nodes:
+        if not _plain(mm, "MatMul") or mm.name in dropped:
+            continue
+        t = types.get(mm.outputs[0])
+        if not isinstance(t, TensorType) or t.shape is None or t.dtype not in _FLOATS or len(t.shape) < 1:
+            continue
+        y, dt = tuple(t.shape), t.dtype
+        cur, chain = mm.outputs[0], []
+        alpha, bias, z, act, params = 1.0, "", "", "", []
+        nxt = readers.single(cur)
+        # a scale: Mul by a scalar constant (either side) or Div by one
+        if _plain(nxt, "Mul") or (_plain(nxt, "Div") and nxt.inputs[0] == cur):
+            c = _other(nxt, cur)
+            v = _scalar(consts, c, dt) if c is not None and c != cur else None
+            if v is not None and (nxt.op_type == "Mul" or v != 0.0):
+                alpha = v if nxt.op_type == "Mul" else 1.0 / v
+                chain.append(nxt)
+                cur, nxt = nxt.outputs[0], readers.single(nxt.outputs[0])
+        # the bias: a constant along the last dim
+        if _plain(nxt, "Add"):
+            c = _other(nxt, cur)
+            v = consts.get(c) if c is not None and c != cur else None
+            if v is not None and v.dtype == dt and bias_fits(v.shape, y):
+                bias = c
+                chain.append(nxt)
+                cur, nxt = nxt.outputs[0], readers.single(nxt.outputs[0])
+        # a residual or mask: any value that broadcasts into the product
+        if _plain(nxt, "Add"):
+            c = _other(nxt, cur)
+            tz = types.get(c) if c is not None and c != cur else None
+            if isinstance(tz, TensorType) and tz.dtype == dt and tz.shape is not None and fits_into(tz.shape, y):
+                z = c
+                chain.append(nxt)
+                cur, nxt = nxt.outputs[0], readers.single(nxt.outputs[0])
+        found = activation_of(nxt, consts) if nxt is not None and nxt.inputs[:1] == [cur] else None
+        if found is not None and found[0] in ACTIVATIONS:
+            act, params = found
+            chain.append(nxt)
+        if not chain:
+            continue
+        last = chain[-1]
+        inputs = [mm.inputs[0], mm.inputs[1], bias, z]
+        while inputs[-1] == "":
+            inputs.pop()
+        replaced[last.name] = Node("FusedMatMul", "glassrt", inputs, list(last.outputs[:1]),
+                                   {"alpha": alpha, "activation": act, "activation_params": params}, mm.name, 1, [],
+                                   origin=origin(mm, ", ".join(f"{n.op_type} '{n.name}'" for n in chain) +
+                                                 " fused in"))
+        dropped.update(n.name for n in [mm] + chain if n is not last)
+        log.append(f"fuse {', '.join(f'{n.op_type} {n.name!r}' for n in chain)} into MatMul '{mm.name}'")
+    return [replaced.get(n.name, n) for n in nodes if n.name not in dropped]

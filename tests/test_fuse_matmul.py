@@ -1,0 +1,226 @@
+"""glassrt::FusedMatMul (passes/fuse_matmul.py) and the transformer kernels behind it:
+the fusion keeps results and does not fire where it must not; oneDNN's matmul (constant
+weights, epilogue as post-ops), LayerNormalization and Softmax equal glassrt's cpu kernels
+and NumPy."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import glassrt
+from glassrt.kernels.onednn import capi
+from glassrt.tools.bench_models import bert, bert_feeds
+
+from .helpers import init, model, tensor
+
+onednn = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason=f"oneDNN: {capi.UNAVAILABLE}")
+RNG = np.random.default_rng(0)
+
+
+def _session(m, providers=None, **options):
+    so = glassrt.SessionOptions()
+    for k, v in options.items():
+        setattr(so, k, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return glassrt.InferenceSession(m.SerializeToString(), so, providers=providers)
+
+
+def _kernels(s):
+    return {n["name"]: (n["op"], n.get("kernel")) for n in s.explain()["nodes"]}
+
+
+def _ops(s):
+    return sorted(n["op"] for n in s.explain()["nodes"])
+
+
+def _gelu(v):
+    from math import erf
+    return 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
+
+
+def _chain(steps, x_shape=(2, 5, 8), n=6, z_shape=None):
+    """x @ W then `steps` (each 'scale', 'bias', 'z' or an activation name), as an exporter
+    writes them, and the NumPy result."""
+    w = RNG.standard_normal((x_shape[-1], n)).astype(np.float32) * 0.3
+    b = RNG.standard_normal(n).astype(np.float32)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    z = RNG.standard_normal(z_shape or x_shape[:-1] + (n,)).astype(np.float32)
+    inits = [init("W", w), init("b", b), init("c", np.array(4.0, np.float32))]
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["t0"], name="mm")]
+    ref = x @ w
+    for i, s in enumerate(steps):
+        src, dst = f"t{i}", f"t{i + 1}"
+        if s == "scale":
+            nodes.append(helper.make_node("Div", [src, "c"], [dst], name=f"s{i}"))
+            ref = ref / 4
+        elif s == "bias":
+            nodes.append(helper.make_node("Add", ["b", src], [dst], name=f"s{i}"))  # PyTorch: bias first
+            ref = ref + b
+        elif s == "z":
+            nodes.append(helper.make_node("Add", [src, "z"], [dst], name=f"s{i}"))
+            ref = ref + z
+        else:
+            nodes.append(helper.make_node(s, [src], [dst], name=f"s{i}"))
+            ref = {"Relu": lambda v: np.maximum(v, 0), "Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+                   "Gelu": _gelu}[s](ref)
+    out = f"t{len(steps)}"
+    m = model(nodes, [tensor("x", list(x_shape)), tensor("z", list(z.shape))], [tensor(out, None)], inits,
+              opset=20)
+    return m, {"x": x, "z": z}, ref
+
+
+CHAINS = [["bias"], ["bias", "Gelu"], ["scale", "z"], ["bias", "z"], ["bias", "z", "Relu"], ["scale", "bias", "Tanh"],
+          ["Sigmoid"], ["z"]]
+
+
+@pytest.mark.parametrize("providers", [["cpu"], pytest.param(None, marks=onednn)], ids=["cpu", "default"])
+@pytest.mark.parametrize("steps", CHAINS, ids=["+".join(c) for c in CHAINS])
+def test_fused_chains_equal_numpy_and_the_unfused_graph(steps, providers):
+    m, feeds, ref = _chain(steps)
+    fused = _session(m, providers)
+    assert _ops(fused) == ["FusedMatMul"]
+    plain = _session(m, providers, graph_optimization_level="basic")
+    assert "FusedMatMul" not in _ops(plain)
+    for _ in range(2):  # the replay reuses bound primitives
+        got = fused.run(None, feeds)[0]
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(got, plain.run(None, feeds)[0], rtol=2e-5, atol=2e-5)
+
+
+@onednn
+@pytest.mark.parametrize("z_shape", [(2, 5, 6), (1, 1, 6), (6,), (2, 5, 1)], ids=str)
+def test_a_mask_that_broadcasts_is_fused_and_read_as_it_lies(z_shape):
+    m, feeds, ref = _chain(["scale", "z"], z_shape=z_shape)
+    s = _session(m)
+    assert _ops(s) == ["FusedMatMul"]
+    np.testing.assert_allclose(s.run(None, feeds)[0], ref, rtol=2e-5, atol=2e-5)
+
+
+def test_the_fusion_does_not_fire_where_it_must_not():
+    w, b = init("W", RNG.standard_normal((8, 6)).astype(np.float32)), init("b", np.ones(6, np.float32))
+    col = init("col", np.ones((5, 1), np.float32))  # varies along rows: not a bias, but a Z
+    # the product is also a graph output; its sum is read twice; a column; a Z that enlarges the product
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["p"], name="mm1"),
+             helper.make_node("Add", ["p", "b"], ["q"], name="add1"),
+             helper.make_node("MatMul", ["x", "W"], ["p2"], name="mm2"),
+             helper.make_node("Add", ["p2", "b"], ["q2"], name="add2"),
+             helper.make_node("Relu", ["q2"], ["r2"], name="relu2"),
+             helper.make_node("Sigmoid", ["q2"], ["s2"], name="sig2"),
+             helper.make_node("MatMul", ["x", "W"], ["p3"], name="mm3"),
+             helper.make_node("Add", ["p3", "col"], ["q3"], name="add3"),
+             helper.make_node("MatMul", ["x", "W"], ["p4"], name="mm4"),
+             helper.make_node("Add", ["p4", "big"], ["q4"], name="add4")]
+    m = model(nodes, [tensor("x", [5, 8]), tensor("big", [3, 5, 6])],
+              [tensor(v, None) for v in ("p", "q", "r2", "s2", "q3", "q4")], [w, b, col], opset=17)
+    s = _session(m, ["cpu"])
+    k = _kernels(s)
+    assert k["mm1"][0] == "MatMul" and k["add1"][0] == "Add"      # p is a graph output
+    assert k["mm2"][0] == "FusedMatMul" and k["relu2"][0] == "Relu"  # q2 has two readers: the bias only
+    assert "add2" not in k
+    assert k["mm3"][0] == "FusedMatMul" and "add3" not in k        # (5, 1) goes in as a Z, not as a bias
+    assert "Add 'add3' fused in" in {n["name"]: n for n in s.explain()["nodes"]}["mm3"]["origin"]
+    assert k["mm4"][0] == "MatMul" and k["add4"][0] == "Add"      # (3, 5, 6) would enlarge the product
+    x, big = RNG.standard_normal((5, 8)).astype(np.float32), RNG.standard_normal((3, 5, 6)).astype(np.float32)
+    got = s.run(None, {"x": x, "big": big})
+    p = x @ w_value(w)
+    for g, r in zip(got, [p, p + 1, np.maximum(p + 1, 0), 1 / (1 + np.exp(-(p + 1))), p + 1, p + big]):
+        np.testing.assert_allclose(g, r, rtol=2e-5, atol=2e-5)
+
+
+def w_value(t):
+    from onnx import numpy_helper
+    return numpy_helper.to_array(t)
+
+
+def test_integer_products_are_not_fused():
+    w = init("W", np.arange(12, dtype=np.int32).reshape(4, 3))
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["p"], name="mm"), helper.make_node("Add", ["p", "W0"], ["y"])]
+    m = model(nodes, [tensor("x", [2, 4], 6)], [tensor("y", None, 6)], [w, init("W0", np.ones(3, np.int32))])
+    assert "FusedMatMul" not in _ops(_session(m, ["cpu"]))
+
+
+@onednn
+@pytest.mark.parametrize("trans_a, trans_b, alpha, beta, c_shape",
+                         [(0, 0, 1.0, 1.0, (6,)), (1, 0, 0.5, 1.0, (1, 6)), (0, 1, 1.0, 2.0, (6,)),
+                          (1, 1, 2.0, 0.5, None), (0, 1, 1.0, 1.0, (1,))])
+def test_gemm_on_onednn_equals_numpy(trans_a, trans_b, alpha, beta, c_shape):
+    a = RNG.standard_normal((8, 5) if trans_a else (5, 8)).astype(np.float32)
+    b = RNG.standard_normal((6, 8) if trans_b else (8, 6)).astype(np.float32)
+    inits = [init("B", b)] + ([init("C", RNG.standard_normal(c_shape).astype(np.float32))] if c_shape else [])
+    node = helper.make_node("Gemm", ["a", "B"] + (["C"] if c_shape else []), ["y"], name="g", transA=trans_a,
+                            transB=trans_b, alpha=alpha, beta=beta)
+    m = model([node], [tensor("a", list(a.shape))], [tensor("y", None)], inits, opset=13)
+    s = _session(m)
+    assert _kernels(s)["g"][1] == "onednn.Gemm.matmul"
+    ref = alpha * ((a.T if trans_a else a) @ (b.T if trans_b else b))
+    if c_shape:
+        ref = ref + beta * w_value(inits[1])
+    np.testing.assert_allclose(s.run(None, {"a": a})[0], ref, rtol=2e-5, atol=2e-5)
+
+
+@onednn
+def test_products_onednn_does_not_take_say_why():
+    w = init("W", RNG.standard_normal((8, 6)).astype(np.float32))
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["p"], name="weights"),
+             helper.make_node("MatMul", ["x", "y"], ["q"], name="runtime_b"),
+             helper.make_node("MatMul", ["v", "W"], ["r"], name="vector")]
+    m = model(nodes, [tensor("x", [5, 8]), tensor("y", [8, 3]), tensor("v", [8])],
+              [tensor(v, None) for v in "pqr"], [w], opset=17)
+    s = _session(m)
+    rows = {n["name"]: n for n in s.explain()["nodes"]}
+    assert rows["weights"]["kernel"] == "onednn.MatMul"
+    assert rows["runtime_b"]["provider"] == "cpu" and "run time" in str(rows["runtime_b"])
+    assert rows["vector"]["provider"] == "cpu" and "matrix" in str(rows["vector"])
+
+
+@onednn
+@pytest.mark.parametrize("axis, shape, bias", [(-1, (2, 7, 16), True), (1, (3, 4, 5), True), (-1, (6, 32), False)])
+def test_layer_norm_on_onednn_equals_the_cpu_kernel(axis, shape, bias):
+    x = RNG.standard_normal(shape).astype(np.float32) * 3 + 1
+    a = axis % len(shape)
+    scale = RNG.standard_normal(shape[a:]).astype(np.float32)
+    b = RNG.standard_normal(shape[a:]).astype(np.float32)
+    node = helper.make_node("LayerNormalization", ["x", "s"] + (["b"] if bias else []), ["y"], name="ln", axis=axis,
+                            epsilon=1e-5)
+    m = model([node], [tensor("x", list(shape))], [tensor("y", None)],
+              [init("s", scale)] + ([init("b", b)] if bias else []), opset=17)
+    fast, cpu = _session(m), _session(m, ["cpu"])
+    assert _kernels(fast)["ln"][1] == "onednn.LayerNormalization.layer_norm"
+    np.testing.assert_allclose(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+@onednn
+def test_layer_norm_with_its_statistics_outputs_runs_on_cpu():
+    node = helper.make_node("LayerNormalization", ["x", "s"], ["y", "mean"], name="ln")
+    m = model([node], [tensor("x", [2, 8])], [tensor("y", None), tensor("mean", None)],
+              [init("s", np.ones(8, np.float32))], opset=17)
+    row = {n["name"]: n for n in _session(m).explain()["nodes"]}["ln"]
+    assert row["provider"] == "cpu" and "Mean" in str(row)
+
+
+@onednn
+@pytest.mark.parametrize("op, opset, axis", [("Softmax", 13, -1), ("Softmax", 13, 1), ("Softmax", 11, 1),
+                                             ("LogSoftmax", 13, -1), ("LogSoftmax", 11, 2)])
+def test_softmax_on_onednn_equals_the_cpu_kernel(op, opset, axis):
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32) * 4
+    m = model([helper.make_node(op, ["x"], ["y"], name="sm", axis=axis)], [tensor("x", [2, 3, 4, 5])],
+              [tensor("y", None)], opset=opset)
+    fast, cpu = _session(m), _session(m, ["cpu"])
+    assert _kernels(fast)["sm"][1].startswith("onednn.")
+    np.testing.assert_allclose(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_small_bert_fuses_every_projection_and_matches_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    m = bert(layers=2, hidden=64, heads=4, intermediate=128, vocab=100, max_positions=64)
+    feeds = bert_feeds(2, 16, 100)
+    s = _session(m)
+    fused = [c for p in s.explain()["passes"] if p["name"] == "fuse_matmul" for c in p["changes"]]
+    assert len(fused) == 2 * 7  # Q, K, V, scores (scale + mask), output (+ residual), FFN in (+ Gelu), FFN out
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, r in zip(s.run(None, feeds), want):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
