@@ -19,14 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!--\s*not-run:\s*(?P<why>.*?)\s*-->\s*)?```python\n(?P<code>.*?)```", re.S)
 
 
+def blocks(text: str) -> list[tuple[int, str, str | None]]:
+    """(line of the ```python fence, code, why it is not run or None) per block."""
+    return [(text.count("\n", 0, m.start("code")), m["code"], m["why"]) for m in BLOCK.finditer(text)]
+
+
 def snippets() -> list:
-    text = (ROOT / "README.md").read_text()
-    out = []
-    for m in BLOCK.finditer(text):
-        line = text.count("\n", 0, m.start("code"))
-        marks = [pytest.mark.skip(reason=f"README marks it not-run: {m['why']}")] if m["why"] else []
-        out.append(pytest.param(m["code"], id=f"README.md:{line}", marks=marks))
-    return out
+    return [pytest.param(code, id=f"README.md:{line}",
+                         marks=[pytest.mark.skip(reason=f"README marks it not-run: {why}")] if why else [])
+            for line, code, why in blocks((ROOT / "README.md").read_text())]
+
+
+def test_not_run_marks_only_the_next_block():
+    text = "a\n<!-- not-run: needs a GPU -->\n```python\nx = 1\n```\n\n```python\ny = 2\n```\n"
+    assert blocks(text) == [(3, "x = 1\n", "needs a GPU"), (7, "y = 2\n", None)]
 
 
 def _model_onnx() -> onnx.ModelProto:
