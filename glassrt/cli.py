@@ -83,14 +83,14 @@ threads_option = click.option("--threads", default=0, show_default=True,
                               help="intra_op_num_threads (0: every CPU this process may use).")
 
 
-def _session(source, providers, fallback="warn", threads=0):
+def _session(source, providers, fallback="warn", threads=0, unsupported="error"):
     """A session whose fallback warnings are left to the report (explain/profile show them)."""
     from . import InferenceSession
 
     with warnings.catch_warnings(), _creating(source):
         warnings.simplefilter("ignore")
         return InferenceSession(source, providers=providers.split(","), fallback=fallback,
-                                sess_options=_options(threads))
+                                sess_options=_options(threads), unsupported=unsupported)
 
 
 def _model_arg(model):
@@ -193,7 +193,8 @@ def run(model, inputs, dims, providers, strict, save, runs, threads):
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim (e.g. batch=64).")
 @click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True)
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Also write the report as JSON.")
-@click.option("--width", default=70, show_default=True, help="Truncate reasons to this many characters.")
+@click.option("--width", default=70, show_default=True,
+              help="Cut reasons in the table to this many characters (the --json report has them whole).")
 def explain(model, dims, providers, json_file, width):
     """Show every decision for MODEL without running it: placement, kernels, memory plan."""
     import json
@@ -203,7 +204,8 @@ def explain(model, dims, providers, json_file, width):
 
     source, _ = _model_arg(model)
     try:
-        sess = _session(source, providers)
+        # a node no provider runs is explained with its reason, the rest as usual
+        sess = _session(source, providers, unsupported="mark")
         dims = _parse_dims(dims)
         made_up.check_dims(sess, dims)
         report = build_report(sess, dims)

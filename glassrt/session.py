@@ -17,13 +17,13 @@ import numpy as np
 
 from . import dtypes, onnx_io, symbolic
 from .errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, InvalidArgumentError,
-                      MissingInputError, UnknownInputError, UnknownOutputError)
+                      MissingInputError, UnknownInputError, UnknownOutputError, UnsupportedOperatorError)
 from .ir import MapType, OptionalType, SequenceType, TensorType
 from .passes import run_passes
 from .runtime import providers as providers_mod
 from .runtime.infer import infer
 from .runtime.options import SessionOptions
-from .runtime.placement import place
+from .runtime.placement import place, unsupported_error
 from .runtime.profiling import Profile
 from .runtime.runner import GraphRunner
 
@@ -77,6 +77,17 @@ def _refine(declared, inferred):
     return TensorType(declared.dtype, tuple(i if unnamed(d) else d for d, i in zip(declared.shape, inferred.shape)))
 
 
+class _Unrunnable:
+    """The runner of a session made with unsupported="mark" that holds a node no provider
+    runs: whatever needs to run it (run, profile, memory stats) gets the creation error."""
+
+    def __init__(self, error: UnsupportedOperatorError):
+        self._message = str(error)
+
+    def __getattr__(self, name):
+        raise UnsupportedOperatorError(self._message)
+
+
 @dataclass(frozen=True)
 class ModelMeta:
     """The model's metadata, as onnxruntime's ModelMetadata has it."""
@@ -98,10 +109,14 @@ class Session:
     that passes the complete cpu provider runs on a later one: warn once per node, count
     it), "error" (raise FallbackError at creation listing every such node) or "silent" (as
     "warn", without the warnings: the fallbacks are still in sess.fallbacks).
+    unsupported: "error" (a node no provider can run raises UnsupportedOperatorError at
+    creation) or "mark" (for explain: the session is made, that node is explained with the
+    reason, and running the session raises the error instead).
     """
 
     def __init__(self, model, options_or_providers=None, providers=None, *, fallback: str = "warn",
-                 sess_options: SessionOptions | None = None, base_dir: str | None = None):
+                 sess_options: SessionOptions | None = None, base_dir: str | None = None,
+                 unsupported: str = "error"):
         # The second positional argument is onnxruntime's sess_options or glassrt's providers.
         if isinstance(options_or_providers, SessionOptions):
             if sess_options is not None:
@@ -116,6 +131,8 @@ class Session:
                                "(glassrt takes glassrt.SessionOptions, not onnxruntime's)")
         if fallback not in ("warn", "error", "silent"):
             raise InvalidArgumentError(f"fallback must be 'warn', 'error' or 'silent', got {fallback!r}")
+        if unsupported not in ("error", "mark"):
+            raise InvalidArgumentError(f"unsupported must be 'error' or 'mark', got {unsupported!r}")
         self.options = sess_options or SessionOptions()
         self.notes: list[str] = []  # what explain should say about this session's setup
         _apply_threads(self.options.intra_op_num_threads, self.notes)
@@ -134,7 +151,8 @@ class Session:
         t0 = time.perf_counter()
         inference = _infer_symbolic(self.graph)
         self.notes += list(inference.problems.values())
-        self.placement = place(self.graph, inference, self.providers, expansion_failures=self._expansion_failures)
+        self.placement = place(self.graph, inference, self.providers, expansion_failures=self._expansion_failures,
+                               mark_unsupported=unsupported == "mark")
         self.timings["infer_and_place"] = time.perf_counter() - t0
         self.fallbacks = self.placement.fallbacks
         if self.fallbacks and fallback == "error":
@@ -149,7 +167,10 @@ class Session:
             self.notes.append("threads: OpenMP's pool alone (oneDNN's kernels, and the cpu kernels' float32 "
                               "matrix products through oneDNN's sgemm); NumPy's BLAS is held at 1 thread "
                               "during runs so that two pools of spinning workers do not share the cores")
-        self.runner = GraphRunner(self.placement, self.options, adapt_threads=True, openmp_pool=openmp_pool)
+        if self.placement.unsupported:  # unsupported="mark": explainable, not runnable
+            self.runner = _Unrunnable(unsupported_error(self.placement.unsupported, self.providers))
+        else:
+            self.runner = GraphRunner(self.placement, self.options, adapt_threads=True, openmp_pool=openmp_pool)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
         self._lowered = None
         self._profile = Profile()

@@ -214,3 +214,73 @@ def test_input_that_is_not_npy_is_named_without_a_pickle_hint(tmp_path):
     res = _cli("run", str(p), "--input", f"x={text}")
     out = " ".join(res.stdout.split())  # long temporary paths may wrap
     assert res.returncode == 1 and "is not a .npy file" in out and "allow_pickle" not in out
+
+
+def _long_names_model():
+    """Relu chain with exporter-style node names (44+ characters) and an op no provider has."""
+    from onnx import helper
+
+    from tests.helpers import model, tensor
+
+    names = [f"/encoder/layer.{i}/attention/self/query/Relu_{i}" for i in range(3)]
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name=names[0]),
+             helper.make_node("Frobnicate", ["a"], ["b"], name="mystery", domain="acme"),
+             helper.make_node("Relu", ["b"], ["c"], name=names[1]),
+             helper.make_node("Relu", ["c"], ["y"], name=names[2])]
+    return model(nodes, [tensor("x", ["batch", 4])], [tensor("y", ["batch", 4])], domains={"acme": 1}), names
+
+
+def test_explain_at_80_columns_keeps_node_names_whole_and_json_reasons_whole(tmp_path):
+    from onnx import helper
+
+    from tests.helpers import model, tensor
+
+    names = [f"/encoder/layer.{i}/attention/self/query/Relu_{i}" for i in range(3)]
+    m = model([helper.make_node("Relu", [a], [b], name=n) for a, b, n in zip(["x", "a", "b"], ["a", "b", "y"], names)],
+              [tensor("x", ["batch", 4])], [tensor("y", ["batch", 4])])
+    p = tmp_path / "long.onnx"
+    onnx.save(m, p)
+    for dims in ([], ["--dim", "batch=2"]):
+        res = subprocess.run([sys.executable, "-m", "glassrt.cli", "explain", str(p), *dims, "--json",
+                              str(tmp_path / "e.json")], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "COLUMNS": "80"})  # as piped into a file or less
+        assert res.returncode == 0, res.stdout + res.stderr
+        lines = res.stdout.splitlines()
+        assert max(len(line) for line in lines) <= 80
+        for name in names:
+            assert any(name in line for line in lines), (name, res.stdout)
+        report = json.loads((tmp_path / "e.json").read_text())
+        reason = report["nodes"][0]["reason"]
+        assert len(reason) > 70 and not reason.endswith("…")  # the table's --width cut is not the JSON's
+        assert reason in " ".join(res.stdout.split())  # and the text shows it whole, below the table
+    wide = _cli("explain", str(p))  # 200 columns: a reason column again
+    assert "reason" in wide.stdout.split("\n")[2] and "why each node runs where" not in wide.stdout
+
+
+def test_explain_marks_a_node_no_provider_runs_and_explains_the_rest(tmp_path):
+    import pytest
+
+    import glassrt
+
+    m, names = _long_names_model()
+    with pytest.raises(glassrt.UnsupportedOperatorError) as created:
+        glassrt.InferenceSession(m)  # running sessions still refuse at creation
+    sess = glassrt.InferenceSession(m, unsupported="mark")
+    with pytest.raises(glassrt.UnsupportedOperatorError) as ran:
+        sess.run(None, {"x": np.ones((1, 4), np.float32)})
+    assert str(ran.value) == str(created.value)
+    report = sess.explain({"batch": 1})
+    by_name = {n["name"]: n for n in report["nodes"]}
+    assert by_name["mystery"]["provider"] is None and by_name["mystery"]["unsupported"]
+    assert "no provider can run it: no such operator" in by_name["mystery"]["reason"]
+    assert all(by_name[n]["provider"] == "cpu" and not by_name[n]["unsupported"] for n in names)
+    s = report["summary"]
+    assert [u["node"] for u in s["unsupported"]] == ["mystery"] and s["arena_bytes"] is None
+    assert s["nodes_per_provider"] == {"cpu": 3, "unsupported": 1}
+    p = tmp_path / "unsup.onnx"
+    onnx.save(m, p)
+    res = _cli("explain", str(p))
+    out = " ".join(res.stdout.split())
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "unsupported: Frobnicate node 'mystery': no provider can run it" in out and names[2] in out
+    assert _cli("run", str(p), "--dim", "batch=1").returncode == 1  # run still refuses it

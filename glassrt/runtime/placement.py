@@ -74,6 +74,9 @@ class Placement:
     inference: Inference  # the symbolic types the decisions were made on
     layouts: dict = field(default_factory=dict)  # value -> "nhwc" where not plain NCHW (layout.py)
     layout_edges: list = field(default_factory=list)  # layout.LayoutEdge: where a region meets NCHW values
+    # [(node, why)] that no provider can run, kept (provider None) only when placed with
+    # mark_unsupported=True: explain shows them among the rest; such a placement never runs
+    unsupported: list = field(default_factory=list)
 
     def all_decisions(self):
         yield from self.decisions.values()
@@ -90,7 +93,8 @@ class Placement:
     def counts(self) -> dict:
         out = {}
         for d in self.all_decisions():
-            out[d.provider] = out.get(d.provider, 0) + 1
+            key = d.provider or "unsupported"
+            out[key] = out.get(key, 0) + 1
         return out
 
 
@@ -99,11 +103,13 @@ def _fallback_reason(d: Decision) -> str:
 
 
 def place(graph: Graph, inference: Inference, providers, *, outer_types=None, outer_values=None,
-          expansion_failures: dict | None = None) -> Placement:
+          expansion_failures: dict | None = None, mark_unsupported: bool = False) -> Placement:
     """Decide a provider for every node of `graph` (typed by `inference`). Subgraphs (If,
     Loop and Scan bodies) are typed against the enclosing scope and placed the same way.
     `expansion_failures` (node name -> why its decomposition failed, from the expand pass)
-    joins the reasons a node could not run natively."""
+    joins the reasons a node could not run natively. A node no provider can run raises
+    UnsupportedOperatorError, or with `mark_unsupported` (for explain) gets a Decision with
+    provider None and the reason, listed in `Placement.unsupported`."""
     failures = expansion_failures or {}
     types, values = dict(outer_types or {}), dict(outer_values or {})
     types.update(inference.types)
@@ -113,6 +119,8 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
         decision, why_not = decide(node, types, values, providers, failures.get(node.name))
         if decision is None:
             unsupported.append((node, why_not))
+            if mark_unsupported:
+                decisions[node.name] = Decision(node, None, [], why_not)
             continue
         decisions[node.name] = decision
         subs = {}
@@ -120,7 +128,8 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
             graphs = v if isinstance(v, list) else [v]
             if graphs and all(isinstance(g, Graph) for g in graphs):
                 ps = [place(g, infer(g, {}, outer_types=types, outer_values=values, strict=False), providers,
-                            outer_types=types, outer_values=values, expansion_failures=failures) for g in graphs]
+                            outer_types=types, outer_values=values, expansion_failures=failures,
+                            mark_unsupported=mark_unsupported) for g in graphs]
                 unsupported += [u for p in ps for u in getattr(p, "_unsupported", [])]
                 subs[attr] = ps if isinstance(v, list) else ps[0]
         if subs:
@@ -130,16 +139,22 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
     placement = Placement(placed_graph, decisions, subgraphs, [], inference)
     if outer_types is not None:
         placement._unsupported = unsupported  # reported once, by the top-level call
+    elif unsupported and mark_unsupported:
+        placement.unsupported = unsupported
     elif unsupported:
-        raise UnsupportedOperatorError(
-            f"{len(unsupported)} node(s) cannot run on providers [{', '.join(p.name for p in providers)}]:\n"
-            + "\n".join(f"  {describe_node(n)}{' (' + n.origin + ')' if n.origin else ''}: {why}"
-                        for n, why in unsupported))
+        raise unsupported_error(unsupported, providers)
     if not unsupported:
         _insert_transfers(placement, providers, types)
         if outer_types is None:
             placement.layouts, placement.layout_edges = choose_layouts(placement.graph, placement.decisions, types)
     return placement
+
+
+def unsupported_error(unsupported, providers) -> UnsupportedOperatorError:
+    return UnsupportedOperatorError(
+        f"{len(unsupported)} node(s) cannot run on providers [{', '.join(p.name for p in providers)}]:\n"
+        + "\n".join(f"  {describe_node(n)}{' (' + n.origin + ')' if n.origin else ''}: {why}"
+                    for n, why in unsupported))
 
 
 def decide(node, types, values, providers, expansion_failure=None) -> tuple[Decision | None, str]:

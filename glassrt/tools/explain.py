@@ -50,9 +50,10 @@ def bound_input_types(sess, dims: dict):
 def explain(sess, dims: dict | None = None) -> dict:
     dims = dims or {}
     types = bound_input_types(sess, dims)
-    static = all(isinstance(t, TensorType) and t.is_static for t in types.values())
-    plan = sess.runner.plan_for_types(types) if static else None
     placement = sess.placement
+    static = all(isinstance(t, TensorType) and t.is_static for t in types.values())
+    # a node no provider runs (session made with unsupported="mark"): explain all but the plan
+    plan = sess.runner.plan_for_types(types) if static and not placement.unsupported else None
     inferred = plan.types if plan else placement.inference.types
 
     selection = {s.node: s for s in plan.selections} if plan else {}
@@ -74,12 +75,15 @@ def explain(sess, dims: dict | None = None) -> dict:
                 selection[node.name].reason
         elif node.name in folded_in_plan:
             kernel, reason = "folded", "all inputs known when the plan was built: evaluated once, at plan time"
+        elif d.provider is None:
+            kernel, reason = None, f"no provider can run it: {d.reason}"
         else:
             kernel = d.kernels[0].name if d.kernels else None
             reason = "fallback: " + d.skipped() if d.fallback else d.reason + (f" [{d.skipped()}]" if d.rejected else "")
         nodes.append({
             "name": node.name, "op": node.op_type, "domain": node.domain, "opset": node.opset,
             "provider": provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,
+            "unsupported": d.provider is None,
             "origin": node.origin or None, "step": step_of.get(node.name),
             "outputs": [_type_json(o, t, dims) for o, t in zip(node.outputs, out_t) if o],
             "flops": _dim(flops, dims) if flops is not None else None,
@@ -116,6 +120,8 @@ def explain(sess, dims: dict | None = None) -> dict:
     summary = {
         "nodes": len(nodes), "nodes_per_provider": placement.counts(), "fallback_count": len(fallbacks),
         "fallbacks": fallbacks, "folded_at_load": len(sess.folded), "folded_in_plan": len(folded_in_plan),
+        "unsupported": [{"node": n.name, "op": n.op_type, "domain": n.domain, "reason": why}
+                        for n, why in placement.unsupported],
         "expansions": [{"node": n, "op": op, "into_nodes": k, "because": why} for n, op, k, why in sess.expansions],
         "transfers": len(placement.transfers),
         "transfer_list": [{"value": t.value, "from": t.src, "to": t.dst, "consumer": t.consumer, "node": t.node,
@@ -157,15 +163,21 @@ def fmt_flops(f) -> str:
     return f"{f} FLOP"
 
 
+MIN_REASON_WIDTH = 24  # narrower, a reason column is a few words a line: list reasons below instead
+
+
 def render(report: dict, console, max_reason: int = 70) -> None:
-    """Names, shapes and reasons are data, not markup: "[batch,seq,64]" must print as is."""
+    """Names, shapes and reasons are data, not markup: "[batch,seq,64]" must print as is.
+
+    Node names are never cut or folded (they are what a user greps for); columns no plan
+    fills are left out, the reason column takes the width that is left, and below
+    MIN_REASON_WIDTH (a pipe is 80 columns) the reasons follow the table one per line, whole."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
     values = {v["name"]: v for v in report["values"]}
-    table = Table(title="nodes (kernel = provider.op.algorithm)", title_justify="left", show_lines=False)
-    for col in ("#", "node", "kernel", "outputs", "offset", "bytes", "life", "reason"):
-        table.add_column(col, overflow="fold")
+    rows = []  # (cells without the reason, reason, style)
     for i, n in enumerate(report["nodes"]):
         outs = n["outputs"] or [{"name": "", "shape": None, "dtype": None}]
         for j, o in enumerate(outs):
@@ -173,15 +185,44 @@ def render(report: dict, console, max_reason: int = 70) -> None:
             shape = "?" if o["shape"] is None else "[" + ",".join(map(str, o["shape"])) + "]"
             life = f"{v['first_step']}..{v['last_step']}" if v else ""
             offset = "" if not v else (str(v["offset"]) if v["offset"] is not None else v["kind"])
-            reason = n["reason"] or ""
-            reason = reason if len(reason) <= max_reason else reason[: max_reason - 1] + "…"
-            style = "yellow" if n["fallback"] else None
+            style = "red" if n.get("unsupported") else "yellow" if n["fallback"] else None
             first = j == 0
-            kernel = n["kernel"] or f"{n['provider']}.{n['op']}"
-            table.add_row(str(i) if first else "", escape(n["name"]) if first else "", escape(kernel) if first else "",
-                          escape(f"{(o['dtype'] or '')}{shape}"), offset, fmt_bytes(v.get("bytes")) if v else "", life,
-                          escape(reason) if first else "", style=style)
-    console.print(table)
+            kernel = n["kernel"] or ("none" if n.get("unsupported") else f"{n['provider']}.{n['op']}")
+            cells = [str(i) if first else "", escape(n["name"]) if first else "", escape(kernel) if first else "",
+                     escape(f"{(o['dtype'] or '')}{shape}"), offset, fmt_bytes(v.get("bytes")) if v else "", life]
+            rows.append((cells, (n["reason"] or "") if first else "", style))
+
+    columns = ["#", "node", "kernel", "outputs", "offset", "bytes", "life"]
+    keep = [k for k, col in enumerate(columns) if col in ("#", "node", "kernel") or any(c[k] for c, _, _ in rows)]
+
+    def node_table(compact: bool, reason_width: int | None = None):
+        # compact (narrow consoles): no vertical rules and one space between columns
+        table = Table(title="nodes (kernel = provider.op.algorithm)", title_justify="left",
+                      **({"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True} if compact else {}))
+        for k in keep:
+            table.add_column(columns[k], no_wrap=columns[k] == "node", overflow="fold")
+        if reason_width:
+            table.add_column("reason", width=reason_width, overflow="fold")
+        for cells, reason, style in rows:
+            cut = reason if len(reason) <= max_reason else reason[: max_reason - 1] + "…"
+            table.add_row(*(cells[k] for k in keep), *([escape(cut)] if reason_width else []), style=style)
+        return table
+
+    longest = max(6, min(max((len(r) for _, r, _ in rows), default=0), max_reason))
+    natural = {compact: console.measure(node_table(compact), options=console.options.update_width(100_000)).maximum
+               for compact in (False, True)}
+    for compact in (False, True):
+        free = console.width - natural[compact] - 3  # the reason column's rule and padding
+        if free >= min(MIN_REASON_WIDTH, longest):
+            console.print(node_table(compact, min(free, longest)))
+            break
+    else:  # a pipe's 80 columns: the names stay whole, the reasons follow whole
+        console.print(node_table(compact=natural[False] > console.width))
+        console.print("why each node runs where it does (the table is too narrow for them):", highlight=False,
+                      markup=False)
+        for i, n in enumerate(report["nodes"]):
+            console.print(f"  {i} {n['name']}: {n['reason']}", highlight=False, markup=False,
+                          style="red" if n.get("unsupported") else "yellow" if n["fallback"] else None)
     passes = Table(title="graph passes, in order", title_justify="left")
     for col in ("pass", "level", "nodes", "ms", "changed"):
         passes.add_column(col, overflow="fold")
@@ -198,6 +239,9 @@ def render(report: dict, console, max_reason: int = 70) -> None:
         console.print(f"expanded composites: {len(s['expansions'])} (" + ", ".join(
             f"{e['op']} '{e['node']}' → {e['into_nodes']} nodes" for e in s["expansions"][:5]) + ")", highlight=False,
                       markup=False)
+    for u in s["unsupported"]:
+        console.print(f"unsupported: {u['op']} node '{u['node']}': no provider can run it ({u['reason']}); the "
+                      "model cannot run until one can", style="red", highlight=False, markup=False)
     console.print(f"fallbacks: {s['fallback_count']}", style="yellow" if s["fallback_count"] else None)
     for f in s["fallbacks"]:
         console.print(f"  {f['op']} '{f['node']}' → {f['provider']}: {f['reason']}", highlight=False, markup=False)
@@ -211,7 +255,9 @@ def render(report: dict, console, max_reason: int = 70) -> None:
                       "reorders)", highlight=False, markup=False)
     for note in s["notes"]:
         console.print(f"note: {note}", style="yellow", highlight=False, markup=False)
-    if s["arena_bytes"] is not None:
+    if s["unsupported"]:
+        console.print("memory: no plan (a node no provider runs)", highlight=False, markup=False)
+    elif s["arena_bytes"] is not None:
         console.print(f"memory: naive {fmt_bytes(s['naive_bytes'])}, arena {fmt_bytes(s['arena_bytes'])}, "
                       f"lower bound {fmt_bytes(s['lower_bound_bytes'])} (arena / lower bound = "
                       f"{s['arena_over_lower_bound']:.3f}); outside the arena: {s['values_outside_arena']} value(s), "
