@@ -224,3 +224,29 @@ def test_a_small_bert_fuses_every_projection_and_matches_onnxruntime():
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, r in zip(s.run(None, feeds), want):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+@onednn
+def test_plans_of_one_session_share_the_packed_weights():
+    """Each plan binds its own kernels (here batch 1 and batch 4); weights reordered for
+    oneDNN (a conv's blocked layout) are made once and shared, and go with the session."""
+    import gc
+
+    from glassrt.kernels.onednn import kernels as onednn_kernels
+
+    w = RNG.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "W"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+              [tensor("x", ["batch", 16, 8, 8])], [tensor("y", None)], [init("W", w)], opset=17)
+    gc.collect()
+    before = len(onednn_kernels._PACKED)
+    s = _session(m)
+    x = RNG.standard_normal((4, 16, 8, 8)).astype(np.float32)
+    one = s.run(None, {"x": x[:1]})[0]
+    after_one = len(onednn_kernels._PACKED)
+    assert after_one == before + 1
+    four = s.run(None, {"x": x})[0]
+    assert len(onednn_kernels._PACKED) == after_one
+    np.testing.assert_allclose(four[:1], one, rtol=1e-5, atol=1e-5)
+    del s
+    gc.collect()
+    assert len(onednn_kernels._PACKED) == before

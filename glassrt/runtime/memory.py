@@ -151,6 +151,11 @@ def _plan(steps: list[StepIO], keep: set, inplace: bool) -> MemoryPlan:
 
 
 SEARCH_SECONDS = 0.3  # per plan, spent only while the arena is above the lower bound
+# Tries without a smaller arena after which the search stops: where it finds one at all it
+# does within a few dozen (densenet121: 16, then 16 more), and a bound it cannot reach (a
+# transformer's: values that must coexist in no packing) would cost the whole budget at
+# every session creation.
+SEARCH_PATIENCE = 48
 
 
 def _assign_offsets(groups: list[_Group]) -> int:
@@ -160,7 +165,8 @@ def _assign_offsets(groups: list[_Group]) -> int:
     between already placed buffers whose lifetimes overlap its own, or on top. Tried in
     turn: TFLite's two orderings (by size; by breadth — the busiest steps first), two by
     lifetime, then seeded random perturbations of the size order and moves of whichever
-    buffer ends highest, until the lower bound is reached or the time budget is spent.
+    buffer ends highest, until the lower bound is reached, the time budget is spent or
+    SEARCH_PATIENCE tries in a row found nothing smaller.
     Deterministic: the same graph always gets the same plan.
     """
     if not groups:
@@ -186,7 +192,8 @@ def _assign_offsets(groups: list[_Group]) -> int:
             best, best_order = top, order
     rng = random.Random(0)
     deadline = time.perf_counter() + SEARCH_SECONDS
-    while best > lower and time.perf_counter() < deadline:
+    since_better = 0
+    while best > lower and time.perf_counter() < deadline and since_better < SEARCH_PATIENCE:
         if rng.random() < 0.5:  # perturb the size order
             order = sorted(groups, key=lambda g: -g.size * rng.uniform(0.6, 1.4))
         else:  # place the buffer that ends highest earlier
@@ -196,6 +203,7 @@ def _assign_offsets(groups: list[_Group]) -> int:
             j = rng.randrange(0, i + 1)
             order = best_order[:j] + [culprit] + best_order[j:i] + best_order[i + 1:]
         top = _place(order)
+        since_better = 0 if top < best else since_better + 1
         if top <= best:
             best, best_order = top, order
     _place(best_order)

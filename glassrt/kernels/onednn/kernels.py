@@ -25,6 +25,7 @@ the count the run asked for (runtime/threads.py sets it per run).
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
 
@@ -141,6 +142,32 @@ class _PerThreads:
         return s
 
 
+class _Packed:
+    """Weights reordered for a primitive, and the constant they came from (kept alive with
+    them, so that the constant's id cannot be reused while the entry exists)."""
+
+    __slots__ = ("__weakref__", "memory", "source")
+
+    def __init__(self, source, memory):
+        self.source, self.memory = source, memory
+
+
+_PACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def packed_weights(source: np.ndarray, user, target) -> _Packed:
+    """`source` (laid out as `user`) reordered into `target`, shared by every kernel that
+    asks for the same constant in the same layout: each plan of a session binds its own
+    kernels (a prompt plan and a decode plan; one plan per batch size), and a copy per
+    plan would hold the model's weights once more each. Kept while a kernel holds it."""
+    key = (id(source), target, user)
+    hit = _PACKED.get(key)
+    if hit is None or hit.source is not source:
+        hit = _Packed(source, dnnl.prepack(source, user, target))
+        _PACKED[key] = hit
+    return hit
+
+
 def _unavailable(ctx):
     return f"oneDNN is unavailable: {capi.UNAVAILABLE}" if capi.UNAVAILABLE else None
 
@@ -245,7 +272,7 @@ def conv(ctx):
     group = int(ctx.attrs.get("group", 1))
     in_layout, reorder_in, out_layout = _conv_layouts(ctx)
     src_format = "acdb"
-    weights = np.ascontiguousarray(ctx.const(1), np.float32)
+    weights = ctx.const(1)
     bias = np.ascontiguousarray(ctx.const(2), np.float32) if ctx.has(2) else None
     z_layout = ctx.layout(ctx.node.inputs[3]) if _residual(ctx) else None
     src_ws, dst_ws = _workspace_views(ctx.workspace, int(np.prod(x)) if reorder_in else 0,
@@ -258,8 +285,8 @@ def conv(ctx):
                        src_format=src_format, dst_format="acdb", post_ops=post)
         wmd = pd.weights_md()
         if wmd not in packed:
-            packed[wmd] = dnnl.prepack(weights, None, wmd)
-        args = {ARG_SRC: None, ARG_WEIGHTS: packed[wmd], ARG_DST: None}
+            packed[wmd] = packed_weights(weights, None, wmd)
+        args = {ARG_SRC: None, ARG_WEIGHTS: packed[wmd].memory, ARG_DST: None}
         if bias is not None:
             args[ARG_BIAS] = bias
         if z_arg is not None:
