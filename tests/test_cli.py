@@ -284,3 +284,23 @@ def test_explain_marks_a_node_no_provider_runs_and_explains_the_rest(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "unsupported: Frobnicate node 'mystery': no provider can run it" in out and names[2] in out
     assert _cli("run", str(p), "--dim", "batch=1").returncode == 1  # run still refuses it
+
+
+def test_unsupported_node_inside_a_branch_is_marked_too():
+    import pytest
+    from onnx import TensorProto, helper
+
+    import glassrt
+    from tests.helpers import model, tensor
+
+    then = helper.make_graph([helper.make_node("Frobnicate", ["x"], ["t"], name="deep_mystery", domain="acme")],
+                             "then", [], [tensor("t", ["batch", 4])])
+    other = helper.make_graph([helper.make_node("Relu", ["x"], ["e"], name="r")], "else", [], [tensor("e", ["batch", 4])])
+    m = model([helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then, else_branch=other)],
+              [tensor("x", ["batch", 4]), tensor("c", [], TensorProto.BOOL)], [tensor("y", ["batch", 4])],
+              domains={"acme": 1})
+    sess = glassrt.InferenceSession(m, unsupported="mark")
+    s = sess.explain()["summary"]
+    assert [u["node"] for u in s["unsupported"]] == ["deep_mystery"] and s["nodes_per_provider"]["unsupported"] == 1
+    with pytest.raises(glassrt.UnsupportedOperatorError, match="deep_mystery"):
+        sess.run(None, {"x": np.ones((1, 4), np.float32), "c": np.array(False)})
