@@ -179,3 +179,29 @@ def test_a_provider_refusing_the_input_shape_hands_the_node_to_the_next(shape):
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], x.max(axis=2, keepdims=True))
     node = sess.explain({"n": 2})["nodes"][0]
     assert node["provider"] == "cpu" and "wrong on 3-D input" in node["reason"], node
+
+
+def test_prelu_before_opset_7_has_one_slope_per_channel():
+    """PRelu-6 (Caffe2's, as PyTorch's opset-6 exports write it): a 1-D slope [C] holds one
+    value per channel, axis 1, not per last-axis element; its gradient sums back per channel."""
+    from glassrt.tools.gradcheck import gradcheck
+
+    D = TensorProto.DOUBLE
+    rng = np.random.default_rng(0)
+    x, s = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal(3)
+    m = model([helper.make_node("PRelu", ["x", "s"], ["y"])], [tensor("x", [2, 3, 4, 5], D), tensor("s", [3], D)],
+              [tensor("y", None, D)], opset=6, ir_version=3)
+    sess = glassrt.InferenceSession(m, providers=["cpu"], fallback="error")
+    np.testing.assert_array_equal(sess.run(None, {"x": x, "s": s})[0], np.where(x < 0, x * s[:, None, None], x))
+    ok, _, msg = gradcheck(sess, {"x": x, "s": s}, "y", ["x", "s"], max_elems=24)
+    assert ok, msg
+    bad = model([helper.make_node("PRelu", ["x", "s"], ["y"], name="pr")], [tensor("x", [2, 3, 4, 5], D)],
+                [tensor("y", None, D)], [init("s", np.ones(5))], opset=6, ir_version=3)
+    with pytest.raises(glassrt.ShapeInferenceError, match=r"pr.*slope \[5\] holds one value per channel.*has 3 channels"):
+        glassrt.InferenceSession(bad)
+    # From opset 7 the same slope broadcasts as NumPy's, along the last axis.
+    s5 = rng.standard_normal(5)
+    m9 = model([helper.make_node("PRelu", ["x", "s"], ["y"])], [tensor("x", [2, 3, 4, 5], D), tensor("s", [5], D)],
+               [tensor("y", None, D)], opset=9)
+    y = glassrt.InferenceSession(m9, providers=["cpu"]).run(None, {"x": x, "s": s5})[0]
+    np.testing.assert_array_equal(y, np.where(x < 0, x * s5, x))

@@ -293,6 +293,14 @@ def prelu(x, slope, *, out=None):
     return write_elementwise(out, lambda v, s: np.where(v < 0, v * s, v).astype(v.dtype, copy=False), x, slope)
 
 
+@kernel("PRelu", dtypes=NUMERIC, out=True, inplace=True, versions=(1, 6), priority=10, name="prelu_per_channel")
+def prelu_per_channel(x, slope, *, out=None):
+    """Opsets 1-6: a 1-D slope [C] is one value per channel (axis 1)."""
+    from ...ops.meta.elementwise import legacy_slope_shape
+
+    return prelu(x, slope.reshape(legacy_slope_shape(x.ndim, slope.shape)), out=out)
+
+
 @kernel("Where", dtypes=[np.bool_], out=True)
 def where(c, x, y, *, out=None):
     if out is None:

@@ -307,6 +307,21 @@ def prelu(ctx, gy):
     return [gx.astype(x.dtype, copy=False), _ufloat(gs, slope)]
 
 
+@backward("PRelu", versions=(1, 6))
+def prelu_per_channel(ctx, gy):
+    """Opsets 1-6: a 1-D slope [C] is one value per channel (axis 1)."""
+    from ..meta.elementwise import legacy_slope_shape
+
+    x, slope = ctx.inputs
+    if not _is_float(x):
+        return [None, None]
+    shaped = slope.reshape(legacy_slope_shape(x.ndim, slope.shape))
+    neg = x < 0
+    gx = gy * np.where(neg, shaped, 1)
+    gs = _ufloat(np.where(neg, gy * x, 0), shaped)
+    return [gx.astype(x.dtype, copy=False), gs.reshape(slope.shape)]
+
+
 @backward("Mish")
 def mish(ctx, gy):
     (x,) = ctx.inputs

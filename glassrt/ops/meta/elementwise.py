@@ -119,9 +119,28 @@ def where(ctx):
     return [ctx.tensor(ctx.dtype(1), broadcast(ctx, ctx.shape(0), ctx.shape(1), ctx.shape(2)))]
 
 
+def legacy_slope_shape(x_rank, slope_shape):
+    """PRelu before opset 7 (Caffe2's, which PyTorch's opset-6 exports follow): a 1-D slope
+    of more than one value holds one per channel (axis 1); any other slope broadcasts as
+    NumPy's. The shape the slope takes to broadcast that way."""
+    if x_rank is not None and x_rank >= 2 and slope_shape is not None and len(slope_shape) == 1 \
+            and slope_shape[0] != 1:
+        return tuple(slope_shape) + (1,) * (x_rank - 2)
+    return slope_shape
+
+
 @meta("PRelu")
 def prelu(ctx):
-    return [ctx.tensor(ctx.dtype(0), broadcast(ctx, ctx.shape(0), ctx.shape(1)))]
+    slope = ctx.shape(1)
+    if ctx.contract.since_version < 7:
+        legacy = legacy_slope_shape(ctx.rank(0), slope)
+        if legacy != slope:
+            c, x = slope[0], ctx.shape(0)
+            if isinstance(c, int) and isinstance(x[1], int) and c != x[1]:
+                ctx.fail(f"slope {list(slope)} holds one value per channel (opset {ctx.opset} < 7), but input 0 "
+                         f"'{ctx.node.inputs[0]}' {list(x)} has {x[1]} channels")
+            slope = legacy
+    return [ctx.tensor(ctx.dtype(0), broadcast(ctx, ctx.shape(0), slope))]
 
 
 @meta("Dropout")
