@@ -78,3 +78,11 @@ def describe_node(node) -> str:
     """'Conv' node 'conv1' (domain '', opset 11) — the phrase every node error starts with."""
     domain = node.domain or "ai.onnx"
     return f"{node.op_type} node '{node.name}' (domain {domain}, opset {node.opset})"
+
+
+class RunTerminatedError(GlassrtError):
+    """A run stopped because its RunOptions.terminate was set."""
+
+
+class RunTimeoutError(RunTerminatedError, TimeoutError):
+    """A run stopped because it took longer than its RunOptions.time_budget_s."""

@@ -22,7 +22,9 @@ from .ir import MapType, OptionalType, SequenceType, TensorType
 from .passes import run_passes
 from .runtime import providers as providers_mod
 from .runtime.infer import infer
-from .runtime.options import SessionOptions
+from .io_binding import IOBinding
+from .runtime import run_guard
+from .runtime.options import RunOptions, SessionOptions
 from .runtime.placement import place, unsupported_error
 from .runtime.profiling import Profile
 from .runtime.runner import GraphRunner
@@ -219,10 +221,24 @@ class Session:
     def get_providers(self) -> list[str]:
         return [p.name for p in self.providers]
 
-    def run(self, output_names, input_feed: dict, run_options=None) -> list:
-        if run_options is not None:
-            raise InvalidArgumentError("run_options: glassrt has no RunOptions yet (no run tags, log levels, "
-                                       "terminate or time budgets); pass None")
+    def run(self, output_names, input_feed: dict, run_options: RunOptions | None = None) -> list:
+        return self._run(output_names, input_feed, run_options)
+
+    def io_binding(self) -> IOBinding:
+        """onnxruntime's IOBinding: inputs bound once, outputs written into arrays the caller
+        owns (or kept for copy_outputs_to_cpu); run it with run_with_iobinding."""
+        return IOBinding(self)
+
+    def run_with_iobinding(self, binding: IOBinding, run_options: RunOptions | None = None) -> None:
+        if not isinstance(binding, IOBinding) or binding.session is not self:
+            raise InvalidArgumentError("run_with_iobinding takes an IOBinding made by this session's io_binding()")
+        names = binding.output_names() or None
+        outs = self._run(names, binding.inputs(), run_options, into=binding.bound_arrays())
+        binding.set_outputs(names or self.graph.output_names(), outs)
+
+    def _run(self, output_names, input_feed, run_options, into=None) -> list:
+        if run_options is not None and not isinstance(run_options, RunOptions):
+            raise InvalidArgumentError(f"run_options must be a glassrt.RunOptions, got {type(run_options).__name__}")
         names = self.graph.output_names()
         if isinstance(output_names, (str, bytes)):
             raise InvalidArgumentError(f"output_names must be a list of names or None, not the string "
@@ -232,12 +248,13 @@ class Session:
         if missing:
             raise UnknownOutputError(f"unknown output name(s) {missing}; the model's outputs are {names}")
         feeds = self._check_feeds(input_feed)
-        if self.options.enable_profiling:
-            steps, start = [], time.perf_counter()
-            outs = self.runner.run(feeds, profile=steps)
-            self._profile.add_run(steps, start, time.perf_counter())
-        else:
-            outs = self.runner.run(feeds)
+        with run_guard.guarded(run_options):
+            if self.options.enable_profiling:
+                steps, start = [], time.perf_counter()
+                outs = self.runner.run(feeds, profile=steps, into=into)
+                self._profile.add_run(steps, start, time.perf_counter())
+            else:
+                outs = self.runner.run(feeds, into=into)
         if not output_names:
             return outs
         return [outs[names.index(n)] for n in output_names]

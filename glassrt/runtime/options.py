@@ -90,3 +90,50 @@ class SessionOptions:
 
     def memory_limit(self) -> int:
         return self.memory_limit_bytes or _default_memory_limit()
+
+
+# onnxruntime's RunOptions that glassrt does not have, and why.
+_RUN_NOT_HERE = {
+    "only_execute_path_to_fetches": "glassrt's plan computes what its outputs need once per plan; a run "
+                                    "of part of a plan would need a plan of its own (run with output_names "
+                                    "to receive fewer outputs)",
+    "training_mode": "glassrt runs inference; Session.gradients computes gradients",
+}
+
+
+@dataclass
+class RunOptions:
+    """Options for one run (Session.run(..., run_options)), as onnxruntime's RunOptions.
+
+    terminate: set it (from any thread) to stop the runs using these options: each stops
+    before its next node (and before each iteration of a Loop's body) with
+    RunTerminatedError; runs started while it is set stop at once. A kernel already running
+    finishes first.
+    time_budget_s: glassrt's own: a run that takes longer stops the same way, with
+    RunTimeoutError naming the node it reached (0: no budget). Stops a runaway Loop.
+    log_severity_level: 0 verbose ... 4 fatal, as onnxruntime's. 0 logs each node as it
+    runs (logger "glassrt.run", with logid; log_verbosity_level >= 1 adds the shapes);
+    3 and 4 silence NumPy's floating-point warnings (overflow, invalid value) for the run.
+    """
+
+    terminate: bool = False
+    time_budget_s: float = 0.0
+    log_severity_level: int = 2
+    log_verbosity_level: int = 0
+    logid: str = ""
+
+    def __setattr__(self, name, value):
+        if name not in self.__dataclass_fields__:
+            why = _RUN_NOT_HERE.get(name, "no such option")
+            raise InvalidArgumentError(f"RunOptions has no option {name!r}: {why}; the options are "
+                                       f"{', '.join(self.__dataclass_fields__)}")
+        if name == "log_severity_level" and int(value) not in range(5):
+            raise InvalidArgumentError(f"log_severity_level={value}: 0 (verbose) to 4 (fatal)")
+        if name in ("time_budget_s", "log_verbosity_level") and float(value) < 0:
+            raise InvalidArgumentError(f"{name}={value}: must be >= 0")
+        object.__setattr__(self, name, value)
+
+    def add_run_config_entry(self, key, value):
+        raise InvalidArgumentError(f"RunOptions.add_run_config_entry({key!r}, ...): onnxruntime's run config "
+                                   f"keys have no meaning in glassrt; its options are attributes: "
+                                   f"{', '.join(self.__dataclass_fields__)}")

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import dtypes, symbolic
-from ..errors import (GlassrtError, KernelContractError, MemoryLimitError, NodeExecutionError,
-                      describe_node)
+from ..errors import (GlassrtError, InvalidArgumentError, KernelContractError, MemoryLimitError,
+                      NodeExecutionError, describe_node)
 from ..ir import TensorType
 from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
-from . import folding
+from . import folding, run_guard
 from .infer import infer
 from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
 from .select import bind_kernel, choose_kernel, is_static
@@ -372,8 +372,12 @@ class _DynamicStep:
         return self.bind(ctx), alloc
 
 
-def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False):
-    """The outputs in graph order; with keep_env, (outputs, {value name: value})."""
+def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False, into=None):
+    """The outputs in graph order; with keep_env, (outputs, {value name: value}). `into`:
+    {output name: array} the caller owns, written instead of a new array (io_binding)."""
+    guard = run_guard.current()
+    if guard is not None:
+        guard.check()
     env = plan.template[:]
     for name, s in plan.inputs:
         env[s] = feeds[name]
@@ -386,6 +390,8 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
     pool = plan.pool
     for st in plan.steps:
         args = [env[i] if i >= 0 else None for i in st.ins]
+        if guard is not None:
+            guard.check(st, args)
         out = st.bufs
         if st.fresh is not None:
             if st.multi:
@@ -423,6 +429,9 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
     res = []
     for name, s, copy in plan.outputs:
         v = env[s]
+        if into is not None and name in into:
+            res.append(_write_into(into[name], v, name))
+            continue
         res.append(v.copy() if copy and isinstance(v, np.ndarray) else v)
     if pool is not None and not keep_env:
         for s in plan.free_at_end:
@@ -453,3 +462,14 @@ def _largest_values(executed, most: int = 3) -> str:
     sized.sort(key=lambda e: -e[0])
     return "; ".join(f"'{o}' {dtypes.name(t.dtype)}{list(t.shape)} ({n:,} bytes) from {node.op_type} "
                      f"'{node.name}'" for n, o, t, node in sized[:most]) or "none sized"
+
+
+def _write_into(dst, v, name):
+    """Output `name` written into the caller's array `dst` (same dtype and shape)."""
+    if not isinstance(v, np.ndarray) or v.shape != dst.shape or v.dtype != dst.dtype:
+        got = f"{dtypes.name(v.dtype)}{list(v.shape)}" if isinstance(v, np.ndarray) else type(v).__name__
+        raise InvalidArgumentError(f"output {name!r} is {got} this run, but the array bound to it is "
+                                   f"{dtypes.name(dst.dtype)}{list(dst.shape)}; bind one of that shape and dtype, "
+                                   f"or bind the output without an array")
+    np.copyto(dst, v)
+    return dst

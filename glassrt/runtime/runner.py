@@ -162,8 +162,9 @@ class GraphRunner:
             self._twins.pop(sig, None)
             self.plans_evicted += 1
 
-    def run(self, feeds: dict, outer: dict | None = None, profile=None) -> list:
-        """Outputs in graph order. `outer`: values this (sub)graph reads from outside."""
+    def run(self, feeds: dict, outer: dict | None = None, profile=None, into=None) -> list:
+        """Outputs in graph order. `outer`: values this (sub)graph reads from outside;
+        `into`: {output name: caller's array} to write those outputs into."""
         if outer:
             feeds = {**{n: outer[n] for n in self.outer_names if n in outer}, **feeds}
         for n, v in feeds.items():
@@ -172,14 +173,14 @@ class GraphRunner:
         plan = self._checkout(feeds)
         try:
             if not self.adapt_threads:
-                return run_plan(plan, feeds, profile=profile)
+                return run_plan(plan, feeds, profile=profile, into=into)
             if plan.threads is None:
                 plan.threads = threads.ThreadChoice(self.options.intra_op_num_threads or threads.available_cpus(),
                                                     self.options.adaptive_threads)
             n = plan.threads.choose()
             threads.use_threads(n, self.openmp_pool)
             t0, c0 = time.perf_counter(), time.process_time()
-            out = run_plan(plan, feeds, profile=profile)
+            out = run_plan(plan, feeds, profile=profile, into=into)
             plan.threads.record(time.perf_counter() - t0, time.process_time() - c0)
             return out
         finally:
