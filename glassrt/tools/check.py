@@ -26,6 +26,7 @@ from .. import dtypes, symbolic
 from ..errors import GlassrtError, UnsupportedOperatorError
 from ..ir import TensorType
 from ..ops.backward import GradContext
+from ..runtime.options import SessionOptions
 
 PASS, FAIL, WARN, SKIP, INFO = "pass", "fail", "warn", "skip", "info"
 CHECKS = ("meta_vs_real", "dynamic_dims", "dtype_coverage", "decomposition", "backward")
@@ -331,13 +332,16 @@ def _samples_by_op(limit=3):
     return out
 
 
-def _native_session(model):
-    """A cpu-only session, its warnings kept out of the check's report."""
+def _native_session(model, fusion=True):
+    """A cpu-only session, its warnings kept out of the check's report. fusion=False: the
+    fusion passes off (a decomposition must stay decomposed, not be fused back)."""
     from ..session import Session as InferenceSession
 
+    options = SessionOptions()
+    options.fusion = fusion
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return InferenceSession(model, providers=["cpu"], fallback="silent")
+        return InferenceSession(model, options, providers=["cpu"], fallback="silent")
 
 
 def _run(sess, inputs):
@@ -463,13 +467,13 @@ def _builtin_decomposition(name, key, samples):
     if op in NONDETERMINISTIC:
         return Row(name, "decomposition", SKIP, "random: the two draw different numbers")
     bad, compared = [], 0
-    saved = list(registry.kernels_for("cpu", domain, op))
     for case, inputs in samples:
         try:
             fused = _run(_native_session(case.model), inputs)
+            saved = list(registry.kernels_for("cpu", domain, op))  # loaded by now
             registry.unregister("cpu", domain, op)
             try:
-                expanded = _run(_native_session(case.model), inputs)
+                expanded = _run(_native_session(case.model, fusion=False), inputs)
             finally:
                 for k in saved:
                     registry.register(k)
@@ -658,7 +662,24 @@ def _internal_samples():
         m = single_node_model("FusedBatchNormalization", [x] + stats, attrs, domain="glassrt", opset=21)
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
         bn_samples.append((SimpleNamespace(name=f"fused_batch_norm_{act.lower()}", model=m), [x] + stats))
-    return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples}
+    mm_samples = []
+    a = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    wm = rng.standard_normal((8, 6)).astype(np.float32)
+    bias, z = rng.standard_normal(6).astype(np.float32), rng.standard_normal((2, 1, 6)).astype(np.float32)
+    for act, params, alpha, ins in (("", [], 1.0, [a, wm, bias]), ("Gelu", [], 1.0, [a, wm, bias]),
+                                    ("", [], 0.125, [a, wm, bias, z]),
+                                    ("Relu", [], 1.0, [a, wm, bias, z]), ("Tanh", [], 2.0, [a, wm]),
+                                    ("Clip", [-0.5, 0.5], 1.0, [a, wm, bias]), ("LeakyRelu", [0.1], 1.0, [a, wm]),
+                                    ("Sigmoid", [], 1.0, [a, wm, bias])):
+        attrs = {"activation": act, "alpha": alpha}
+        if params:
+            attrs["activation_params"] = params
+        m = single_node_model("FusedMatMul", ins, attrs, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
+        mm_samples.append((SimpleNamespace(name=f"fused_matmul_{act.lower() or 'none'}_{len(ins)}in_a{alpha}",
+                                           model=m), ins))
+    return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples,
+            ("glassrt", "FusedMatMul"): mm_samples}
 
 
 def _differentiable_without_backward(op_filter):
