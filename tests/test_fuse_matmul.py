@@ -173,8 +173,36 @@ def test_products_onednn_does_not_take_say_why():
     s = _session(m)
     rows = {n["name"]: n for n in s.explain()["nodes"]}
     assert rows["weights"]["kernel"] == "onednn.MatMul"
-    assert rows["runtime_b"]["provider"] == "cpu" and "run time" in str(rows["runtime_b"])
-    assert rows["vector"]["provider"] == "cpu" and "matrix" in str(rows["vector"])
+    assert rows["runtime_b"]["kernel"] == "onednn.MatMul.batched_matmul"
+    assert rows["vector"]["provider"] == "cpu" and "matrix-vector" in str(rows["vector"])
+
+
+@onednn
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 7), (2, 3, 5, 7), (7,)], ids=str)
+def test_attention_scores_run_on_onednn_with_scale_and_mask_as_post_ops(mask_shape):
+    """Q·Kᵀ / √d + mask, both operands computed (and B's batch broadcast over heads), then P·V."""
+    q = RNG.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    k = RNG.standard_normal((2, 1, 4, 7)).astype(np.float32)
+    v = RNG.standard_normal((2, 3, 7, 4)).astype(np.float32)
+    mask = (RNG.random(mask_shape) < 0.3).astype(np.float32) * -1e4
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"], name="qk"),
+             helper.make_node("Div", ["s", "d"], ["sd"], name="scale"),
+             helper.make_node("Add", ["sd", "mask"], ["sm"], name="mask_add"),
+             helper.make_node("Softmax", ["sm"], ["p"], name="softmax", axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"], name="pv")]
+    m = model(nodes, [tensor("q", [2, 3, 5, 4]), tensor("k", [2, 1, 4, 7]), tensor("v", [2, 3, 7, 4]),
+                      tensor("mask", list(mask_shape))], [tensor("y", None)], [init("d", np.array(2.0, np.float32))],
+              opset=17)
+    s = _session(m)
+    k_ = _kernels(s)
+    assert k_["qk"] == ("FusedMatMul", "onednn.FusedMatMul.batched_matmul")
+    assert k_["pv"] == ("MatMul", "onednn.MatMul.batched_matmul")
+    sc = q @ k / 2 + mask
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    feeds = {"q": q, "k": k, "v": v, "mask": mask}
+    for _ in range(2):
+        np.testing.assert_allclose(s.run(None, feeds)[0], p @ v, rtol=1e-4, atol=1e-5)
 
 
 @onednn

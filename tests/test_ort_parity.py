@@ -83,9 +83,10 @@ def test_session_options_work_or_are_refused_by_name():
     assert glassrt.InferenceSession(m, so).run(None, {"x": np.ones(2, np.float32)})[0].tolist() == [1.0, 1.0]
 
 
-def test_run_options_are_refused_not_ignored():
+def test_onnxruntimes_run_options_object_is_refused_not_ignored():
+    """glassrt.RunOptions works (tests/test_run_options.py); onnxruntime's own object is refused."""
     m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", None)], opset=17)
-    with pytest.raises(glassrt.InvalidArgumentError, match="no RunOptions yet"):
+    with pytest.raises(glassrt.InvalidArgumentError, match="must be a glassrt.RunOptions"):
         glassrt.InferenceSession(m).run(None, {"x": np.ones(2, np.float32)}, ort.RunOptions())
 
 

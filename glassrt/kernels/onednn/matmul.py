@@ -9,9 +9,11 @@ blocked one (its brgemm kernels on AVX-512) they are reordered once, shared by e
 (kernels.packed_weights); on AVX2 oneDNN 3.2 reads them as they are. A (..., M, K) input
 is one (rows, K) product.
 
-Products whose B is computed at run time (attention's per-head products) stay with the
-cpu kernels: their shapes change with the sequence (every token, when decoding), and a
-oneDNN primitive is made per shape (tens of microseconds each).
+Products of two computed values (attention's Q·Kᵀ and P·V) run on a second kernel: the
+batch dims of A and B broadcast by oneDNN, the epilogue (the scale and the mask) as
+post-ops. Both kernels are bound to a plan's concrete shapes: in a plan whose dims stay
+symbolic (decoding with a growing cache, once shapes are generalized) the plan hands
+these nodes to cpu rather than make primitives (tens of microseconds each) every run.
 
 Weights larger than `_PACK_LIMIT` are read where they lie (plain layout) rather than
 copied: a packed copy doubles what a 400 MB classifier layer holds in memory.
@@ -197,3 +199,101 @@ def matmul(ctx):
 
 kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_reason,
        static_only=True, name="matmul")(matmul)
+
+
+# ---------------------------------------------------------------- products of two computed values
+
+
+def _padded(shape, rank):
+    return [1] * (rank - len(shape)) + [int(d) for d in shape]
+
+
+def _batched_reason(ctx):
+    """For a product whose B is computed at run time (attention's Q·Kᵀ and P·V), with the
+    batch dims of A and B broadcast by oneDNN; shapes fixed per plan."""
+    why = _unavailable(ctx)
+    if why:
+        return why
+    a, b, y = ctx.shape(0), ctx.shape(1), ctx.out_shape(0)
+    if a is None or b is None or y is None or len(a) < 2 or len(b) < 2:
+        return "an operand of rank < 2 (matrix-vector products stay with cpu)"
+    if ctx.const(1) is not None:
+        return "B is a constant (the weights kernel takes it)"
+    if min(int(d) for d in list(a) + list(b)) == 0:
+        return "an empty product"
+    if ctx.node.op_type == "FusedMatMul" and ctx.attrs.get("activation", "") not in MATMUL_ACTIVATIONS:
+        return f"activation {ctx.attrs.get('activation')} has no oneDNN post-op here"
+    if ctx.node.op_type == "FusedMatMul" and ctx.has(2) and ctx.const(2) is None:
+        return "the bias is not a constant"
+    impl = _batched_primitive(ctx)[0].impl
+    if impl.startswith(_SLOW):
+        return f"oneDNN has only its reference matmul ({impl}) for this product"
+    return None
+
+
+def _batched_primitive(ctx):
+    """(primitive descriptor, the bias's post-op argument, Z's), in the output's rank."""
+    y = [int(d) for d in ctx.out_shape(0)]
+    r = len(y)
+    a, b = _padded(ctx.shape(0), r), _padded(ctx.shape(1), r)
+    post = dnnl.PostOps()
+    bias_arg = z_arg = None
+    fused = ctx.node.op_type == "FusedMatMul"
+    alpha = float(ctx.attrs.get("alpha", 1.0)) if fused else 1.0
+    if alpha != 1.0:
+        post.eltwise("linear", alpha, 0.0)
+    if fused and ctx.has(2):
+        post.binary("add", MemoryDesc.create([1] * (r - 1) + [y[-1]], np.float32, dnnl.plain_tag(r)))
+        bias_arg = post.binary_arg()
+    if fused and ctx.has(3):
+        post.binary("add", MemoryDesc.create(_padded(ctx.shape(3), r), np.float32, dnnl.plain_tag(r)))
+        z_arg = post.binary_arg()
+    act = ctx.attrs.get("activation", "") if fused else ""
+    if act:
+        name, params = _POST[act]
+        post.eltwise(name, *params([float(v) for v in ctx.attrs.get("activation_params") or []]))
+    tag = dnnl.plain_tag(r)
+    pd = dnnl.matmul(MemoryDesc.create(a, np.float32, tag), MemoryDesc.create(b, np.float32, tag),
+                     MemoryDesc.create(y, np.float32, tag), attr=post)
+    return pd, bias_arg, z_arg
+
+
+@kernel(["MatMul"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_batched_reason,
+        static_only=True, name="batched_matmul")
+def batched_matmul(ctx):
+    """oneDNN matmul of two computed values, the batch dims broadcast, the epilogue as post-ops."""
+    r = len(ctx.out_shape(0))
+    shapes = {i: _padded(ctx.shape(i), r) for i in (0, 1, 3) if ctx.has(i)}
+    bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(-1) if ctx.has(2) else None
+
+    def build():
+        pd, bias_arg, z_arg = _batched_primitive(ctx)
+        args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
+        if bias_arg is not None:
+            args[bias_arg] = np.broadcast_to(bias, (int(ctx.out_shape(0)[-1]),)).copy()
+        if z_arg is not None:
+            args[z_arg] = None
+        return pd.primitive().bind(args), z_arg
+
+    prims = _PerThreads(build)
+    last = {}  # slot -> (array, its contiguous view in the padded rank): the same object each run
+
+    def view(slot, v):
+        hit = last.get(slot)
+        if hit is None or hit[0] is not v:
+            hit = last[slot] = v, np.ascontiguousarray(v).reshape(shapes[slot])
+        return hit[1]
+
+    def step(a, b, bias_=None, z=None, *, out):
+        prim, z_arg = prims.get()
+        buffers = {ARG_SRC: view(0, a), ARG_WEIGHTS: view(1, b), ARG_DST: out}
+        if z_arg is not None:
+            buffers[z_arg] = view(3, z)
+        prim.run(buffers)
+        return out
+
+    return step
+
+
+kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
+       accepts=_batched_reason, static_only=True, name="batched_matmul")(batched_matmul)
