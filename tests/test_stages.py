@@ -417,3 +417,32 @@ def test_a_plan_that_moves_a_node_keeps_its_values_plain_and_explain_says_so():
         report = sess.explain({"n": n})
         assert report["summary"]["layouts"]["nhwc_values"] == nhwc
         assert next(v for v in report["values"] if v["name"] == "a")["layout"] == ("nhwc" if nhwc else "nchw")
+
+
+def test_identity_and_inference_dropout_are_removed_where_safe():
+    from glassrt.passes.identity import remove_identities
+
+    nodes = [helper.make_node("Identity", ["x"], ["a"], name="id1"),
+             helper.make_node("Identity", ["a"], ["b"], name="id2"),               # a chain: readers of b read x
+             helper.make_node("Dropout", ["b"], ["c", "unused_mask"], name="drop9"),  # opset 9, mask unread
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Dropout", ["r"], ["d", "mask"], name="drop_mask"),  # its mask is a graph output
+             helper.make_node("Identity", ["r"], ["out"], name="id_out")]          # a graph output keeps its node
+    g = _graph(nodes, [tensor("x", [3])], [tensor("d", None), tensor("mask", None), tensor("out", None)], opset=9)
+    g2, changes = remove_identities(g)
+    names = [n.name for n in g2.nodes]
+    assert names == ["relu", "drop_mask", "id_out"] and len(changes) == 3
+    assert g2.nodes[0].inputs == ["x"]
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    m = model(nodes, [tensor("x", [3])], [tensor("d", None), tensor("mask", None), tensor("out", None)], opset=9)
+    got = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})
+    assert got[0].tolist() == [0.0, 0.5, 2.0] and got[2].tolist() == [0.0, 0.5, 2.0]
+
+
+def test_dropout_in_training_mode_stays():
+    from glassrt.passes.identity import remove_identities
+
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "train"], ["y"], name="drop")]
+    g = _graph(nodes, [tensor("x", [3])], [tensor("y", None)],
+               [init("ratio", np.array(0.5, np.float32)), init("train", np.array(True))], opset=13)
+    assert remove_identities(g)[1] == []

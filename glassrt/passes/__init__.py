@@ -13,12 +13,15 @@ from .expand import expand_composites
 from .fuse_conv import fuse_conv_activation, fuse_conv_residual
 from .fuse_gelu import fuse_gelu
 from .fuse_matmul import fuse_matmul
+from .identity import remove_identities
 from .manager import LEVELS, Pass, PassContext, PassRecord, run_pipeline, selected  # noqa: F401
 
 TYPES, PROVIDERS = "types", "providers"
 
 PIPELINE = [
     Pass("remove_dead_code", "basic", remove_dead_code, doc="nodes and initializers nothing reads"),
+    Pass("remove_identities", "basic", remove_identities,
+         doc="Identity and inference Dropout: their readers read the input"),
     Pass("expand_composites", "required", expand_composites, frozenset({TYPES, PROVIDERS}),
          doc="composite ops no provider runs whole become their decompositions"),
     Pass("fold_constants", "basic", fold_constants, frozenset({TYPES, PROVIDERS}), option="constant_folding",

@@ -1,0 +1,43 @@
+"""Remove nodes that pass their input through unchanged: Identity, and Dropout at inference
+(its mask unread, training_mode absent or false) — as onnxruntime does at load. Their readers
+read the input instead; besides the node's own copy, this keeps layout regions whole (a
+Dropout between two oneDNN nodes put two reorders around a cpu copy in squeezenet).
+
+Kept: a node whose output is a graph output (its name is the caller's), and one whose output
+a subgraph reads from the outer scope (renaming inside bodies is not worth the risk).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+
+def _passthrough(node, consts, read) -> bool:
+    if node.domain or len(node.inputs) < 1 or not node.inputs[0]:
+        return False
+    if node.op_type == "Identity":
+        return True
+    if node.op_type != "Dropout" or any(o and o in read for o in node.outputs[1:]):  # the mask is used
+        return False
+    if node.opset >= 12 and len(node.inputs) > 2 and node.inputs[2]:
+        mode = consts.get(node.inputs[2])
+        return mode is not None and mode.size == 1 and not bool(mode.reshape(-1)[0])
+    return True
+
+
+def remove_identities(graph, ctx=None):
+    outputs = set(graph.output_names())
+    consts = graph.constants()
+    outer_reads = {i for n in graph.nodes for i in n.implicit_inputs}
+    read = {i for n in graph.nodes for i in [*n.inputs, *n.implicit_inputs]} | outputs
+    rename, dropped, changes = {}, set(), []
+    for n in graph.nodes:
+        if not _passthrough(n, consts, read) or n.outputs[0] in outputs or n.outputs[0] in outer_reads:
+            continue
+        src = n.inputs[0]
+        rename[n.outputs[0]] = rename.get(src, src)
+        dropped.add(n.name)
+        changes.append(f"remove {n.op_type} '{n.name}' (passes its input through)")
+    if not changes:
+        return graph, []
+    nodes = [replace(n, inputs=[rename.get(i, i) for i in n.inputs]) for n in graph.nodes if n.name not in dropped]
+    return replace(graph, nodes=nodes), changes
