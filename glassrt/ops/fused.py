@@ -11,6 +11,10 @@ kernels against it).
   follows it in transformers (a scale, the bias Add, a residual or mask Add, an activation
   such as Gelu); written by passes/fuse_matmul.py. bias broadcasts along the last dim, Z
   into the product's shape (never enlarging it).
+  glassrt::ChannelShuffle(X) — ShuffleNet's channel shuffle, Reshape(N, g, C/g, ...) →
+  Transpose(0, 2, 1, ...) → Reshape(N, C, ...), as one op (`group` = g); written by
+  passes/fuse_shuffle.py, so it can run in a layout region (oneDNN's shuffle reads and
+  writes NHWC) instead of breaking it.
   glassrt::Transfer(X) — X copied from `src_device` to `dst_device`; inserted by placement
   where a value crosses between providers on different devices (primitive: the provider
   on the device side runs it).
@@ -168,6 +172,46 @@ register_custom(OpContract(DOMAIN, "FusedMatMul", 1, FUSED_MATMUL, meta=_fused_m
 register_custom(OpContract(DOMAIN, "FusedBatchNormalization", 1, FUSED_BATCH_NORM, meta=_same_as_x, category=COMPOSITE,
                            decomposition=_fused_decomposition("BatchNormalization", ("epsilon",), 15),
                            notes=["inference BatchNormalization + activation, fused by passes/fusion.py"]))
+
+
+CHANNEL_SHUFFLE = CustomSchema(DOMAIN, "ChannelShuffle", [("X", False)], {"group": ("int", 1)}, ["Y"],
+                               "glassrt::ChannelShuffle(Tensor X, int group) -> Tensor")
+
+
+def _channel_shuffle_meta(ctx):
+    x, g = ctx.shape(0), int(ctx.attr("group", 1))
+    if g < 1:
+        ctx.fail(f"group must be >= 1, got {g}")
+    if x is not None:
+        if len(x) < 2:
+            ctx.fail(f"X must have a channel axis (rank >= 2), got rank {len(x)}")
+        if isinstance(x[1], int) and x[1] % g:
+            ctx.fail(f"{x[1]} channels do not split into {g} groups")
+    return [ctx.tensor(ctx.dtype(0), x)]
+
+
+def _channel_shuffle_decomposition(node, input_types, visible):
+    """Reshape(N, g, C/g, rest) → Transpose(0, 2, 1, 3) → Reshape back to X's shape."""
+    from ..onnx_io import nodes_from_protos
+
+    g = int(node.attrs.get("group", 1))
+    x, y, name = node.inputs[0], node.outputs[0], node.name
+    c = input_types[0].shape[1] if input_types and input_types[0] is not None and input_types[0].shape else None
+    if not isinstance(c, int):
+        raise ValueError("the channel count must be known to decompose ChannelShuffle")
+    protos = [helper.make_node("Constant", [], [f"{name}/split"], name=f"{name}/split_shape",
+                               value=numpy_helper.from_array(np.array([0, g, c // g, -1], np.int64))),
+              helper.make_node("Reshape", [x, f"{name}/split"], [f"{name}/groups"], name=f"{name}/split"),
+              helper.make_node("Transpose", [f"{name}/groups"], [f"{name}/swapped"], name=f"{name}/swap",
+                               perm=[0, 2, 1, 3]),
+              helper.make_node("Shape", [x], [f"{name}/shape"], name=f"{name}/shape"),
+              helper.make_node("Reshape", [f"{name}/swapped", f"{name}/shape"], [y], name=f"{name}/merge")]
+    return nodes_from_protos(protos, {"": 14}, visible, f"expanded from ChannelShuffle '{name}'")
+
+
+register_custom(OpContract(DOMAIN, "ChannelShuffle", 1, CHANNEL_SHUFFLE, meta=_channel_shuffle_meta,
+                           category=COMPOSITE, decomposition=_channel_shuffle_decomposition,
+                           notes=["Reshape + Transpose + Reshape of a channel shuffle, fused by passes/fuse_shuffle.py"]))
 
 
 TRANSFER = CustomSchema(DOMAIN, "Transfer", [("X", False)], {"src_device": ("str", "cpu"), "dst_device": ("str", "cpu")},

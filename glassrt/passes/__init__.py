@@ -13,6 +13,7 @@ from .expand import expand_composites
 from .fuse_conv import fuse_conv_activation, fuse_conv_residual
 from .fuse_gelu import fuse_gelu
 from .fuse_matmul import fuse_matmul
+from .fuse_shuffle import fuse_channel_shuffle
 from .identity import remove_identities
 from .manager import LEVELS, Pass, PassContext, PassRecord, run_pipeline, selected  # noqa: F401
 
@@ -35,6 +36,8 @@ PIPELINE = [
     Pass("fuse_conv_activation", "extended", fuse_conv_activation, option="fusion",
          doc="Conv/BatchNormalization + Relu/LeakyRelu/Clip/Sigmoid become one fused op"),
     Pass("fuse_gelu", "extended", fuse_gelu, option="fusion", doc="GELU written out with Erf becomes one Gelu"),
+    Pass("fuse_channel_shuffle", "extended", fuse_channel_shuffle, frozenset({TYPES}), option="fusion",
+         doc="Reshape + Transpose + Reshape of a channel shuffle become one glassrt::ChannelShuffle"),
     Pass("fuse_matmul", "extended", fuse_matmul, frozenset({TYPES}), option="fusion",
          doc="MatMul + scale + bias Add + residual/mask Add + activation become one glassrt::FusedMatMul"),
 ]

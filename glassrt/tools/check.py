@@ -678,8 +678,15 @@ def _internal_samples():
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
         mm_samples.append((SimpleNamespace(name=f"fused_matmul_{act.lower() or 'none'}_{len(ins)}in_a{alpha}",
                                            model=m), ins))
+    shuffle_samples = []
+    for shape, g in (((2, 12, 3, 5), 3), ((1, 8, 4, 4), 2), ((2, 6, 7), 6)):
+        xs = rng.standard_normal(shape).astype(np.float32)
+        m = single_node_model("ChannelShuffle", [xs], {"group": g}, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
+        shuffle_samples.append((SimpleNamespace(name=f"channel_shuffle_{'x'.join(map(str, shape))}_g{g}", model=m),
+                                [xs]))
     return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples,
-            ("glassrt", "FusedMatMul"): mm_samples}
+            ("glassrt", "FusedMatMul"): mm_samples, ("glassrt", "ChannelShuffle"): shuffle_samples}
 
 
 def _differentiable_without_backward(op_filter):

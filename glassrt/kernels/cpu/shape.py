@@ -90,6 +90,15 @@ def identity(x):
     return x
 
 
+@kernel("ChannelShuffle", domain="glassrt", dtypes=ALL, out=True)
+def channel_shuffle(x, *, out=None, group=1):
+    """glassrt::ChannelShuffle: channel c·g + k of the output is channel k·(C/g) + c of X."""
+    n, c = x.shape[:2]
+    y = new_out(out, x.shape, x.dtype)
+    y.reshape(n, c // group, group, -1)[...] = x.reshape(n, group, c // group, -1).transpose(0, 2, 1, 3)
+    return y
+
+
 @kernel("Transpose", dtypes=ALL, out=True)
 def transpose(x, *, out=None, perm=None):
     t = np.transpose(x, perm)

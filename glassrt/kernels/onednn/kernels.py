@@ -481,6 +481,25 @@ def eltwise(ctx):
         MemoryDesc.create(x, np.float32, src), MemoryDesc.create(x, np.float32, dst), name, alpha, beta))
 
 
+def _shuffle_reason(ctx):
+    why = _unavailable(ctx) or _static_4d(ctx)
+    if why:
+        return why
+    if int(ctx.shape(0)[1]) % int(ctx.attrs.get("group", 1)):
+        return "the channels do not split into the groups"
+    return None
+
+
+@kernel(["ChannelShuffle"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
+        accepts=_shuffle_reason, layouts=LAYOUTS, static_only=True, name="shuffle", workspace=_change_workspace)
+def shuffle(ctx):
+    """oneDNN's channel shuffle, in the value's layout (ShuffleNet: NHWC, inside the region)."""
+    x = [int(d) for d in ctx.shape(0)]
+    per_group = x[1] // int(ctx.attrs.get("group", 1))
+    return _single_primitive(ctx, x, lambda src, dst: dnnl.shuffle(
+        MemoryDesc.create(x, np.float32, src), MemoryDesc.create(x, np.float32, dst), axis=1, group_size=per_group))
+
+
 def _add_reason(ctx):
     why = _unavailable(ctx) or _static_4d(ctx, (0, 1))
     if why:
