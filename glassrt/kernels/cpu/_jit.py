@@ -22,19 +22,34 @@ node with that reason at placement — and calling a lazy function raises it.
 from __future__ import annotations
 
 import functools
+import importlib.util
 
-_REASON: list = []  # [None] once Numba imported, [reason] when it cannot be
+_REASON: list = []  # [None] once Numba is found (or imported), [reason] when it cannot be
 
 
 def numba_missing() -> str | None:
-    """Why Numba is unavailable, or None when it imports."""
+    """Why Numba is unavailable, or None when it is installed. Placement asks this of every
+    kernel that needs Numba, also where another provider takes the node: so it only looks
+    for the package (importing Numba costs 0.3 s or more, more still beside SciPy, which it
+    probes for BLAS). An installed Numba that fails to import fails the first kernel that
+    compiles, with the reason (`_compile_module`)."""
     if not _REASON:
         try:
-            import numba  # noqa: F401
-            _REASON.append(None)
-        except Exception as e:  # pragma: no cover - numba is a dependency
-            _REASON.append(f"numba unavailable ({type(e).__name__}: {e})")
+            found = importlib.util.find_spec("numba") is not None
+        except (ImportError, ValueError) as e:  # pragma: no cover - a broken installation
+            found, why = False, f"{type(e).__name__}: {e}"
+        else:
+            why = "the numba package is not installed"
+        _REASON.append(None if found else f"numba unavailable ({why})")
     return _REASON[0]
+
+
+def _import_numba():
+    try:
+        import numba
+    except Exception as e:  # pragma: no cover - numba is a dependency
+        raise RuntimeError(f"this kernel needs Numba, which failed to import: {type(e).__name__}: {e}") from e
+    return numba
 
 
 class _Lazy:
@@ -58,7 +73,7 @@ def _compile_module(namespace):
     reason = numba_missing()
     if reason is not None:
         raise RuntimeError(f"this kernel needs Numba: {reason}")
-    import numba
+    numba = _import_numba()
 
     for name, obj in list(namespace.items()):
         if isinstance(obj, _Lazy) and obj.compiled is None:
