@@ -10,7 +10,6 @@ from ... import dtypes
 from ._util import ACTIVATIONS, INTS, as_out
 from .erf import erf
 from .erf import gelu as gelu32
-from .erf import scratch_bytes as gelu_scratch_bytes
 from ..buffers import tiles
 
 MATMUL_TYPES = [np.float32, np.float64] + list(INTS)
@@ -81,45 +80,28 @@ def gemm(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0, bro
 # ---------------------------------------------------------------- glassrt::FusedMatMul
 
 
-def _fused_scratch(ctx):
-    """The float32 Gelu pass keeps exp's argument in scratch the size of the output."""
-    y = ctx.out_shape(0)
-    gelu = ctx.attrs.get("activation") == "Gelu" and ctx.dtype(0) == np.float32 and y is not None
-    return gelu_scratch_bytes(y) if gelu else 0
-
-
-@kernel("FusedMatMul", domain="glassrt", dtypes=[np.float32, np.float64], out=True, bind=True,
-        workspace=_fused_scratch, name="gemm_then_epilogue")
-def fused_matmul(ctx):
+# A plain function of its inputs, not a builder: in a plan with symbolic dims (decoding with
+# a growing cache) a plain kernel's output shape is a formula evaluated per run, where a
+# builder is re-bound, its meta re-run, for every new shape.
+@kernel("FusedMatMul", domain="glassrt", dtypes=[np.float32, np.float64], out=True, name="gemm_then_epilogue")
+def fused_matmul(a, b, bias=None, z=None, *, out=None, alpha=1.0, activation="", activation_params=()):
     """act(alpha·(A @ B) + bias + Z): the product (one GEMM over A's rows when B is 2-D),
     then each step in place on the output (passes/fuse_matmul.py)."""
-    alpha = float(ctx.attrs.get("alpha", 1.0))
-    act = ctx.attrs.get("activation", "")
-    params = [float(v) for v in ctx.attrs.get("activation_params") or []]
-    ws = ctx.workspace
-
-    def activation(y):
-        if act == "Gelu":
-            if y.dtype == np.float32:
-                return gelu32(y, y, ws)
-            y[...] = 0.5 * y * (1 + erf(y * np.sqrt(0.5)))
-            return y
-        if act == "Tanh":
-            return np.tanh(y, out=y)
-        return ACTIVATIONS[act](y, params) if act else y
-
-    def step(a, b, bias=None, z=None, *, out):
-        if b.ndim == 2 and a.ndim >= 2:
-            matmul_2d_rhs(a, b, out=out)
-        else:
-            matmul(a, b, out=out)
-        if alpha != 1.0:
-            out *= out.dtype.type(alpha)
-        if bias is not None:
-            out += bias
-        if z is not None:
-            out += z
-        return activation(out)
-
-    return step
-
+    if b.ndim == 2 and a.ndim >= 2:
+        out = matmul_2d_rhs(a, b, out=out)
+    else:
+        out = matmul(a, b, out=out)
+    if alpha != 1.0:
+        out *= out.dtype.type(alpha)
+    if bias is not None:
+        out += bias
+    if z is not None:
+        out += z
+    if activation == "Gelu":
+        if out.dtype == np.float32:
+            return gelu32(out, out)
+        out[...] = 0.5 * out * (1 + erf(out * np.sqrt(0.5)))
+        return out
+    if activation == "Tanh":
+        return np.tanh(out, out=out)
+    return ACTIVATIONS[activation](out, [float(v) for v in activation_params]) if activation else out
