@@ -168,6 +168,29 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
     return hit
 
 
+# Work below which a primitive runs on the calling thread alone. oneDNN splits a primitive's
+# work statically, one share per thread, so every parallel call waits for its slowest
+# thread: on a busy machine one that the OS has switched out costs a whole time slice (a
+# 768x3072 vector-matrix product: 0.6 ms on one thread, 8 ms on two beside other busy
+# processes). Products of a few rows are memory-bound (one thread reads as fast as two
+# here: 22-24 GB/s) and small row ops cost less than waking a second thread.
+SMALL_ROWS = 4
+SMALL_ELEMENTS = 1 << 15
+
+
+def run_alone(step, buffers):
+    """step.run(buffers) on one OpenMP thread (the caller's), the count restored after."""
+    n = capi.get_max_threads()
+    if n == 1:
+        step.run(buffers)
+        return
+    capi.set_num_threads(1)
+    try:
+        step.run(buffers)
+    finally:
+        capi.set_num_threads(n)
+
+
 def _unavailable(ctx):
     return f"oneDNN is unavailable: {capi.UNAVAILABLE}" if capi.UNAVAILABLE else None
 

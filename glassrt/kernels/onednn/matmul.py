@@ -26,7 +26,7 @@ from ...ops.fused import MATMUL_ACTIVATIONS
 from ..registry import kernel
 from . import dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
-from .kernels import F32, _PerThreads, _unavailable, packed_weights
+from .kernels import F32, SMALL_ELEMENTS, SMALL_ROWS, _PerThreads, _unavailable, packed_weights, run_alone
 
 _PACK_LIMIT = 64 << 20
 _SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
@@ -183,6 +183,7 @@ def matmul(ctx):
     prims = _PerThreads(build)
     z_dims = p.z_dims(y) if p.z_shape is not None else None
     z_view = [None, None]  # the last Z and its 2-D view: the same view object keeps the memory's pointer
+    alone = p.rows <= SMALL_ROWS  # a vector-matrix product (decoding): memory-bound, see kernels.SMALL_ROWS
 
     def step(a, b_=None, c=None, z=None, *, out):
         prim, z_arg = prims.get()
@@ -191,7 +192,10 @@ def matmul(ctx):
             if z_view[0] is not z:
                 z_view[:] = z, (z if z.flags.c_contiguous else np.ascontiguousarray(z)).reshape(z_dims)
             buffers[z_arg] = z_view[1]
-        prim.run(buffers)
+        if alone:
+            run_alone(prim, buffers)
+        else:
+            prim.run(buffers)
         return out
 
     return step
@@ -277,6 +281,8 @@ def batched_matmul(ctx):
 
     prims = _PerThreads(build)
     last = {}  # slot -> (array, its contiguous view in the padded rank): the same object each run
+    y = [int(d) for d in ctx.out_shape(0)]
+    alone = int(np.prod(y)) * int(ctx.shape(0)[-1]) <= SMALL_ELEMENTS * 8  # few multiply-adds: kernels.SMALL_ROWS
 
     def view(slot, v):
         hit = last.get(slot)
@@ -289,7 +295,10 @@ def batched_matmul(ctx):
         buffers = {ARG_SRC: view(0, a), ARG_WEIGHTS: view(1, b), ARG_DST: out}
         if z_arg is not None:
             buffers[z_arg] = view(3, z)
-        prim.run(buffers)
+        if alone:
+            run_alone(prim, buffers)
+        else:
+            prim.run(buffers)
         return out
 
     return step

@@ -13,7 +13,11 @@ from ...ops.geometry import normalize_axis
 from ..registry import kernel
 from . import dnnl
 from .dnnl import ARG_DST, ARG_SCALE, ARG_SHIFT, ARG_SRC, MemoryDesc
-from .kernels import F32, _PerThreads, _unavailable
+from .kernels import F32, SMALL_ELEMENTS, _PerThreads, _unavailable, run_alone
+
+
+def _run(step, buffers):
+    step.run(buffers)
 
 
 def _static(ctx, i=0):
@@ -68,6 +72,7 @@ def layer_norm(ctx):
         return pd.primitive().bind(args)
 
     prims = _PerThreads(build)
+    alone = rows * width <= SMALL_ELEMENTS  # see kernels.SMALL_ROWS
     flat = {}  # the last array of each argument and its 1-D view (same object: no re-pointing)
 
     def view(slot, a):
@@ -82,7 +87,7 @@ def layer_norm(ctx):
                    ARG_SCALE: view("scale", scale)}
         if shift:
             buffers[ARG_SHIFT] = view("bias", bias)
-        prims.get().run(buffers)
+        (run_alone if alone else _run)(prims.get(), buffers)
         return (y,) + (None,) * (len(outs) - 1)
 
     return step
@@ -123,8 +128,11 @@ def softmax(ctx):
     log = ctx.node.op_type == "LogSoftmax"
     prims = _PerThreads(lambda: dnnl.softmax(md, md, axis, log=log).primitive().bind({ARG_SRC: None, ARG_DST: None}))
 
+    alone = int(np.prod(shape)) <= SMALL_ELEMENTS  # see kernels.SMALL_ROWS
+
     def step(x, *, out):
-        prims.get().run({ARG_SRC: x if x.flags.c_contiguous else np.ascontiguousarray(x), ARG_DST: out})
+        (run_alone if alone else _run)(prims.get(), {ARG_SRC: x if x.flags.c_contiguous else np.ascontiguousarray(x),
+                                                     ARG_DST: out})
         return out
 
     return step
