@@ -42,6 +42,10 @@ def _gelu(v):
     return 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
 
 
+def _gelu_tanh(v):
+    return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
+
+
 def _chain(steps, x_shape=(2, 5, 8), n=6, z_shape=None):
     """x @ W then `steps` (each 'scale', 'bias', 'z' or an activation name), as an exporter
     writes them, and the NumPy result."""
@@ -63,6 +67,9 @@ def _chain(steps, x_shape=(2, 5, 8), n=6, z_shape=None):
         elif s == "z":
             nodes.append(helper.make_node("Add", [src, "z"], [dst], name=f"s{i}"))
             ref = ref + z
+        elif s == "GeluTanh":
+            nodes.append(helper.make_node("Gelu", [src], [dst], name=f"s{i}", approximate="tanh"))
+            ref = _gelu_tanh(ref)
         else:
             nodes.append(helper.make_node(s, [src], [dst], name=f"s{i}"))
             ref = {"Relu": lambda v: np.maximum(v, 0), "Tanh": np.tanh, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)),
@@ -73,8 +80,8 @@ def _chain(steps, x_shape=(2, 5, 8), n=6, z_shape=None):
     return m, {"x": x, "z": z}, ref
 
 
-CHAINS = [["bias"], ["bias", "Gelu"], ["scale", "z"], ["bias", "z"], ["bias", "z", "Relu"], ["scale", "bias", "Tanh"],
-          ["Sigmoid"], ["z"]]
+CHAINS = [["bias"], ["bias", "Gelu"], ["bias", "GeluTanh"], ["scale", "z"], ["bias", "z"], ["bias", "z", "Relu"],
+          ["scale", "bias", "Tanh"], ["Sigmoid"], ["z"]]
 
 
 @pytest.mark.parametrize("providers", [["cpu"], pytest.param(None, marks=onednn)], ids=["cpu", "default"])

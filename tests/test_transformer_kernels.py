@@ -73,6 +73,39 @@ def test_gelu_lookalikes_are_left_alone():
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], _ort(model, {"x": x}), rtol=1e-6, atol=1e-6)
 
 
+def _gelu_tanh_nodes(cube_first=True):
+    """GPT-2's gelu_new: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), as its export writes it."""
+    return [helper.make_node("Mul", ["x", "half"], ["h"], name="half"),
+            helper.make_node("Pow", ["x", "three"], ["p"], name="pow"),
+            helper.make_node("Mul", ["p", "k"] if cube_first else ["k", "p"], ["pk"], name="mul_k"),
+            helper.make_node("Add", ["x", "pk"] if cube_first else ["pk", "x"], ["inner"], name="inner"),
+            helper.make_node("Mul", ["inner", "c"], ["sc"], name="scale"),
+            helper.make_node("Tanh", ["sc"], ["t"], name="tanh"),
+            helper.make_node("Add", ["t", "one"], ["a"], name="add"),
+            helper.make_node("Mul", ["h", "a"], ["y"], name="m1")]
+
+
+TANH_CONSTS = {"half": 0.5, "three": 3.0, "k": 0.044715, "c": math.sqrt(2 / math.pi), "one": 1.0}
+
+
+@pytest.mark.parametrize("cube_first", [True, False])
+def test_gelu_tanh_written_out_becomes_one_node(cube_first):
+    model = _model(_gelu_tanh_nodes(cube_first), [("x", [4, 96])], TANH_CONSTS, opset=17)
+    x = (np.random.default_rng(0).standard_normal((4, 96)) * 3).astype(np.float32)
+    sess = glassrt.InferenceSession(model, providers=["cpu"], fallback="error")
+    assert [(n["op"]) for n in sess.explain()["nodes"]] == ["Gelu"]
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], _ort(model, {"x": x}), rtol=2e-6, atol=2e-6)
+
+
+def test_gelu_tanh_lookalikes_are_left_alone():
+    x = np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32)
+    for consts in ({**TANH_CONSTS, "k": 0.05}, {**TANH_CONSTS, "three": 2.0}):
+        model = _model(_gelu_tanh_nodes(), [("x", [3, 8])], consts, opset=17)
+        sess = glassrt.InferenceSession(model, providers=["cpu"])
+        assert "Gelu" not in [n["op"] for n in sess.explain()["nodes"]]
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], _ort(model, {"x": x}), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("op,opset", [("Erf", 13), ("Gelu", 20)])
 def test_float32_erf_and_gelu_match_onnxruntime(op, opset):
     """The three-pass float32 erf: faithfully rounded, like onnxruntime's; special values kept."""

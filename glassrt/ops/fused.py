@@ -53,8 +53,9 @@ FUSED_MATMUL = CustomSchema(DOMAIN, "FusedMatMul", [("A", False), ("B", False), 
                              {"alpha": ("float", 1.0), "activation": ("str", ""), "activation_params": ("float[]", [])},
                              ["Y"], "glassrt::FusedMatMul(Tensor A, Tensor B, Tensor? bias, Tensor? Z, float alpha, "
                                     "str activation, float[] activation_params) -> Tensor")
-# The activations FusedMatMul applies (Gelu: the exact, erf form).
-MATMUL_ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Gelu")
+# The activations FusedMatMul applies (Gelu: the exact, erf form; GeluTanh: Gelu with
+# approximate="tanh").
+MATMUL_ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Gelu", "GeluTanh")
 
 
 def _fused_decomposition(op_type, own_attrs, opset):
@@ -104,6 +105,8 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
             protos.append(helper.make_node("Constant", [], [name], name=name,
                                            value=numpy_helper.from_array(np.array(v, dtype=dt))))
         protos.append(helper.make_node("Clip", [mid, lo, hi], list(node.outputs), name=f"{node.name}/act"))
+    elif act == "GeluTanh":
+        protos.append(helper.make_node("Gelu", [mid], list(node.outputs), name=f"{node.name}/act", approximate="tanh"))
     else:
         extra = {"alpha": params[0]} if act == "LeakyRelu" and params else {}
         protos.append(helper.make_node(act, [mid], list(node.outputs), name=f"{node.name}/act", **extra))

@@ -33,13 +33,14 @@ def origin(node, what) -> str:
 
 def activation_of(n, consts):
     """(name, params) of an activation node a fused kernel can apply to its output, or None:
-    Relu, LeakyRelu (alpha), Clip (constant float bounds), Sigmoid, Tanh, exact Gelu."""
+    Relu, LeakyRelu (alpha), Clip (constant float bounds), Sigmoid, Tanh, Gelu (exact) and
+    GeluTanh (Gelu with approximate="tanh")."""
     if n is None or n.domain or len(n.outputs) != 1:
         return None
     if n.op_type in ("Relu", "Sigmoid", "Tanh"):
         return n.op_type, []
     if n.op_type == "Gelu":
-        return ("Gelu", []) if n.attrs.get("approximate", "none") == "none" else None
+        return ("GeluTanh" if n.attrs.get("approximate", "none") == "tanh" else "Gelu"), []
     if n.op_type == "LeakyRelu":
         return "LeakyRelu", [float(n.attrs.get("alpha", 0.01))]
     if n.op_type != "Clip":

@@ -24,7 +24,7 @@ from ..ops.fused import bias_fits, fits_into
 from ._rewrite import Readers, activation_of, origin
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Gelu")
+ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Gelu", "GeluTanh")
 
 
 def fuse_matmul(graph, ctx):

@@ -667,6 +667,7 @@ def _internal_samples():
     wm = rng.standard_normal((8, 6)).astype(np.float32)
     bias, z = rng.standard_normal(6).astype(np.float32), rng.standard_normal((2, 1, 6)).astype(np.float32)
     for act, params, alpha, ins in (("", [], 1.0, [a, wm, bias]), ("Gelu", [], 1.0, [a, wm, bias]),
+                                    ("GeluTanh", [], 1.0, [a, wm, bias]),
                                     ("", [], 0.125, [a, wm, bias, z]),
                                     ("Relu", [], 1.0, [a, wm, bias, z]), ("Tanh", [], 2.0, [a, wm]),
                                     ("Clip", [-0.5, 0.5], 1.0, [a, wm, bias]), ("LeakyRelu", [0.1], 1.0, [a, wm]),

@@ -8,6 +8,7 @@ from .. import gemm as products
 from ..registry import kernel
 from ... import dtypes
 from ._util import ACTIVATIONS, INTS, as_out
+from .elementwise import _gelu_tanh as gelu_tanh
 from .erf import erf
 from .erf import gelu as gelu32
 from ..buffers import tiles
@@ -101,6 +102,9 @@ def fused_matmul(a, b, bias=None, z=None, *, out=None, alpha=1.0, activation="",
         if out.dtype == np.float32:
             return gelu32(out, out)
         out[...] = 0.5 * out * (1 + erf(out * np.sqrt(0.5)))
+        return out
+    if activation == "GeluTanh":
+        out[...] = gelu_tanh(out)
         return out
     if activation == "Tanh":
         return np.tanh(out, out=out)

@@ -34,7 +34,8 @@ _SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
 # FusedMatMul's activations as oneDNN eltwise post-ops: (name, params -> (alpha, beta)).
 _POST = {"Relu": ("relu", lambda p: (0.0, 0.0)), "LeakyRelu": ("relu", lambda p: (p[0] if p else 0.01, 0.0)),
          "Clip": ("clip", lambda p: (p[0], p[1])), "Sigmoid": ("logistic", lambda p: (0.0, 0.0)),
-         "Tanh": ("tanh", lambda p: (0.0, 0.0)), "Gelu": ("gelu_erf", lambda p: (0.0, 0.0))}
+         "Tanh": ("tanh", lambda p: (0.0, 0.0)), "Gelu": ("gelu_erf", lambda p: (0.0, 0.0)),
+         "GeluTanh": ("gelu_tanh", lambda p: (0.0, 0.0))}
 assert set(_POST) == set(MATMUL_ACTIVATIONS) - {""}
 
 
