@@ -69,3 +69,37 @@ def test_a_quiet_plan_does_not_try_one_thread_early():
     used = _drive(ThreadChoice(2), lambda i, n: 10.0 if n == 2 else 18.0, 60,
                   cpu_share=lambda i, n: 1.9 if n == 2 else 1.0)
     assert used == [2] * 60
+
+
+def test_a_new_plan_starts_where_the_sessions_latest_plan_settled():
+    """A session that found the machine busy starts each new plan (each new input shape) on
+    one thread, and still goes back to two when that measures faster."""
+    busy = ThreadChoice(2, start=1)
+    assert busy.choose() == 1
+    used = _drive(busy, lambda i, n: 10.0 if n == 2 else 18.0, 2000)  # the load has gone
+    assert used[-1] == 2
+    assert ThreadChoice(2, start=None).choose() == 2
+    assert ThreadChoice(2, adaptive=False, start=1).choose() == 2  # not adaptive: always the request
+
+
+def test_the_session_runner_hands_its_latest_choice_to_new_plans():
+    import numpy as np
+    from onnx import helper
+
+    import glassrt
+
+    from .helpers import model, tensor
+
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", ["n"])], [tensor("y", None)], opset=17)
+    s = glassrt.InferenceSession(m, providers=["cpu"])
+    s.run(None, {"x": np.ones(3, np.float32)})
+    runner = s.runner
+    first = next(iter(runner.plans.values()))
+    first.threads.current = 1  # as if it had found one thread faster
+    s.run(None, {"x": np.ones(3, np.float32)})
+    assert runner.threads_hint == 1
+    s.run(None, {"x": np.ones(5, np.float32)})  # a new shape: a new plan
+    newest = runner.plans[next(reversed(runner.plans))]
+    assert newest is not first and newest.threads.requested >= 1
+    if newest.threads.requested > 1:
+        assert newest.threads.current == 1

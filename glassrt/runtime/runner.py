@@ -30,6 +30,7 @@ class GraphRunner:
         # subgraph runners (loop bodies) run inside it and keep what it chose.
         self.adapt_threads = adapt_threads
         self.openmp_pool = openmp_pool
+        self.threads_hint = None  # the count the latest plan run settled on: where a new plan starts
         self.outer_names = [n for n in outer_names]
         self.plans: OrderedDict = OrderedDict()
         self.plans_built = 0
@@ -176,12 +177,13 @@ class GraphRunner:
                 return run_plan(plan, feeds, profile=profile, into=into)
             if plan.threads is None:
                 plan.threads = threads.ThreadChoice(self.options.intra_op_num_threads or threads.available_cpus(),
-                                                    self.options.adaptive_threads)
+                                                    self.options.adaptive_threads, start=self.threads_hint)
             n = plan.threads.choose()
             threads.use_threads(n, self.openmp_pool)
             t0, c0 = time.perf_counter(), time.process_time()
             out = run_plan(plan, feeds, profile=profile, into=into)
             plan.threads.record(time.perf_counter() - t0, time.process_time() - c0)
+            self.threads_hint = plan.threads.current
             return out
         finally:
             self._checkin(plan)

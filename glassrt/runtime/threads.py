@@ -59,13 +59,16 @@ class ThreadChoice:
     than STARVED CPU seconds per second between all their threads (the main thread alone
     is always runnable, so a process under that did not get even one core)."""
 
-    def __init__(self, requested: int, adaptive: bool = True):
+    def __init__(self, requested: int, adaptive: bool = True, start: int | None = None):
+        """start: the count to begin with (default the requested one): a session's new plan
+        begins where its latest plan settled, so that a machine found busy is not
+        rediscovered, at two threads' cost, by every new plan (each new shape)."""
         self.requested = max(1, int(requested))
         self.arms = (self.requested, 1) if self.requested > 1 and adaptive else (self.requested,)
         self.recent: dict[int, list] = {a: [] for a in self.arms}
         self._warm: set = set()  # counts whose first measured run (still warming up) was dropped
         self.floor: dict[int, float] = {}  # the lowest latency each count has had
-        self.current = self.arms[0]
+        self.current = start if start in self.arms else self.arms[0]
         self.runs = 0
         self.last = self.previous = None  # the counts of this run and the run before
         self._probing, self._probe_left = None, 0
