@@ -788,3 +788,445 @@ def test_dynamic_quantized_mlp(tmp_path, weight, per_channel):
         _compare_models(model, {"x": x})
         sess = glassrt.InferenceSession(model, providers=["cpu"], fallback="error")
         assert [o.shape for o in sess.get_outputs()] == [["B", "S", 8], ["B", "S", 4]]
+
+
+# ---------------------------------------------------------------- MatMulInteger16
+
+
+I16, U16 = np.int16, np.uint16
+
+
+@pytest.mark.parametrize("sa, sb", [((3, 4, 300), (300, 5)), ((2, 1, 3, 7), (4, 7, 2)), ((7,), (7, 2)),
+                                    ((5, 7), (7,)), ((1, 9), (9, 1)), ((0, 4), (4, 3))])
+def test_matmul_integer16(sa, sb):
+    """int16 x int16 in int32, full range: sums past 2**31 wrap as onnxruntime's do."""
+    rng = rng_for("mmi16", sa, sb)
+    a, b = q(rng, I16, *sa), q(rng, I16, *sb)
+    y = compare("MatMulInteger16", [a, b], consts=())
+    np.testing.assert_array_equal(y, np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32))
+
+
+def test_matmul_integer16_wraps_and_takes_uint16():
+    """The extremes (every product 2**30, four of them wrap), and the schema's uint16 (no
+    onnxruntime kernel: the exact product, wrapped to int32, is the reference)."""
+    lowest = np.full((2, 4), -32768, I16)
+    y = compare("MatMulInteger16", [lowest, np.full((4, 3), -32768, I16)], consts=())
+    assert (y == 0).all()  # 4 · 2**30 = 2**32
+    rng = rng_for("mmi16-u")
+    for ta, tb in [(U16, U16), (I16, U16), (U16, I16)]:
+        a, b = q(rng, ta, 3, 2, 40), q(rng, tb, 40, 6)
+        got = _glassrt(*_model("MatMulInteger16", [a, b]))[0]
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32))
+
+
+# ---------------------------------------------------------------- QAttention
+
+
+def _q_outputs(model, feeds):
+    return _glassrt(model, feeds), [_ort(model, feeds, optimize) for optimize in (False, True)]
+
+
+def compare_attention(inputs, consts=None, ort_inputs=None, n_out=2, **attrs):
+    """QAttention in glassrt and onnxruntime: present (this step's K and V, from the quantized
+    projection) bit for bit; the output, after a float softmax attention, as Attention's
+    (1e-5). ort_inputs: what onnxruntime runs instead (an equivalent uint8 input)."""
+    consts = _params(inputs) if consts is None else consts
+    model, feeds = _model("QAttention", inputs, consts, n_out=n_out, **attrs)
+    got = _glassrt(model, feeds)
+    ref_model, ref_feeds = (model, feeds) if ort_inputs is None else \
+        _model("QAttention", ort_inputs, consts, n_out=n_out, **attrs)
+    for optimize in (False, True):
+        ref = _ort(ref_model, ref_feeds, optimize)
+        for k, (g, r) in enumerate(zip(got, ref)):
+            assert g.dtype == r.dtype and g.shape == r.shape, f"output {k}: {g.dtype}{g.shape} vs {r.dtype}{r.shape}"
+            if k == 1:
+                np.testing.assert_array_equal(g, r, err_msg="present")
+            else:
+                np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(r).max())))
+    return got
+
+
+QB, QS, QD, QN, QH = 2, 4, 20, 3, 4  # batch, sequence, input hidden, heads, head size
+QHID = QN * QH
+QMASKS = {
+    "raw_2d": np.array([[1, 1, 0, 1], [1, 1, 1, 0]], np.int32),
+    "end_positions": np.array([3, 2], np.int32),
+    "end_and_start": np.array([3, 4, 1, 2], np.int32),
+    "3b_plus_2": np.array([3, 2, 0, 0, 0, 0, 0, 0], np.int32),
+    "raw_3d": (np.random.default_rng(7).random((QB, QS, QS)) > 0.4).astype(np.int32),
+    "all_masked_row": np.array([[0, 0, 0, 0], [1, 1, 1, 1]], np.int32),
+}
+
+
+def _qattention_inputs(rng, tw, per_column, mask=None, d=QD, hidden=QHID):
+    x = q(rng, U8, QB, QS, d)
+    w = weights(rng, U8, tw, d, 3 * hidden)
+    cols = (3 * hidden,) if per_column else ()
+    ws = rng.uniform(0.005, 0.03, cols).astype(F32)
+    wz = (rng.integers(-3, 4, cols) if tw == I8 else rng.integers(110, 146, cols)).astype(tw)
+    return [x, w, rng.standard_normal(3 * hidden).astype(F32), scale(rng.uniform(0.01, 0.05)), ws, mask,
+            zp(rng, U8), wz]
+
+
+@pytest.mark.parametrize("tw", [I8, U8])
+@pytest.mark.parametrize("per_column", [False, True])
+@pytest.mark.parametrize("mask", [None, *QMASKS])
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_qattention(tw, per_column, mask, unidirectional):
+    rng = rng_for("qattention", tw, per_column, mask, unidirectional)
+    compare_attention(_qattention_inputs(rng, tw, per_column, QMASKS.get(mask)), num_heads=QN,
+                      unidirectional=unidirectional)
+
+
+@pytest.mark.parametrize("attrs", [{"scale": 0.3}, {"mask_filter_value": -3.0}, {"unidirectional": 1, "scale": 0.1}])
+def test_qattention_attributes(attrs):
+    rng = rng_for("qattention-attrs", str(attrs))
+    compare_attention(_qattention_inputs(rng, I8, True, QMASKS["raw_2d"]), num_heads=QN, **attrs)
+
+
+@pytest.mark.parametrize("unidirectional", [0, 1])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_qattention_past_and_present(unidirectional, with_mask):
+    rng = rng_for("qattention-past", unidirectional, with_mask)
+    mask = np.ones((QB, 3 + QS), np.int32)
+    mask[0, :2] = 0
+    inputs = _qattention_inputs(rng, I8, False, mask if with_mask else None)
+    inputs.append(rng.standard_normal((2, QB, QN, 3, QH)).astype(F32))
+    compare_attention(inputs, num_heads=QN, unidirectional=unidirectional)
+    compare_attention(inputs[:5], num_heads=QN, n_out=1)  # no mask, zero points or past; output only
+
+
+def test_qattention_sizes_and_weights_as_inputs():
+    """A pruned input hidden size (D != hidden), one head, larger sequences; every parameter
+    a graph input; the zero points omitted."""
+    rng = rng_for("qattention-sizes")
+    inputs = _qattention_inputs(rng, I8, True, d=7, hidden=10)
+    compare_attention(inputs, consts=(), num_heads=2)
+    compare_attention(inputs[:5], consts=(), num_heads=1)
+    big = [q(rng, U8, 3, 33, 64), weights(rng, U8, I8, 64, 96), rng.standard_normal(96).astype(F32), scale(0.02),
+           scale(0.01), np.array([33, 20, 7], np.int32), zp(rng, U8), zp(rng, I8)]
+    compare_attention(big, num_heads=4, unidirectional=1)
+
+
+def test_qattention_int8_input_and_float16():
+    """onnxruntime's cpu kernel takes a uint8 input only. An int8 input x with zero point z
+    is the uint8 input x + 128 with z + 128 (the same integer products); a float16 bias and
+    scales run in float32, rounded once (onnxruntime on the float32 values is the reference)."""
+    rng = rng_for("qattention-int8")
+    inputs = _qattention_inputs(rng, I8, True, QMASKS["end_positions"])
+    signed = list(inputs)
+    signed[0] = (inputs[0].astype(np.int16) - 128).astype(I8)
+    signed[6] = np.asarray(int(inputs[6]) - 128, I8)
+    compare_attention(signed, ort_inputs=inputs, num_heads=QN, unidirectional=1)
+    half = [x.astype(F16) if x is not None and x.dtype == F32 else x for x in inputs]
+    model, feeds = _model("QAttention", half, _params(half), n_out=2, num_heads=QN)
+    got = _glassrt(model, feeds)
+    ref = _ort(*_model("QAttention", [x.astype(F32) if x is not None and x.dtype == F16 else x for x in half],
+                       _params(half), n_out=2, num_heads=QN))
+    for g, r in zip(got, ref):
+        assert g.dtype == F16
+        np.testing.assert_allclose(g.astype(F32), r, rtol=2e-3, atol=2e-3)
+
+
+def test_qattention_decomposition(without_kernel):
+    """Without the kernel, the decomposition (MatMulInteger, the float steps of the projection,
+    attention in standard ops) runs: present still bit for bit, the output within Attention's
+    tolerance. Every mask form decomposes (a 1-D mask with a known batch)."""
+    rng = rng_for("qattention-decomposed")
+    without_kernel("QAttention")
+    for mask in [None, *QMASKS]:
+        for uni in (0, 1):
+            model, feeds = _model("QAttention", _qattention_inputs(rng, I8, mask is None, QMASKS.get(mask)),
+                                  n_out=2, num_heads=QN, unidirectional=uni)
+            sess = glassrt.InferenceSession(model, providers=["cpu"], fallback="error")
+            assert sess.explain()["summary"]["expansions"][0]["op"] == "QAttention"
+            got, ref = sess.run(None, feeds), _ort(model, feeds)
+            np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(ref[0]).max())))
+            np.testing.assert_array_equal(got[1], ref[1])
+    inputs = _qattention_inputs(rng, I8, False) + [rng.standard_normal((2, QB, QN, 3, QH)).astype(F32)]
+    model, feeds = _model("QAttention", inputs, n_out=2, num_heads=QN, unidirectional=1, scale=0.2)
+    got, ref = glassrt.InferenceSession(model, providers=["cpu"], fallback="error").run(None, feeds), _ort(model, feeds)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[1], ref[1])
+
+
+def test_qattention_quantized_by_onnxruntime(tmp_path):
+    """quantize_dynamic turns com.microsoft Attention into DynamicQuantizeLinear + QAttention."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(11)
+    node = helper.make_node("Attention", ["x", "w", "b", "mask"], ["y"], domain=MS, num_heads=QN)
+    g = helper.make_graph([node], "att", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", QD]),
+                                          helper.make_tensor_value_info("mask", TensorProto.INT32, ["B", "S"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", QHID])],
+                          [numpy_helper.from_array((rng.standard_normal((QD, 3 * QHID)) * 0.3).astype(F32), "w"),
+                           numpy_helper.from_array((rng.standard_normal(3 * QHID) * 0.1).astype(F32), "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 9
+    src, dst = os.fspath(tmp_path / "float.onnx"), os.fspath(tmp_path / "int8.onnx")
+    onnx.save(model, src)
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8, reduce_range=ort_saturates_u8s8())
+    quantized = onnx.load(dst)
+    assert "QAttention" in {n.op_type for n in quantized.graph.node}
+    feeds = {"x": rng.standard_normal((3, 6, QD)).astype(F32), "mask": np.array([[1] * 6, [1] * 4 + [0] * 2,
+                                                                                 [1] * 2 + [0] * 4], np.int32)}
+    sess = glassrt.InferenceSession(quantized, providers=["cpu"], fallback="error")
+    assert sess.get_outputs()[0].shape == ["B", "S", QHID]
+    got = sess.run(None, feeds)[0]
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], got)
+    for optimize in (False, True):
+        np.testing.assert_allclose(got, _ort(quantized, feeds, optimize)[0], rtol=1e-5, atol=1e-5)
+    # ... and stays near the float model (the quantization error, not a bug, is the difference)
+    ref = _ort(model, feeds)[0]
+    np.testing.assert_allclose(got, ref, atol=0.05 * float(np.abs(ref).max()))
+
+
+def test_qattention_invalid_inputs_are_refused():
+    rng = rng_for("qattention-invalid")
+    good = _qattention_inputs(rng, I8, True)
+    cases = [({2: good[2][:5]}, {}, "bias must be 1-D"),
+             ({4: np.ones(5, F32)}, {}, "weight_scale must be a scalar or 1-D"),
+             ({7: np.zeros(3 * QHID, U8)}, {}, "weight_zero_point must have the weight's type"),
+             ({5: np.ones((QB, 1, QS, QS), np.int32)}, {}, "4-D mask"),
+             ({1: good[1][:, :30]}, {}, "3 x hidden with hidden divisible by num_heads"),
+             ({}, {"do_rotary": 1}, "do_rotary")]
+    for change, attrs, message in cases:
+        inputs = [change.get(i, x) for i, x in enumerate(good)]
+        with pytest.raises(glassrt.GlassrtError, match=message) as info:
+            _glassrt(*_model("QAttention", inputs, (), n_out=2, num_heads=QN, **attrs))
+        assert "node" in str(info.value)
+    with pytest.raises(glassrt.GlassrtError, match="1-D mask must have"):
+        _glassrt(*_model("QAttention", good[:5] + [np.ones(5, np.int32)], (), n_out=2, num_heads=QN))
+
+
+# ---------------------------------------------------------------- DynamicQuantizeLSTM
+
+
+def _ort_one_thread(model, feeds):
+    """onnxruntime with one intra-op thread. Its LSTM quantizes the hidden state once per
+    step for the rows one thread computes: with more threads and a batch it splits (batch
+    above 4, or 2 and up with hidden <= 256), each share gets a range of its own, and the
+    result depends on the machine's thread count. glassrt quantizes the whole batch: one
+    thread's numbers."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _lstm_weights(rng, tw, shape):
+    # Full-range int8 weights with a uint8 input would saturate in onnxruntime's AVX2 kernel (see ort_saturates_u8s8)
+    return weights(rng, U8, tw, *shape) if tw == I8 else q(rng, U8, *shape)
+
+
+def lstm_inputs(rng, t, n, i, h, num_dir=1, tw=I8, per_channel=False, lens=None, optional=True):
+    """X, W [D, I, 4H], R [D, H, 4H], B, sequence_lens, initial_h, initial_c, P, then scales and
+    zero points as quantize_dynamic writes them ([D] per tensor, [D, 4H] per channel)."""
+    cols = (num_dir, 4 * h) if per_channel else (num_dir,)
+    params = []
+    for _ in range(2):
+        if tw == I8:  # per channel: zero points all 0, as onnxruntime requires
+            z = np.zeros(cols, I8) if per_channel else rng.integers(-3, 4, cols).astype(I8)
+        else:  # per channel: one value throughout
+            z = np.full(cols, rng.integers(120, 136), U8) if per_channel else rng.integers(120, 136, cols).astype(U8)
+        params += [rng.uniform(0.004, 0.02, cols).astype(F32), z]
+    f = lambda *shape, s=1.0: (rng.standard_normal(shape) * s).astype(F32)  # noqa: E731
+    return [f(t, n, i), _lstm_weights(rng, tw, (num_dir, i, 4 * h)), _lstm_weights(rng, tw, (num_dir, h, 4 * h)),
+            f(num_dir, 8 * h, s=0.5) if optional else None, lens, f(num_dir, n, h, s=0.5) if optional else None,
+            f(num_dir, n, h, s=0.5) if optional else None, f(num_dir, 3 * h, s=0.3) if optional else None] + params
+
+
+LSTM_CONSTS = {1, 2, 8, 9, 10, 11}
+
+
+def compare_lstm(inputs, outputs=("y", "yh", "yc"), consts=LSTM_CONSTS, exact=True, ort_run=_ort_one_thread,
+                 **attrs):
+    """DynamicQuantizeLSTM in glassrt and onnxruntime (one intra-op thread): every output bit for
+    bit, or within an ulp or two (exact=False: activations through libm's exp/log)."""
+    names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
+    node = helper.make_node("DynamicQuantizeLSTM", names, list(outputs), domain=MS, name="node", **attrs)
+    vis = [helper.make_tensor_value_info(nm, helper.np_dtype_to_tensor_dtype(x.dtype), list(x.shape))
+           for i, (nm, x) in enumerate(zip(names, inputs)) if nm and i not in consts]
+    inits = [numpy_helper.from_array(x, nm) for i, (nm, x) in enumerate(zip(names, inputs)) if nm and i in consts]
+    graph = helper.make_graph([node], "g", vis, [onnx.ValueInfoProto(name=o) for o in outputs if o], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 10
+    feeds = {nm: x for i, (nm, x) in enumerate(zip(names, inputs)) if nm and i not in consts}
+    got, ref = _glassrt(model, feeds), ort_run(model, feeds)
+    assert len(got) == len(ref)
+    for name, g, r in zip([o for o in outputs if o], got, ref):
+        assert g.dtype == r.dtype and g.shape == r.shape, f"{name}: {g.dtype}{g.shape} vs {r.dtype}{r.shape}"
+        if exact:
+            bad = np.flatnonzero(g.reshape(-1) != r.reshape(-1))
+            assert bad.size == 0, (f"{name}: {bad.size} of {g.size} differ, first at {bad[0]}: "
+                                   f"{g.reshape(-1)[bad[0]]} vs {r.reshape(-1)[bad[0]]}")
+        else:
+            np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-7, err_msg=name)
+    return got
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("tw", [I8, U8])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_dynamic_quantize_lstm(direction, tw, per_channel):
+    rng = rng_for("dqlstm", direction, tw, per_channel)
+    num_dir = 2 if direction == "bidirectional" else 1
+    compare_lstm(lstm_inputs(rng, 7, 3, 5, 4, num_dir, tw, per_channel), hidden_size=4, direction=direction)
+    # Larger, parameters as graph inputs (onnxruntime then reads them at run time: no prepacking).
+    compare_lstm(lstm_inputs(rng, 12, 5, 24, 16, num_dir, tw, per_channel), consts=(), hidden_size=16,
+                 direction=direction)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_dynamic_quantize_lstm_sequence_lens(direction):
+    """Shorter sequences: their rows stop (zeros in Y, the last state in Y_h/Y_c, zeros for
+    length 0), and the rows the next step's GEMM reads for them are Y's zeros when Y is an
+    output, the last h when it is not — which moves the quantization range: both followed."""
+    rng = rng_for("dqlstm-lens", direction)
+    num_dir = 2 if direction == "bidirectional" else 1
+    lens = np.array([7, 2, 0, 5], np.int32)
+    compare_lstm(lstm_inputs(rng, 7, 4, 5, 4, num_dir, lens=lens), hidden_size=4, direction=direction)
+    lens = np.array([3, 6, 2, 5], np.int32)  # the longest shorter than X: steps past it are never computed
+    compare_lstm(lstm_inputs(rng, 7, 4, 5, 4, num_dir, lens=lens), hidden_size=4, direction=direction)
+    compare_lstm(lstm_inputs(rng, 7, 4, 5, 4, num_dir, lens=lens), ("", "yh", "yc"), hidden_size=4,
+                 direction=direction)
+    compare_lstm(lstm_inputs(rng, 7, 4, 5, 4, num_dir, lens=np.zeros(4, np.int32)), hidden_size=4,
+                 direction=direction)
+
+
+@pytest.mark.parametrize("attrs", [{"clip": 0.6}, {"input_forget": 1}, {"clip": 2.0, "input_forget": 1}])
+def test_dynamic_quantize_lstm_attributes(attrs):
+    rng = rng_for("dqlstm-attrs", str(attrs))
+    compare_lstm(lstm_inputs(rng, 6, 3, 5, 4, 2, U8, True), hidden_size=4, direction="bidirectional", **attrs)
+
+
+def test_dynamic_quantize_lstm_optional_inputs_and_outputs():
+    rng = rng_for("dqlstm-optional")
+    compare_lstm(lstm_inputs(rng, 6, 3, 5, 4, optional=False), hidden_size=4)
+    inputs = lstm_inputs(rng, 6, 3, 5, 4, optional=True)
+    compare_lstm(inputs, ("y",), hidden_size=4)
+    compare_lstm(inputs, ("", "", "yc"), hidden_size=4)
+    compare_lstm(lstm_inputs(rng, 1, 1, 3, 2), hidden_size=2)  # one step, one row
+
+
+# f (the i, o, f gates), g (the cell input), h (the output) — per direction. MLAS's Sigmoid/Tanh,
+# Relu and the arithmetic functors are followed bit for bit; the ones through libm's exp and
+# log (Elu, Softplus, ScaledTanh) to an ulp (libm rounds a few near-ties the other way).
+LSTM_ACTIVATIONS = [
+    (["Relu", "Tanh", "Sigmoid"], True), (["HardSigmoid", "Affine", "LeakyRelu"], True),
+    (["Sigmoid", "Softsign", "ThresholdedRelu"], True),
+    (["sigmoid", "TANH", "Relu", "HardSigmoid", "Tanh", "Tanh"], True),
+    (["Sigmoid", "Elu", "ScaledTanh"], False), (["Sigmoid", "Softplus", "Tanh"], False),
+    (["ScaledTanh", "ScaledTanh", "Elu"], False),
+]
+
+
+@pytest.mark.parametrize("activations, exact", LSTM_ACTIVATIONS)
+def test_dynamic_quantize_lstm_activations(activations, exact):
+    rng = rng_for("dqlstm-acts", str(activations))
+    direction = "bidirectional" if len(activations) == 6 else "forward"
+    compare_lstm(lstm_inputs(rng, 8, 4, 6, 8, len(activations) // 3), exact=exact, hidden_size=8,
+                 direction=direction, activations=activations, activation_alpha=[0.9, 0.7, 0.5],
+                 activation_beta=[0.8, 0.9])
+
+
+def test_dynamic_quantize_lstm_against_multithreaded_onnxruntime():
+    """With its default thread pool onnxruntime splits a batch between threads and quantizes
+    each share's hidden state apart (see _ort_one_thread). A batch of one is never split:
+    equal bit for bit. A split batch differs by quantization noise: the step of H's 8-bit
+    grid is its range / 255 (here about 0.004), and the differences stay of that order."""
+    rng = rng_for("dqlstm-threads")
+
+    def default_threads(model, feeds):
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    compare_lstm(lstm_inputs(rng, 8, 1, 16, 8, 2), ort_run=default_threads, hidden_size=8, direction="bidirectional")
+    inputs = lstm_inputs(rng, 8, 6, 16, 8)
+    got = compare_lstm(inputs, hidden_size=8)
+    for g, r in zip(got, _lstm_run(inputs, default_threads, hidden_size=8)):
+        np.testing.assert_allclose(g, r, atol=0.02)
+
+
+def _lstm_run(inputs, run, **attrs):
+    names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
+    node = helper.make_node("DynamicQuantizeLSTM", names, ["y", "yh", "yc"], domain=MS, **attrs)
+    vis = [helper.make_tensor_value_info(nm, helper.np_dtype_to_tensor_dtype(x.dtype), list(x.shape))
+           for nm, x in zip(names, inputs) if nm]
+    graph = helper.make_graph([node], "g", vis, [onnx.ValueInfoProto(name=o) for o in ("y", "yh", "yc")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    model.ir_version = 10
+    return run(model, {nm: x for nm, x in zip(names, inputs) if nm})
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_dynamic_quantized_lstm_model(tmp_path, direction, per_channel):
+    """quantize_dynamic turns a float LSTM into DynamicQuantizeLSTM (int8 weights, whatever
+    weight_type asks: its LSTM quantizer writes int8): glassrt runs the result as onnxruntime
+    does (one thread), symbolic dims kept, and stays near the float model."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(5)
+    num_dir, i, h = (2 if direction == "bidirectional" else 1), 8, 6
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * sd).astype(F32), nm) for nm, s, sd in
+             (("W", (num_dir, 4 * h, i), 0.4), ("R", (num_dir, 4 * h, h), 0.4), ("B", (num_dir, 8 * h), 0.1))]
+    node = helper.make_node("LSTM", ["x", "W", "R", "B"], ["y", "yh", "yc"], hidden_size=h, direction=direction)
+    g = helper.make_graph([node], "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", i])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "yh", "yc")],
+                          inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    src, dst = os.fspath(tmp_path / "float.onnx"), os.fspath(tmp_path / "int8.onnx")
+    onnx.save(model, src)
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=per_channel,
+                     reduce_range=ort_saturates_u8s8())
+    quantized = onnx.load(dst)
+    assert [n.op_type for n in quantized.graph.node] == ["DynamicQuantizeLSTM"]
+    feeds = {"x": rng.standard_normal((9, 3, i)).astype(F32)}
+    got = _glassrt(quantized, feeds)
+    for g_, r in zip(got, _ort_one_thread(quantized, feeds)):
+        np.testing.assert_array_equal(g_, r)
+    for g_, r in zip(got, _ort(model, feeds)):
+        np.testing.assert_allclose(g_, r, atol=0.05)
+    sess = glassrt.InferenceSession(quantized, providers=["cpu"], fallback="error")
+    assert [o.shape for o in sess.get_outputs()] == [["T", num_dir, "N", h], [num_dir, "N", h], [num_dir, "N", h]]
+    for _ in range(2):  # the plan's replay writes the same numbers into its arena
+        for g_, r in zip(sess.run(None, feeds), got):
+            np.testing.assert_array_equal(g_, r)
+
+
+def test_dynamic_quantize_lstm_invalid_inputs_are_refused():
+    rng = rng_for("dqlstm-invalid")
+    good = lstm_inputs(rng, 5, 2, 3, 4, 1, I8, True)
+    cases = [({1: good[1][:, :2]}, {}, "W must have shape"),
+             ({2: good[2].astype(U8)}, {}, "R is uint8 but W is int8|W and R must both be"),
+             ({3: good[3][:, :5]}, {}, "B must have shape"),
+             ({4: np.array([5, 6], np.int32)}, {}, "sequence_lens"),
+             ({8: np.ones((1, 3), F32)}, {}, "W_scale must have shape"),
+             ({9: np.ones((1, 16), I8)}, {}, "per channel must be all zero"),
+             ({}, {"activations": ["Sigmoid", "Tanh"]}, "3 functions per direction"),
+             ({}, {"activations": ["Sigmoid", "Tanh", "Gelu"]}, "unknown activation"),
+             ({}, {"direction": "sideways"}, "direction must be"),
+             ({}, {"hidden_size": 3}, "must have shape")]
+    for change, attrs, message in cases:
+        inputs = [change.get(k, x) for k, x in enumerate(good)]
+        with pytest.raises(glassrt.GlassrtError, match=message) as info:
+            _lstm_run(inputs, _glassrt, **{"hidden_size": 4, **attrs})
+        assert "node" in str(info.value)
+
+
+# ---------------------------------------------------------------- the contracts of the three
+
+
+@pytest.mark.parametrize("op", ["MatMulInteger16", "QAttention", "DynamicQuantizeLSTM"])
+def test_glassrt_check_passes_for_the_sequence_ops(op):
+    rows = checks.run_checks(op, builtins=False)
+    failed = [(r.check, r.message) for r in rows if r.status == "fail"]
+    assert rows and not failed, failed
+    for check in ("meta_vs_real", "dynamic_dims", "dtype_coverage"):
+        assert any(r.check == check and r.status == "pass" for r in rows), check
+    decomposed = any(r.check == "decomposition" and r.status == "pass" for r in rows)
+    assert decomposed == (op != "DynamicQuantizeLSTM")

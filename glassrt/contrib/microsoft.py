@@ -566,6 +566,16 @@ def _attention(x, weights, bias=None, mask_index=None, past=None, attention_bias
     proj = np.matmul(x.astype(F32, copy=False), weights.astype(F32, copy=False))
     if bias is not None:
         proj += bias.astype(F32, copy=False)
+    return attend(proj, hq, hk, x.dtype, mask_index, past, attention_bias, out, num_heads=num_heads,
+                  unidirectional=unidirectional, scale=scale, mask_filter_value=mask_filter_value)
+
+
+def attend(proj, hq, hk, dtype, mask_index, past, attention_bias, out, *, num_heads, unidirectional, scale,
+           mask_filter_value):
+    """What follows the Q/K/V projection in onnxruntime's cpu attention (AttentionCPUBase::
+    ApplyAttention), shared by Attention and QAttention: proj (B, S, Q+K+V) float32 split
+    into heads, past K/V prepended, masked softmax attention; returns the output (B, S, V)
+    and present = K/V stacked as (2, B, N, T, D), both of `dtype`, in out's buffers when given."""
     q, k, v = (_heads(t, num_heads) for t in np.split(proj, [hq, hq + hk], axis=-1))
     n_past = 0
     if past is not None:
@@ -575,17 +585,71 @@ def _attention(x, weights, bias=None, mask_index=None, past=None, attention_bias
         n_past = past.shape[3]
         k = np.concatenate([past[0].astype(F32, copy=False), k], axis=2)
         v = np.concatenate([past[1].astype(F32, copy=False), v], axis=2)
-    b, s = x.shape[:2]
+    b, s = proj.shape[:2]
     mask = _ort_mask(mask_index, b, s, n_past, k.shape[2], unidirectional, mask_filter_value)
     y, _ = _sdpa(q, k, v, mask, attention_bias, scale)
     y_out, present_out = _buffers(out, 2)
-    present = new_out(present_out, (2,) + k.shape, x.dtype)
+    present = new_out(present_out, (2,) + k.shape, dtype)
     if k.shape == v.shape:  # K and V stacked straight into the cache output, rounded to its type
         np.copyto(present[0], k, casting="unsafe")
         np.copyto(present[1], v, casting="unsafe")
     else:  # V's hidden size differs: no cache layout exists (onnxruntime allows no past then)
         present.fill(0)
-    return as_out(y, y_out, cast=True) if y_out is not None else y.astype(x.dtype), present
+    return as_out(y, y_out, cast=True) if y_out is not None else y.astype(dtype), present
+
+
+def attention_graph(g, proj, batch, mask, mask_shape, past, *, num_heads, head_size, unidirectional, scale,
+                    mask_filter_value):
+    """`attend` written with standard ONNX ops, for decompositions: proj (B, S, 3·hidden)
+    float32 -> output (B, S, hidden), present (2, B, N, T, D). The mask's form is read from
+    its static shape when known: 1-D (B) end positions, (2B) ends then starts, (3B + 2) ends
+    (its first B entries) need it and the batch size `batch`; a mask of any other or of
+    unknown shape is a (B, T) or (B, S, T) 0/1 mask. head_size (None: unknown) gives the
+    default scale as the kernel computes it, else it is computed in float32 (an ulp apart
+    at most). (The kernel's causal quirk for the last query row needs no counterpart: with
+    K and V from the input itself, no key lies beyond past + S.)"""
+    i64 = lambda v: g.constant(v, np.int64)  # noqa: E731
+    q, k, v = g.op("Split", proj, axis=2, num_outputs=3, outputs=3)
+    heads = i64([0, 0, num_heads, -1])
+    q, k, v = (g.Transpose(g.Reshape(t, heads), perm=[0, 2, 1, 3]) for t in (q, k, v))
+    if past:
+        k = g.Concat(g.Gather(past, i64(0), axis=0), k, axis=2)
+        v = g.Concat(g.Gather(past, i64(1), axis=0), v, axis=2)
+    present = g.Concat(g.Unsqueeze(k, i64([0])), g.Unsqueeze(v, i64([0])), axis=0)
+    if scale or head_size:
+        factor = g.constant(F32.type(scale or 1 / math.sqrt(head_size)), np.float32)
+    else:
+        factor = g.Reciprocal(g.Sqrt(g.Cast(g.Shape(q, start=3, end=4), to=1)))
+    scores = g.Mul(g.MatMul(q, g.Transpose(k, perm=[0, 1, 3, 2])), factor)
+    total = g.Squeeze(g.Shape(k, start=2, end=3), i64([0]))
+    keys = g.Range(i64(0), total, i64(1))  # (T,)
+    zero, filtered = g.constant(0.0, np.float32), g.constant(mask_filter_value, np.float32)
+    add = None
+    if mask and mask_shape is not None and len(mask_shape) == 1:
+        n = mask_shape[0]
+        if not (isinstance(batch, int) and isinstance(n, int) and n in (batch, 2 * batch, 3 * batch + 2)):
+            raise NotImplementedError(f"a 1-D mask of {n} entries for a batch of {batch} has no decomposition "
+                                      "(its form needs both known)")
+        m = g.Cast(mask, to=7)  # int64, as the key positions
+        dead = g.GreaterOrEqual(keys, g.Unsqueeze(g.Slice(m, i64([0]), i64([batch])), i64([1])))
+        if n == 2 * batch:
+            starts = g.Unsqueeze(g.Slice(m, i64([batch]), i64([2 * batch])), i64([1]))
+            dead = g.Or(dead, g.Less(keys, starts))
+        add = g.Unsqueeze(g.Where(dead, filtered, zero), i64([1, 2]))
+    elif mask:  # 0/1, (B, T) or (B, S, T): 0 adds mask_filter_value; reshaped to (B, 1, 1 or S, T)
+        add = g.Where(g.Greater(mask, g.constant(0, np.int32)), zero, filtered)
+        dims = g.Shape(mask)
+        add = g.Reshape(add, g.Concat(g.Slice(dims, i64([0]), i64([1])), i64([1, -1]),
+                                      g.Slice(dims, i64([-1]), i64([2 ** 62])), axis=0))
+    if unidirectional:
+        length = g.Squeeze(g.Shape(q, start=2, end=3), i64([0]))
+        rows = g.Unsqueeze(g.Range(i64(0), length, i64(1)), i64([1]))
+        future = g.Greater(keys, g.Add(rows, g.Sub(total, length)))  # (S, T)
+        add = g.Where(future, g.constant(_LOWEST, np.float32), add or zero)
+    if add:
+        scores = g.Add(scores, add)
+    y = g.MatMul(g.Softmax(scores, axis=-1), v)
+    return g.Reshape(g.Transpose(y, perm=[0, 2, 1, 3]), i64([0, 0, -1])), present
 
 
 # ====================================================================== MultiHeadAttention

@@ -4,10 +4,12 @@ onnxruntime's quantization tool writes these in QOperator format (`quantize_stat
 quant_format=QuantFormat.QOperator)`), and so are the ONNX model zoo's int8 models
 (resnet50-v1-12-int8, mobilenetv2-12-int8...): QLinearConv and QLinearMatMul are standard
 ONNX, the ops around them (Add, Mul, pooling, Concat, Gemm, Softmax, activations) are
-contrib ops. Dynamic quantization of transformer models leaves DynamicQuantizeMatMul and
-MatMulIntegerToFloat. They are defined as the ops of microsoft.py are, with the public
-custom-op API: a schema, a meta (symbolic dims kept), a NumPy kernel for the cpu provider
-and, where the op is DequantizeLinear -> standard op(s) -> QuantizeLinear, a decomposition.
+contrib ops. Dynamic quantization (`quantize_dynamic`) leaves DynamicQuantizeMatMul and
+MatMulIntegerToFloat in transformer models, QAttention for onnxruntime's Attention and
+DynamicQuantizeLSTM for an LSTM; MatMulInteger16 is the 16-bit integer product. They are
+defined as the ops of microsoft.py are, with the public custom-op API: a schema, a meta
+(symbolic dims kept), a NumPy kernel for the cpu provider and, where standard ops can say
+the same (DequantizeLinear -> standard op(s) -> QuantizeLinear, mostly), a decomposition.
 
 The numbers are onnxruntime's CPU provider's to the last bit. A quantized result is within
 one step of the ideal formula either way, and which way a value near a rounding boundary
@@ -21,6 +23,13 @@ kernel follows them. Integer products run as float64 GEMMs, exact for 8-bit data
 glassrt's QLinearMatMul does. The decompositions agree with the kernels exactly where
 their float steps are the same (Concat, Where, LeakyRelu, QGemm, the MatMuls) and to
 within one quantization step otherwise.
+
+QAttention's projection is onnxruntime's to the bit; the attention after it is microsoft.py's
+float Attention (equal to float rounding). DynamicQuantizeLSTM follows onnxruntime's LSTM
+step by step — dynamic quantization of X and of H, MLAS's sigmoid and tanh, its order of
+float32 operations — and equals it bit for bit when onnxruntime runs on one intra-op thread
+(with more it quantizes H per thread's share of the batch; see _lstm_direction). It has no
+decomposition: the per-step quantization would need a Scan body.
 
 QLinearReduceMean is not defined: onnxruntime's CPU provider has no kernel for it, so there
 are no numbers to follow.
@@ -1112,3 +1121,524 @@ def _dynamic_quantize_matmul_example(dt):
     rng = np.random.default_rng(0)
     return [rng.standard_normal((2, 3, 5)).astype(dt), rng.integers(-128, 128, (5, 4)).astype(I8),
             rng.uniform(0.01, 0.03, 4).astype(F32), None, rng.standard_normal(4).astype(F32)]
+
+
+# ====================================================================== MatMulInteger16
+
+I16, U16 = np.dtype(np.int16), np.dtype(np.uint16)
+matmul_integer16 = custom_op(f"{MS}::MatMulInteger16(Tensor A, Tensor B) -> Tensor Y", dtypes=[I16, U16])
+
+
+@matmul_integer16.register_meta
+def _matmul_integer16_meta(a, b):
+    _require(a.dtype in (I16, U16) and b.dtype in (I16, U16), f"A and B must be int16 or uint16, got {a.dtype}, "
+                                                              f"{b.dtype}")
+    return Meta(I32, None if a.shape is None or b.shape is None else matmul_shape(a.shape, b.shape))
+
+
+@matmul_integer16.register_kernel("cpu", out=True)
+def _matmul_integer16(a, b, *, out=None):
+    """Y = A @ B (numpy.matmul's broadcasting), int32: every product exact, the sum wrapping
+    at 32 bits as onnxruntime's (Eigen's int32 GEMM) does. onnxruntime runs int16 x int16
+    only; the schema's uint16 is taken too, and Y is int32 whatever the inputs, as
+    onnxruntime's type inference makes it."""
+    _require(a.dtype in (I16, U16) and b.dtype in (I16, U16), f"A and B must be int16 or uint16, got {a.dtype}, "
+                                                              f"{b.dtype}")
+    _require(a.ndim >= 1 and b.ndim >= 1, f"A {list(a.shape)} and B {list(b.shape)} must have rank 1 or more")
+    try:
+        matmul_shape(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(f"A {list(a.shape)} and B {list(b.shape)} do not multiply") from None
+    if a.shape[-1] <= 1 << 21:  # products below 2**32, partial sums below 2**53: the float64 GEMM is exact
+        acc = _int_matmul(a, 0, b, 0.0)
+    else:
+        acc = np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32)
+    return as_out(acc, out)
+
+
+@matmul_integer16.register_decomposition
+def _matmul_integer16_decomposition(g, a, b):
+    # Exact: int64 products and sums, then Cast wraps to int32 as the kernel's sum does.
+    return g.Cast(g.MatMul(g.Cast(a, to=7), g.Cast(b, to=7)), to=6)
+
+
+@matmul_integer16.register_example
+def _matmul_integer16_example(dt):
+    rng = np.random.default_rng(0)
+    info = np.iinfo(dt)
+    return [rng.integers(info.min, info.max + 1, (2, 3, 5)).astype(dt),
+            rng.integers(info.min, info.max + 1, (5, 4)).astype(dt)]
+
+
+# ====================================================================== QAttention
+
+qattention = custom_op(
+    f"{MS}::QAttention(Tensor input, Tensor weight, Tensor bias, Tensor input_scale, Tensor weight_scale, "
+    "Tensor? mask_index, Tensor? input_zero_point, Tensor? weight_zero_point, Tensor? past, int num_heads, "
+    "int unidirectional=0, float scale=0.0, float mask_filter_value=-10000.0, int do_rotary=0, "
+    "int past_present_share_buffer=0) -> (Tensor output, Tensor present)", dtypes=Q8)
+
+
+def _qattention_sizes(x_shape, w_shape, num_heads):
+    """(hidden, head size) from weight (D, 3·hidden), D being the input's last dim."""
+    _require(num_heads > 0, f"num_heads must be positive, got {num_heads}")
+    _require(len(x_shape) == 3, f"input must be 3-D (batch, sequence, input hidden), got rank {len(x_shape)}")
+    _require(len(w_shape) == 2, f"weight must be 2-D (input hidden, 3 x hidden), got rank {len(w_shape)}")
+    d, h3 = w_shape
+    _require(not (isinstance(d, int) and isinstance(x_shape[2], int) and d != x_shape[2]),
+             f"weight's first dim {d} must be the input's last dim {x_shape[2]}")
+    _require(h3 % 3 == 0 and (h3 // 3) % num_heads == 0,
+             f"weight's second dim {h3} must be 3 x hidden with hidden divisible by num_heads={num_heads}")
+    return h3 // 3, h3 // 3 // num_heads
+
+
+def _per_column(p, n, what):
+    """A weight scale or zero point: one value, or one per column of the weight ([n])."""
+    _require(_is_one_value(p) or p.shape == (n,),
+             f"{what} must be a scalar or 1-D of the weight's {n} columns, got shape {list(p.shape)}")
+    return p.reshape(()) if _is_one_value(p) else p
+
+
+@qattention.register_meta
+def _qattention_meta(x, w, bias, x_scale, w_scale, mask_index=None, x_zp=None, w_zp=None, past=None, *, num_heads,
+                     unidirectional, scale, mask_filter_value, do_rotary, past_present_share_buffer):
+    from .microsoft import _attention_unsupported, _mask_rank_supported
+
+    _attention_unsupported(do_rotary, past_present_share_buffer)
+    _mask_rank_supported(mask_index)
+    _require(x.dtype in (U8, I8) and w.dtype in (U8, I8), f"input and weight must be uint8 or int8, got {x.dtype}, "
+                                                          f"{w.dtype}")
+    dt = bias.dtype
+    _require(dt in (F32, F16), f"bias must be float32 or float16, got {dt}")
+    _meta_one_value(x_scale, "input_scale", [dt])
+    _require(w_scale.dtype == dt, f"weight_scale must be {dt} as the bias, got {w_scale.dtype}")
+    _meta_zero_point(x_zp, x.dtype, "input_zero_point")
+    _require(w_zp is None or w_zp.dtype == w.dtype, f"weight_zero_point must have the weight's type {w.dtype}")
+    _require(mask_index is None or mask_index.dtype == I32,
+             f"mask_index must be int32, got {getattr(mask_index, 'dtype', None)}")
+    _require(past is None or past.dtype == dt, f"past must be {dt} as the bias, got {getattr(past, 'dtype', None)}")
+    if x.shape is None or w.shape is None or (len(w.shape) == 2 and not isinstance(w.shape[1], int)):
+        return Meta(dt, None), Meta(dt, None)  # the sizes follow from the weight's columns
+    hidden, head = _qattention_sizes(x.shape, w.shape, num_heads)
+    b, s = x.shape[:2]
+    total = s + past.shape[3] if past is not None and past.shape is not None else s
+    return Meta(dt, (b, s, hidden)), Meta(dt, (2, b, num_heads, total, head))
+
+
+@qattention.register_kernel("cpu", out=True)
+def _qattention(x, w, bias, x_scale, w_scale, mask_index=None, x_zp=None, w_zp=None, past=None, *, out=None,
+                num_heads, unidirectional=0, scale=0.0, mask_filter_value=-10000.0, do_rotary=0,
+                past_present_share_buffer=0):
+    """onnxruntime's QAttention: the Q/K/V projection as its quantized GEMM computes it —
+    (input - input_zero_point) @ (weight - weight_zero_point) exact in int32, then
+    float32(acc) · (weight_scale · input_scale) + bias (per-tensor or per-column scale and
+    zero point), so Q, K and V are onnxruntime's to the bit — then the float attention that
+    Attention runs (masks, unidirectional, past/present). float16 bias and scales run in
+    float32, rounded once. onnxruntime's cpu kernel takes a uint8 input only; int8 is taken
+    too (the same integer arithmetic)."""
+    from .microsoft import _attention_unsupported, attend
+
+    _attention_unsupported(do_rotary, past_present_share_buffer)
+    _q8(x, "input"), _q8(w, "weight")
+    hidden, _ = _qattention_sizes(x.shape, w.shape, num_heads)
+    dt = bias.dtype
+    _require(dt in (F32, F16), f"bias must be float32 or float16, got {dt}")
+    _require(bias.shape == (3 * hidden,), f"bias must be 1-D of the weight's {3 * hidden} columns, got "
+                                          f"{list(bias.shape)}")
+    _require(x_scale.dtype == dt and w_scale.dtype == dt,
+             f"input_scale and weight_scale must be {dt} as the bias, got {x_scale.dtype}, {w_scale.dtype}")
+    _one_value(x_scale, "input_scale")
+    ws = _per_column(w_scale, 3 * hidden, "weight_scale").astype(F32)
+    zx = _zero_point(x_zp, x.dtype, "input_zero_point")
+    wz = np.zeros((), F64)
+    if w_zp is not None:
+        _require(w_zp.dtype == w.dtype,
+                 f"weight_zero_point is {w_zp.dtype} but the weight is {w.dtype}: they must match")
+        wz = _per_column(w_zp, 3 * hidden, "weight_zero_point").astype(F64)
+    _require(mask_index is None or mask_index.dtype == I32,
+             f"mask_index must be int32, got {getattr(mask_index, 'dtype', None)}")
+    _require(past is None or past.dtype == dt, f"past must be {dt} as the bias, got {getattr(past, 'dtype', None)}")
+    acc = _int_matmul(x, zx, w, wz)
+    proj = acc.astype(F32) * (ws * F32.type(x_scale.reshape(())))  # MLAS: the scale, then the bias
+    proj += bias.astype(F32)
+    return attend(proj, hidden, hidden, dt, mask_index, past, None, out, num_heads=num_heads,
+                  unidirectional=unidirectional, scale=scale, mask_filter_value=mask_filter_value)
+
+
+@qattention.register_decomposition
+def _qattention_decomposition(g, x, w, bias, x_scale, w_scale, mask_index=None, x_zp=None, w_zp=None, past=None, *,
+                              num_heads, unidirectional, scale, mask_filter_value, do_rotary,
+                              past_present_share_buffer):
+    # The projection exactly as the kernel's (the same integer product and float32 steps),
+    # then attention in standard ops: within float rounding of the kernel.
+    from .microsoft import _attention_unsupported, attention_graph
+
+    _attention_unsupported(do_rotary, past_present_share_buffer)
+    types = g.input_types + [None] * (9 - len(g.input_types))
+    shape = lambda i: types[i].shape if types[i] is not None else None  # noqa: E731
+    head = None
+    if shape(1) is not None and isinstance(shape(1)[1], int):
+        head = shape(1)[1] // 3 // num_heads
+    half = types[2] is not None and types[2].dtype == F16
+    f32 = (lambda t: g.Cast(t, to=1) if half and t else t)  # noqa: E731
+    proj = g.Mul(g.Cast(g.MatMulInteger(x, w, x_zp, w_zp), to=1), g.Mul(f32(w_scale), f32(x_scale)))
+    proj = g.Add(proj, f32(bias))
+    batch = shape(0)[0] if shape(0) is not None else None
+    y, present = attention_graph(g, proj, batch, mask_index, shape(5) if mask_index else None, f32(past),
+                                 num_heads=num_heads, head_size=head, unidirectional=unidirectional, scale=scale,
+                                 mask_filter_value=mask_filter_value)
+    return (g.Cast(y, to=10), g.Cast(present, to=10)) if half else (y, present)
+
+
+@qattention.register_example
+def _qattention_example(dt):
+    rng = np.random.default_rng(0)
+    lo, hi = _qrange(np.dtype(dt))
+    b, s, d, heads, head = 2, 4, 5, 2, 3
+    hidden = heads * head
+    mask = np.ones((b, s), np.int32)
+    mask[0, -1] = 0
+    return ([rng.integers(lo, hi + 1, (b, s, d)).astype(dt), rng.integers(-64, 64, (d, 3 * hidden)).astype(I8),
+             rng.standard_normal(3 * hidden).astype(F32), np.asarray(0.05, F32),
+             rng.uniform(0.01, 0.03, 3 * hidden).astype(F32), mask, np.asarray(lo + 120, dt),
+             rng.integers(-3, 3, 3 * hidden).astype(I8)], {"num_heads": heads, "unidirectional": 1})
+
+
+# ====================================================================== DynamicQuantizeLSTM
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+# The LSTM that quantize_dynamic writes for an LSTM: W and R quantized (and transposed to
+# [D, input, 4H], [D, H, 4H]), X and H quantized per GEMM at run time.
+dynamic_quantize_lstm = custom_op(
+    f"{MS}::DynamicQuantizeLSTM(Tensor X, Tensor W, Tensor R, Tensor? B, Tensor? sequence_lens, Tensor? initial_h, "
+    "Tensor? initial_c, Tensor? P, Tensor W_scale, Tensor W_zero_point, Tensor R_scale, Tensor R_zero_point, "
+    "float[] activation_alpha=[], float[] activation_beta=[], str[] activations=[], "
+    f"float clip={_FLT_MAX!r}, str direction='forward', int hidden_size, int input_forget=0) "
+    "-> (Tensor Y, Tensor Y_h, Tensor Y_c)", dtypes=[F32])
+
+# MlasComputeTanh: Eigen's rational approximation on [-9, 9], with FMAs (the FMA3 kernel
+# onnxruntime picks on AVX2 machines); the same coefficients as its generic kernel.
+_TANH_P = [F32.type(v) for v in (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+                                 5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+                                 4.89352455891786e-03)]
+_TANH_Q = [F32.type(v) for v in (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+                                 4.89352518554385e-03)]
+
+
+def _mlas_tanh(x):
+    x = np.clip(x, F32.type(-9), F32.type(9))
+    x2 = x * x
+    p = _fma(x2, _TANH_P[0], _TANH_P[1])
+    for c in _TANH_P[2:]:
+        p = _fma(p, x2, c)
+    q = _fma(x2, _TANH_Q[0], _TANH_Q[1])
+    for c in _TANH_Q[2:]:
+        q = _fma(q, x2, c)
+    return (p * x) / q
+
+
+def _expf(x):
+    """expf as libm computes it (correctly rounded but for rare near-ties): in float64, rounded
+    once. (NumPy's own float32 exp is a faster approximation, often an ulp off.)"""
+    return np.exp(np.asarray(x, F64)).astype(F32)
+
+
+def _logf(x):
+    return np.log(np.asarray(x, F64)).astype(F32)
+
+
+def _functor_sigmoid(x):
+    """rnn_activation_functors.h's Sigmoid, in float32."""
+    e = _expf(-np.abs(x))
+    return np.where(x >= 0, F32.type(1) / (F32.type(1) + e), e / (F32.type(1) + e))
+
+
+# onnxruntime's LSTM activations (rnn_helpers.cc): Sigmoid and Tanh are MLAS's, Relu a
+# max; the others its scalar functors, in float32. name -> (f(x, alpha, beta), uses alpha,
+# uses beta, default alpha, default beta): alpha and beta are taken in order from
+# activation_alpha / activation_beta by the functions that use them, across directions.
+_LSTM_ACTS = {
+    "sigmoid": (lambda x, a, b: _mlas_logistic(x), False, False, 0.0, 0.0),
+    "tanh": (lambda x, a, b: _mlas_tanh(x), False, False, 0.0, 0.0),
+    "relu": (lambda x, a, b: np.maximum(x, F32.type(0)), False, False, 0.0, 0.0),
+    "affine": (lambda x, a, b: a * x + b, True, True, 0.0, 0.0),
+    "leakyrelu": (lambda x, a, b: np.where(x >= 0, x, a * x), True, False, 0.01, 0.0),
+    "thresholdedrelu": (lambda x, a, b: np.where(x > a, x, F32.type(0)), True, False, 0.0, 0.0),
+    "scaledtanh": (lambda x, a, b: a * (F32.type(2) * _functor_sigmoid(F32.type(2) * (b * x)) - F32.type(1)), True,
+                   True, 0.0, 0.0),
+    "hardsigmoid": (lambda x, a, b: np.minimum(F32.type(1), np.maximum(F32.type(0), a * x + b)), True, True, 0.2, 0.5),
+    "elu": (lambda x, a, b: np.where(x >= 0, x, a * (_expf(x) - F32.type(1))), True, False, 1.0, 0.0),
+    "softsign": (lambda x, a, b: x / (F32.type(1) + np.abs(x)), False, False, 0.0, 0.0),
+    "softplus": (lambda x, a, b: _logf(F32.type(1) + _expf(x)), False, False, 0.0, 0.0),
+}
+
+
+def _lstm_directions(direction):
+    d = direction.decode() if isinstance(direction, bytes) else str(direction)
+    _require(d in ("forward", "reverse", "bidirectional"),
+             f"direction must be forward, reverse or bidirectional, got {d!r}")
+    return d, 2 if d == "bidirectional" else 1
+
+
+def _lstm_activations(names, alphas, betas, num_dir):
+    """[(f, g, h) per direction], each a function of x, as onnxruntime's ActivationFuncs
+    parses the attributes (names in any case; 3 per direction, or none for the defaults)."""
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in (names or [])]
+    names = [n.lower() for n in names] or ["sigmoid", "tanh", "tanh"] * num_dir
+    _require(len(names) == 3 * num_dir, f"activations must list 3 functions per direction ({3 * num_dir}), "
+                                        f"got {len(names)}")
+    alphas, betas = [float(v) for v in alphas or []], [float(v) for v in betas or []]
+    fns = []
+    for n in names:
+        _require(n in _LSTM_ACTS, f"unknown activation {n!r} (one of {', '.join(sorted(_LSTM_ACTS))})")
+        fn, uses_a, uses_b, a, b = _LSTM_ACTS[n]
+        if uses_a and alphas:
+            a = alphas.pop(0)
+        if uses_b and betas:
+            b = betas.pop(0)
+        fns.append(_bound_activation(fn, F32.type(a), F32.type(b)))
+    return [fns[3 * d:3 * d + 3] for d in range(num_dir)]
+
+
+def _shape_of(shape):
+    return None if shape is None else list(shape)
+
+
+def _bound_activation(fn, a, b):
+    return lambda x: fn(x, a, b)
+
+
+def _dims_agree(shape, want):
+    """Whether a (possibly symbolic) shape can be `want` (None entries: any)."""
+    return shape is None or (len(shape) == len(want) and all(
+        w is None or not isinstance(s, int) or not isinstance(w, int) or s == w for s, w in zip(shape, want)))
+
+
+def _lstm_shape_checks(x, w, r, b, lens, h0, c0, p, scales, num_dir, hidden):
+    """The shape rules of onnxruntime's DynamicQuantizeLSTM (metas or arrays; unknown dims pass)."""
+    sx = x.shape
+    _require(sx is None or len(sx) == 3, f"X must be 3-D (seq_length, batch, input_size), got shape {_shape_of(sx)}")
+    _, n, i = sx if sx is not None else (None, None, None)
+    h4 = 4 * hidden
+    _require(_dims_agree(w.shape, (num_dir, i, h4)),
+             f"W must have shape [{num_dir}, {i}, {h4}] (directions, input_size, 4 x hidden_size), "
+             f"got {_shape_of(w.shape)}")
+    _require(_dims_agree(r.shape, (num_dir, hidden, h4)),
+             f"R must have shape [{num_dir}, {hidden}, {h4}] (directions, hidden_size, 4 x hidden_size), "
+             f"got {_shape_of(r.shape)}")
+    for t_, want, what in ((b, (num_dir, 2 * h4), "B"), (lens, (n,), "sequence_lens"), (h0, (num_dir, n, hidden),
+                           "initial_h"), (c0, (num_dir, n, hidden), "initial_c"), (p, (num_dir, 3 * hidden), "P")):
+        if t_ is not None:
+            _require(_dims_agree(t_.shape, want), f"{what} must have shape {list(want)}, got {_shape_of(t_.shape)}")
+    for t_, what in scales:
+        _require(t_.shape is None or _dims_agree(t_.shape, (num_dir,)) or _dims_agree(t_.shape, (num_dir, h4)),
+                 f"{what} must have shape [{num_dir}] (per tensor) or [{num_dir}, {h4}] (per channel), "
+                 f"got {_shape_of(t_.shape)}")
+
+
+def _lstm_param_names(w_scale, w_zp, r_scale, r_zp):
+    return ((w_scale, "W_scale"), (w_zp, "W_zero_point"), (r_scale, "R_scale"), (r_zp, "R_zero_point"))
+
+
+@dynamic_quantize_lstm.register_meta
+def _dynamic_quantize_lstm_meta(x, w, r, b=None, lens=None, h0=None, c0=None, p=None, w_scale=None, w_zp=None,
+                                r_scale=None, r_zp=None, *, activation_alpha, activation_beta, activations, clip,
+                                direction, hidden_size, input_forget):
+    _, num_dir = _lstm_directions(direction)
+    _require(hidden_size > 0, f"hidden_size must be positive, got {hidden_size}")
+    _require(clip > 0, f"clip must be positive, got {clip}")
+    _lstm_activations(activations, activation_alpha, activation_beta, num_dir)
+    _require(x.dtype == F32, f"X must be float32, got {x.dtype}")
+    _require(w.dtype in (U8, I8) and r.dtype == w.dtype, f"W and R must both be uint8 or both int8, got {w.dtype}, "
+                                                         f"{r.dtype}")
+    for t_, what in ((b, "B"), (h0, "initial_h"), (c0, "initial_c"), (p, "P"), (w_scale, "W_scale"),
+                     (r_scale, "R_scale")):
+        _require(t_ is None or t_.dtype == F32, f"{what} must be float32, got {t_.dtype if t_ is not None else None}")
+    _require(lens is None or lens.dtype == I32, f"sequence_lens must be int32, got {getattr(lens, 'dtype', None)}")
+    for z, what in ((w_zp, "W_zero_point"), (r_zp, "R_zero_point")):
+        _require(z.dtype == w.dtype, f"{what} is {z.dtype} but the weights are {w.dtype}: they must match")
+    _lstm_shape_checks(x, w, r, b, lens, h0, c0, p, _lstm_param_names(w_scale, w_zp, r_scale, r_zp), num_dir,
+                       hidden_size)
+    if x.shape is None:
+        return Meta(F32, None), Meta(F32, None), Meta(F32, None)
+    t, n = x.shape[:2]
+    state = Meta(F32, (num_dir, n, hidden_size))
+    return Meta(F32, (t, num_dir, n, hidden_size)), state, state
+
+
+def _lstm_weight(q, scale, zp, d, signed, what):
+    """Direction d's quantized weight as MLAS takes it: (Wq, its one zero point as float64,
+    its float32 scale: one value or one per column). onnxruntime reads one zero point per
+    direction: per channel, the zero points must all be one value (all zero for int8)."""
+    _require(scale.dtype == F32, f"{what}_scale must be float32, got {scale.dtype}")
+    _require(zp.dtype == q.dtype, f"{what}_zero_point is {zp.dtype} but {what} is {q.dtype}: they must match")
+    if zp.ndim == 2:
+        z = zp.reshape(-1)
+        _require(not z.any() if signed else bool((z == z[0]).all()),
+                 f"{what}_zero_point per channel must be {'all zero (int8)' if signed else 'one value (uint8)'}, "
+                 f"got {np.unique(z).tolist()}")
+    return q[d], F64.type(zp[d].reshape(-1)[0]), scale[d].reshape(-1 if scale.ndim == 2 else ()).astype(F32)
+
+
+def _quantized_gemm(a, wq, wz, w_scale, accumulate=None):
+    """onnxruntime's ComputeGemm for quantized weights (rnn_helpers.cc): A (M, K) float32
+    quantized to uint8 with parameters from its own range (as DynamicQuantizeMatMul), the
+    integer product exact, then float32(acc) · (a_scale · w_scale) — written, or added to
+    `accumulate` (MLAS's output processor, unfused: one rounding for the product, one for the sum)."""
+    aq, a_scale, za = _dynamic_quantize(a)
+    y = _int_matmul(aq, za, wq, wz).astype(F32) * (a_scale * w_scale)
+    if accumulate is not None:
+        y += accumulate
+    return y
+
+
+def _processing_order(x, lens, reverse):
+    """x (T, N, ...) in a direction's processing order: onnxruntime's ReverseSequence reads a
+    reverse direction's steps back to front within each sequence; steps past a sequence's
+    end stay where they are."""
+    if not reverse:
+        return x
+    if lens is None:
+        return x[::-1]
+    t = np.arange(x.shape[0])[:, None]
+    idx = np.where(t < lens[None, :], lens[None, :] - 1 - t, t)
+    return x[idx, np.arange(x.shape[1])[None, :]]
+
+
+def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, input_forget, want_y):
+    """One direction of onnxruntime's UniDirectionalLstm<float> with quantized weights: X of
+    the first max(sequence_lens) steps in one quantized GEMM; per step, H quantized on its
+    own (the whole batch: onnxruntime with one intra-op thread — with more, it quantizes each
+    thread's share of the batch apart) and its product added; the gates in its order of
+    float32 operations. Returns Y (T, N, H) in time order (None unless wanted), the final h, c."""
+    t_len, n = x.shape[:2]
+    hidden = h0.shape[-1]
+    steps = t_len if lens is None else int(lens.max())
+    xs = _processing_order(x, lens, reverse)
+    xw = _quantized_gemm(xs[:steps].reshape(steps * n, -1), *w).reshape(steps, n, 4 * hidden)
+    f_act, g_act, h_act = acts
+    lo, hi = F32.type(-clip), F32.type(clip)
+
+    def gate(v, b):  # clip_add_bias / clip_ignore_bias: (+ bias), then clamped to ±clip (a NaN to clip)
+        if b is not None:
+            v = v + b
+        return np.fmax(np.fmin(v, hi), lo)
+
+    bi, bo, bf, bc = (None,) * 4 if bias is None else bias
+    h_state, c = h0.copy(), c0.copy()
+    h_in = h0  # what the next step's GEMM reads: Y's row (0 past the end) when Y is an output, else h
+    y = np.zeros((t_len, n, hidden), F32) if want_y else None
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(steps):
+            g = _quantized_gemm(h_in, *r, accumulate=xw[t])
+            i, o, f, cc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+            if peep is not None:
+                i = i + c * peep[0]
+            i = f_act(gate(i, bi))
+            if input_forget:
+                f = F32.type(1) - i
+            else:
+                if peep is not None:
+                    f = f + c * peep[2]
+                f = f_act(gate(f, bf))
+            cc = g_act(gate(cc, bc))
+            c_new = c * f + i * cc
+            if peep is not None:
+                o = o + c_new * peep[1]
+            o = f_act(gate(o, bo))
+            h_new = h_act(c_new) * o
+            if lens is None:
+                c, h_state = c_new, h_new
+                h_out = h_new
+            else:
+                live = (t < lens)[:, None]
+                c, h_state = np.where(live, c_new, c), np.where(live, h_new, h_state)
+                h_out = np.where(live, h_new, F32.type(0))
+            if want_y:
+                y[t] = h_out
+            h_in = h_out if want_y else h_state
+    if lens is not None:
+        empty = lens == 0
+        h_state[empty], c[empty] = 0, 0
+    if want_y and reverse:
+        y = _processing_order(y, lens, True)  # the same gather puts the steps back in time order
+    return y, h_state, c
+
+
+def _dynamic_quantize_lstm(ctx):
+    """onnxruntime's DynamicQuantizeLSTM (its CPU kernel's numbers, see _lstm_direction)."""
+    a = ctx.attrs
+    direction, num_dir = _lstm_directions(a.get("direction", "forward"))
+    hidden = int(a["hidden_size"])
+    clip = float(a.get("clip", _FLT_MAX))
+    _require(hidden > 0 and clip > 0, f"hidden_size ({hidden}) and clip ({clip}) must be positive")
+    acts = _lstm_activations(a.get("activations"), a.get("activation_alpha"), a.get("activation_beta"), num_dir)
+    input_forget = bool(int(a.get("input_forget", 0) or 0))
+    outs = list(ctx.node.outputs)
+    want_y = not outs or bool(outs[0])  # called directly (glassrt check): every output
+
+    def step(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, w_scale=None, w_zp=None,
+             r_scale=None, r_zp=None, *, out=(None, None, None)):
+        _require(x.dtype == F32, f"X must be float32, got {x.dtype}")
+        _q8(w, "W")
+        _require(r.dtype == w.dtype, f"R is {r.dtype} but W is {w.dtype}: they must match")
+        _lstm_shape_checks(x, w, r, b, sequence_lens, initial_h, initial_c, p,
+                           _lstm_param_names(w_scale, w_zp, r_scale, r_zp), num_dir, hidden)
+        for t_, what in ((b, "B"), (initial_h, "initial_h"), (initial_c, "initial_c"), (p, "P")):
+            _require(t_ is None or t_.dtype == F32, f"{what} must be float32, got {getattr(t_, 'dtype', None)}")
+        t_len, n = x.shape[:2]
+        lens = None
+        if sequence_lens is not None:
+            _require(sequence_lens.dtype == I32, f"sequence_lens must be int32, got {sequence_lens.dtype}")
+            lens = sequence_lens.astype(np.int64)
+            _require(bool(((lens >= 0) & (lens <= t_len)).all()),
+                     f"sequence_lens {lens.tolist()} must lie in [0, seq_length={t_len}]")
+            if (lens == t_len).all():
+                lens = None
+        shape_y, shape_s = (t_len, num_dir, n, hidden), (num_dir, n, hidden)
+        y = np.zeros(shape_y, F32) if want_y else None
+        yh, yc = np.zeros(shape_s, F32), np.zeros(shape_s, F32)
+        if lens is None or lens.max() > 0:  # all sequences empty: zeros, as onnxruntime returns early
+            signed = w.dtype == I8
+            _require(num_dir == 1 or (w_zp.shape == w_scale.shape and r_zp.shape == r_scale.shape),
+                     "with two directions the zero points must have their scales' shapes "
+                     f"(W: {list(w_zp.shape)} vs {list(w_scale.shape)}, "
+                     f"R: {list(r_zp.shape)} vs {list(r_scale.shape)})")
+            for d in range(num_dir):
+                wd = _lstm_weight(w, w_scale, w_zp, d, signed, "W")
+                rd = _lstm_weight(r, r_scale, r_zp, d, signed, "R")
+                bias = None
+                if b is not None:  # Wb + Rb, per gate (i, o, f, c)
+                    wb = b[d, :4 * hidden] + b[d, 4 * hidden:]
+                    bias = [wb[k * hidden:(k + 1) * hidden] for k in range(4)]
+                peep = None if p is None else [p[d, k * hidden:(k + 1) * hidden] for k in range(3)]
+                h0 = np.zeros((n, hidden), F32) if initial_h is None else np.array(initial_h[d], F32)
+                c0 = np.zeros((n, hidden), F32) if initial_c is None else np.array(initial_c[d], F32)
+                reverse = direction == "reverse" or d == 1
+                yd, yh[d], yc[d] = _lstm_direction(x, lens, reverse, wd, rd, bias, peep, h0, c0, acts[d], clip,
+                                                   input_forget, want_y)
+                if want_y:
+                    y[:, d] = yd
+        bufs = (tuple(out) + (None,) * 3)[:3]
+        return tuple(as_out(v, o) if v is not None else None for v, o in zip((y, yh, yc), bufs))
+
+    return step
+
+
+dynamic_quantize_lstm.register_kernel("cpu", _dynamic_quantize_lstm, bind=True, out=True)
+
+
+@dynamic_quantize_lstm.register_example
+def _dynamic_quantize_lstm_example(dt):
+    # X's first dim (the sequence, 5) is what `glassrt check` lengthens: no other input
+    # starts with it.
+    rng = np.random.default_rng(0)
+    t, n, i, h, d = 5, 3, 4, 3, 2
+    w = rng.integers(-64, 64, (d, i, 4 * h)).astype(I8)
+    r = rng.integers(-64, 64, (d, h, 4 * h)).astype(I8)
+    return ([rng.standard_normal((t, n, i)).astype(dt), w, r, rng.standard_normal((d, 8 * h)).astype(F32),
+             np.array([5, 3, 4], np.int32), rng.standard_normal((d, n, h)).astype(F32),
+             rng.standard_normal((d, n, h)).astype(F32), rng.standard_normal((d, 3 * h)).astype(F32),
+             rng.uniform(0.01, 0.03, (d, 4 * h)).astype(F32), np.zeros((d, 4 * h), I8), np.full(d, 0.02, F32),
+             np.zeros(d, I8)], {"hidden_size": h, "direction": "bidirectional"})
