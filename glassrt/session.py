@@ -215,8 +215,8 @@ class Session:
         return self.options
 
     def get_provider_options(self) -> dict:
-        """{provider: options}: glassrt's providers take no options yet."""
-        return {p.name: {} for p in self.providers}
+        """{provider: the options it was given} (see each provider's OPTIONS)."""
+        return {p.name: dict(p.options) for p in self.providers}
 
     def get_providers(self) -> list[str]:
         return [p.name for p in self.providers]

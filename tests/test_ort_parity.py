@@ -7,7 +7,7 @@ from onnx import TensorProto, helper
 
 import glassrt
 
-from .helpers import model, tensor
+from .helpers import init, model, tensor
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -60,7 +60,8 @@ def test_provider_lists_written_for_onnxruntime():
     assert any("CUDAExecutionProvider" in n for n in sess.explain()["summary"]["notes"])
     sess = glassrt.InferenceSession(m, providers=[("CPUExecutionProvider", {})])
     assert sess.get_providers() == ["cpu"]
-    with pytest.raises(glassrt.GlassrtError, match="provider 'cpu' takes no options; got 'arena_extend_strategy'"):
+    with pytest.raises(glassrt.GlassrtError, match="provider 'cpu' has no option 'arena_extend_strategy'; its options: "
+                                                   "ops: .*; exclude_ops"):
         glassrt.InferenceSession(m, providers=[("cpu", {"arena_extend_strategy": "kSameAsRequested"})])
     with pytest.raises(glassrt.GlassrtError, match="unknown provider 'gpu'"):
         glassrt.InferenceSession(m, providers=["gpu"])
@@ -128,3 +129,39 @@ def test_a_plan_over_the_memory_limit_names_its_largest_values():
                                                        r"values: 'a' float\[512, 1024\] \(2,097,152 bytes\) from "
                                                        r"Relu 'r1'"):
         sess.run(None, {"x": np.ones((512, 1024), np.float32)})
+
+
+def test_provider_options_take_effect_and_are_reported():
+    from glassrt.kernels.onednn import capi
+
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[2, 2], name="pool"),
+             helper.make_node("Relu", ["p"], ["y"], name="relu")]  # after the pool: not fused into the conv
+    m = model(nodes, [tensor("x", [1, 3, 8, 8])], [tensor("y", None)], [init("w", w)], opset=17)
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0]
+    # cpu leaving MaxPool to the reference provider: a fallback it asked for, with the option named
+    s = glassrt.InferenceSession(m, providers=[("cpu", {"exclude_ops": ["MaxPool"]}), "reference"],
+                                 fallback="silent")
+    rows = {n["name"]: n for n in s.explain()["nodes"]}
+    assert rows["pool"]["provider"] == "reference" and "exclude_ops=['MaxPool']" in rows["pool"]["reason"]
+    assert s.get_provider_options() == {"cpu": {"exclude_ops": ["MaxPool"]}, "reference": {}}
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(glassrt.InvalidArgumentError, match="no op type 'Conv2'"):
+        glassrt.InferenceSession(m, providers=[("cpu", {"ops": ["Conv2"]})])
+    with pytest.raises(glassrt.InvalidArgumentError, match="list of op type names"):
+        glassrt.InferenceSession(m, providers=[("cpu", {"ops": "Conv"})])
+    if capi.UNAVAILABLE:
+        return
+    only_conv = glassrt.InferenceSession(m, providers=[("onednn", {"ops": ["Conv"]}), "cpu"])
+    kinds = {n["name"]: n["provider"] for n in only_conv.explain()["nodes"]}
+    assert kinds == {"conv": "onednn", "relu": "cpu", "pool": "cpu"}
+    plain = glassrt.InferenceSession(m, providers=[("DnnlExecutionProvider", {"nhwc": False}), "cpu"])
+    assert plain.explain()["summary"]["layouts"]["nhwc_values"] == 0
+    nhwc = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    assert nhwc.explain()["summary"]["layouts"]["nhwc_values"] > 0
+    for sess in (only_conv, plain, nhwc):
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(glassrt.InvalidArgumentError, match="'nhwc' is True or False"):
+        glassrt.InferenceSession(m, providers=[("onednn", {"nhwc": "no"})])

@@ -10,14 +10,58 @@ from ..kernels import reference as ref
 from ..kernels.registry import Kernel, kernels_for
 
 
+def _is_op_type(name: str) -> bool:
+    """An op type some domain defines (ONNX's, ai.onnx.ml, com.microsoft, glassrt's)."""
+    from onnx import defs
+
+    from ..ops import registry
+
+    return any(defs.has(name, d) for d in ("", "ai.onnx.ml")) or any(
+        c.op_type == name for c in registry.custom_contracts())
+
+
 class Provider:
     name = "?"
     device = "cpu"  # where this provider's tensors live; "cpu" is the host (NumPy arrays)
     openmp_pool = False  # its kernels run on OpenMP's threads: runs then use that pool alone (threads.py)
     partial = False  # takes only some nodes by design: passing it is not a fallback (placement.py)
+    # Options every provider takes (as onnxruntime's (name, {options}) pairs): op types it
+    # may take ("ops": only these) or must leave to the next provider ("exclude_ops").
+    OPTIONS = {"ops": "op types this provider may take (others go to the next provider)",
+               "exclude_ops": "op types this provider leaves to the next provider"}
+    options: dict = {}
 
     def kernels(self, domain: str, op_type: str, opset: int) -> list[Kernel]:
         raise NotImplementedError
+
+    def configure(self, options: dict) -> None:
+        """Take onnxruntime-style provider options; an unknown one is refused by name."""
+        from ..errors import InvalidArgumentError
+
+        unknown = [k for k in options if k not in self.OPTIONS]
+        if unknown:
+            raise InvalidArgumentError(
+                f"provider '{self.name}' has no option {', '.join(map(repr, unknown))}; its options: " +
+                "; ".join(f"{k}: {v}" for k, v in self.OPTIONS.items()))
+        for k in ("ops", "exclude_ops"):
+            v = options.get(k)
+            if v is not None and (isinstance(v, str) or not all(isinstance(o, str) for o in v)):
+                raise InvalidArgumentError(f"provider '{self.name}' option {k!r} is a list of op type names, got {v!r}")
+            unknown_ops = [o for o in v or [] if not _is_op_type(o)]
+            if unknown_ops:
+                raise InvalidArgumentError(f"provider '{self.name}' option {k!r}: no op type "
+                                           f"{', '.join(map(repr, unknown_ops))} (names as a model writes them: "
+                                           f"Conv, MatMul, ...)")
+        self.options = {k: (list(v) if k in ("ops", "exclude_ops") else v) for k, v in options.items()}
+
+    def excluded(self, op_type: str) -> str | None:
+        """Why the options keep this provider off an op type, or None."""
+        ops, exclude = self.options.get("ops"), self.options.get("exclude_ops") or []
+        if ops is not None and op_type not in ops:
+            return f"{op_type} is not in provider '{self.name}''s option ops={ops}"
+        if op_type in exclude:
+            return f"provider '{self.name}''s option exclude_ops={exclude} leaves {op_type} to the next provider"
+        return None
 
     # A provider on another device says how its data comes and goes: placement inserts a
     # glassrt::Transfer step wherever a value crosses, run by the device-side provider.
@@ -89,8 +133,26 @@ class OnednnProvider(Provider):
 
             threads.refresh()  # its OpenMP library joins the thread pools set per run
 
+    OPTIONS = {**Provider.OPTIONS,
+               "nhwc": "True (default): values between its own nodes live in NHWC, oneDNN's fast layout; "
+                       "False: every value stays plain NCHW"}
+
     def kernels(self, domain, op_type, opset):
-        return [] if self.unavailable else kernels_for("onednn", domain, op_type)
+        if self.unavailable:
+            return []
+        ks = kernels_for("onednn", domain, op_type)
+        if self.options.get("nhwc", True) is False:
+            from dataclasses import replace
+
+            ks = [replace(k, layouts=frozenset()) for k in ks]
+        return ks
+
+    def configure(self, options: dict) -> None:
+        from ..errors import InvalidArgumentError
+
+        super().configure(options)
+        if "nhwc" in options and not isinstance(options["nhwc"], bool):
+            raise InvalidArgumentError(f"provider 'onednn' option 'nhwc' is True or False, got {options['nhwc']!r}")
 
 
 _PROVIDERS = {"cpu": CpuProvider, "reference": ReferenceProvider, "onednn": OnednnProvider}
@@ -137,9 +199,9 @@ def make(names, notes: list | None = None) -> list[Provider]:
         if key not in _PROVIDERS:
             raise GlassrtError(f"unknown provider '{n}'; available: {', '.join(sorted(_PROVIDERS))} "
                                f"(or onnxruntime's names: {', '.join(sorted(k for k in ALIASES if k not in _PROVIDERS))})")
-        if options:
-            raise GlassrtError(f"provider '{key}' takes no options; got {', '.join(map(repr, options))}")
         p = _PROVIDERS[key]()
+        if options:
+            p.configure(options)
         if not names and getattr(p, "unavailable", None):
             if notes is not None:
                 notes.append(f"provider {p.name} is not used: {p.unavailable}; glassrt's own kernels run "

@@ -84,6 +84,9 @@ def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
     """(candidate kernels best first, reason). The provider can run the node when at
     least one kernel passes every check on the symbolic shapes; the candidates are all
     kernels that pass the shape-independent checks, for selection to choose from per plan."""
+    why_not = provider.excluded(node.op_type) if hasattr(provider, "excluded") else None
+    if why_not:
+        return [], why_not
     ks = provider.kernels(node.domain, node.op_type, node.opset)
     if not ks:
         why_not = getattr(provider, "unavailable", None)
