@@ -118,7 +118,7 @@ class Session:
 
     def __init__(self, model, options_or_providers=None, providers=None, *, fallback: str = "warn",
                  sess_options: SessionOptions | None = None, base_dir: str | None = None,
-                 unsupported: str = "error"):
+                 unsupported: str = "error", provider_options: list | None = None):
         # The second positional argument is onnxruntime's sess_options or glassrt's providers.
         if isinstance(options_or_providers, SessionOptions):
             if sess_options is not None:
@@ -131,6 +131,12 @@ class Session:
         if providers is not None and not isinstance(providers, (list, tuple)):
             raise GlassrtError(f"providers must be a list of provider names, got {type(providers).__name__} "
                                "(glassrt takes glassrt.SessionOptions, not onnxruntime's)")
+        if provider_options is not None:  # onnxruntime's parallel list: one options dict per provider
+            if providers is None or len(provider_options) != len(providers) or \
+                    any(isinstance(p, tuple) for p in providers):
+                raise InvalidArgumentError("provider_options must be a list with one options dict per entry of "
+                                           "providers (names, not (name, options) pairs), as onnxruntime takes it")
+            providers = [(p, o) for p, o in zip(providers, provider_options)]
         if fallback not in ("warn", "error", "silent"):
             raise InvalidArgumentError(f"fallback must be 'warn', 'error' or 'silent', got {fallback!r}")
         if unsupported not in ("error", "mark"):

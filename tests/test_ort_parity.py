@@ -148,6 +148,11 @@ def test_provider_options_take_effect_and_are_reported():
     assert rows["pool"]["provider"] == "reference" and "exclude_ops=['MaxPool']" in rows["pool"]["reason"]
     assert s.get_provider_options() == {"cpu": {"exclude_ops": ["MaxPool"]}, "reference": {}}
     np.testing.assert_allclose(s.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    same = glassrt.InferenceSession(m, providers=["cpu", "reference"],
+                                    provider_options=[{"exclude_ops": ["MaxPool"]}, {}], fallback="silent")
+    assert same.get_provider_options() == s.get_provider_options()  # onnxruntime's parallel list
+    with pytest.raises(glassrt.InvalidArgumentError, match="one options dict per entry"):
+        glassrt.InferenceSession(m, providers=["cpu"], provider_options=[{}, {}])
     with pytest.raises(glassrt.InvalidArgumentError, match="no op type 'Conv2'"):
         glassrt.InferenceSession(m, providers=[("cpu", {"ops": ["Conv2"]})])
     with pytest.raises(glassrt.InvalidArgumentError, match="list of op type names"):
