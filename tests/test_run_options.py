@@ -56,7 +56,13 @@ def test_a_time_budget_stops_a_runaway_loop(loop_session):
 
 def test_terminate_from_another_thread_stops_the_run_and_clearing_it_runs_again(loop_session):
     ro = glassrt.RunOptions()
-    errors = []
+    ro.log_severity_level = 0  # each node logged as it runs: the test sets terminate once the loop is going
+    errors, looping = [], threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record):
+            if "Add node 'step'" in record.getMessage():
+                looping.set()
 
     def runner():
         try:
@@ -64,11 +70,20 @@ def test_terminate_from_another_thread_stops_the_run_and_clearing_it_runs_again(
         except glassrt.RunTerminatedError as e:
             errors.append(e)
 
-    t = threading.Thread(target=runner)
-    t.start()
-    time.sleep(0.2)
-    ro.terminate = True
-    t.join(10)
+    log = logging.getLogger("glassrt.run")
+    handler, level = Watch(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        t = threading.Thread(target=runner)
+        t.start()
+        assert looping.wait(30)
+        ro.terminate = True
+        t.join(30)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    ro.log_severity_level = 2
     assert not t.is_alive() and len(errors) == 1
     assert "RunOptions.terminate is set" in str(errors[0]) and "Add node 'step'" in str(errors[0])
     with pytest.raises(glassrt.RunTerminatedError):  # still set: a new run stops at once
