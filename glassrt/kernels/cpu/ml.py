@@ -332,8 +332,15 @@ def linear_classifier(x, *, coefficients=None, intercepts=None, classlabels_ints
         raise ValueError("LinearClassifier needs classlabels_ints or classlabels_strings")
     r = _rows(x).astype(np.float64)
     n_classes = len(labels)
-    n_rows = np.asarray(coefficients).size // max(r.shape[1], 1)
-    w = _coefs(coefficients, n_rows, r.shape[1])
+    c = r.shape[1]
+    coefs = np.asarray(coefficients, np.float64).ravel()
+    # As onnxruntime (and the meta): one score row per intercept, the coefficients read as
+    # [rows, C] from their start. onnxruntime's own logreg_iris.onnx has 12 coefficients
+    # for 3 intercepts over its declared 2 features; onnxruntime uses the first 6.
+    n_rows = len(intercepts) if intercepts else coefs.size // max(c, 1)
+    if coefs.size < n_rows * c:
+        raise ValueError(f"{coefs.size} coefficients do not make {n_rows} rows (one per intercept) of {c} features")
+    w = coefs[:n_rows * c].reshape(n_rows, c)
     s = r @ w.T
     if intercepts:
         s = s + np.asarray(intercepts, np.float64)
