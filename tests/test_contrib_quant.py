@@ -829,8 +829,8 @@ def _q_outputs(model, feeds):
 
 def compare_attention(inputs, consts=None, ort_inputs=None, n_out=2, **attrs):
     """QAttention in glassrt and onnxruntime: present (this step's K and V, from the quantized
-    projection) bit for bit; the output, after a float softmax attention, as Attention's
-    (1e-5). ort_inputs: what onnxruntime runs instead (an equivalent uint8 input)."""
+    projection) bit for bit; the output, after a float softmax attention, to 1e-4 relative.
+    ort_inputs: what onnxruntime runs instead (an equivalent uint8 input)."""
     consts = _params(inputs) if consts is None else consts
     model, feeds = _model("QAttention", inputs, consts, n_out=n_out, **attrs)
     got = _glassrt(model, feeds)
@@ -842,8 +842,9 @@ def compare_attention(inputs, consts=None, ort_inputs=None, n_out=2, **attrs):
             assert g.dtype == r.dtype and g.shape == r.shape, f"output {k}: {g.dtype}{g.shape} vs {r.dtype}{r.shape}"
             if k == 1:
                 np.testing.assert_array_equal(g, r, err_msg="present")
-            else:
-                np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(r).max())))
+            else:  # float sums whose order may follow the thread count (each runtime picks its own under load):
+                # 3e-5 relative was seen in a full parallel test run
+                np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(r).max())))
     return got
 
 
