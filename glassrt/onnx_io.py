@@ -295,6 +295,13 @@ def resolve_external_path(base_dir: str, location: str, where: str) -> str:
 # ---------------------------------------------------------------- types
 
 
+def _placeholder(name: str) -> bool:
+    """A dim name that says "unknown" rather than naming a dim: paddle2onnx writes '?' for
+    every dynamic dim (rapidocr's classifier: [-1, 3, '?', '?'], fed 48x192), others 'None'.
+    Such dims get a fresh symbol each, as onnxruntime does not hold them equal."""
+    return name.strip().lower() in ("none", "null", "unknown", "dynamic") or not any(c.isalnum() for c in name)
+
+
 def parse_type(tp: onnx.TypeProto, where: str = ""):
     kind = tp.WhichOneof("value")
     if kind in ("tensor_type", "sparse_tensor_type"):
@@ -316,7 +323,7 @@ def parse_type(tp: onnx.TypeProto, where: str = ""):
                 dims.append(symbolic.fresh())
             elif which == "dim_value":
                 dims.append(int(d.dim_value))
-            elif which == "dim_param" and d.dim_param:
+            elif which == "dim_param" and d.dim_param and not _placeholder(d.dim_param):
                 dims.append(symbolic.symbol(d.dim_param))
             else:
                 dims.append(symbolic.fresh())

@@ -105,3 +105,23 @@ def test_onnxruntime_argument_order_and_provider_names():
         glassrt.InferenceSession(add_model(), providers=["CUDAExecutionProvider"])
     with pytest.raises(glassrt.GlassrtError, match="list of provider names"):
         glassrt.InferenceSession(add_model(), "cpu")
+
+
+def test_placeholder_dim_names_are_each_their_own_unknown_dim():
+    """paddle2onnx writes '?' for every dynamic dim; onnxruntime does not hold them equal."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    import glassrt
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "?", "?"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    s = glassrt.InferenceSession(m)
+    assert s.run(None, {"x": np.ones((1, 3, 48, 192), np.float32)})[0].shape == (1, 3, 48, 192)
+    named = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "side", "side"])
+    m2 = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [named], [y]),
+                           opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(glassrt.InputShapeError):  # a real name still binds: both dims are 'side'
+        glassrt.InferenceSession(m2).run(None, {"x": np.ones((1, 2, 3), np.float32)})
