@@ -217,3 +217,27 @@ def test_a_forked_child_runs_instead_of_hanging_in_openmp():
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail("the forked child hung in its run")
+
+
+def test_a_branch_node_reading_an_outer_weight_falls_back_when_its_plan_sees_a_runtime_input():
+    """Placement types an If branch with the outer graph's values (the weight looks constant);
+    the branch's plan receives it as an input, which oneDNN's weights kernel refuses: the node
+    runs on cpu then, as recorded at placement (openwakeword's hey-jarvis model)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "W")
+    then = helper.make_graph([helper.make_node("Gemm", ["x", "W"], ["t"], name="gemm_in_branch")], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["e"], name="mm_else")], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    g = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="if")],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8]),
+                                helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    s, o = glassrt.InferenceSession(m), ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    for c in (True, False):
+        feeds = {"x": x, "c": np.array(c)}
+        np.testing.assert_allclose(s.run(None, feeds)[0], o.run(None, feeds)[0], rtol=1e-5, atol=1e-5)

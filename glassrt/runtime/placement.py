@@ -116,7 +116,8 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
     values.update(inference.values)
     decisions, subgraphs, unsupported = {}, {}, []
     for node in graph.nodes:
-        decision, why_not = decide(node, types, values, providers, failures.get(node.name))
+        decision, why_not = decide(node, types, values, providers, failures.get(node.name),
+                                   in_subgraph=outer_values is not None)
         if decision is None:
             unsupported.append((node, why_not))
             if mark_unsupported:
@@ -157,8 +158,11 @@ def unsupported_error(unsupported, providers) -> UnsupportedOperatorError:
                     for n, why in unsupported))
 
 
-def decide(node, types, values, providers, expansion_failure=None) -> tuple[Decision | None, str]:
-    """(the decision, "") or (None, why no provider can run the node)."""
+def decide(node, types, values, providers, expansion_failure=None, in_subgraph=False) -> tuple[Decision | None, str]:
+    """(the decision, "") or (None, why no provider can run the node). in_subgraph: the node
+    is in an If/Loop/Scan body, placed knowing the outer graph's values; the body's plans
+    get them as run-time inputs, so a partial provider's choice also records the next
+    providers' (openwakeword's hey-jarvis: a Gemm in an If branch reading an outer weight)."""
     contract = get_contract(node.domain, node.op_type, node.opset)
     if contract is None:
         return None, "no such operator in the onnx schemas or the custom-op registry"
@@ -169,7 +173,8 @@ def decide(node, types, values, providers, expansion_failure=None) -> tuple[Deci
         if ks:
             passed_complete = any(not q.partial for q in providers[:rank])
             d = Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete)
-            if rank + 1 < len(providers) and not any(kernel_reason(k, ctx) is None for k in ks):
+            if rank + 1 < len(providers) and (not any(kernel_reason(k, ctx) is None for k in ks)
+                                              or (in_subgraph and p.partial)):
                 # taken on shapes it cannot judge yet (symbolic): the next providers' choice,
                 # for plans whose shapes its kernels refuse
                 alt, _ = decide(node, types, values, providers[rank + 1:])
