@@ -23,14 +23,7 @@ ML = "ai.onnx.ml"
 
 # What glassrt gets wrong on the corpus today, matched on the error it raises (any other
 # error still fails the test). See README, "Real models from PyPI wheels".
-KNOWN = {
-    "rapidocr-cls": ("InputShapeError", r"dim 3 is '\?', which input 'x' set to 48",
-                     "paddle2onnx names both unknown dims of [-1, 3, '?', '?'] '?': glassrt binds them as one "
-                     "symbol (onnx_io.parse_type), onnxruntime reads '?' as unknown"),
-    "oww-hey-jarvis": ("NodeExecutionError", r"Gemm node 'Gemm_34'.*B is computed at run time",
-                       "a Gemm inside an If branch reads an outer-scope initializer: placement sees it constant "
-                       "(onednn, no alternative), the branch's plan sees a run-time input and onednn refuses"),
-}
+KNOWN: dict = {}  # none today (rapidocr-cls's '?' dims and oww-hey-jarvis's branch Gemm are fixed)
 
 
 # ---------------------------------------------------------------- the manifest and its tools
