@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 

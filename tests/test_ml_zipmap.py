@@ -9,7 +9,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper

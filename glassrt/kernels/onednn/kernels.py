@@ -178,9 +178,10 @@ SMALL_ROWS = 4
 SMALL_ELEMENTS = 1 << 15
 
 
-def run_alone(step, buffers):
-    """step.run(buffers) on one OpenMP thread (the caller's), the count restored after."""
-    n = capi.get_max_threads()
+def run_alone(step, buffers, alone: bool = True):
+    """step.run(buffers) on one OpenMP thread (the caller's) when `alone`, the count
+    restored after; else as the step's primitive was made."""
+    n = capi.get_max_threads() if alone else 1
     if n == 1:
         step.run(buffers)
         return

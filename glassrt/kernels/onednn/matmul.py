@@ -193,10 +193,7 @@ def matmul(ctx):
             if z_view[0] is not z:
                 z_view[:] = z, (z if z.flags.c_contiguous else np.ascontiguousarray(z)).reshape(z_dims)
             buffers[z_arg] = z_view[1]
-        if alone:
-            run_alone(prim, buffers)
-        else:
-            prim.run(buffers)
+        run_alone(prim, buffers, alone)
         return out
 
     return step
@@ -296,10 +293,7 @@ def batched_matmul(ctx):
         buffers = {ARG_SRC: view(0, a), ARG_WEIGHTS: view(1, b), ARG_DST: out}
         if z_arg is not None:
             buffers[z_arg] = view(3, z)
-        if alone:
-            run_alone(prim, buffers)
-        else:
-            prim.run(buffers)
+        run_alone(prim, buffers, alone)
         return out
 
     return step

@@ -16,10 +16,6 @@ from .dnnl import ARG_DST, ARG_SCALE, ARG_SHIFT, ARG_SRC, MemoryDesc
 from .kernels import F32, SMALL_ELEMENTS, _PerThreads, _unavailable, run_alone
 
 
-def _run(step, buffers):
-    step.run(buffers)
-
-
 def _static(ctx, i=0):
     s = ctx.shape(i)
     return None if s is None else [int(d) for d in s]
@@ -35,13 +31,17 @@ def _ln_geometry(ctx):
     return int(np.prod(x[:a], dtype=np.int64)), int(np.prod(x[a:], dtype=np.int64))
 
 
+def _basic_reason(ctx):
+    """Why not, for any of these ops: no oneDNN, or an input of no known rank."""
+    x = _static(ctx)
+    return _unavailable(ctx) or (None if x is not None and len(x) >= 1 else "X has no known rank")
+
+
 def _ln_reason(ctx):
-    why = _unavailable(ctx)
+    why = _basic_reason(ctx)
     if why:
         return why
     x = _static(ctx)
-    if x is None or len(x) < 1:
-        return "X has no known rank"
     if any(o for o in ctx.node.outputs[1:]):
         return "Mean and InvStdDev outputs are not computed here"
     rows, width = _ln_geometry(ctx)
@@ -87,7 +87,7 @@ def layer_norm(ctx):
                    ARG_SCALE: view("scale", scale)}
         if shift:
             buffers[ARG_SHIFT] = view("bias", bias)
-        (run_alone if alone else _run)(prims.get(), buffers)
+        run_alone(prims.get(), buffers, alone)
         return (y,) + (None,) * (len(outs) - 1)
 
     return step
@@ -108,13 +108,10 @@ def _softmax_geometry(ctx):
 
 
 def _softmax_reason(ctx):
-    why = _unavailable(ctx)
+    why = _basic_reason(ctx)
     if why:
         return why
-    x = _static(ctx)
-    if x is None or len(x) < 1:
-        return "X has no known rank"
-    if 0 in x:
+    if 0 in _static(ctx):
         return "an empty input"
     return None
 
@@ -131,8 +128,7 @@ def softmax(ctx):
     alone = int(np.prod(shape)) <= SMALL_ELEMENTS  # see kernels.SMALL_ROWS
 
     def step(x, *, out):
-        (run_alone if alone else _run)(prims.get(), {ARG_SRC: x if x.flags.c_contiguous else np.ascontiguousarray(x),
-                                                     ARG_DST: out})
+        run_alone(prims.get(), {ARG_SRC: x if x.flags.c_contiguous else np.ascontiguousarray(x), ARG_DST: out}, alone)
         return out
 
     return step
