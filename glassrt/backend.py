@@ -26,7 +26,7 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
 from .api import InferenceSession
 from .errors import InvalidArgumentError
-from .runtime.options import SessionOptions
+from .runtime.options import RunOptions, SessionOptions
 
 _SESSION_KWARGS = ("providers", "fallback")
 # onnx's test runner passes a case's tolerances (its test_kwargs) on to prepare: not options.
@@ -41,8 +41,13 @@ class GlassrtBackendRep(BackendRep):
         self.session = session
 
     def run(self, inputs, **kwargs) -> list:
+        """kwargs: RunOptions fields (terminate, time_budget_s, log_severity_level, ...), as
+        onnxruntime.backend takes them; an unknown one is refused by name."""
+        run_options = None
         if kwargs:
-            raise InvalidArgumentError(f"run options {sorted(kwargs)}: glassrt has no RunOptions yet")
+            run_options = RunOptions()
+            for k, v in kwargs.items():
+                setattr(run_options, k, v)
         names = [i.name for i in self.session.get_inputs()]
         if isinstance(inputs, Mapping):
             feeds = dict(inputs)
@@ -56,7 +61,7 @@ class GlassrtBackendRep(BackendRep):
             feeds = {names[0]: inputs}
         # NumPy scalars (a 0-d result of an indexing) are fed as 0-d arrays, as onnxruntime's backend does.
         feeds = {k: np.asarray(v) if isinstance(v, np.generic) else v for k, v in feeds.items()}
-        return self.session.run(None, feeds)
+        return self.session.run(None, feeds, run_options)
 
 
 class GlassrtBackend(Backend):

@@ -120,8 +120,9 @@ def test_inputs_that_do_not_fit_and_options_glassrt_lacks_are_refused_by_name():
         backend.prepare(_add_model(), enable_mem_pattern=False)
     with pytest.raises(glassrt.GlassrtError, match="CPU only"):
         backend.prepare(_add_model(), "CUDA")
-    with pytest.raises(glassrt.GlassrtError, match="RunOptions"):
-        rep.run([np.ones(3, np.float32)] * 2, logid="x")
+    assert rep.run([np.ones(3, np.float32)] * 2, logid="x", time_budget_s=5.0)[0].tolist() == [2.0] * 3
+    with pytest.raises(glassrt.GlassrtError, match="RunOptions has no option 'only_execute_path_to_fetches'"):
+        rep.run([np.ones(3, np.float32)] * 2, only_execute_path_to_fetches=True)
 
 
 def test_devices():
