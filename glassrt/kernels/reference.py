@@ -21,7 +21,46 @@ KNOWN_WRONG = [
     ("Softmax", 1, 12, None, "onnx.reference's Softmax below opset 13 ignores the flatten-to-2-D semantics"),
     ("LogSoftmax", 1, 12, None, "onnx.reference's LogSoftmax below opset 13 ignores the flatten-to-2-D semantics"),
     ("Hardmax", 1, 12, None, "onnx.reference's Hardmax below opset 13 ignores the flatten-to-2-D semantics"),
+    # ai.onnx.ml SVMClassifier, against onnxruntime (what skl2onnx's models are checked with);
+    # tests/test_ml_svm.py runs each case on both.
+    ("SVMClassifier", 1, None, lambda ctx: _svm_classes(ctx) > 2 and _svm_svc(ctx) and _svm_proba(ctx),
+     "onnx.reference's SVMClassifier couples the pairwise probabilities of 3 or more classes wrongly "
+     "(a dot product where libsvm multiplies elementwise): probabilities off by 0.02 to 0.2"),
+    ("SVMClassifier", 1, None, lambda ctx: not _svm_svc(ctx),
+     "onnx.reference's SVMClassifier gives wrong labels for a linear model (no support vectors)"),
+    ("SVMClassifier", 1, None, lambda ctx: _svm_classes(ctx) == 2 and _svm_svc(ctx) and not _svm_proba(ctx) and (
+        ctx.attrs.get("post_transform", "NONE") in ("SOFTMAX", "SOFTMAX_ZERO") or _svm_all_positive(ctx)),
+     "onnx.reference's two-class SVMClassifier without probabilities writes other scores (SOFTMAX, SOFTMAX_ZERO) "
+     "or labels (all coefficients >= 0) than onnxruntime"),
+    ("SVMClassifier", 1, None, lambda ctx: ctx.attrs.get("post_transform", "NONE") == "PROBIT",
+     "onnx.reference's SVMClassifier with PROBIT gives 0 where onnxruntime's probit is infinite, and one score "
+     "column for two classes where onnxruntime writes two"),
+    ("SVMClassifier", 1, None, lambda ctx: bool(ctx.attrs.get("classlabels_strings")),
+     "onnx.reference's SVMClassifier fails on string class labels"),
+    ("SVMRegressor", 1, None, lambda ctx: ctx.attrs.get("post_transform", "NONE") != "NONE",
+     "onnx.reference's SVMRegressor raises on a post_transform other than NONE (onnxruntime ignores it)"),
+    ("DictVectorizer", 1, None, None,
+     "onnx.reference's DictVectorizer returns a float64 [V] vector where onnxruntime returns [1, V] of the "
+     "map's value type"),
 ]
+
+
+def _svm_classes(ctx):
+    return len(ctx.attrs.get("classlabels_strings") or ctx.attrs.get("classlabels_ints") or [])
+
+
+def _svm_svc(ctx):
+    return sum(int(v) for v in ctx.attrs.get("vectors_per_class") or []) > 0
+
+
+def _svm_proba(ctx):
+    return bool(ctx.attrs.get("prob_a"))
+
+
+def _svm_all_positive(ctx):
+    return all(v >= 0 for v in ctx.attrs.get("coefficients") or [])
+
+
 # Ops whose reference implementation needs the reference evaluator's own graph context.
 NEEDS_EVALUATOR = {"If", "Loop", "Scan", "SequenceMap"}
 

@@ -24,7 +24,7 @@ _CUSTOM: dict[tuple[str, str], OpContract] = {}
 
 # Output shapes that follow input values rather than input shapes.
 DATA_DEPENDENT = {
-    "NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit", "TfIdfVectorizer",
+    "NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit", "TfIdfVectorizer", "CastMap",
     "Loop", "If", "Scan", "ImageDecoder", "Range", "ConstantOfShape", "Reshape", "Expand",
     "Tile", "Slice", "Resize", "Upsample", "Pad", "OneHot", "TopK", "CenterCropPad",
     "MelWeightMatrix", "Split", "SplitToSequence", "RandomUniformLike", "MaxUnpool", "StringNormalizer",

@@ -6,6 +6,8 @@ skl2onnx and friends are validated against.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ... import dtypes
@@ -717,3 +719,169 @@ def zip_map(x, *, classlabels_int64s=None, classlabels_strings=None):
     last = {k: i for i, k in enumerate(keys)}
     order = sorted(last)
     return [dict(zip(order, row)) for row in r[:, [last[k] for k in order]].tolist()]
+
+
+# ---------------------------------------------------------------- maps: CastMap, DictVectorizer; CategoryMapper
+
+
+@kernel("CategoryMapper", out=True, domain=ML, dtypes=[STRING, np.int64], bind=True)
+@computed_aside(bind=True)
+def category_mapper(ctx):
+    """strings → int64 by cats_strings/cats_int64s, or back; unknown values get the default.
+    A repeated category keeps its last pairing (onnxruntime fills its hash maps in order)."""
+    strings = list(ctx.attrs.get("cats_strings") or [])
+    ints = [int(v) for v in ctx.attrs.get("cats_int64s") or []]
+    if len(strings) != len(ints):
+        raise ValueError(f"CategoryMapper has {len(strings)} cats_strings but {len(ints)} cats_int64s")
+    if ctx.dtype(0) == STRING:
+        fn = _lookup_table(strings, np.asarray(ints, np.int64), np.int64(ctx.attrs.get("default_int64", -1)), STRING)
+        out_dtype = np.dtype(np.int64)
+    else:
+        fn = _lookup_table(ints, np.array(strings, dtype=object), ctx.attrs.get("default_string", "_Unused"),
+                           np.dtype(np.int64))
+        out_dtype = np.dtype(object)
+
+    def step(x):
+        y = fn(x)
+        return y if y.dtype == out_dtype else y.astype(out_dtype)
+
+    return step
+
+
+def _map_value_dtype(ctx):
+    """The dtype of the values of input 0, a map (from the graph's declared types)."""
+    t = ctx.input_types[0] if ctx.input_types else None
+    v = getattr(t, "value", None)
+    return getattr(v, "dtype", None)
+
+
+def _stof(s):
+    """C++'s std::stof: a float at the start of the string (leading spaces skipped, the
+    rest ignored); no number there, or one beyond float's range, is an error."""
+    m = _FLOAT_PREFIX.match(s)
+    if not m:
+        raise ValueError(f"CastMap: {s!r} does not start with a number (TO_FLOAT)")
+    text = m.group(1)
+    v = float.fromhex(text) if "x" in text.lower() else float(text)
+    with np.errstate(over="ignore"):
+        f = np.float32(v)
+    if np.isinf(f) and not np.isinf(v) or (v != 0 and f == 0):
+        raise ValueError(f"CastMap: {s!r} is out of the range of float (TO_FLOAT)")
+    return f
+
+
+def _stoll(s):
+    """C++'s std::stoll: a base-10 integer at the start of the string."""
+    m = _INT_PREFIX.match(s)
+    if not m:
+        raise ValueError(f"CastMap: {s!r} does not start with an integer (TO_INT64)")
+    v = int(m.group(1))
+    if not -2 ** 63 <= v < 2 ** 63:
+        raise ValueError(f"CastMap: {s!r} is out of the range of int64 (TO_INT64)")
+    return v
+
+
+def _to_string(v):
+    """C++'s std::to_string(float): printf's %f of the value widened to double."""
+    v = float(np.float32(v))
+    if np.isnan(v):
+        return "-nan" if np.signbit(v) else "nan"
+    return "%f" % v
+
+
+# What strtof reads: a decimal or hexadecimal float, inf/infinity or nan, after white space.
+_FLOAT_PREFIX = re.compile(r"[ \t\n\v\f\r]*([+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?\d+)?"
+                           r"|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan))", re.IGNORECASE)
+_INT_PREFIX = re.compile(r"[ \t\n\v\f\r]*([+-]?\d+)")
+
+
+@kernel("CastMap", domain=ML, bind=True)
+@computed_aside(bind=True)
+def cast_map(ctx):
+    """map(int64, string or float) → a [1, C] tensor of its values in key order (DENSE), or
+    one column per key 0..max_map-1 with missing keys padded (SPARSE: 0, or the string
+    "0.f", as onnxruntime pads), converted as C++ converts them (std::stof, std::stoll,
+    std::to_string, truncation)."""
+    cast_to = ctx.attrs.get("cast_to", "TO_FLOAT")
+    form = ctx.attrs.get("map_form", "DENSE")
+    max_map = int(ctx.attrs.get("max_map", 1))
+    if cast_to not in ("TO_FLOAT", "TO_STRING", "TO_INT64"):
+        raise ValueError(f"unknown cast_to {cast_to!r} (TO_FLOAT, TO_STRING or TO_INT64)")
+    if form not in ("DENSE", "SPARSE"):
+        raise ValueError(f"unknown map_form {form!r} (DENSE or SPARSE)")
+    if form == "SPARSE" and max_map <= 0:
+        raise ValueError(f"max_map must be > 0 when map_form is SPARSE, got {max_map}")
+    out_dtype = {"TO_FLOAT": np.dtype(np.float32), "TO_INT64": np.dtype(np.int64), "TO_STRING": np.dtype(object)}[cast_to]
+    pad = {"TO_FLOAT": np.float32(0), "TO_INT64": 0, "TO_STRING": "0.f"}[cast_to]
+
+    def convert(values):
+        if not values:
+            return np.empty(0, out_dtype)
+        strings = isinstance(values[0], str)
+        if strings and any(not isinstance(v, str) for v in values) or not strings and any(
+                isinstance(v, str) for v in values):
+            raise TypeError("CastMap: the map's values must be all strings or all numbers")
+        if cast_to == "TO_STRING":
+            return np.array(values if strings else [_to_string(v) for v in values], dtype=object)
+        if strings:
+            conv = _stof if cast_to == "TO_FLOAT" else _stoll
+            return np.array([conv(v) for v in values], out_dtype)
+        f = np.asarray(values, np.float32)  # the map holds float32 values
+        if cast_to == "TO_FLOAT":
+            return f
+        with np.errstate(invalid="ignore"):
+            return f.astype(np.int64)  # truncation; NaN and out-of-range values as x86 converts them
+
+    def step(x):
+        if not isinstance(x, dict):
+            raise TypeError(f"CastMap takes a map (dict), got {type(x).__name__}")
+        keys = sorted(x)
+        if form == "DENSE":
+            return convert([x[k] for k in keys]).reshape(1, -1)
+        if keys and keys[0] < 0:
+            raise ValueError(f"CastMap: negative keys are not permitted in a SPARSE map; the first is {keys[0]}")
+        keep = [k for k in keys if k < max_map]
+        y = np.empty(max_map, out_dtype)
+        y[...] = pad
+        if keep:
+            y[np.asarray(keep, np.int64)] = convert([x[k] for k in keep])
+        return y.reshape(1, -1)
+
+    return step
+
+
+@kernel("DictVectorizer", domain=ML, bind=True)
+@computed_aside(bind=True)
+def dict_vectorizer(ctx):
+    """A map → a [1, V] tensor: the value of each vocabulary key, zero (an empty string for
+    string values) where the map lacks it; the vocabulary of the map's key type
+    (string_vocabulary or int64_vocabulary). As onnxruntime: one map, not a sequence."""
+    svocab, ivocab = ctx.attrs.get("string_vocabulary"), ctx.attrs.get("int64_vocabulary")
+    t = ctx.input_types[0] if ctx.input_types else None
+    key = getattr(t, "key", None)
+    strings_key = key == np.dtype(object) if key is not None else bool(svocab)
+    vocab = list(svocab or []) if strings_key else [int(v) for v in ivocab or []]
+    if strings_key and not svocab or not strings_key and not ivocab:
+        raise ValueError(f"DictVectorizer on {'string' if strings_key else 'int64'} keys needs "
+                         f"{'string_vocabulary' if strings_key else 'int64_vocabulary'}")
+    declared = _map_value_dtype(ctx)
+    out_t = ctx.output_types[0] if ctx.output_types else None
+    declared = declared if declared is not None else getattr(out_t, "dtype", None)
+
+    def step(x):
+        if not isinstance(x, dict):
+            raise TypeError(f"DictVectorizer takes a map (dict), got {type(x).__name__}")
+        dt = declared
+        if dt is None:  # undeclared: as the values are
+            some = next(iter(x.values()), 0.0)
+            dt = np.dtype(object) if isinstance(some, str) else np.dtype(np.int64) if isinstance(
+                some, (int, np.integer)) else np.dtype(np.float32)
+        zero = "" if dt == object else 0
+        vals = [x.get(k, zero) for k in vocab]
+        if dt == object:
+            y = np.array(vals, dtype=object)
+        else:
+            y = np.asarray(vals, dt)
+        return y.reshape(1, -1)
+
+    return step

@@ -110,3 +110,81 @@ def ml_zipmap(ctx):
             ctx.fail(f"input 0 '{ctx.node.inputs[0]}' has {s[-1]} columns (shape {symbolic.shape_str(s)}), "
                      f"but the node has {len(labels)} class labels: one score per class is expected")
     return [SequenceType(MapType(key, ctx.tensor(np.float32, ())))]
+
+
+@meta("SVMClassifier", domain=ML)
+def ml_svm_classifier(ctx):
+    """label [N]; scores [N, C]: C the classes, except a one-vs-one model without
+    probabilities, which writes its pairwise decision values (K(K-1)/2 of them, and two
+    columns for two classes), as onnxruntime does."""
+    n = _batch(ctx)
+    strings = bool(ctx.attrs.get("classlabels_strings"))
+    k = len(ctx.attrs.get("classlabels_strings") or ctx.attrs.get("classlabels_ints") or [])
+    if not k:
+        ctx.fail("needs classlabels_strings or classlabels_ints")
+    svc = sum(int(v) for v in ctx.attrs.get("vectors_per_class") or []) > 0
+    if svc and not ctx.attrs.get("prob_a"):
+        cols = k * (k - 1) // 2 if k > 2 else 2
+    else:
+        cols = k
+    label = ctx.tensor(object if strings else np.int64, None if n is None else (n,))
+    return [label, ctx.tensor(np.float32, None if n is None else (n, cols))]
+
+
+@meta("SVMRegressor", domain=ML)
+def ml_svm_regressor(ctx):
+    """[N, 1]: one target whatever n_targets says (onnxruntime)."""
+    n = _batch(ctx)
+    return [ctx.tensor(np.float32, None if n is None else (n, 1))]
+
+
+@meta("CategoryMapper", domain=ML)
+def ml_category_mapper(ctx):
+    """strings → int64, int64 → strings; the shape kept."""
+    dt = ctx.dtype(0)
+    if dt not in (np.dtype(object), np.dtype(np.int64)):
+        ctx.fail(f"input 0 '{ctx.node.inputs[0]}' must be string or int64, got {dt}")
+    return [ctx.tensor(np.int64 if dt == np.dtype(object) else object, ctx.shape(0))]
+
+
+_CAST_TO = {"TO_FLOAT": np.float32, "TO_INT64": np.int64, "TO_STRING": object}
+
+
+@meta("CastMap", domain=ML)
+def ml_cast_map(ctx):
+    """[1, C]: C the map's size (known only from its value) for DENSE, max_map for SPARSE."""
+    cast_to = ctx.attr("cast_to", "TO_FLOAT")
+    if cast_to not in _CAST_TO:
+        ctx.fail(f"unknown cast_to {cast_to!r} (TO_FLOAT, TO_STRING or TO_INT64)")
+    t = ctx.type(0)
+    if t is not None and not isinstance(t, MapType):
+        ctx.fail(f"input 0 '{ctx.node.inputs[0]}' must be a map, got {t}")
+    if ctx.attr("map_form", "DENSE") == "SPARSE":
+        width = int(ctx.attr("max_map", 1))
+        if width <= 0:
+            ctx.fail(f"max_map must be > 0 when map_form is SPARSE, got {width}")
+    else:
+        width = symbolic.fresh("map_size")
+    return [ctx.tensor(_CAST_TO[cast_to], (1, width))]
+
+
+@meta("DictVectorizer", domain=ML)
+def ml_dict_vectorizer(ctx):
+    """[1, V] of the map's value type, V the vocabulary of the map's key type (onnxruntime
+    takes one map, not a sequence of them)."""
+    t = ctx.type(0)
+    if t is not None and not isinstance(t, MapType):
+        ctx.fail(f"input 0 '{ctx.node.inputs[0]}' must be a map, got {t}")
+    strings = ctx.attrs.get("string_vocabulary")
+    ints = ctx.attrs.get("int64_vocabulary")
+    if t is not None:
+        want = "string_vocabulary" if t.key == np.dtype(object) else "int64_vocabulary"
+        vocab = strings if want == "string_vocabulary" else ints
+        if not vocab:
+            ctx.fail(f"a map with {'string' if want == 'string_vocabulary' else 'int64'} keys needs {want}")
+    else:
+        vocab = strings or ints or []
+    value = getattr(t, "value", None)
+    if value is None:
+        return [None]
+    return [ctx.tensor(value.dtype, (1, len(vocab)))]
