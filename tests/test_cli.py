@@ -304,3 +304,30 @@ def test_unsupported_node_inside_a_branch_is_marked_too():
     assert [u["node"] for u in s["unsupported"]] == ["deep_mystery"] and s["nodes_per_provider"]["unsupported"] == 1
     with pytest.raises(glassrt.UnsupportedOperatorError, match="deep_mystery"):
         sess.run(None, {"x": np.ones((1, 4), np.float32), "c": np.array(False)})
+
+
+def test_explain_shows_the_nodes_of_if_bodies_under_their_parent(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((8, 4), np.float32), "W")
+    then = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["t"], name="mm_then")], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Relu", ["x"], ["e0"], name="relu_else"),
+                               helper.make_node("MatMul", ["e0", "W"], ["e"], name="mm_else")], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    g = helper.make_graph([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="if")],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8]),
+                                helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    p = tmp_path / "if.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    out = tmp_path / "e.json"
+    res = _cli("explain", str(p), "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    report = json.loads(out.read_text())
+    rows = {n["name"]: n for n in report["nodes"]}
+    assert report["summary"]["nodes"] == 1 and report["summary"]["body_nodes"] == 3
+    assert rows["mm_then"]["parent"] == "if" and rows["mm_then"]["body"] == "then_branch" and rows["mm_then"]["depth"] == 1
+    assert rows["mm_then"]["flops_per_body_run"] == 2 * 2 * 8 * 4 and rows["mm_then"]["output_bytes"] == 32
+    assert rows["relu_else"]["provider"] in ("cpu", "onednn") and rows["relu_else"]["reason"]
+    assert "└ then_branch: mm_then" in res.stdout and "└ else_branch: relu_else" in res.stdout

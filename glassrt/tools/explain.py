@@ -47,6 +47,41 @@ def bound_input_types(sess, dims: dict):
     return out
 
 
+def _body_rows(bodies: dict, parent: str, depth: int, dims: dict, outer_types: dict) -> list:
+    """Rows for the nodes of an If/Loop/Scan's bodies (`parent`'s), as placed: provider,
+    kernel, reason, output types and FLOPs per run of the body (a Loop runs it per
+    iteration, so they are not added to the model's total). Bodies are planned when they
+    run, so they have no arena offsets here; their output bytes are the types'."""
+    rows = []
+    for attr, subs in bodies.items():
+        for k, sub in enumerate(subs if isinstance(subs, list) else [subs]):
+            types = {**outer_types, **sub.inference.types}  # a body reads the enclosing graph's values
+            for node in sub.graph.nodes:
+                d = sub.decisions[node.name]
+                contract = get_contract(node.domain, node.op_type, node.opset)
+                attrs = contract.attrs_with_defaults(node) if contract else node.attrs
+                in_t = [types.get(i) if i else None for i in node.inputs]
+                out_t = [types.get(o) if o else None for o in node.outputs]
+                flops = node_flops(node, attrs, in_t, out_t)
+                if d.provider is None:
+                    kernel, reason = None, f"no provider can run it: {d.reason}"
+                else:
+                    kernel = d.kernels[0].name if d.kernels else None
+                    reason = "fallback: " + d.skipped() if d.fallback else \
+                        d.reason + (f" [{d.skipped()}]" if d.rejected else "")
+                rows.append({
+                    "name": node.name, "op": node.op_type, "domain": node.domain, "opset": node.opset,
+                    "provider": d.provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,
+                    "unsupported": d.provider is None, "origin": node.origin or None, "step": None,
+                    "parent": parent, "body": attr + (f"[{k}]" if isinstance(subs, list) else ""), "depth": depth,
+                    "outputs": [_type_json(o, t, dims) for o, t in zip(node.outputs, out_t) if o],
+                    "output_bytes": sum(t.nbytes() for t in out_t if isinstance(t, TensorType) and t.is_static),
+                    "flops_per_body_run": _dim(flops, dims) if flops is not None else None, "flops": None,
+                })
+                rows += _body_rows(sub.subgraphs.get(node.name) or {}, node.name, depth + 1, dims, types)
+    return rows
+
+
 def explain(sess, dims: dict | None = None) -> dict:
     dims = dims or {}
     types = bound_input_types(sess, dims)
@@ -88,6 +123,7 @@ def explain(sess, dims: dict | None = None) -> dict:
             "outputs": [_type_json(o, t, dims) for o, t in zip(node.outputs, out_t) if o],
             "flops": _dim(flops, dims) if flops is not None else None,
         })
+        nodes += _body_rows(placement.subgraphs.get(node.name) or {}, node.name, 1, dims, inferred)
 
     values, summary_mem = [], {}
     if plan:
@@ -118,7 +154,8 @@ def explain(sess, dims: dict | None = None) -> dict:
                                                for d in t.shape for n in symbolic.free_names(d)})}
     fallbacks = [{"node": f.node, "op": f.op, "provider": f.provider, "reason": f.reason} for f in sess.fallbacks]
     summary = {
-        "nodes": len(nodes), "nodes_per_provider": placement.counts(), "fallback_count": len(fallbacks),
+        "nodes": sum(1 for n in nodes if not n.get("depth")), "body_nodes": sum(1 for n in nodes if n.get("depth")),
+        "nodes_per_provider": placement.counts(), "fallback_count": len(fallbacks),
         "fallbacks": fallbacks, "folded_at_load": len(sess.folded), "folded_in_plan": len(folded_in_plan),
         "unsupported": [{"node": n.name, "op": n.op_type, "domain": n.domain, "reason": why}
                         for n, why in placement.unsupported],
@@ -166,6 +203,15 @@ def fmt_flops(f) -> str:
 MIN_REASON_WIDTH = 24  # narrower, a reason column is a few words a line: list reasons below instead
 
 
+def _top_level_index(nodes) -> list:
+    """Each row's number among the graph's own nodes (None for a node of a body)."""
+    out, k = [], 0
+    for n in nodes:
+        out.append(None if n.get("depth") else k)
+        k += 0 if n.get("depth") else 1
+    return out
+
+
 def render(report: dict, console, max_reason: int = 70) -> None:
     """Names, shapes and reasons are data, not markup: "[batch,seq,64]" must print as is.
 
@@ -178,7 +224,8 @@ def render(report: dict, console, max_reason: int = 70) -> None:
 
     values = {v["name"]: v for v in report["values"]}
     rows = []  # (cells without the reason, reason, style)
-    for i, n in enumerate(report["nodes"]):
+    index = _top_level_index(report["nodes"])
+    for n, i in zip(report["nodes"], index):
         outs = n["outputs"] or [{"name": "", "shape": None, "dtype": None}]
         for j, o in enumerate(outs):
             v = values.get(o["name"], {})
@@ -188,8 +235,12 @@ def render(report: dict, console, max_reason: int = 70) -> None:
             style = "red" if n.get("unsupported") else "yellow" if n["fallback"] else None
             first = j == 0
             kernel = n["kernel"] or ("none" if n.get("unsupported") else f"{n['provider']}.{n['op']}")
-            cells = [str(i) if first else "", escape(n["name"]) if first else "", escape(kernel) if first else "",
-                     escape(f"{(o['dtype'] or '')}{shape}"), offset, fmt_bytes(v.get("bytes")) if v else "", life]
+            depth = n.get("depth", 0)
+            name = ("  " * depth + f"└ {n['body']}: " if depth else "") + n["name"]  # a body node under its parent
+            nbytes = fmt_bytes(v.get("bytes")) if v else (fmt_bytes(n["output_bytes"]) if depth and first else "")
+            cells = [(str(i) if i is not None else "") if first else "", escape(name) if first else "",
+                     escape(kernel) if first else "", escape(f"{(o['dtype'] or '')}{shape}"),
+                     offset or ("per body run" if depth and first else ""), nbytes, life]
             rows.append((cells, (n["reason"] or "") if first else "", style))
 
     columns = ["#", "node", "kernel", "outputs", "offset", "bytes", "life"]
@@ -220,8 +271,9 @@ def render(report: dict, console, max_reason: int = 70) -> None:
         console.print(node_table(compact=natural[False] > console.width))
         console.print("why each node runs where it does (the table is too narrow for them):", highlight=False,
                       markup=False)
-        for i, n in enumerate(report["nodes"]):
-            console.print(f"  {i} {n['name']}: {n['reason']}", highlight=False, markup=False,
+        for n, i in zip(report["nodes"], index):
+            where = f"{i}" if i is not None else f"  in {n['parent']}.{n['body']}:"
+            console.print(f"  {where} {n['name']}: {n['reason']}", highlight=False, markup=False,
                           style="red" if n.get("unsupported") else "yellow" if n["fallback"] else None)
     passes = Table(title="graph passes, in order", title_justify="left")
     for col in ("pass", "level", "nodes", "ms", "changed"):
