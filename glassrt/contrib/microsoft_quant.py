@@ -46,6 +46,7 @@ import math
 import numpy as np
 
 from ..ir import TensorType as Meta
+from ..kernels import mlas_math
 from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, write_elementwise
 from ..kernels.custom import custom_op
 from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis, spatial_pads
@@ -341,31 +342,11 @@ def _unary_table(x, x_scale, x_zp, y_scale, y_zp, fn, out):
     return _lookup(x, table, out)
 
 
-# MlasComputeLogistic: Eigen's rational approximation on [-18, 18], evaluated with FMAs (the
-# FMA3 kernel onnxruntime picks on AVX2 machines); within 1 ulp of 1/(1+e^-x), but the table
-# is built from these values.
-_LOGISTIC_P = [F32.type(v) for v in (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
-                                     8.51377133304701e-03, 2.48287947061529e-01)]
-_LOGISTIC_Q = [F32.type(v) for v in (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
-                                     1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)]
-
-
-def _mlas_logistic(x):
-    x = np.clip(x, F32.type(-18), F32.type(18))
-    x2 = x * x
-    p = _fma(x2, _LOGISTIC_P[0], _LOGISTIC_P[1])
-    for c in _LOGISTIC_P[2:]:
-        p = _fma(p, x2, c)
-    q = _fma(x2, _LOGISTIC_Q[0], _LOGISTIC_Q[1])
-    for c in _LOGISTIC_Q[2:]:
-        q = _fma(q, x2, c)
-    return np.clip(p * x / q + F32.type(0.5), F32.type(0), F32.type(1))
-
 
 @qlinear_sigmoid.register_kernel("cpu", out=True)
 def _qlinear_sigmoid(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out=None):
     """Y = quantize(sigmoid(dequantize(X))), through onnxruntime's 256-entry table."""
-    return _unary_table(x, x_scale, x_zp, y_scale, y_zp, _mlas_logistic, out)
+    return _unary_table(x, x_scale, x_zp, y_scale, y_zp, mlas_math.logistic, out)
 
 
 @qlinear_leaky_relu.register_kernel("cpu", out=True)
@@ -1317,26 +1298,6 @@ dynamic_quantize_lstm = custom_op(
     f"float clip={_FLT_MAX!r}, str direction='forward', int hidden_size, int input_forget=0) "
     "-> (Tensor Y, Tensor Y_h, Tensor Y_c)", dtypes=[F32])
 
-# MlasComputeTanh: Eigen's rational approximation on [-9, 9], with FMAs (the FMA3 kernel
-# onnxruntime picks on AVX2 machines); the same coefficients as its generic kernel.
-_TANH_P = [F32.type(v) for v in (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
-                                 5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
-                                 4.89352455891786e-03)]
-_TANH_Q = [F32.type(v) for v in (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
-                                 4.89352518554385e-03)]
-
-
-def _mlas_tanh(x):
-    x = np.clip(x, F32.type(-9), F32.type(9))
-    x2 = x * x
-    p = _fma(x2, _TANH_P[0], _TANH_P[1])
-    for c in _TANH_P[2:]:
-        p = _fma(p, x2, c)
-    q = _fma(x2, _TANH_Q[0], _TANH_Q[1])
-    for c in _TANH_Q[2:]:
-        q = _fma(q, x2, c)
-    return (p * x) / q
-
 
 def _expf(x):
     """expf as libm computes it (correctly rounded but for rare near-ties): in float64, rounded
@@ -1359,8 +1320,8 @@ def _functor_sigmoid(x):
 # uses beta, default alpha, default beta): alpha and beta are taken in order from
 # activation_alpha / activation_beta by the functions that use them, across directions.
 _LSTM_ACTS = {
-    "sigmoid": (lambda x, a, b: _mlas_logistic(x), False, False, 0.0, 0.0),
-    "tanh": (lambda x, a, b: _mlas_tanh(x), False, False, 0.0, 0.0),
+    "sigmoid": (lambda x, a, b: mlas_math.logistic(x), False, False, 0.0, 0.0),
+    "tanh": (lambda x, a, b: mlas_math.tanh(x), False, False, 0.0, 0.0),
     "relu": (lambda x, a, b: np.maximum(x, F32.type(0)), False, False, 0.0, 0.0),
     "affine": (lambda x, a, b: a * x + b, True, True, 0.0, 0.0),
     "leakyrelu": (lambda x, a, b: np.where(x >= 0, x, a * x), True, False, 0.01, 0.0),

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..buffers import computed_aside
 from ..registry import kernel
+from .. import mlas_math
 from ._jit import jit, numba_missing
 from .ml import _rows
 
@@ -66,42 +67,6 @@ def _expf(v):
 def _expf_jit(v, out):
     for i in range(v.shape[0]):
         out[i] = math.exp(v[i])
-
-
-# MLAS's tanh and logistic: Eigen's rational approximations, Horner steps as fused
-# multiply-adds (its AVX2 and AVX-512 kernels). They are off the true functions by up to
-# 3e-7, and an SVM's cancelling sums of kernel values show that; these reproduce them bit
-# for bit.
-_TANH = (F32(9), [F32(v) for v in (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
-                                   5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
-                                   4.89352455891786e-03)],
-         [F32(v) for v in (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)])
-_LOGISTIC = (F32(18), [F32(v) for v in (4.37031012579801e-11, 1.15627324459942e-07, 6.08574864600143e-05,
-                                        8.51377133304701e-03, 2.48287947061529e-01)],
-             [F32(v) for v in (6.10247389755681e-13, 5.76102136993427e-09, 6.29106785017040e-06,
-                               1.70198817374094e-03, 1.16817656904453e-01, 9.93151921023180e-01)])
-
-
-def _mlas_rational(t, consts):
-    bound, pc, qc = consts
-    v = np.clip(np.asarray(t, F32), -bound, bound)
-    v2 = v * v
-    p = _fma32(v2, pc[0], pc[1])
-    for c in pc[2:]:
-        p = _fma32(p, v2, c)
-    q = _fma32(v2, qc[0], qc[1])
-    for c in qc[2:]:
-        q = _fma32(q, v2, c)
-    return (p * v) / q
-
-
-def _tanh_mlas(t):
-    return _mlas_rational(t, _TANH)
-
-
-def _logistic_mlas(t):
-    # onnxruntime 1.2x's kernels clamp the result to [0, 1] (the approximation dips below 0 near -18)
-    return np.clip(_mlas_rational(t, _LOGISTIC) + F32(0.5), F32(0), F32(1))
 
 
 _TILE = 1 << 15  # elements of a [rows, V] tile (NumPy fallbacks): stays in cache
@@ -172,12 +137,6 @@ def _fma_matmul_nt_jit(x, vt, out):
                 out[n, v] = np.float32(xv * np.float64(vt[f, v]) + np.float64(out[n, v]))
 
 
-def _fma32(a, b, c):
-    """a * b + c rounded once to float32 (a fused multiply-add): the float64 product of two
-    float32 values is exact."""
-    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(F32)
-
-
 def _mlas_stride_k(n, k):
     """The K block MLAS's sgemm sums in one pass for an [M, K] x [K, n] product."""
     stride_n = stride_k = 128
@@ -225,7 +184,7 @@ def _sgemm_nt(x, vectors, alpha, c):
         if out is None:
             out = block if alpha == 1 else block * alpha
         else:
-            out = _fma32(block, alpha, out)
+            out = mlas_math.fma32(block, alpha, out)
     return out
 
 
@@ -251,7 +210,7 @@ class _KernelFn:
             return _sgemm_nt(x, vectors, F32(1), bias)
         t = _sgemm_nt(x, vectors, self.gamma, self.coef0)
         if self.kind == "SIGMOID":
-            return _tanh_mlas(t)
+            return mlas_math.tanh(t)
         if self.degree == 2:
             return t * t
         if self.degree == 3:
@@ -314,7 +273,7 @@ def _transform_columns(s, post):
     if post == "PROBIT":
         return _probit(s)
     if post == "LOGISTIC":
-        return _logistic_mlas(s)
+        return mlas_math.logistic(s)
     if post == "SOFTMAX":
         return _softmax32(s)
     if post == "SOFTMAX_ZERO":
