@@ -47,6 +47,20 @@ def bound_input_types(sess, dims: dict):
     return out
 
 
+def _as_placed(node, d, types):
+    """(output types, FLOPs, kernel, reason) of a node as placement decided it."""
+    contract = get_contract(node.domain, node.op_type, node.opset)
+    attrs = contract.attrs_with_defaults(node) if contract else node.attrs
+    in_t = [types.get(i) if i else None for i in node.inputs]
+    out_t = [types.get(o) if o else None for o in node.outputs]
+    flops = node_flops(node, attrs, in_t, out_t)
+    if d.provider is None:
+        return out_t, flops, None, f"no provider can run it: {d.reason}"
+    kernel = d.kernels[0].name if d.kernels else None
+    reason = "fallback: " + d.skipped() if d.fallback else d.reason + (f" [{d.skipped()}]" if d.rejected else "")
+    return out_t, flops, kernel, reason
+
+
 def _body_rows(bodies: dict, parent: str, depth: int, dims: dict, outer_types: dict) -> list:
     """Rows for the nodes of an If/Loop/Scan's bodies (`parent`'s), as placed: provider,
     kernel, reason, output types and FLOPs per run of the body (a Loop runs it per
@@ -58,17 +72,7 @@ def _body_rows(bodies: dict, parent: str, depth: int, dims: dict, outer_types: d
             types = {**outer_types, **sub.inference.types}  # a body reads the enclosing graph's values
             for node in sub.graph.nodes:
                 d = sub.decisions[node.name]
-                contract = get_contract(node.domain, node.op_type, node.opset)
-                attrs = contract.attrs_with_defaults(node) if contract else node.attrs
-                in_t = [types.get(i) if i else None for i in node.inputs]
-                out_t = [types.get(o) if o else None for o in node.outputs]
-                flops = node_flops(node, attrs, in_t, out_t)
-                if d.provider is None:
-                    kernel, reason = None, f"no provider can run it: {d.reason}"
-                else:
-                    kernel = d.kernels[0].name if d.kernels else None
-                    reason = "fallback: " + d.skipped() if d.fallback else \
-                        d.reason + (f" [{d.skipped()}]" if d.rejected else "")
+                out_t, flops, kernel, reason = _as_placed(node, d, types)
                 rows.append({
                     "name": node.name, "op": node.op_type, "domain": node.domain, "opset": node.opset,
                     "provider": d.provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,
@@ -97,11 +101,7 @@ def explain(sess, dims: dict | None = None) -> dict:
     nodes, total_flops = [], 0
     for node in placement.graph.nodes:
         d = placement.decisions[node.name]
-        contract = get_contract(node.domain, node.op_type, node.opset)
-        attrs = contract.attrs_with_defaults(node) if contract else node.attrs
-        in_t = [inferred.get(i) if i else None for i in node.inputs]
-        out_t = [inferred.get(o) if o else None for o in node.outputs]
-        flops = node_flops(node, attrs, in_t, out_t)
+        out_t, flops, kernel, reason = _as_placed(node, d, inferred)
         if flops is not None and node.name not in folded_in_plan:
             total_flops = total_flops + flops
         provider = d.provider
@@ -110,11 +110,6 @@ def explain(sess, dims: dict | None = None) -> dict:
                 selection[node.name].reason
         elif node.name in folded_in_plan:
             kernel, reason = "folded", "all inputs known when the plan was built: evaluated once, at plan time"
-        elif d.provider is None:
-            kernel, reason = None, f"no provider can run it: {d.reason}"
-        else:
-            kernel = d.kernels[0].name if d.kernels else None
-            reason = "fallback: " + d.skipped() if d.fallback else d.reason + (f" [{d.skipped()}]" if d.rejected else "")
         nodes.append({
             "name": node.name, "op": node.op_type, "domain": node.domain, "opset": node.opset,
             "provider": provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,
