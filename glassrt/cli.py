@@ -381,6 +381,53 @@ def bench(models, versus, runs, warmup, dims, threads, busy, json_file, provider
     sys.exit(code)
 
 
+@main.command()
+@click.argument("models", nargs=-1, metavar="[MODEL|NAME=PATH]...")
+@click.option("--model-repository", type=click.Path(exists=True, file_okay=False),
+              help="A Triton-style folder: DIR/NAME/VERSION/model.onnx.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True)
+@click.option("--max-batch-size", default=8, show_default=True,
+              help="Rows per dynamically batched run (1: no batching).")
+@click.option("--batch-timeout-ms", default=1.0, show_default=True,
+              help="How long the oldest request waits for others to join its batch.")
+@click.option("--max-body-bytes", default=64 << 20, show_default=True, help="Larger request bodies get 413.")
+@click.option("--strict", is_flag=True, help="Refuse to load a model that would fall back (fallback='error').")
+@click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True, help="Provider priority list.")
+@click.option("--module", "modules", multiple=True, metavar="PY_MODULE",
+              help="Import a module first (one that registers custom ops the models use).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def serve(models, model_repository, host, port, max_batch_size, batch_timeout_ms, max_body_bytes, strict,
+          providers, modules, log_level):
+    """Serve models over the KServe / Triton v2 HTTP protocol (tritonclient.http works)."""
+    import importlib
+
+    try:
+        import uvicorn
+
+        from .serve.app import create_app
+    except ImportError as e:
+        raise click.ClickException(f"glassrt serve needs FastAPI and uvicorn ({e.name} is missing): "
+                                   "pip install 'glassrt[serve]'") from None
+    if bool(models) == bool(model_repository):
+        raise click.UsageError("give MODEL files or --model-repository DIR (one of the two)")
+    for module in modules:
+        importlib.import_module(module)
+    try:
+        app = create_app(model_repository or list(models), max_batch_size=max_batch_size,
+                         batch_timeout_ms=batch_timeout_ms, max_body_bytes=max_body_bytes, strict=strict,
+                         providers=providers.split(","))
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(1)
+    for name, versions in app.state.models.items():
+        for v, m in versions.items():
+            console.print(f"serving {name} version {v} ({m.source.path})"
+                          + (", batched" if m.batcher else ""), highlight=False, markup=False)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
 def _load_inputs(sess, inputs, dims, default_name):
     """The --input files, and made-up values for every other input (each one printed: a
     result on invented data should say so)."""

@@ -284,7 +284,7 @@ class Session:
 
     def memory_stats(self) -> dict:
         return {"plans_cached": len(self.runner.plans), "plans_built": self.runner.plans_built,
-                "plans_evicted": self.runner.plans_evicted,
+                "plans_evicted": self.runner.plans_evicted, "plan_hits": self.runner.plan_hits,
                 "arena_bytes": {str(sig): p.memory.arena_bytes for sig, p in self.runner.plans.items()},
                 "pool": self.runner.pool.stats()}
 

@@ -3,27 +3,86 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import helper
 
 import glassrt
-from glassrt.tools.metrics import instrument
-from tests.helpers import add_model
+from glassrt.tools.metrics import METRIC_NAMES, instrument
+from tests.helpers import add_model, model, tensor
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
 
+def _sample(registry, name, **labels):
+    value = registry.get_sample_value(name, labels)
+    assert value is not None, f"no sample {name}{labels} in:\n" + prometheus_client.generate_latest(registry).decode()
+    return value
+
+
 def test_runs_latency_plans_and_errors_are_exported():
     sess = glassrt.InferenceSession(add_model())
-    metrics = instrument(sess, model="add", registry=prometheus_client.CollectorRegistry())
+    registry = prometheus_client.CollectorRegistry()
+    metrics = instrument(sess, model="add", registry=registry)
     for b in (1, 2, 2):
         sess.run(None, {"x": np.ones((b, 3), np.float32)})
     with pytest.raises(glassrt.InputShapeError):
         sess.run(None, {"x": np.ones((2, 4), np.float32)})
     text = prometheus_client.generate_latest(metrics.registry).decode()
     assert 'glassrt_runs_total{model="add"} 3.0' in text
-    assert 'glassrt_run_seconds_count{model="add"} 3.0' in text
-    assert 'glassrt_plans_cached{model="add"} 2.0' in text
+    assert 'glassrt_run_duration_seconds_count{model="add"} 3.0' in text
+    assert 'glassrt_plan_cache_plans{model="add"} 2.0' in text
     assert 'glassrt_run_errors_total{error="InputShapeError",model="add"} 1.0' in text
-    assert 'glassrt_fallback_nodes{model="add"} 0.0' in text
+    # batch 1 and batch 2 compiled a plan each; the second batch-2 run found its plan
+    assert _sample(registry, "glassrt_plan_cache_misses_total", model="add") == 2
+    assert _sample(registry, "glassrt_plan_cache_hits_total", model="add") == 1
+    assert _sample(registry, "glassrt_plan_cache_evictions_total", model="add") == 0
+    # the batch-2 plan's arena is empty (one Add, input to output): what the session reports
+    stats = sess.memory_stats()
+    assert _sample(registry, "glassrt_arena_bytes", model="add") == sum(stats["arena_bytes"].values())
+    assert _sample(registry, "glassrt_pool_reserved_bytes", model="add") == stats["pool"]["reserved_bytes"]
+    assert "glassrt_fallback_nodes{" not in text  # no fallback, no series
+
+
+def test_node_latency_is_sampled_by_op_and_provider():
+    sess = glassrt.InferenceSession(add_model(), providers=["cpu"])
+    registry = prometheus_client.CollectorRegistry()
+    instrument(sess, model="add", registry=registry, profile_every=3)
+    for _ in range(7):  # runs 1, 4 and 7 are profiled
+        sess.run(None, {"x": np.ones((2, 3), np.float32)})
+    assert _sample(registry, "glassrt_profiled_runs_total", model="add") == 3
+    assert _sample(registry, "glassrt_node_duration_seconds_count", model="add", op="Add", provider="cpu") == 3
+    assert _sample(registry, "glassrt_node_duration_seconds_sum", model="add", op="Add", provider="cpu") > 0
+    assert _sample(registry, "glassrt_runs_total", model="add") == 7
+
+
+def test_fallbacks_by_op_and_provider():
+    from glassrt.kernels import registry as kernels
+    from glassrt.runtime import _load_cpu_kernels
+
+    _load_cpu_kernels()
+    saved = list(kernels.kernels_for("cpu", "", "Tanh"))
+    kernels.unregister("cpu", "", "Tanh")  # cpu runs every ONNX op: take one away to make a fallback
+    try:
+        m = model([helper.make_node("Neg", ["x"], ["a"], name="neg"), helper.make_node("Tanh", ["a"], ["y"], name="tanh")],
+                  [tensor("x", ["n"])], [tensor("y", ["n"])])
+        sess = glassrt.InferenceSession(m, providers=["cpu", "reference"], fallback="silent")
+    finally:
+        for k in saved:
+            kernels.register(k)
+    registry = prometheus_client.CollectorRegistry()
+    instrument(sess, model="m", registry=registry)
+    assert [(f.op, f.provider) for f in sess.fallbacks] == [("Tanh", "reference")]
+    assert _sample(registry, "glassrt_fallback_nodes", model="m", op="Tanh", provider="reference") == 1
+    assert registry.get_sample_value("glassrt_fallback_nodes", {"model": "m", "op": "Neg", "provider": "cpu"}) is None
+
+
+def test_pool_fragmentation_ratio_is_allocated_over_reserved():
+    sess = glassrt.InferenceSession(add_model())
+    registry = prometheus_client.CollectorRegistry()
+    instrument(sess, model="add", registry=registry)
+    assert _sample(registry, "glassrt_pool_fragmentation_ratio", model="add") == 1.0  # nothing reserved yet
+    sess.runner.pool.allocated, sess.runner.pool.reserved = 300, 1000  # as after buffers were freed for reuse
+    assert _sample(registry, "glassrt_pool_fragmentation_ratio", model="add") == pytest.approx(0.3)
+    assert _sample(registry, "glassrt_pool_allocated_bytes", model="add") == 300
 
 
 def test_readme_recipe_serves_glassrt_metrics_on_the_default_registry():
@@ -41,7 +100,8 @@ def test_readme_recipe_serves_glassrt_metrics_on_the_default_registry():
         server.shutdown()
         server.server_close()
     assert 'glassrt_runs_total{model="served-add"} 1.0' in text
-    assert 'glassrt_run_seconds_count{model="served-add"} 1.0' in text
+    assert 'glassrt_run_duration_seconds_count{model="served-add"} 1.0' in text
+    assert 'glassrt_plan_cache_plans{model="served-add"} 1.0' in text
 
 
 def test_two_sessions_share_the_metrics_by_model_label():
@@ -54,3 +114,19 @@ def test_two_sessions_share_the_metrics_by_model_label():
             sess.run(None, {"x": np.ones((1, 3), np.float32)})
     text = prometheus_client.generate_latest(registry).decode()
     assert 'glassrt_runs_total{model="a"} 2.0' in text and 'glassrt_runs_total{model="b"} 1.0' in text
+
+
+def test_every_documented_name_is_exported_and_in_the_readme():
+    from pathlib import Path
+
+    sess = glassrt.InferenceSession(add_model())
+    registry = prometheus_client.CollectorRegistry()
+    instrument(sess, model="add", registry=registry, profile_every=1)
+    sess.run(None, {"x": np.ones((1, 3), np.float32)})
+    exported = {s.name for fam in registry.collect() for s in fam.samples}
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for name in METRIC_NAMES:
+        if name == "glassrt_fallback_nodes" or name == "glassrt_transfer_nodes":
+            continue  # series only where a node falls back / a value is copied
+        assert name in exported or f"{name}_count" in exported, name
+        assert f"`{name}`" in readme, f"{name} is not listed in the README"

@@ -35,6 +35,7 @@ class GraphRunner:
         self.plans: OrderedDict = OrderedDict()
         self.plans_built = 0
         self.plans_evicted = 0
+        self.plan_hits = 0  # plan lookups answered from the cache (metrics: plan-cache hit rate)
         self._sub_runners = {}
         self.pool = BufferPool()
         self._lock = threading.Lock()
@@ -67,6 +68,7 @@ class GraphRunner:
             plan = self.plans.get(sig)
             if plan is not None:
                 self.plans.move_to_end(sig)
+                self.plan_hits += 1
                 return plan
             general = self._general_plan(sig)
         if general is not None:
@@ -98,6 +100,7 @@ class GraphRunner:
         for key, plan in reversed(self.plans.items()):
             if isinstance(key, ShapePattern) and key.matches(sig):
                 self.plans.move_to_end(key)
+                self.plan_hits += 1
                 return plan
         similar = [s for s in self._seen if _structure(s) == _structure(sig)]
         if len(similar) <= after:
