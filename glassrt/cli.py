@@ -395,14 +395,12 @@ def bench(models, versus, runs, warmup, dims, threads, busy, json_file, provider
 @click.option("--strict", is_flag=True, help="Refuse to load a model that would fall back (fallback='error').")
 @click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True, help="Provider priority list.")
 @click.option("--module", "modules", multiple=True, metavar="PY_MODULE",
-              help="Import a module first (one that registers custom ops the models use).")
+              help="Import this module (dotted name or .py file) first, so its custom ops register.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(models, model_repository, host, port, max_batch_size, batch_timeout_ms, max_body_bytes, strict,
           providers, modules, log_level):
     """Serve models over the KServe / Triton v2 HTTP protocol (tritonclient.http works)."""
-    import importlib
-
     try:
         import uvicorn
 
@@ -412,8 +410,15 @@ def serve(models, model_repository, host, port, max_batch_size, batch_timeout_ms
                                    "pip install 'glassrt[serve]'") from None
     if bool(models) == bool(model_repository):
         raise click.UsageError("give MODEL files or --model-repository DIR (one of the two)")
+    from .tools.check import load_module
+
     for module in modules:
-        importlib.import_module(module)
+        try:
+            load_module(module)
+        except Exception as e:  # noqa: BLE001 — the user's module: report, do not crash
+            console.print(f"[bold red]error:[/] cannot import --module {module}: {type(e).__name__}: "
+                          f"{escape(str(e))}", highlight=False)
+            sys.exit(1)
     try:
         app = create_app(model_repository or list(models), max_batch_size=max_batch_size,
                          batch_timeout_ms=batch_timeout_ms, max_body_bytes=max_body_bytes, strict=strict,

@@ -220,7 +220,7 @@ def _from_binary(where, raw: memoryview, datatype, shape, count) -> np.ndarray:
             (n,) = struct.unpack_from("<I", raw, pos)
             if pos + 4 + n > len(raw):
                 raise ProtocolError(f"{where}: BYTES element {len(items)} claims {n} bytes, {len(raw) - pos - 4} left")
-            items.append(bytes(raw[pos + 4:pos + 4 + n]))
+            items.append(_utf8(where, len(items), bytes(raw[pos + 4:pos + 4 + n])))
             pos += 4 + n
         if len(items) != count:
             raise ProtocolError(f"{where}: shape {list(shape)} holds {count} elements, the binary data has {len(items)}")
@@ -233,6 +233,15 @@ def _from_binary(where, raw: memoryview, datatype, shape, count) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
 
 
+def _utf8(where, index, raw: bytes) -> str:
+    """ONNX strings are UTF-8 text (onnx.proto), held as Python str as onnxruntime holds them."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"{where}: BYTES element {index} is not UTF-8 ({e.reason} at byte {e.start}); "
+                            f"ONNX string tensors hold UTF-8 text") from None
+
+
 def _from_json(where, data, datatype, shape, count) -> np.ndarray:
     if not isinstance(data, list):
         data = [data]
@@ -240,7 +249,7 @@ def _from_json(where, data, datatype, shape, count) -> np.ndarray:
         flat = _flatten(where, data)
         if not all(isinstance(x, str) for x in flat):
             raise ProtocolError(f"{where}: BYTES data must be strings")
-        arr = np.array([x.encode() for x in flat], dtype=object)
+        arr = np.array(flat, dtype=object)
     else:
         try:
             arr = np.asarray(data)
@@ -248,6 +257,9 @@ def _from_json(where, data, datatype, shape, count) -> np.ndarray:
             raise ProtocolError(f"{where}: data is not a regular nested list (rows of different lengths)") from None
         kind = arr.dtype.kind
         want = _DATATYPES[datatype]
+        if kind == "O" and all(isinstance(x, int) and not isinstance(x, bool) for x in arr.ravel()):
+            # Python ints NumPy cannot hold (beyond 64 bits)
+            raise ProtocolError(f"{where}: value {max(arr.ravel(), key=abs)} does not fit in {datatype}")
         if arr.size and kind not in "biuf":
             raise ProtocolError(f"{where}: data must hold {datatype} numbers, got {_describe_kind(data)}")
         if arr.size and datatype == "BOOL" and kind != "b":
