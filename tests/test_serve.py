@@ -352,12 +352,19 @@ def test_explain_over_http_is_the_explain_report(server, models):
 
 
 def test_strict_refuses_a_model_that_would_fall_back(models):
-    res = subprocess.run([sys.executable, "-m", "glassrt.cli", "serve", models / "tanh.onnx", "--strict",
-                          "--module", ROOT / "tests" / "cpu_without_tanh.py", "--providers", "cpu,reference",
-                          "--port", str(_free_port())],
-                         capture_output=True, text=True, timeout=120, cwd=models)
-    assert res.returncode == 1, res.stdout + res.stderr
-    out = _flat(res.stdout)
+    from glassrt.kernels import registry
+    from glassrt.runtime import _load_cpu_kernels
+
+    _load_cpu_kernels()
+    saved = list(registry.kernels_for("cpu", "", "Tanh"))
+    registry.unregister("cpu", "", "Tanh")  # as tests/cpu_without_tanh.py does in the server above
+    try:
+        res = _cli("serve", models / "tanh.onnx", "--strict", "--providers", "cpu,reference")
+    finally:
+        for k in saved:
+            registry.register(k)
+    assert res.exit_code == 1, res.output
+    out = _flat(res.output)
     assert "would fall back" in out and "Tanh node 'tanh'" in out and "no cpu kernel for Tanh" in out, out
 
 
@@ -392,22 +399,79 @@ def test_model_repository_with_versions(tmp_path):
 
 
 def test_a_repository_folder_without_versions_is_refused(tmp_path):
-    (tmp_path / "repo" / "empty").mkdir(parents=True)
-    res = subprocess.run([sys.executable, "-m", "glassrt.cli", "serve", "--model-repository", tmp_path / "repo"],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 1 and "has no VERSION/model.onnx" in _flat(res.stdout), res.stdout + res.stderr
+    (tmp_path / "repo" / "empty" / "1").mkdir(parents=True)
+    res = _cli("serve", "--model-repository", tmp_path / "repo")
+    assert res.exit_code == 1 and "empty has no VERSION/model.onnx" in _flat(res.output), res.output
 
 
 def test_serve_needs_models_and_names_them_once(tmp_path):
     onnx.save(add_model(), tmp_path / "a.onnx")
-    res = subprocess.run([sys.executable, "-m", "glassrt.cli", "serve"], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and "give MODEL files or --model-repository DIR" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "glassrt.cli", "serve", tmp_path / "a.onnx", f"a={tmp_path / 'a.onnx'}"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 1 and "two models are named 'a'" in _flat(res.stdout), res.stdout + res.stderr
+    res = _cli("serve")
+    assert res.exit_code == 2 and "give MODEL files or --model-repository DIR" in res.output
+    res = _cli("serve", tmp_path / "a.onnx", f"a={tmp_path / 'a.onnx'}")
+    assert res.exit_code == 1 and "two models are named 'a'" in _flat(res.output), res.output
+    res = _cli("serve", tmp_path / "missing.onnx")
+    assert res.exit_code == 1 and "no such file" in _flat(res.output), res.output
+
+
+# ---------------------------------------------------------------- deploy/: alerts and dashboard
+
+ALERTS = ROOT / "deploy" / "prometheus" / "glassrt-alerts.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "glassrt.json"
+
+
+def test_alert_rules_pass_promtool_and_each_says_what_to_run():
+    import shutil
+
+    text = ALERTS.read_text()
+    alerts = text.split("- alert: ")[1:]
+    assert len(alerts) >= 8
+    for block in alerts:  # each alert tells the on-call what to run next
+        assert "`glassrt " in block, block.splitlines()[0]
+    for must in ("glassrt_fallback_nodes", "glassrt_pool_fragmentation_ratio < 0.7", "glassrt_node_duration_seconds"):
+        assert must in text
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian: apt-get install prometheus; CI installs it)")
+    res = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and f"SUCCESS: {len(alerts)} rules found" in res.stdout, res.stdout + res.stderr
+
+
+def test_every_metric_in_the_alerts_and_dashboard_is_served(server, client):
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    inp = httpclient.InferInput("x", [1, 3], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 3), np.float32))
+    client.infer("tanh", [inp])  # a run (profiled: the first one is) on a model that falls back
+    bad = {"inputs": [{"name": "x", "shape": [6], "datatype": "FP32", "data": [0] * 6},
+                      {"name": "s", "shape": [2], "datatype": "INT64", "data": [5, 5]}]}
+    assert httpx.post(server.url + "/v2/models/reshape/infer", json=bad, timeout=30).status_code == 500  # a run error
+    served = set()
+    for family in text_string_to_metric_families(server.metrics()):
+        # the family (its HELP and TYPE lines) even where no series exists yet (no transfers on cpu)
+        served |= {family.name} | {s.name for s in family.samples}
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"] for v in dashboard["templating"]["list"]]
+    used = set(re.findall(r"\bglassrt_[a-z0-9_]+", ALERTS.read_text() + "\n".join(exprs)))
+    assert len(used) >= 15
+    missing = sorted(used - served)
+    assert not missing, f"named in deploy/ but not served by /metrics: {missing}"
+    assert all(p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in dashboard["panels"] if p["type"] != "row")
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _cli(*args):
+    """`glassrt ARGS` in this process (no server starts: each of these fails while loading)."""
+    from click.testing import CliRunner
+
+    from glassrt.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def _flat(text: str) -> str:
