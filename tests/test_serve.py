@@ -101,6 +101,13 @@ def tanh_model():
                  [tensor("x", ["batch", 3])], [tensor("y", ["batch", 3])])
 
 
+def flat_model():
+    """Declares a batch dim but flattens into a constant [1, 4], as caffe2's resnet50 does:
+    each request runs, a stacked batch cannot."""
+    return model([helper.make_node("Reshape", ["x", "to"], ["y"], name="flatten_to_one")],
+                 [tensor("x", ["batch", 2, 2])], [tensor("y", ["batch", 4])], [init("to", np.array([1, 4], np.int64))])
+
+
 def plus_model(c: float):
     return model([helper.make_node("Add", ["x", "c"], ["y"], name="plus")], [tensor("x", ["batch", 3])],
                  [tensor("y", ["batch", 3])], [init("c", np.full(3, c, np.float32))])
@@ -110,7 +117,7 @@ def plus_model(c: float):
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")
     for name, m in (("add", add_model()), ("mixed", mixed_model()), ("reshape", reshape_model()),
-                    ("tanh", tanh_model())):
+                    ("tanh", tanh_model()), ("flat", flat_model())):
         onnx.save(m, d / f"{name}.onnx")
     return d
 
@@ -118,7 +125,7 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(models):
     s = Server([models / "add.onnx", f"multi={models / 'mixed.onnx'}", models / "reshape.onnx",
-                models / "tanh.onnx", "--module", ROOT / "tests" / "cpu_without_tanh.py", "--providers", "cpu,reference",
+                models / "tanh.onnx", models / "flat.onnx", "--module", ROOT / "tests" / "cpu_without_tanh.py", "--providers", "cpu,reference",
                 "--max-batch-size", 32, "--batch-timeout-ms", 50, "--max-body-bytes", MAX_BODY], cwd=models)
     yield s
     s.stop()
@@ -205,6 +212,18 @@ def test_32_concurrent_requests_are_batched_and_correct(server, client, models):
     runs, single_runs = count - count0, ones - ones0
     assert runs < 32, f"32 requests ran in {runs} runs: nothing was batched"
     assert runs - single_runs > 0, "no run held more than one row"
+
+
+def test_a_model_that_cannot_stack_requests_still_answers_each(server, client):
+    xs = [np.full((1, 2, 2), i, np.float32) for i in range(8)]
+    pending = []
+    for x in xs:
+        inp = httpclient.InferInput("x", [1, 2, 2], "FP32")
+        inp.set_data_from_numpy(x)
+        pending.append(client.async_infer("flat", [inp]))
+    for x, p in zip(xs, pending):  # each gets its own answer, none an error
+        np.testing.assert_array_equal(p.get_result().as_numpy("y"), x.reshape(1, 4))
+    assert "batching turned off" in server.log.read_text()  # the stacked run failed, so the batcher stopped
 
 
 # ---------------------------------------------------------------- bad requests

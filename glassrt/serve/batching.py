@@ -13,7 +13,8 @@ on CPU a run already uses the cores through its intra-op threads.
 Only models whose every input and output has the same named batch dim first are batched
 (app.py decides); a stacked run whose outputs do not have the stacked rows first (a model
 that mixes rows) or that fails is rerun request by request, so no request ever gets
-another's rows or another's error.
+another's rows or another's error. Where the requests then all run alone (or the rows were
+mixed), the model does not really take a batch, and batching stops for it, with a warning.
 """
 from __future__ import annotations
 
@@ -128,13 +129,18 @@ class Batcher:
         try:
             outs = self.run(stacked)
         except Exception as e:  # noqa: BLE001  find out whose: each request alone gets its own answer
-            log.warning("a batch of %d requests failed (%s: %s); running them one by one", len(batch),
-                        type(e).__name__, e)
-            return [self._run_one(p.feeds) for p in batch]
+            alone = [self._run_one(p.feeds) for p in batch]
+            if not any(isinstance(r, BaseException) for r in alone):
+                # Every request runs alone, none stacked: the model does not take a batch
+                # (a Reshape to a constant batch of 1, say) whatever its inputs declare.
+                log.warning("batching turned off: a batch of %d requests failed (%s: %s) where each alone "
+                            "runs", len(batch), type(e).__name__, e)
+                self.max_rows = 1
+            return alone
         if not all(isinstance(o, np.ndarray) and o.ndim and o.shape[0] == rows for o in outs):
-            log.warning("a batched run's outputs do not have the %d stacked rows first (shapes %s): the model "
-                        "mixes rows; running the requests one by one", rows,
-                        [getattr(o, "shape", None) for o in outs])
+            log.warning("batching turned off: a batched run's outputs do not have the %d stacked rows first "
+                        "(shapes %s): the model mixes rows", rows, [getattr(o, "shape", None) for o in outs])
+            self.max_rows = 1
             return [self._run_one(p.feeds) for p in batch]
         cuts = np.cumsum([p.rows for p in batch])[:-1]
         per_output = [np.split(o, cuts) for o in outs]
