@@ -302,6 +302,11 @@ def _bad_requests():
          400, "input 'x': shape [2, 3] of FP32 is 24 bytes, binary_data_size is 20"),
         ("bytes beyond the tensors", "/v2/models/add/infer", *_binary({"inputs": [binary_x]}, six_floats + b"\0" * 4),
          400, "the body has 4 bytes after the tensors it declares"),
+        ("BYTES not UTF-8", "/v2/models/multi/infer",
+         *_binary({"inputs": [X, {"name": "k", "shape": [2, 2], "datatype": "INT64", "data": [1, 2, 3, 4]},
+                              {"name": "s", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": 10}}]},
+                  b"\x01\0\0\0a" + b"\x01\0\0\0\xff"),
+         400, "input 's': BYTES element 1 is not UTF-8"),
         ("unknown route", "/v2/nowhere", None, {}, 404, "GET /v2/nowhere: Not Found"),
     ]
     return [pytest.param(*c[1:], id=c[0]) for c in cases]
@@ -385,6 +390,25 @@ def test_strict_refuses_a_model_that_would_fall_back(models):
     assert res.exit_code == 1, res.output
     out = _flat(res.output)
     assert "would fall back" in out and "Tanh node 'tanh'" in out and "no cpu kernel for Tanh" in out, out
+
+
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+def test_create_app_is_a_factory_two_apps_in_one_process(models):
+    """The app is importable and self-contained (a later host, e.g. Ray Serve, mounts it):
+    two apps in one process, each with its own registry, answer and count on their own."""
+    from fastapi.testclient import TestClient
+
+    from glassrt.serve.app import create_app
+
+    request = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    for runs in (1, 2):
+        with TestClient(create_app([f"plus={models / 'add.onnx'}"], max_batch_size=1)) as http:
+            for _ in range(runs):
+                r = http.post("/v2/models/plus/infer", json=request)
+                assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2.0, 3.0, 4.0]
+            text = http.get("/metrics").text
+            assert _metric(text, "glassrt_runs_total", model="plus") == runs
+            assert _metric(text, "glassrt_server_requests_total", model="plus", version="1", status="200") == runs
 
 
 # ---------------------------------------------------------------- repository and versions

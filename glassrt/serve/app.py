@@ -12,6 +12,7 @@ GET .../explain (the explain report as JSON) and GET /metrics.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -206,7 +207,8 @@ def create_app(models, *, max_batch_size: int = 8, batch_timeout_ms: float = 1.0
         from ..tools.explain import explain as build_report
 
         m = find(name, version)
-        report = build_report(m.session)
+        # off the event loop: a big model's report takes a while, and requests keep coming
+        report = await asyncio.get_running_loop().run_in_executor(executor, build_report, m.session)
         # explain's report holds sympy formulas for symbolic dims: strings, as `glassrt explain --json` writes them
         return Response(json.dumps(report, default=str), media_type="application/json")
 
@@ -261,8 +263,6 @@ def create_app(models, *, max_batch_size: int = 8, batch_timeout_ms: float = 1.0
                         headers=headers)
 
     async def _run_alone(m: ServedModel, feeds):
-        import asyncio
-
         enqueued = time.perf_counter()
         rows = next(iter(feeds.values())).shape[0] if m.batchable else 1
 
