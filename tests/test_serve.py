@@ -505,6 +505,12 @@ def test_every_metric_in_the_alerts_and_dashboard_is_served(server, client):
     assert all(p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in dashboard["panels"] if p["type"] != "row")
 
 
+def test_without_the_extra_serve_says_how_to_install(monkeypatch, models):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if `pip install glassrt` without [serve]
+    res = _cli("serve", models / "add.onnx")
+    assert res.exit_code == 1 and "pip install 'glassrt[serve]'" in res.output and "uvicorn" in res.output, res.output
+
+
 # ---------------------------------------------------------------- helpers
 
 
