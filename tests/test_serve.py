@@ -329,12 +329,15 @@ def test_a_failing_run_is_a_500_with_glassrt_message(server):
                      {"name": "s", "shape": [2], "datatype": "INT64", "data": [2, 3]}]}
     r = httpx.post(server.url + "/v2/models/reshape/infer", content=json.dumps(ok), timeout=30)
     assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [2, 3]
+    failed_before = _metric(server.metrics(), "glassrt_server_requests_total", model="reshape", version="1",
+                            status="500")
     ok["inputs"][1]["data"] = [4, 4]
     r = httpx.post(server.url + "/v2/models/reshape/infer", content=json.dumps(ok), timeout=30)
     assert r.status_code == 500, r.text
     assert "reshape_by_input" in r.json()["error"]  # glassrt's error names the node
     assert server.ready()
-    assert _metric(server.metrics(), "glassrt_server_requests_total", model="reshape", version="1", status="500") == 1
+    assert _metric(server.metrics(), "glassrt_server_requests_total", model="reshape", version="1",
+                   status="500") == failed_before + 1
 
 
 def test_bad_requests_are_counted_without_new_series_for_unknown_names(server):
@@ -518,9 +521,14 @@ def _cli(*args):
     """`glassrt ARGS` in this process (no server starts: each of these fails while loading)."""
     from click.testing import CliRunner
 
-    from glassrt.cli import main
+    from glassrt import cli
 
-    return CliRunner().invoke(main, [str(a) for a in args])
+    width = cli.console.width
+    cli.console.width = 10_000  # no wrapping inside the long paths of the messages
+    try:
+        return CliRunner().invoke(cli.main, [str(a) for a in args])
+    finally:
+        cli.console.width = width
 
 
 def _flat(text: str) -> str:
