@@ -340,6 +340,33 @@ def test_a_failing_run_is_a_500_with_glassrt_message(server):
                    status="500") == failed_before + 1
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the server's RSS from /proc")
+def test_many_requests_good_and_bad_do_not_grow_the_server(server):
+    """200 requests of ~100 KB each, half refused at different stages: a request that kept
+    its body would add ~20 MB."""
+    x = np.random.default_rng(0).random((8000, 3), dtype=np.float32)
+    good, headers = _binary({"inputs": [{"name": "x", "shape": [8000, 3], "datatype": "FP32",
+                                         "parameters": {"binary_data_size": x.nbytes}}]}, x.tobytes())
+    bad = [good[:-4], good + b"\0\0\0\0", good.replace(b'"FP32"', b'"FP64"')]
+
+    def rss():
+        status = Path(f"/proc/{server.proc.pid}/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) * 1024
+
+    with httpx.Client(timeout=60) as http:
+        def burst(n):
+            for i in range(n):
+                body = good if i % 2 else bad[i % 3]
+                r = http.post(server.url + "/v2/models/add/infer", content=body, headers=headers)
+                assert r.status_code == (200 if i % 2 else 400), r.text
+        burst(60)  # warm: plans, pool, allocator arenas
+        before = rss()
+        burst(200)
+        grown = rss() - before
+    assert grown < 10 << 20, f"the server grew {grown / 2**20:.1f} MiB over 200 requests"
+    assert server.ready()
+
+
 def test_bad_requests_are_counted_without_new_series_for_unknown_names(server):
     for name in ("ghost1", "ghost2"):
         httpx.post(f"{server.url}/v2/models/{name}/infer", content=b"{}", timeout=30)
