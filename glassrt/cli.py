@@ -232,11 +232,13 @@ def explain(model, dims, providers, json_file, width):
 @click.option("--runs", default=10, show_default=True)
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome trace (chrome://tracing, Perfetto).")
 @click.option("--top", default=15, show_default=True, help="Rows in each table.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="Also write one self-contained HTML page: time per op, node timeline, arena picture, explain.")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
 @click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True)
 @threads_option
-def profile(model, runs, trace, top, inputs, dims, providers, threads):
+def profile(model, runs, trace, top, html_file, inputs, dims, providers, threads):
     """Run MODEL several times and show where the time goes, per op type and per node."""
     from .tools.profile import profile_session, render
 
@@ -253,6 +255,16 @@ def profile(model, runs, trace, top, inputs, dims, providers, threads):
     if trace:
         prof.write_trace(trace)
         console.print(f"wrote {trace} ({len(prof.records)} node events over {len(prof.runs)} runs)")
+    if html_file:
+        from .tools.html_report import write_html
+
+        try:
+            data = write_html(sess, prof, feeds, html_file, Path(str(source)).name)
+        except (GlassrtError, OSError) as e:
+            console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+            sys.exit(1)
+        console.print(f"wrote {escape(html_file)} ({len(data['rows'])} nodes, {data['arena_values']} arena values)",
+                      highlight=False)
 
 
 @main.command()
