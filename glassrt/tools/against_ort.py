@@ -88,8 +88,8 @@ def _with_outputs(proto: onnx.ModelProto, names: list) -> bytes:
     have = {o.name for o in proto.graph.output}
     proto.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in have)
     if proto.ByteSize() >= TWO_GIB:
-        raise OnnxruntimeError(f"the model is {proto.ByteSize():,} bytes with its external data: over protobuf's 2 GiB, "
-                               "so it cannot be handed to onnxruntime in one piece")
+        raise OnnxruntimeError(f"the model is {proto.ByteSize():,} bytes with its external data: over protobuf's "
+                               "2 GiB, so it cannot be handed to onnxruntime in one piece")
     return proto.SerializeToString()
 
 

@@ -122,7 +122,8 @@ def _arena(report, colors) -> dict:
         what = {"workspace": "scratch of", "inplace": f"in place of '{v['shares_with']}', written by"}.get(
             v["kind"], "written by")
         rects.append({
-            "x": round(70 + v["first_step"] * sx, 2), "w": round(max((v["last_step"] - v["first_step"] + 1) * sx, 1), 2),
+            "x": round(70 + v["first_step"] * sx, 2),
+            "w": round(max((v["last_step"] - v["first_step"] + 1) * sx, 1), 2),
             "y": round(v["offset"] * sy, 2), "h": round(max(v["bytes"] * sy, 1), 2), "kind": v["kind"],
             "color": _tint(colors.get(op, OTHER), k), "op": op,
             "tip": f"{v['name']}\n{fmt_bytes(v['bytes'])} ({v['bytes']:,} B) at offset {v['offset']:,}\n"
