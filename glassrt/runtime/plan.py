@@ -207,7 +207,10 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
             fresh.append(None)
         else:  # a graph output: a new array per run, handed to the caller
             bufs.append(None)
-            fresh.append((tuple(t.shape), t.dtype) if o in keep and kern.out and _nbytes(t) else None)
+            f = (tuple(t.shape), t.dtype) if o in keep and kern.out and _nbytes(t) else None
+            # A kept NHWC value (a plan that retains every value, for compare and nan) is
+            # NHWC-strided like its arena view would be: the kernel writes NHWC bytes.
+            fresh.append(f + ("nhwc",) if f and layouts.get(o) == "nhwc" else f)
     ws = memory.values.get(f"<workspace {k}>")
     ctx.workspace = arena[ws.offset:ws.offset + ws.bytes] if ws is not None else None
     st = Step()
@@ -372,6 +375,14 @@ class _DynamicStep:
         return self.bind(ctx), alloc
 
 
+def _new_output(fresh):
+    """A new array for an output: (shape, dtype) or (shape, dtype, "nhwc")."""
+    if len(fresh) == 2:
+        return np.empty(fresh[0], fresh[1])
+    n, c, h, w = fresh[0]
+    return np.empty((n, h, w, c), fresh[1]).transpose(0, 3, 1, 2)
+
+
 def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False, into=None):
     """The outputs in graph order; with keep_env, (outputs, {value name: value}). `into`:
     {output name: array} the caller owns, written instead of a new array (io_binding)."""
@@ -395,9 +406,9 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
         out = st.bufs
         if st.fresh is not None:
             if st.multi:
-                out = [np.empty(f[0], f[1]) if f is not None else b for f, b in zip(st.fresh, out)]
+                out = [_new_output(f) if f is not None else b for f, b in zip(st.fresh, out)]
             else:
-                out = np.empty(st.fresh[0][0], st.fresh[0][1])
+                out = _new_output(st.fresh[0])
         if profile is not None:
             t0 = clock()
         try:
