@@ -298,7 +298,8 @@ class _DynamicStep:
         # In a plan with symbolic dims, a plain kernel's output shapes are formulas of its
         # input shapes: evaluated per run, no meta rule needed (shape_formula.py).
         n_in = len(ctx.node.inputs)
-        self.formula = None if kern.builder else ShapeFormula.build(ctx.input_types[:n_in], ctx.output_types)
+        bound_once = not kern.builder or kern.any_shape
+        self.formula = ShapeFormula.build(ctx.input_types[:n_in], ctx.output_types) if bound_once else None
         self.out_dtypes = [t.dtype for t in ctx.output_types] if self.formula is not None else None
 
     def __call__(self, *args, out=None):
@@ -309,6 +310,12 @@ class _DynamicStep:
                 if self.plain is None:
                     self.plain = self.bind(self.ctx)
                 return self._run(self.plain, args, list(zip(shapes, self.out_dtypes)))
+        if self.kern.any_shape and not self.kern.multi:
+            # Output shapes that follow from input values (a Slice's starts and ends): the
+            # step, bound once, allocates its output itself (no meta re-run per shape).
+            if self.plain is None:
+                self.plain = self.bind(self.ctx)
+            return self.plain(*args)
         # Small integer inputs (shapes, axes, starts) steer output shapes: part of the key.
         key = tuple(((a.shape, a.dtype.str, a.tobytes() if a.dtype.kind in "iu" and a.size <= 64 else None)
                      if isinstance(a, np.ndarray) else type(a).__name__) for a in args)
