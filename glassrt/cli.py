@@ -110,12 +110,21 @@ def _model_arg(model):
 @click.option("--strict", is_flag=True, help="Fail if any node would fall back (fallback='error').")
 @click.option("--save", type=click.Path(file_okay=False), help="Write each output to DIR/NAME.npy.")
 @click.option("--runs", default=5, show_default=True, help="Timed runs after the first (latency is their median).")
+@click.option("--detect-anomaly", is_flag=True,
+              help="Name the first node that produced a NaN or an Inf instead: `glassrt nan` (PyTorch's name).")
 @threads_option
-def run(model, inputs, dims, providers, strict, save, runs, threads):
+def run(model, inputs, dims, providers, strict, save, runs, threads, detect_anomaly):
     """Run MODEL (default: the embedded light_resnet50 from the onnx package) and report."""
     from . import InferenceSession
     from .session import FallbackWarning
 
+    if detect_anomaly:
+        ctx = click.get_current_context()
+        given = [f"--{p}" for p in ("strict", "save", "runs", "threads")
+                 if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--detect-anomaly runs `glassrt nan`, which has no {', '.join(given)}")
+        return ctx.invoke(nan, model=model, inputs=inputs, dims=dims, providers=providers)
     source, default_name = _model_arg(model)
     try:
         with warnings.catch_warnings(), _creating(source):
@@ -223,11 +232,13 @@ def explain(model, dims, providers, json_file, width):
 @click.option("--runs", default=10, show_default=True)
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome trace (chrome://tracing, Perfetto).")
 @click.option("--top", default=15, show_default=True, help="Rows in each table.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False),
+              help="Also write one self-contained HTML page: time per op, node timeline, arena picture, explain.")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
 @click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True)
 @threads_option
-def profile(model, runs, trace, top, inputs, dims, providers, threads):
+def profile(model, runs, trace, top, html_file, inputs, dims, providers, threads):
     """Run MODEL several times and show where the time goes, per op type and per node."""
     from .tools.profile import profile_session, render
 
@@ -244,6 +255,16 @@ def profile(model, runs, trace, top, inputs, dims, providers, threads):
     if trace:
         prof.write_trace(trace)
         console.print(f"wrote {trace} ({len(prof.records)} node events over {len(prof.runs)} runs)")
+    if html_file:
+        from .tools.html_report import write_html
+
+        try:
+            data = write_html(sess, prof, feeds, html_file, Path(str(source)).name)
+        except (GlassrtError, OSError) as e:
+            console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+            sys.exit(1)
+        console.print(f"wrote {escape(html_file)} ({len(data['rows'])} nodes, {data['arena_values']} arena values)",
+                      highlight=False)
 
 
 @main.command()
@@ -307,17 +328,33 @@ def check(op_filter, modules, json_file, custom_only):
               help="Second provider list (reference first; cpu where the reference is known wrong).")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE")
+@click.option("--against", metavar="onnxruntime|PROVIDERS",
+              help="Compare with onnxruntime (every intermediate by its ONNX name), or with a provider list "
+                   "(the same as --b).")
 @click.option("--rtol", default=RTOL, show_default=True, help="Relative tolerance (float32 end to end).")
 @click.option("--atol", default=ATOL, show_default=True, help="Absolute tolerance.")
 @threads_option
-def compare(model, prov_a, prov_b, inputs, dims, rtol, atol, threads):
-    """Run MODEL on two provider lists and name the first node where they disagree."""
+def compare(model, prov_a, prov_b, against, inputs, dims, rtol, atol, threads):
+    """Run MODEL on two provider lists, or in glassrt and onnxruntime (--against onnxruntime),
+    and name the first node where they disagree. Exit 1 when they do."""
     from .tools.compare import first_disagreement, verdict
 
+    if against and click.get_current_context().get_parameter_source("prov_b") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("give --against or --b, not both (--against PROVIDERS is --b PROVIDERS)")
+    if against and against.lower() != "onnxruntime":
+        prov_b = against
     source, default_name = _model_arg(model)
     try:
         sess = _session(source, prov_a, threads=threads)
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
+        if against and against.lower() == "onnxruntime":
+            from .tools import against_ort
+
+            with _progress(f"running in glassrt on {prov_a} and in onnxruntime, keeping every value"):
+                result = against_ort.first_divergence(source, feeds, prov_a.split(","), rtol, atol,
+                                                      sess_options=_options(threads), threads=threads)
+            against_ort.render(result, console, rtol, atol)
+            sys.exit(1 if result.found is not None else 0)
         with _progress(f"running on {prov_a} and on {prov_b}, keeping every value"):
             found, n = first_disagreement(source, feeds, prov_a.split(","), prov_b.split(","), rtol, atol,
                                           sess_options=_options(threads))

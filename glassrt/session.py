@@ -374,7 +374,8 @@ _threads_applied = None
 
 
 def _apply_threads(n: int, notes: list):
-    """Numba's thread limit (process-wide). BLAS and OpenMP threads are set per run, by the
+    """Numba's thread limit (process-wide; applied when Numba is imported, see
+    kernels/cpu/_jit.py). BLAS and OpenMP threads are set per run, by the
     plan's thread choice (runtime/threads.py). A limit that cannot be applied is logged and
     noted for explain."""
     global _threads_applied
@@ -382,9 +383,9 @@ def _apply_threads(n: int, notes: list):
         return
     _threads_applied = n
     try:
-        import numba
+        from .kernels.cpu._jit import limit_threads
 
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        limit_threads(n)
     except Exception as e:
         notes.append(f"intra_op_num_threads={n} not applied to Numba: {type(e).__name__}: {e}")
         log.warning(notes[-1])

@@ -84,12 +84,14 @@ def test_symbolic_shapes_are_placed_on_onednn_and_each_plan_binds_its_shapes():
 
 
 def test_a_symbolic_conv_onednn_has_only_generic_code_for_goes_to_cpu_at_placement():
-    """The batch is symbolic; oneDNN's choice is judged on a stand-in binding of it."""
-    w = np.random.default_rng(4).standard_normal((112, 6, 1, 1)).astype(np.float32)
-    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", group=4)],
-              [tensor("x", ["n", 24, 8, 8])], [tensor("y", None)], [init("w", w)], opset=17)
+    """The batch is symbolic; oneDNN's choice is judged on a stand-in binding of it. 16 groups
+    of 6 channels: no jit kernel grouped, and 16x the work as a dense conv."""
+    w = np.random.default_rng(4).standard_normal((64, 6, 1, 1)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", group=16)],
+              [tensor("x", ["n", 96, 8, 8])], [tensor("y", None)], [init("w", w)], opset=17)
     node = glassrt.InferenceSession(m, providers=["onednn", "cpu"]).explain()["nodes"][0]
     assert node["provider"] == "cpu" and "generic implementation" in node["reason"]
+    assert "16x the work" in node["reason"]
 
 
 # ---------------------------------------------------------------- one pool of threads
@@ -177,16 +179,34 @@ def test_passing_the_partial_onednn_provider_is_not_a_fallback():
     assert [f.node for f in sess.fallbacks] == ["reshape"]
 
 
-def test_a_conv_onednn_has_only_generic_code_for_goes_to_cpu():
-    """24 input channels in 4 groups (6 per group): oneDNN 3.2 has only x64:gemm:jit for it."""
-    w = np.random.default_rng(4).standard_normal((112, 6, 1, 1)).astype(np.float32)
-    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", group=4)], [tensor("x", [1, 24, 8, 8])],
-              [tensor("y", None)], [init("w", w)], opset=17)
+@pytest.mark.parametrize("activation", [None, "Relu"])
+def test_a_grouped_conv_without_a_jit_kernel_runs_dense_with_block_diagonal_weights(activation):
+    """24 input channels in 4 groups (6 per group, ShuffleNet's first 1x1): oneDNN 3.2 has
+    only x64:gemm:jit for it grouped, a jit kernel for the dense conv of 4x the work."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((112, 6, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(112).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if activation else "y"], name="conv", group=4)]
+    if activation:
+        nodes.append(helper.make_node(activation, ["c"], ["y"]))
+    m = model(nodes, [tensor("x", [1, 24, 8, 8])], [tensor("y", None)], [init("w", w), init("b", b)], opset=17)
     fast, cpu = _sessions(m)
     node = fast.explain()["nodes"][0]
-    assert node["provider"] == "cpu" and "generic implementation" in node["reason"]
-    x = np.random.default_rng(5).standard_normal((1, 24, 8, 8)).astype(np.float32)
-    np.testing.assert_allclose(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert node["kernel"].endswith(".dense_groups"), node
+    x = rng.standard_normal((1, 24, 8, 8)).astype(np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_dense_groups_does_not_take_a_grouped_conv_onednn_has_a_jit_kernel_for():
+    w = np.random.default_rng(4).standard_normal((64, 16, 3, 3)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", group=4, pads=[1, 1, 1, 1])],
+              [tensor("x", [1, 64, 8, 8])], [tensor("y", None)], [init("w", w)], opset=17)
+    fast, cpu = _sessions(m)
+    node = fast.explain()["nodes"][0]
+    assert node["provider"] == "onednn" and "dense_groups" not in node["kernel"], node
+    x = np.random.default_rng(5).standard_normal((1, 64, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")

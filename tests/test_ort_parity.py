@@ -170,3 +170,20 @@ def test_provider_options_take_effect_and_are_reported():
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
     with pytest.raises(glassrt.InvalidArgumentError, match="'nhwc' is True or False"):
         glassrt.InferenceSession(m, providers=[("onednn", {"nhwc": "no"})])
+
+
+def test_the_cuda_provider_says_what_is_missing_and_is_never_a_default():
+    """Issue 13's provider: no GPU here (or no GPU kernels yet) is said by name, never a silent
+    run on the CPU; the default provider list never includes it."""
+    from glassrt.runtime import providers
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert "cuda" not in providers.DEFAULT
+    device, what = providers.cuda_device()
+    with pytest.raises(glassrt.GlassrtError, match="provider 'cuda'") as e:
+        glassrt.InferenceSession(m, providers=["cuda", "cpu"])
+    assert ("no GPU found" in str(e.value)) == (device is None) and what in str(e.value)
+    assert "cuda" not in glassrt.InferenceSession(m).get_providers()

@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import glassrt
 from glassrt.errors import GlassrtError
@@ -103,6 +103,36 @@ def test_the_unmutated_model_fires_every_pass_and_matches_no_optimization():
     plain = glassrt.InferenceSession(m, providers=["cpu"],
                                      sess_options=glassrt.SessionOptions(graph_optimization_level="none"))
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], plain.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_affine_chains_fold_link_by_link_into_their_conv_in_one_pass():
+    """Two Conv → Mul → Add chains and a BatchNormalization → Mul: every link folds; a Mul
+    whose input has a second reader and a Mul by a non-per-channel constant do not."""
+    rng = np.random.default_rng(3)
+    f = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("w1", f(4, 3, 3, 3)), ("w2", f(4, 4, 1, 1)), ("m1", f(4, 1, 1)), ("a1", f(1, 4, 1, 1)), ("m2", f(4, 1, 1)),
+        ("a2", f(4, 1, 1)), ("s", np.abs(f(4)) + 0.5), ("b", f(4)), ("mu", f(4)), ("var", np.abs(f(4)) + 0.5),
+        ("m3", f(4, 1, 1)), ("full", f(4, 4, 4))]]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c1", "m1"], ["c1m"]), helper.make_node("Add", ["a1", "c1m"], ["c1a"]),
+             helper.make_node("Conv", ["c1a", "w2"], ["c2"]), helper.make_node("Mul", ["c2", "m2"], ["c2m"]),
+             helper.make_node("Add", ["c2m", "a2"], ["c2a"]),
+             helper.make_node("BatchNormalization", ["c2a", "s", "b", "mu", "var"], ["bn"]),
+             helper.make_node("Mul", ["bn", "m3"], ["bnm"]),
+             helper.make_node("Mul", ["bnm", "full"], ["y0"]),  # not per channel: stays
+             helper.make_node("Mul", ["c1a", "m1"], ["y1"])]  # c1a has two readers: stays
+    g = helper.make_graph(nodes, "chains", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y0", "y1")], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    sess = glassrt.InferenceSession(m, providers=["cpu"])
+    changes = [c for r in sess.passes if r.name == "fold_affine_into_conv" for c in r.changes]
+    assert len(changes) == 5, changes
+    x = rng.standard_normal((1, 3, 4, 4)).astype(np.float32)
+    plain = glassrt.InferenceSession(m, providers=["cpu"],
+                                     sess_options=glassrt.SessionOptions(graph_optimization_level="none"))
+    for a, b in zip(sess.run(None, {"x": x}), plain.run(None, {"x": x})):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", range(200))

@@ -176,3 +176,34 @@ def test_symbolic_slice_bounds_out_of_range_fail_loudly_not_silently():
     assert _patterns(sess)
     with pytest.raises(glassrt.GlassrtError, match="Add node 'add'"):
         sess.run(None, {"x": np.ones(8, np.float32)})
+
+
+def test_any_shape_kernels_bind_once_in_a_shared_plan(monkeypatch):
+    """Softmax over a growing row and a Slice whose bounds arrive as inputs (GPT-2's causal
+    mask) are bound once in the shared plan, not once per shape, and stay right."""
+    from glassrt.kernels import registry
+
+    nodes = [helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("Slice", ["p", "start", "end", "axis"], ["y"])]
+    g = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, "n"]),
+        helper.make_tensor_value_info("start", TensorProto.INT64, [1]),
+        helper.make_tensor_value_info("end", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.array([1], np.int64), "axis")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    sess = glassrt.InferenceSession(model, providers=["cpu"])
+    binds = []
+    original = registry.Kernel.bind
+    monkeypatch.setattr(registry.Kernel, "bind", lambda k, ctx: binds.append(k.name) or original(k, ctx))
+    rng = np.random.default_rng(0)
+    for n in range(2, 14):
+        s = rng.standard_normal((1, n)).astype(np.float32)
+        lo, hi = n // 3, n - 1
+        (y,) = sess.run(None, {"s": s, "start": np.array([lo], np.int64), "end": np.array([hi], np.int64)})
+        p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+        np.testing.assert_allclose(y, p[:, lo:hi], rtol=1e-6, atol=1e-7)
+    assert len(_patterns(sess)) == 1
+    # one bind each in the shared plan; the exact plans before it bind once per shape
+    shared = sess.options.generalize_after
+    assert binds.count("cpu.Softmax") == shared + 1 and binds.count("cpu.Slice") == shared + 1, binds

@@ -93,6 +93,10 @@ class Kernel:
     layouts: frozenset = frozenset()
     # Bound only to concrete shapes: refused where placement sees symbolic dims.
     static_only: bool = False
+    # A builder whose step works for inputs of any shape (its binding reads attributes and
+    # constants only) and also without `out` (then it allocates): a plan whose shapes change
+    # per run (a decode step's growing KV cache) binds it once instead of once per shape.
+    any_shape: bool = False
     doc: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -140,7 +144,7 @@ def _signature_attrs(fn) -> frozenset | None:
 def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), dtypes=None,
            out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
            accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None, layouts=(),
-           static_only: bool = False):
+           static_only: bool = False, any_shape: bool = False):
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
@@ -152,6 +156,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
                 dtypes=None if dtypes is None else frozenset(np.dtype(d) for d in dtypes),
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
                 workspace=workspace, priority=priority, layouts=frozenset(layouts), static_only=static_only,
+                any_shape=any_shape,
                 attrs=frozenset(attrs) if attrs is not None else (None if bind else _signature_attrs(fn)),
                 doc=(fn.__doc__ or "").strip().split("\n")[0],
             ))

@@ -19,17 +19,25 @@ from ._rewrite import Readers, finish, origin, per_channel, producers
 
 
 def fold_affine_into_conv(graph, ctx=None):
-    """Conv/BatchNormalization → Mul/Add by a per-channel constant, one link at a time
-    (Conv → Mul → Add chains fold link by link)."""
-    consts = graph.constants()
+    """Conv/BatchNormalization → Mul/Add by a per-channel constant. One pass in topological
+    order: a folded node takes the place of its producer and becomes the producer of the
+    Mul/Add's output, so a Conv → Mul → Add chain folds link by link in the same pass (a
+    rescan per fold was quadratic: 1.5 s of densenet121's session creation)."""
+    consts = {**graph.constants(), **graph.initializers}
     inits = dict(graph.initializers)
-    nodes, changes = list(graph.nodes), []
-    while True:
-        nodes, change = _fold_one_affine(graph, nodes, {**consts, **inits}, inits)
-        if not change:
-            break
+    nodes, changes, removed = list(graph.nodes), [], set()
+    readers = Readers(graph, nodes)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs if o}
+    for i, n in enumerate(graph.nodes):
+        folded = _fold_affine(n, nodes, producer, readers, consts, inits)
+        if folded is None:
+            continue
+        j, merged, change = folded
+        nodes[j] = merged
+        removed.add(i)
+        producer.update((o, j) for o in merged.outputs if o)
         changes.append(change)
-    return finish(graph, nodes, inits, changes)
+    return finish(graph, [n for i, n in enumerate(nodes) if i not in removed], inits, changes)
 
 
 def _conv_params(prev, consts):
@@ -58,51 +66,52 @@ def _batchnorm_params(node, consts):
     return params
 
 
-def _fold_one_affine(graph, nodes, consts, inits):
-    readers = Readers(graph, nodes)
-    producer = producers(nodes)
-    for n in nodes:
-        if n.op_type not in ("Mul", "Add") or n.domain or len(n.inputs) != 2 or "broadcast" in n.attrs:
-            continue  # (opsets 1-6 broadcast differently: left alone)
-        for k in (0, 1):
-            x, c_name = n.inputs[k], n.inputs[1 - k]
-            prev = producer.get(x)
-            if prev is None or c_name not in consts or prev.domain or readers.single(x) is not n:
+def _fold_affine(n, nodes, producer, readers, consts, inits):
+    """(index of n's producer, the producer with n folded in, what changed) when n is a Mul/Add
+    by a per-channel constant of a Conv or BatchNormalization read by n alone; else None.
+    New constants go into both `inits` and `consts`."""
+    if n.op_type not in ("Mul", "Add") or n.domain or len(n.inputs) != 2 or "broadcast" in n.attrs:
+        return None  # (opsets 1-6 broadcast differently: left alone)
+    for k in (0, 1):
+        x, c_name = n.inputs[k], n.inputs[1 - k]
+        j = producer.get(x)
+        prev = nodes[j] if j is not None else None
+        if prev is None or c_name not in consts or prev.domain or readers.single(x) is not n:
+            continue
+        tag = f"{prev.name}/{n.op_type.lower()}_{n.name}"
+        conv = _conv_params(prev, consts)
+        bn = _batchnorm_params(prev, consts) if conv is None else None
+        if conv is not None:
+            w, b = conv
+            c = per_channel(consts[c_name], w.ndim, w.shape[0]) if consts[c_name].dtype == w.dtype else None
+            if c is None:
                 continue
-            tag = f"{prev.name}/{n.op_type.lower()}_{n.name}"
-            conv = _conv_params(prev, consts)
-            bn = _batchnorm_params(prev, consts) if conv is None else None
-            if conv is not None:
-                w, b = conv
-                c = per_channel(consts[c_name], w.ndim, w.shape[0]) if consts[c_name].dtype == w.dtype else None
-                if c is None:
-                    continue
-                if n.op_type == "Mul":
-                    inits[tag + "/W"] = (w.astype(np.float64) * c.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
-                    inits[tag + "/B"] = (b * c).astype(w.dtype)
-                    new_inputs = [prev.inputs[0], tag + "/W", tag + "/B"]
-                else:
-                    inits[tag + "/B"] = (b + c).astype(w.dtype)
-                    new_inputs = [prev.inputs[0], prev.inputs[1], tag + "/B"]
-            elif bn is not None:
-                scale, bias = bn[0], bn[1]
-                c = per_channel(consts[c_name], 4, scale.shape[0]) if consts[c_name].dtype == scale.dtype else None
-                if c is None:
-                    continue
-                if n.op_type == "Mul":
-                    inits[tag + "/scale"] = (scale * c).astype(scale.dtype)
-                    inits[tag + "/bias"] = (bias * c).astype(bias.dtype)
-                    new_inputs = [prev.inputs[0], tag + "/scale", tag + "/bias", *prev.inputs[3:]]
-                else:
-                    inits[tag + "/bias"] = (bias + c).astype(bias.dtype)
-                    new_inputs = [prev.inputs[0], prev.inputs[1], tag + "/bias", *prev.inputs[3:]]
+            if n.op_type == "Mul":
+                inits[tag + "/W"] = (w.astype(np.float64) * c.reshape((-1,) + (1,) * (w.ndim - 1))).astype(w.dtype)
+                inits[tag + "/B"] = (b * c).astype(w.dtype)
+                new_inputs = [prev.inputs[0], tag + "/W", tag + "/B"]
             else:
+                inits[tag + "/B"] = (b + c).astype(w.dtype)
+                new_inputs = [prev.inputs[0], prev.inputs[1], tag + "/B"]
+        elif bn is not None:
+            scale, bias = bn[0], bn[1]
+            c = per_channel(consts[c_name], 4, scale.shape[0]) if consts[c_name].dtype == scale.dtype else None
+            if c is None:
                 continue
-            merged = replace(prev, inputs=new_inputs, outputs=list(n.outputs),
-                             origin=origin(prev, f"{n.op_type} '{n.name}' folded in"))
-            change = f"fold {n.op_type} '{n.name}' by a constant into {prev.op_type} '{prev.name}'"
-            return [merged if m is prev else m for m in nodes if m is not n], change
-    return nodes, None
+            if n.op_type == "Mul":
+                inits[tag + "/scale"] = (scale * c).astype(scale.dtype)
+                inits[tag + "/bias"] = (bias * c).astype(bias.dtype)
+                new_inputs = [prev.inputs[0], tag + "/scale", tag + "/bias", *prev.inputs[3:]]
+            else:
+                inits[tag + "/bias"] = (bias + c).astype(bias.dtype)
+                new_inputs = [prev.inputs[0], prev.inputs[1], tag + "/bias", *prev.inputs[3:]]
+        else:
+            continue
+        consts.update((name, inits[name]) for name in new_inputs[1:] if name in inits)
+        merged = replace(prev, inputs=new_inputs, outputs=list(n.outputs),
+                         origin=origin(prev, f"{n.op_type} '{n.name}' folded in"))
+        return j, merged, f"fold {n.op_type} '{n.name}' by a constant into {prev.op_type} '{prev.name}'"
+    return None
 
 
 def fold_batchnorm_into_conv(graph, ctx=None):

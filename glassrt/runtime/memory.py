@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import bisect
 import random
 import sys
 import threading
@@ -211,18 +212,21 @@ def _assign_offsets(groups: list[_Group]) -> int:
 
 
 def _place(order: list[_Group]) -> int:
-    placed: list[_Group] = []
+    placed: list[tuple] = []  # (offset, end, first, last) of the placed buffers, by offset
     top = 0
     for g in order:
-        busy = sorted((p.offset, p.offset + p.size) for p in placed if p.first <= g.last and g.first <= p.last)
-        offset, best = 0, None
-        for lo, hi in busy:
-            if lo - offset >= g.size and (best is None or lo - offset < best[1]):
-                best = (offset, lo - offset)  # the smallest gap that holds it
-            offset = max(offset, hi)
-        g.offset = best[0] if best is not None else offset
-        placed.append(g)
-        top = max(top, g.offset + g.size)
+        size, first, last = g.size, g.first, g.last
+        offset, best_offset, best_gap = 0, 0, -1
+        for lo, hi, f, l in placed:  # (one loop, no sort per buffer: the search places ~40 orders)
+            if f <= last and first <= l:  # lifetimes overlap
+                gap = lo - offset
+                if gap >= size and (best_gap < 0 or gap < best_gap):
+                    best_offset, best_gap = offset, gap  # the smallest gap that holds it
+                if hi > offset:
+                    offset = hi
+        g.offset = best_offset if best_gap >= 0 else offset
+        bisect.insort(placed, (g.offset, g.offset + size, first, last))
+        top = max(top, g.offset + size)
     return top
 
 

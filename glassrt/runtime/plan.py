@@ -207,7 +207,10 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
             fresh.append(None)
         else:  # a graph output: a new array per run, handed to the caller
             bufs.append(None)
-            fresh.append((tuple(t.shape), t.dtype) if o in keep and kern.out and _nbytes(t) else None)
+            f = (tuple(t.shape), t.dtype) if o in keep and kern.out and _nbytes(t) else None
+            # A kept NHWC value (a plan that retains every value, for compare and nan) is
+            # NHWC-strided like its arena view would be: the kernel writes NHWC bytes.
+            fresh.append(f + ("nhwc",) if f and layouts.get(o) == "nhwc" else f)
     ws = memory.values.get(f"<workspace {k}>")
     ctx.workspace = arena[ws.offset:ws.offset + ws.bytes] if ws is not None else None
     st = Step()
@@ -295,7 +298,8 @@ class _DynamicStep:
         # In a plan with symbolic dims, a plain kernel's output shapes are formulas of its
         # input shapes: evaluated per run, no meta rule needed (shape_formula.py).
         n_in = len(ctx.node.inputs)
-        self.formula = None if kern.builder else ShapeFormula.build(ctx.input_types[:n_in], ctx.output_types)
+        bound_once = not kern.builder or kern.any_shape
+        self.formula = ShapeFormula.build(ctx.input_types[:n_in], ctx.output_types) if bound_once else None
         self.out_dtypes = [t.dtype for t in ctx.output_types] if self.formula is not None else None
 
     def __call__(self, *args, out=None):
@@ -306,6 +310,12 @@ class _DynamicStep:
                 if self.plain is None:
                     self.plain = self.bind(self.ctx)
                 return self._run(self.plain, args, list(zip(shapes, self.out_dtypes)))
+        if self.kern.any_shape and not self.kern.multi:
+            # Output shapes that follow from input values (a Slice's starts and ends): the
+            # step, bound once, allocates its output itself (no meta re-run per shape).
+            if self.plain is None:
+                self.plain = self.bind(self.ctx)
+            return self.plain(*args)
         # Small integer inputs (shapes, axes, starts) steer output shapes: part of the key.
         key = tuple(((a.shape, a.dtype.str, a.tobytes() if a.dtype.kind in "iu" and a.size <= 64 else None)
                      if isinstance(a, np.ndarray) else type(a).__name__) for a in args)
@@ -372,6 +382,14 @@ class _DynamicStep:
         return self.bind(ctx), alloc
 
 
+def _new_output(fresh):
+    """A new array for an output: (shape, dtype) or (shape, dtype, "nhwc")."""
+    if len(fresh) == 2:
+        return np.empty(fresh[0], fresh[1])
+    n, c, h, w = fresh[0]
+    return np.empty((n, h, w, c), fresh[1]).transpose(0, 3, 1, 2)
+
+
 def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False, into=None):
     """The outputs in graph order; with keep_env, (outputs, {value name: value}). `into`:
     {output name: array} the caller owns, written instead of a new array (io_binding)."""
@@ -395,9 +413,9 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
         out = st.bufs
         if st.fresh is not None:
             if st.multi:
-                out = [np.empty(f[0], f[1]) if f is not None else b for f, b in zip(st.fresh, out)]
+                out = [_new_output(f) if f is not None else b for f, b in zip(st.fresh, out)]
             else:
-                out = np.empty(st.fresh[0][0], st.fresh[0][1])
+                out = _new_output(st.fresh[0])
         if profile is not None:
             t0 = clock()
         try:

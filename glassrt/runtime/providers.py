@@ -155,9 +155,46 @@ class OnednnProvider(Provider):
             raise InvalidArgumentError(f"provider 'onednn' option 'nhwc' is True or False, got {options['nhwc']!r}")
 
 
-_PROVIDERS = {"cpu": CpuProvider, "reference": ReferenceProvider, "onednn": OnednnProvider}
+def cuda_device() -> tuple[object | None, str]:
+    """(CuPy's current device, its description) or (None, why there is none). Never part of
+    the default provider list: a GPU is asked for by name."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a CuPy built for a CUDA this machine lacks
+        return None, f"CuPy cannot be imported ({type(e).__name__}: {e}); pip install cupy-cuda12x or cupy-cuda13x"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver, no device
+        return None, f"CUDA reports no device ({type(e).__name__}: {e})"
+    if count == 0:
+        return None, "CUDA reports 0 devices"
+    dev = cupy.cuda.Device()
+    return dev, f"CUDA device {dev.id} of {count}"
+
+
+class CudaProvider(Provider):
+    """The GPU provider of issue 13, not built yet: its kernels, device arena and graph replay
+    need a machine with a GPU to be written and checked on, and none was lent so far. Asking
+    for it says which of the two is missing here, the GPU or the kernels, rather than
+    running everything on the CPU unannounced."""
+
+    name = "cuda"
+    device = "cuda"
+
+    def __init__(self):
+        from ..errors import GlassrtError
+
+        dev, what = cuda_device()
+        if dev is None:
+            raise GlassrtError(f"provider 'cuda': no GPU found: {what}. Use providers=['onednn', 'cpu'] "
+                               f"(the default) on this machine")
+        raise GlassrtError(f"provider 'cuda': {what} found, but this glassrt has no GPU kernels yet; "
+                           f"use the CPU providers (the default)")
+
+
+_PROVIDERS = {"cpu": CpuProvider, "reference": ReferenceProvider, "onednn": OnednnProvider, "cuda": CudaProvider}
 ALIASES = {"CPUExecutionProvider": "cpu", "cpu": "cpu", "reference": "reference", "onednn": "onednn",
-           "DnnlExecutionProvider": "onednn"}
+           "DnnlExecutionProvider": "onednn", "cuda": "cuda"}
 # onnxruntime's other execution providers: named in a list written for onnxruntime, each is
 # skipped with a warning (as onnxruntime skips one it was not built with).
 ORT_ONLY = {"CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider",

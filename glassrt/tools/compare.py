@@ -84,30 +84,35 @@ def first_disagreement(model, feeds: dict, providers_a, providers_b, rtol=RTOL, 
         for o in st.node.outputs:
             if not o or o not in vb or not isinstance(va.get(o), np.ndarray) or not isinstance(vb[o], np.ndarray):
                 continue
-            a, b = va[o], vb[o]
             compared += 1
-            if a.shape != b.shape or a.dtype != b.dtype:
+            diff = value_difference(va[o], vb[o], rtol, atol)
+            if diff is not None:
                 return Disagreement(st.node.name, st.node.op_type, o, st.kernel.name, kernel_b.get(o, "?"),
-                                    float("inf"), float("inf"), (), f"{a.dtype}{list(a.shape)}",
-                                    f"{b.dtype}{list(b.shape)}"), compared
-            if a.dtype.kind not in "fc" or a.size == 0:
-                if not np.array_equal(a, b):
-                    i = tuple(int(v) for v in np.argwhere(a != b)[0]) if a.shape else ()
-                    return Disagreement(st.node.name, st.node.op_type, o, st.kernel.name, kernel_b.get(o, "?"),
-                                        1.0, 1.0, i, a[i].item() if a.shape else a.item(),
-                                        b[i].item() if b.shape else b.item()), compared
-                continue
-            x, y = a.astype(np.float64), b.astype(np.float64)
-            diff = np.abs(x - y)
-            same = (x == y) | (np.isnan(x) & np.isnan(y))  # equal infinities and NaN meet NaN agree
-            with np.errstate(invalid="ignore"):
-                bad = ~same & ~(diff <= atol + rtol * np.abs(y))
-            if bad.any():
-                i = tuple(int(v) for v in np.argwhere(bad)[0])
-                rel = float(np.nanmax(np.where(bad, diff / np.maximum(np.abs(y), 1e-30), 0)))
-                return Disagreement(st.node.name, st.node.op_type, o, st.kernel.name, kernel_b.get(o, "?"),
-                                    float(np.nanmax(np.where(bad, diff, 0))), rel, i, float(x[i]), float(y[i])), compared
+                                    *diff), compared
     return None, compared
+
+
+def value_difference(a: np.ndarray, b: np.ndarray, rtol=RTOL, atol=ATOL):
+    """None where a and b agree (|a - b| <= atol + rtol * |b|, NaN meets NaN, integers and
+    booleans exactly); else (max abs, max rel, index of the first bad element, a there, b there).
+    A shape or dtype that differs is an infinite difference, its values the two types."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return float("inf"), float("inf"), (), f"{a.dtype}{list(a.shape)}", f"{b.dtype}{list(b.shape)}"
+    if a.dtype.kind not in "fc" or a.size == 0:
+        if np.array_equal(a, b):
+            return None
+        i = tuple(int(v) for v in np.argwhere(a != b)[0]) if a.shape else ()
+        return 1.0, 1.0, i, a[i].item() if a.shape else a.item(), b[i].item() if b.shape else b.item()
+    x, y = a.astype(np.float64), b.astype(np.float64)
+    diff = np.abs(x - y)
+    same = (x == y) | (np.isnan(x) & np.isnan(y))  # equal infinities and NaN meet NaN agree
+    with np.errstate(invalid="ignore"):
+        bad = ~same & ~(diff <= atol + rtol * np.abs(y))
+    if not bad.any():
+        return None
+    i = tuple(int(v) for v in np.argwhere(bad)[0])
+    rel = float(np.nanmax(np.where(bad, diff / np.maximum(np.abs(y), 1e-30), 0)))
+    return float(np.nanmax(np.where(bad, diff, 0))), rel, i, float(x[i]), float(y[i])
 
 
 @dataclass

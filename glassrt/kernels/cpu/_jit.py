@@ -25,6 +25,7 @@ import functools
 import importlib.util
 
 _REASON: list = []  # [None] once Numba is found (or imported), [reason] when it cannot be
+_threads: list = []  # [n]: the thread limit to give Numba when it is imported
 
 
 def numba_missing() -> str | None:
@@ -49,7 +50,23 @@ def _import_numba():
         import numba
     except Exception as e:  # pragma: no cover - numba is a dependency
         raise RuntimeError(f"this kernel needs Numba, which failed to import: {type(e).__name__}: {e}") from e
+    if _threads:
+        numba.set_num_threads(min(_threads.pop(), numba.config.NUMBA_NUM_THREADS))
     return numba
+
+
+def limit_threads(n: int) -> None:
+    """Numba's thread limit (process-wide, for parallel Numba code: glassrt's kernels are
+    single-threaded, a custom op's need not be). Applied now if Numba is imported (a custom
+    op's module did), else when the first compiled kernel imports it: a session whose nodes
+    need no Numba then never pays its import (0.3-0.5 s)."""
+    import sys
+
+    if "numba" in sys.modules:
+        numba = sys.modules["numba"]
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    else:
+        _threads[:] = [n]
 
 
 class _Lazy:

@@ -111,7 +111,7 @@ def _softmax_axis(x, axis, opset):
     return x, a
 
 
-@kernel("Softmax", dtypes=FLOATS_BF16, bind=True, out=True, name="Softmax")
+@kernel("Softmax", dtypes=FLOATS_BF16, bind=True, out=True, name="Softmax", any_shape=True)
 def softmax_kernel(ctx):
     default = 1 if ctx.since_version < 13 else -1
     axis, opset = int(ctx.attrs.get("axis", default)), ctx.since_version

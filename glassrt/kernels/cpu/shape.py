@@ -162,7 +162,7 @@ def _slice_index(shape, starts, ends, axes, steps):
     return tuple(idx)
 
 
-@kernel("Slice", dtypes=ALL, out=True, bind=True)
+@kernel("Slice", dtypes=ALL, out=True, bind=True, any_shape=True)
 def slice_(ctx):
     if ctx.opset < 10:
         starts, ends, axes = ctx.attrs["starts"], ctx.attrs["ends"], ctx.attrs.get("axes")

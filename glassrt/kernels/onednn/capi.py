@@ -252,7 +252,21 @@ def _errcheck(result, func, args):
 # --------------------------------------------------------------------------- loading
 
 
-def _candidates() -> list[str]:
+def _candidates():
+    """Library paths to try, best first: a generator, so that the system search at the end
+    (ctypes.util.find_library runs ldconfig and gcc: tens of milliseconds of session
+    creation) happens only when the wheel's own library is not there."""
+    seen = set()
+    for cand in _wheel_candidates():
+        if cand not in seen:
+            seen.add(cand)
+            yield cand
+    found = ctypes.util.find_library("dnnl")
+    if found and found not in seen:
+        yield found
+
+
+def _wheel_candidates() -> list[str]:
     out = []
     env = os.environ.get("GLASSRT_ONEDNN_LIBRARY")
     if env:
@@ -273,10 +287,7 @@ def _candidates() -> list[str]:
                     out.append(str(Path(dist.locate_file(f)).resolve()))
     except Exception:  # pragma: no cover - a broken metadata install must not break import
         pass
-    found = ctypes.util.find_library("dnnl")
-    if found:
-        out.append(found)
-    return list(dict.fromkeys(out))
+    return out
 
 
 P = c_void_p

@@ -149,13 +149,30 @@ def stream() -> Stream:
 # --------------------------------------------------------------------------- memory descriptors
 
 
+def _memo(fn):
+    """A MemoryDesc property computed once: a descriptor never changes after it is made, and
+    binding a plan asks the same few questions of each one many times (thousands of ctypes
+    queries for densenet121's primitives)."""
+    name = fn.__name__
+
+    def get(self):
+        try:
+            return self._memo[name]
+        except KeyError:
+            value = self._memo[name] = fn(self)
+            return value
+
+    return property(get, doc=fn.__doc__)
+
+
 class MemoryDesc:
     """An owned dnnl_memory_desc_t handle (opaque in 3.x) and what queries tell about it."""
 
-    __slots__ = ("__weakref__", "_fin", "handle")
+    __slots__ = ("__weakref__", "_fin", "_memo", "handle")
 
     def __init__(self, handle: c_void_p):
         self.handle = handle
+        self._memo = {}
         self._fin = _finalize(self, _lib().dnnl_memory_desc_destroy, handle)
 
     # construction
@@ -212,21 +229,21 @@ class MemoryDesc:
         _lib().dnnl_memory_desc_query(self.handle, capi.QUERY[what], byref(p))
         return tuple(p.contents[: self.ndims])
 
-    @property
+    @_memo
     def ndims(self) -> int:
         return self._q("ndims_s32", c_int32)
 
-    @property
+    @_memo
     def dims(self) -> tuple:
         return self._q_dims("dims")
 
     shape = dims
 
-    @property
+    @_memo
     def padded_dims(self) -> tuple:
         return self._q_dims("padded_dims")
 
-    @property
+    @_memo
     def data_type(self) -> int:
         return self._q("data_type", c_int)
 
@@ -234,15 +251,15 @@ class MemoryDesc:
     def dtype(self) -> np.dtype | None:
         return _DT2NP.get(self.data_type)
 
-    @property
+    @_memo
     def format_kind(self) -> str:
         return capi.FORMAT_KINDS.get(self._q("format_kind", c_int), "?")
 
-    @property
+    @_memo
     def strides(self) -> tuple:
         return self._q_dims("strides") if self.format_kind == "blocked" else ()
 
-    @property
+    @_memo
     def inner_blocks(self) -> list[tuple[int, int]]:
         """[(block size, logical dim index), ...], outermost first."""
         if self.format_kind != "blocked":
@@ -256,7 +273,7 @@ class MemoryDesc:
         _lib().dnnl_memory_desc_query(self.handle, capi.QUERY["inner_idxs"], byref(p))
         return list(zip(blks, p.contents[:n]))
 
-    @property
+    @_memo
     def size(self) -> int:
         """Bytes the layout needs, padding included (dnnl_memory_desc_get_size)."""
         return _lib().dnnl_memory_desc_get_size(self.handle)
@@ -265,7 +282,7 @@ class MemoryDesc:
     def is_zero(self) -> bool:
         return self.ndims == 0
 
-    @property
+    @_memo
     def format(self) -> str:
         """The layout in oneDNN's tag notation: 'abcd' (nchw), 'acdb' (nhwc), 'aBcd8b'
         (nChw8c), 'ABcd8b8a', ...; 'any' / 'opaque' (e.g. Winograd weights) / 'undef'."""
@@ -279,7 +296,7 @@ class MemoryDesc:
         tag = "".join(letters[i].upper() if i in blocked_dims else letters[i] for i in order)
         return tag + "".join(f"{b}{letters[i]}" for b, i in blocks)
 
-    @property
+    @_memo
     def is_plain(self) -> bool:
         """Blocked with no inner blocks and C-contiguous strides (a NumPy array's layout)."""
         if self.format_kind != "blocked" or self.inner_blocks:

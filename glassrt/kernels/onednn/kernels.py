@@ -217,7 +217,7 @@ def _conv_geometry(ctx):
     return x, w, k, list(begin), list(end), [x[0], w[0], *out], list(strides), list(dil)
 
 
-def _conv_reason(ctx):
+def _conv_common_reason(ctx):
     why = _unavailable(ctx) or _static_4d(ctx)
     if why:
         return why
@@ -228,20 +228,71 @@ def _conv_reason(ctx):
     act = ctx.attrs.get("activation", "")
     if act not in _ACTIVATIONS:
         return f"activation {act} has no oneDNN post-op here"
-    x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
-    if min(y) <= 0:
+    if min(_conv_geometry(ctx)[5]) <= 0:
         return "an empty output"
-    impl = _conv_impl(tuple(x), tuple(w), int(ctx.attrs.get("group", 1)), tuple(strides), tuple(dil),
-                      tuple(begin + end))
+    return None
+
+
+def _grouped_impl(ctx, group: int) -> str:
+    """oneDNN's implementation for the node's conv with its weights seen as `group` groups
+    (1: the dense conv of block-diagonal weights)."""
+    x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
+    w = (w[0], w[1] * int(ctx.attrs.get("group", 1)) // group, *w[2:])
+    return _conv_impl(tuple(x), w, group, tuple(strides), tuple(dil), tuple(begin + end))
+
+
+def _conv_reason(ctx):
+    why = _conv_common_reason(ctx)
+    if why:
+        return why
+    group = int(ctx.attrs.get("group", 1))
+    impl = _grouped_impl(ctx, group)
     if impl.startswith(_SLOW_IMPLS):
         return (f"oneDNN has only its generic implementation ({impl}) for this shape "
-                f"(group {ctx.attrs.get('group', 1)}, {w[1]} input channels per group), slower than glassrt's kernels")
+                f"(group {group}, {ctx.shape(1)[1]} input channels per group), slower than glassrt's kernels")
     return None
 
 
 # oneDNN's fallbacks when no jit kernel fits a shape (e.g. a grouped conv with 6 channels per
 # group): shufflenet's 24>112 group-4 1x1 conv ran 1.28 ms in x64:gemm:jit, 0.3 ms in cpu.gemm_1x1.
 _SLOW_IMPLS = ("x64:gemm", "gemm:", "ref")
+
+# A grouped conv runs as a dense one (`dense_groups`) only while that multiplies its FLOPs by
+# at most this much and its block-diagonal weights stay small.
+DENSE_GROUPS_MAX = 8
+DENSE_WEIGHT_BYTES_MAX = 1 << 22
+
+
+def _dense_groups_reason(ctx):
+    why = _conv_common_reason(ctx)
+    if why:
+        return why
+    group = int(ctx.attrs.get("group", 1))
+    if group == 1:
+        return "not a grouped conv"
+    if not _grouped_impl(ctx, group).startswith(_SLOW_IMPLS):
+        return "oneDNN has a jit kernel for the grouped conv itself"
+    if group > DENSE_GROUPS_MAX:
+        return f"group {group}: as a dense conv it would do {group}x the work (at most {DENSE_GROUPS_MAX}x here)"
+    w = ctx.shape(1)
+    dense_bytes = 4 * int(np.prod(w)) * group
+    if dense_bytes > DENSE_WEIGHT_BYTES_MAX:
+        return f"its block-diagonal weights would take {dense_bytes} bytes (at most {DENSE_WEIGHT_BYTES_MAX} here)"
+    impl = _grouped_impl(ctx, 1)
+    if impl.startswith(_SLOW_IMPLS):
+        return f"oneDNN has only its generic implementation ({impl}) for the dense conv too"
+    return None
+
+
+def _block_diagonal(weights: np.ndarray, group: int) -> np.ndarray:
+    """[M, C/g, kh, kw] grouped weights as [M, C, kh, kw] dense ones, zero outside each group's
+    block: the dense conv then computes exactly the grouped one (the zeros add exact zeros)."""
+    m, cg = weights.shape[:2]
+    mg = m // group
+    dense = np.zeros((m, cg * group, *weights.shape[2:]), np.float32)
+    for g in range(group):
+        dense[g * mg:(g + 1) * mg, g * cg:(g + 1) * cg] = weights[g * mg:(g + 1) * mg]
+    return dense
 
 
 @functools.lru_cache(maxsize=1024)
@@ -262,7 +313,7 @@ def _conv_layouts(ctx):
 
 
 def _conv_workspace(ctx):
-    if _conv_reason(ctx):
+    if _conv_common_reason(ctx):
         return 0
     x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
     in_layout, reorder_in, out_layout = _conv_layouts(ctx)
@@ -292,11 +343,26 @@ def _post_ops(ctx, y_shape):
         static_only=True, workspace=_conv_workspace, name="conv")
 def conv(ctx):
     """oneDNN convolution, NHWC activations, weights in the layout the primitive chose."""
+    return _conv(ctx, dense_groups=False)
+
+
+@kernel(["Conv"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_dense_groups_reason,
+        layouts=LAYOUTS, static_only=True, workspace=_conv_workspace, name="dense_groups")
+def conv_dense_groups(ctx):
+    """A grouped conv oneDNN has no jit kernel for (a few channels per group: ShuffleNet's
+    first 1x1), as one dense oneDNN conv with block-diagonal weights: group x the FLOPs, but a
+    jit kernel, no Numba, and the NHWC region around it left unbroken."""
+    return _conv(ctx, dense_groups=True)
+
+
+def _conv(ctx, dense_groups: bool):
     x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
     group = int(ctx.attrs.get("group", 1))
     in_layout, reorder_in, out_layout = _conv_layouts(ctx)
     src_format = "acdb"
     weights = ctx.const(1)
+    if dense_groups:
+        weights, w, group = _block_diagonal(np.asarray(weights, np.float32), group), [w[0], x[1], *w[2:]], 1
     bias = np.ascontiguousarray(ctx.const(2), np.float32) if ctx.has(2) else None
     z_layout = ctx.layout(ctx.node.inputs[3]) if _residual(ctx) else None
     src_ws, dst_ws = _workspace_views(ctx.workspace, int(np.prod(x)) if reorder_in else 0,
@@ -350,6 +416,9 @@ def conv(ctx):
 # The same kernel runs glassrt::FusedConv (bias, residual and activation as post-ops).
 kernel(["FusedConv"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_conv_reason,
        layouts=LAYOUTS, static_only=True, workspace=_conv_workspace, name="conv")(conv)
+kernel(["FusedConv"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
+       accepts=_dense_groups_reason, layouts=LAYOUTS, static_only=True, workspace=_conv_workspace,
+       name="dense_groups")(conv_dense_groups)
 
 
 # ---------------------------------------------------------------- pooling
