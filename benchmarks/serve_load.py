@@ -70,7 +70,8 @@ def start_server(model_path: Path, args: list, log: Path) -> tuple[subprocess.Po
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "glassrt.cli", "serve", f"resnet50={model_path}", "--port",
-                                 str(port), "--log-level", "warning", *map(str, args)], stdout=f, stderr=subprocess.STDOUT)
+                                 str(port), "--log-level", "warning", *map(str, args)],
+                                stdout=f, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -62,7 +62,8 @@ def test_fallbacks_by_op_and_provider():
     saved = list(kernels.kernels_for("cpu", "", "Tanh"))
     kernels.unregister("cpu", "", "Tanh")  # cpu runs every ONNX op: take one away to make a fallback
     try:
-        m = model([helper.make_node("Neg", ["x"], ["a"], name="neg"), helper.make_node("Tanh", ["a"], ["y"], name="tanh")],
+        m = model([helper.make_node("Neg", ["x"], ["a"], name="neg"),
+                   helper.make_node("Tanh", ["a"], ["y"], name="tanh")],
                   [tensor("x", ["n"])], [tensor("y", ["n"])])
         sess = glassrt.InferenceSession(m, providers=["cpu", "reference"], fallback="silent")
     finally:

@@ -97,7 +97,8 @@ def reshape_model():
 
 def tanh_model():
     """tanh(-x): with tests/cpu_without_tanh.py loaded, Tanh falls back to reference."""
-    return model([helper.make_node("Neg", ["x"], ["a"], name="neg"), helper.make_node("Tanh", ["a"], ["y"], name="tanh")],
+    return model([helper.make_node("Neg", ["x"], ["a"], name="neg"),
+                  helper.make_node("Tanh", ["a"], ["y"], name="tanh")],
                  [tensor("x", ["batch", 3])], [tensor("y", ["batch", 3])])
 
 
@@ -125,7 +126,8 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(models):
     s = Server([models / "add.onnx", f"multi={models / 'mixed.onnx'}", models / "reshape.onnx",
-                models / "tanh.onnx", models / "flat.onnx", "--module", ROOT / "tests" / "cpu_without_tanh.py", "--providers", "cpu,reference",
+                models / "tanh.onnx", models / "flat.onnx", "--module", ROOT / "tests" / "cpu_without_tanh.py",
+                "--providers", "cpu,reference",
                 "--max-batch-size", 32, "--batch-timeout-ms", 50, "--max-body-bytes", MAX_BODY], cwd=models)
     yield s
     s.stop()
@@ -304,7 +306,8 @@ def _bad_requests():
          400, "the body has 4 bytes after the tensors it declares"),
         ("BYTES not UTF-8", "/v2/models/multi/infer",
          *_binary({"inputs": [X, {"name": "k", "shape": [2, 2], "datatype": "INT64", "data": [1, 2, 3, 4]},
-                              {"name": "s", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": 10}}]},
+                              {"name": "s", "shape": [2], "datatype": "BYTES",
+                               "parameters": {"binary_data_size": 10}}]},
                   b"\x01\0\0\0a" + b"\x01\0\0\0\xff"),
          400, "input 's': BYTES element 1 is not UTF-8"),
         ("unknown route", "/v2/nowhere", None, {}, 404, "GET /v2/nowhere: Not Found"),

@@ -223,7 +223,8 @@ def _from_binary(where, raw: memoryview, datatype, shape, count) -> np.ndarray:
             items.append(_utf8(where, len(items), bytes(raw[pos + 4:pos + 4 + n])))
             pos += 4 + n
         if len(items) != count:
-            raise ProtocolError(f"{where}: shape {list(shape)} holds {count} elements, the binary data has {len(items)}")
+            raise ProtocolError(f"{where}: shape {list(shape)} holds {count} elements, "
+                                f"the binary data has {len(items)}")
         return np.array(items, dtype=object).reshape(shape)
     dtype = _DATATYPES[datatype]
     if len(raw) != count * dtype.itemsize:

@@ -33,6 +33,8 @@ import threading
 import time
 import weakref
 
+from ..errors import UnsupportedOperatorError
+
 _families = weakref.WeakKeyDictionary()  # registry -> _Families, made once per registry
 _lock = threading.Lock()
 
@@ -105,7 +107,7 @@ class _SessionState:
                 transfers.add_metric([m, *key], n)
             try:
                 stats = sess.memory_stats()
-            except Exception:  # noqa: BLE001  a session that cannot run (unsupported="mark") has no plans
+            except UnsupportedOperatorError:  # a session that cannot run (unsupported="mark") has no plans
                 continue
             pool = stats["pool"]
             plans.add_metric([m], stats["plans_cached"])
@@ -168,7 +170,8 @@ class SessionMetrics:
         if profile_every < 0:
             from ..errors import InvalidArgumentError
 
-            raise InvalidArgumentError(f"profile_every must be 0 (never) or a positive number of runs, got {profile_every}")
+            raise InvalidArgumentError(f"profile_every must be 0 (never) or a positive number of runs, "
+                                       f"got {profile_every}")
         self.registry = registry if registry is not None else REGISTRY
         self.sess, self.model, self.profile_every = sess, model, profile_every
         families = _families_of(self.registry)
