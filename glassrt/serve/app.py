@@ -48,6 +48,7 @@ class ServedModel:
     batchable: bool
     batcher: Batcher | None = None
     label: str = ""  # the session metrics' model label
+    waiting: int = 0  # unbatched requests in the executor's queue or running
     output_names: list = field(default_factory=list)
 
     @property
@@ -118,6 +119,8 @@ def create_app(models, *, max_batch_size: int = 8, batch_timeout_ms: float = 1.0
         registry = CollectorRegistry()
     if max_body_bytes <= 0:
         raise GlassrtError(f"max_body_bytes must be positive, got {max_body_bytes}")
+    if batch_timeout_ms < 0:
+        raise GlassrtError(f"batch_timeout_ms must be 0 or more, got {batch_timeout_ms}")
     sources = resolve(models)
     multi = {s.name for s in sources if sum(t.name == s.name for t in sources) > 1}
     served: dict[str, dict[str, ServedModel]] = {}
@@ -147,7 +150,7 @@ def create_app(models, *, max_batch_size: int = 8, batch_timeout_ms: float = 1.0
                     m.batcher.close()
         executor.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="glassrt", version=glassrt.__version__ if hasattr(glassrt, "__version__") else "",
+    app = FastAPI(title="glassrt", version=glassrt.__version__,
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.models = served
     app.state.registry = registry
@@ -263,6 +266,16 @@ def create_app(models, *, max_batch_size: int = 8, batch_timeout_ms: float = 1.0
                         headers=headers)
 
     async def _run_alone(m: ServedModel, feeds):
+        # the executor's queue has no bound of its own: the same limit as a batcher's queue
+        if m.waiting >= max_queue:
+            raise ProtocolError(f"the model's queue is full ({max_queue} requests waiting); retry later", 503)
+        m.waiting += 1  # only the event loop's thread touches it
+        try:
+            return await _run_in_executor(m, feeds)
+        finally:
+            m.waiting -= 1
+
+    async def _run_in_executor(m: ServedModel, feeds):
         enqueued = time.perf_counter()
         rows = next(iter(feeds.values())).shape[0] if m.batchable else 1
 
