@@ -444,6 +444,20 @@ def test_create_app_is_a_factory_two_apps_in_one_process(models):
             assert _metric(text, "glassrt_server_requests_total", model="plus", version="1", status="200") == runs
 
 
+@pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
+@pytest.mark.parametrize("max_batch_size", [1, 8], ids=["unbatched", "batched"])
+def test_a_full_queue_is_a_503(models, max_batch_size):
+    from fastapi.testclient import TestClient
+
+    from glassrt.serve.app import create_app
+
+    request = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    with TestClient(create_app([str(models / "add.onnx")], max_batch_size=max_batch_size, max_queue=0)) as http:
+        r = http.post("/v2/models/add/infer", json=request)
+        assert r.status_code == 503 and "queue is full (0 requests waiting)" in r.json()["error"]
+        assert http.get("/v2/health/ready").status_code == 200
+
+
 # ---------------------------------------------------------------- repository and versions
 
 
