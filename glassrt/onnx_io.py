@@ -71,10 +71,14 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
     if "" not in opsets and any(n.domain in DEFAULT_DOMAINS for n in proto.graph.node):
         raise InvalidModelError("model has no opset_import for the default ONNX domain")
     if proto.functions:
-        try:
-            proto = onnx.inliner.inline_local_functions(proto)
-        except Exception as e:  # the inliner reports malformed functions
-            raise InvalidModelError(f"cannot inline the model's local functions: {e}") from e
+        # glassrt's own fused ops, written as functions by `glassrt optimize` (export.py), stay
+        # nodes that run their fused kernels; every other model-local function is inlined.
+        own = sorted({(f.domain, f.name) for f in proto.functions if _own_function(f, opsets)})
+        if len(own) < len({(f.domain, f.name) for f in proto.functions}):
+            try:
+                proto = onnx.inliner.inline_selected_functions(proto, own, exclude=True)
+            except Exception as e:  # the inliner reports malformed functions
+                raise InvalidModelError(f"cannot inline the model's local functions: {e}") from e
     parser = _Parser(opsets, base_dir)
     graph = parser.graph(proto.graph, outer=frozenset())
     graph.doc = proto.doc_string
@@ -88,6 +92,16 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
                   "custom_metadata_map": {_text(p.key, "metadata key"): _text(p.value, "metadata value")
                                           for p in proto.metadata_props}}
     return graph
+
+
+def _own_function(f: onnx.FunctionProto, opsets: dict) -> bool:
+    """A function for one of glassrt's fused ops (domain "glassrt", a contract with a decomposition)."""
+    if f.domain != "glassrt" or "glassrt" not in opsets:
+        return False
+    from .ops.registry import get_contract
+
+    contract = get_contract("glassrt", f.name, opsets["glassrt"])
+    return contract is not None and contract.decomposition is not None
 
 
 # ---------------------------------------------------------------- parsing
