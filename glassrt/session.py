@@ -9,6 +9,7 @@ stages are runtime/ and passes/; this module only strings them together. The pub
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -154,6 +155,12 @@ class Session:
         self.graph, found, self.passes = run_passes(self.graph, self.options, self.providers, _infer_symbolic)
         self.timings["passes"] = time.perf_counter() - t0
         self.pass_log = [c for r in self.passes for c in r.changes]
+        if self.options.optimized_model_filepath:
+            from .export import write_model
+
+            write_model(self.graph, self.options.optimized_model_filepath, passes=self.passes,
+                        level=self.options.graph_optimization_level,
+                        source=str(model) if isinstance(model, (str, os.PathLike)) else None)
         self.expansions, self.folded = found.expansions, found.folded
         self._expansion_failures = found.expansion_failures
         t0 = time.perf_counter()
