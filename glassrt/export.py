@@ -34,6 +34,7 @@ from . import __version__, dtypes
 from .fused_functions import DOMAIN, FusedFunctions, Legalizer, OptimizeError
 from .ir import Graph, TensorType
 from .onnx_io import attribute_to_proto, to_type_proto
+from .weights import mapped_paths
 
 ALIGN = mmap.ALLOCATIONGRANULARITY
 MIN_IR_VERSION = 10  # FunctionProto.overload / NodeProto.overload
@@ -137,7 +138,7 @@ class _Writer:
         drop = set(graph.initializers) if (top and self.old_ir) else set()
         # Initializers nothing reads any more (a fusion's constants) are not written.
         read = {i for n in graph.nodes for i in [*n.inputs, *n.implicit_inputs]} | \
-            {vi.name for vi in [*graph.inputs, *graph.outputs]}
+            {vi.name for vi in [*graph.inputs, *graph.outputs] if vi.name not in drop}
         g = helper.make_graph(
             nodes, graph.name or "main",
             [_value_info(vi.name, vi.type) for vi in graph.inputs if vi.name not in drop],
@@ -186,7 +187,7 @@ def write_model(graph: Graph, path, *, passes=(), level: str = "all", external_d
     mapped from."""
     path = os.fspath(path)
     real = os.path.realpath(path)
-    taken = _mapped_files(graph) | ({os.path.realpath(source)} if source else set())
+    taken = _mapped_files(graph) | mapped_paths() | ({os.path.realpath(source)} if source else set())
     data_path = path + ".data" if external_data else None
     for p, what in ((path, "the output"), (data_path, "the external data file")):
         if p and os.path.realpath(p) in taken:

@@ -214,6 +214,9 @@ class _Parser:
 
     def tensor(self, t: TensorProto, where: str) -> np.ndarray:
         if t.data_location == TensorProto.EXTERNAL:
+            mapped = self._mapped(t, where)
+            if mapped is not None:
+                return mapped
             t = self._with_external_data(t, where)
         if t.data_type == TensorProto.UNDEFINED or t.data_type not in TensorProto.DataType.values():
             raise InvalidModelError(f"{where}: unknown element type {t.data_type}")
@@ -249,7 +252,8 @@ class _Parser:
                 dense[tuple(indices.T)] = values
         return dense
 
-    def _with_external_data(self, t: TensorProto, where: str) -> TensorProto:
+    def _external_range(self, t: TensorProto, where: str) -> tuple[str, int, int]:
+        """(real path, offset, length) of a tensor's external data, after the path checks."""
         info = {e.key: e.value for e in t.external_data}
         location = info.get("location", "")
         if self.base_dir is None:
@@ -267,6 +271,31 @@ class _Parser:
             raise InvalidModelError(
                 f"{where}: external data range [{offset}, {offset + length}) lies outside "
                 f"'{location}' ({size} bytes)")
+        return path, offset, length
+
+    def _mapped(self, t: TensorProto, where: str) -> np.ndarray | None:
+        """The tensor as a read-only view of its external file, mapped (weights.py), or None
+        where its bytes are not the array's (packed 4-bit types, strings, a big-endian host,
+        an offset the dtype cannot be read at: read and copied as before)."""
+        from .weights import map_file
+
+        dtype = _mappable_dtype(t.data_type)
+        if dtype is None or any(d < 0 for d in t.dims):
+            return None  # tensor() reports what is wrong
+        path, offset, length = self._external_range(t, where)
+        shape = tuple(int(d) for d in t.dims)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if length != nbytes:
+            raise InvalidModelError(f"{where}: external data holds {length} bytes, but its type "
+                                    f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} need {nbytes}")
+        if offset % dtype.alignment:
+            return None
+        if nbytes == 0:
+            return np.zeros(shape, dtype)
+        return map_file(path)[offset:offset + nbytes].view(dtype).reshape(shape)
+
+    def _with_external_data(self, t: TensorProto, where: str) -> TensorProto:
+        path, offset, length = self._external_range(t, where)
         with open(path, "rb") as f:
             f.seek(offset)
             raw = f.read(length)
@@ -276,6 +305,19 @@ class _Parser:
         inline.data_location = TensorProto.DEFAULT
         inline.raw_data = raw
         return inline
+
+
+def _mappable_dtype(data_type: int) -> np.dtype | None:
+    """The NumPy dtype whose bytes are ONNX's raw data of this element type, or None."""
+    import sys
+
+    packed = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, n)}
+    if sys.byteorder != "little" or data_type in packed or data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return None
+    try:
+        return dtypes.np_dtype(data_type)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _physical_memory() -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dtypes, onnx_io, symbolic
+from . import dtypes, onnx_io, symbolic, weights
 from .errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, InvalidArgumentError,
                       MissingInputError, UnknownInputError, UnknownOutputError, UnsupportedOperatorError)
 from .ir import MapType, OptionalType, SequenceType, TensorType
@@ -148,6 +148,7 @@ class Session:
         self.providers = providers_mod.make(providers, self.notes)
         t0 = time.perf_counter()
         self.graph = onnx_io.load(model, base_dir)
+        self._loaded_weights = weights.as_loaded(self.graph)  # for explain: mapped / copied / transformed
         self._source = (model, base_dir)
         self.timings = {"load": time.perf_counter() - t0}
         # passes → infer → place: each stage a function of the one before (see DESIGN.md).

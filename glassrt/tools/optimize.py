@@ -80,6 +80,28 @@ def bind_dims(graph: Graph, dims: dict) -> Graph:
     return replace(graph, inputs=inputs, types=types)
 
 
+def fold_bound_values(graph: Graph, infer_types) -> tuple[Graph, list]:
+    """Nodes whose every output inference knows once the dims are bound (Shape, and the
+    Gather/Unsqueeze/Concat arithmetic on it) become initializers; fold_constants then folds
+    what reads them. Only with --dim: a session folds these per plan, once shapes are known."""
+    from ..passes.manager import PassRecord
+    from ..runtime.folding import may_fold
+
+    t0 = time.perf_counter()
+    values = infer_types(graph).values
+    known = lambda o: isinstance(values.get(o), np.ndarray) and values[o].dtype != object  # noqa: E731
+    keep, inits, changes = [], dict(graph.initializers), []
+    for n in graph.nodes:
+        outs = [o for o in n.outputs if o]
+        if outs and may_fold(n) and all(known(o) for o in outs):
+            inits.update({o: np.asarray(values[o]) for o in outs})
+            changes.append(f"fold {n.op_type} '{n.name}': its value follows from the bound dims")
+        else:
+            keep.append(n)
+    record = PassRecord("fold_bound_values", "basic", changes, len(graph.nodes), len(keep), time.perf_counter() - t0)
+    return replace(graph, nodes=keep, initializers=inits), [record]
+
+
 def optimize(model, output, *, level: str = "all", dims: dict | None = None, external_data: bool = False,
              size_threshold: int = 1024, providers=None) -> Report:
     """Load `model` (a path), run the passes of `level`, write `output`; see the module doc."""
@@ -92,10 +114,13 @@ def optimize(model, output, *, level: str = "all", dims: dict | None = None, ext
     t0 = time.perf_counter()
     graph = onnx_io.load(model)
     before, bytes_before = op_counts(graph), weight_bytes(graph)
-    graph = bind_dims(graph, dims or {})
+    graph, records = bind_dims(graph, dims or {}), []
+    if dims and level_rank(level) >= level_rank("basic"):
+        graph, records = fold_bound_values(graph, _infer_symbolic)
     options = SessionOptions(graph_optimization_level=level)
     notes: list = []
-    graph, _, records = run_passes(graph, options, providers_mod.make(providers, notes), _infer_symbolic)
+    graph, _, more = run_passes(graph, options, providers_mod.make(providers, notes), _infer_symbolic)
+    records += more
     source = str(model) if not isinstance(model, (bytes, bytearray)) else None
     written = write_model(graph, output, passes=records, level=level, external_data=external_data,
                           size_threshold=size_threshold, source=source)
