@@ -59,11 +59,21 @@ def _parse_bytes(data: bytes, where: str) -> onnx.ModelProto:
 
 
 def load(model, base_dir: str | None = None) -> Graph:
+    if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        # Large raw_data tensors are read from the file into their arrays (model_file.py).
+        from . import model_file
+
+        stripped = model_file.strip(os.fspath(model))
+        if stripped is not None:
+            proto = _parse_bytes(stripped[0], os.fspath(model))
+            raw = (os.fspath(model), stripped[1])
+            return from_proto(proto, base_dir or str(Path(model).resolve().parent), raw=raw)
     proto, folder = read_model(model)
     return from_proto(proto, base_dir or folder)
 
 
-def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
+def from_proto(proto: onnx.ModelProto, base_dir: str | None, raw: tuple | None = None) -> Graph:
+    """raw: (model path, {initializer name: (offset, length)}) of the raw_data model_file.strip took out."""
     opsets = {}
     for imp in proto.opset_import:
         domain = "" if imp.domain in DEFAULT_DOMAINS else imp.domain
@@ -79,7 +89,7 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
                 proto = onnx.inliner.inline_selected_functions(proto, own, exclude=True)
             except Exception as e:  # the inliner reports malformed functions
                 raise InvalidModelError(f"cannot inline the model's local functions: {e}") from e
-    parser = _Parser(opsets, base_dir)
+    parser = _Parser(opsets, base_dir, raw)
     graph = parser.graph(proto.graph, outer=frozenset())
     graph.doc = proto.doc_string
     graph.ir_version = int(proto.ir_version)
@@ -120,9 +130,10 @@ def _texts(values, where: str) -> list[str]:
 
 
 class _Parser:
-    def __init__(self, opsets: dict[str, int], base_dir: str | None):
+    def __init__(self, opsets: dict[str, int], base_dir: str | None, raw: tuple | None = None):
         self.opsets = opsets
         self.base_dir = base_dir
+        self.raw_path, self.raw = raw if raw else (None, {})
 
     def graph(self, g: onnx.GraphProto, outer: frozenset[str]) -> Graph:
         for vi in [*g.input, *g.output, *g.value_info]:
@@ -130,8 +141,12 @@ class _Parser:
         for t in g.initializer:
             _text(t.name, f"graph '{g.name}' initializer name")
         inits = {}
+        top = not outer
         for t in g.initializer:
-            inits[t.name] = self.tensor(t, f"initializer '{t.name}'")
+            if top and t.name in self.raw and not t.HasField("raw_data") and t.data_location != TensorProto.EXTERNAL:
+                inits[t.name] = self._read_raw(t, f"initializer '{t.name}'")
+            else:
+                inits[t.name] = self.tensor(t, f"initializer '{t.name}'")
         for st in g.sparse_initializer:
             inits[st.values.name] = self.sparse_tensor(st, f"sparse initializer '{st.values.name}'")
         types = {vi.name: parse_type(vi.type, vi.name) for vi in g.value_info}
@@ -293,6 +308,31 @@ class _Parser:
         if nbytes == 0:
             return np.zeros(shape, dtype)
         return map_file(path)[offset:offset + nbytes].view(dtype).reshape(shape)
+
+    def _read_raw(self, t: TensorProto, where: str) -> np.ndarray:
+        """A tensor whose raw_data model_file.strip left in the file: read into its array."""
+        from .model_file import read_into
+
+        offset, length = self.raw[t.name]
+        dtype = _mappable_dtype(t.data_type)
+        if dtype is None or any(d < 0 for d in t.dims):  # packed 4-bit, strings...: as protobuf would
+            with open(self.raw_path, "rb") as f:
+                f.seek(offset)
+                t.raw_data = f.read(length)
+            return self.tensor(t, where)
+        shape = tuple(int(d) for d in t.dims)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if length != nbytes:
+            raise InvalidModelError(f"{where}: tensor data does not match its declared type "
+                                    f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} "
+                                    f"({length} bytes of raw data, {nbytes} needed)")
+        arr = np.empty(shape, dtype)
+        try:
+            read_into(self.raw_path, offset, arr)
+        except OSError as e:
+            raise ModelLoadError(f"{where}: cannot read its data from '{self.raw_path}': {e}") from e
+        arr.flags.writeable = False  # as mapped weights are: a kernel writing into a weight fails loudly
+        return arr
 
     def _with_external_data(self, t: TensorProto, where: str) -> TensorProto:
         path, offset, length = self._external_range(t, where)

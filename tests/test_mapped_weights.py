@@ -193,3 +193,44 @@ def test_a_mapped_file_is_never_written_over(written, tmp_path):
         write_model(sess.graph, out.parent / "mlp.opt.onnx", external_data=True)
     assert (out.parent / "mlp.opt.onnx.data").read_bytes() == before
     np.testing.assert_allclose(sess.run(None, FEEDS)[0], _ort(src), rtol=1e-5, atol=1e-5)
+
+
+def test_large_raw_data_is_read_straight_into_its_array(tmp_path):
+    """Weights inside the model file: the large ones are read from the file into their arrays
+    (model_file.py) rather than copied out of a parsed message; same values, read-only."""
+    from glassrt import model_file
+
+    big = np.random.default_rng(2).standard_normal((128, 256)).astype(np.float32)  # 128 KiB
+    half = big[:64].astype(np.float16)
+    nodes = [helper.make_node("MatMul", ["x", "big"], ["h"]), helper.make_node("Cast", ["half"], ["hf"], to=1),
+             helper.make_node("ReduceSum", ["hf"], ["s"], keepdims=0), helper.make_node("Add", ["h", "s"], ["y"])]
+    m = model(nodes, [tensor("x", [2, 128])], [tensor("y", [2, 256])],
+              [init("big", big), init("half", half), init("small", np.ones(3, np.float32))], opset=17)
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    data, raw = model_file.strip(os.fspath(p))
+    assert set(raw) == {"big"}  # half is 32 KiB: under MIN_BYTES, parsed as usual
+    offset, length = raw["big"]
+    assert len(data) < p.stat().st_size - length + 16  # the rest of the file, lengths re-encoded
+    assert p.read_bytes()[offset:offset + length] == big.tobytes()
+    graph = load(p)
+    arr = graph.initializers["big"]
+    np.testing.assert_array_equal(arr, big)
+    assert not arr.flags.writeable and not isinstance(arr, np.memmap)
+    np.testing.assert_array_equal(graph.initializers["half"], half)
+    x = np.random.default_rng(3).standard_normal((2, 128)).astype(np.float32)
+    expected = ort.InferenceSession(os.fspath(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(glassrt.InferenceSession(p).run(None, {"x": x})[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_truncated_model_file_is_still_refused_by_name(tmp_path):
+    big = np.ones((128, 256), np.float32)
+    m = model([helper.make_node("MatMul", ["x", "big"], ["y"])], [tensor("x", [2, 128])], [tensor("y", [2, 256])],
+              [init("big", big)], opset=17)
+    p = tmp_path / "cut.onnx"
+    p.write_bytes(m.SerializeToString()[:-5000])  # the end of the weights and the graph's inputs cut off
+    from glassrt import model_file
+
+    assert model_file.strip(os.fspath(p)) is None
+    with pytest.raises(glassrt.ModelLoadError, match="cut.onnx: not a valid ONNX model"):
+        glassrt.InferenceSession(p)
