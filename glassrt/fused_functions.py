@@ -33,7 +33,7 @@ import onnx
 from onnx import helper
 
 from .errors import GlassrtError
-from .ir import Graph, ValueInfo
+from .ir import Graph, TensorType, ValueInfo
 from .onnx_io import node_to_proto
 from .ops.registry import get_contract
 
@@ -140,7 +140,10 @@ class FusedFunctions:
                                 "written as an ONNX function; write the model with a lower --level") from e
         if not body:
             raise OptimizeError(f"{where}: it has no decomposition to write as an ONNX function")
-        types = {f: t for f, t in zip(formal_in, input_types) if f}
+        # The body's types serve only to lower its nodes (a Gelu's function needs the dtype);
+        # shapes are left out, as the body holds no conv geometry (its attributes are references).
+        types = {f: TensorType(t.dtype, None) if isinstance(t, TensorType) else t
+                 for f, t in zip(formal_in, input_types) if f}
         res = infer(Graph("body", body, [ValueInfo(f, t) for f, t in types.items()], [], {}), types, strict=False)
         protos = self.legalizer.protos(body, {**types, **res.types}, where)
         targets = [p for p in protos if p.op_type == inner_op and not p.domain]
