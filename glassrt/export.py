@@ -32,7 +32,7 @@ from onnx.external_data_helper import set_external_data
 
 from . import __version__, dtypes
 from .fused_functions import DOMAIN, FusedFunctions, Legalizer, OptimizeError
-from .ir import Graph, TensorType
+from .ir import Graph
 from .onnx_io import attribute_to_proto, to_type_proto
 from .weights import mapped_paths
 
