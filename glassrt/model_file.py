@@ -20,6 +20,7 @@ Anything unexpected (a group wire type, a repeated graph field, a length past th
 from __future__ import annotations
 
 import io
+import os
 
 MIN_BYTES = 1 << 16  # smaller tensors stay in the message: not worth a read each
 # ModelProto.graph, GraphProto.initializer, TensorProto.name, TensorProto.raw_data
@@ -28,6 +29,14 @@ _GRAPH, _INITIALIZER, _NAME, _RAW_DATA = 7, 5, 8, 9
 
 class _Unsupported(Exception):
     pass
+
+
+class _Sized:
+    """A buffered file that knows its size (lengths are checked against what is left)."""
+
+    def __init__(self, f):
+        self.f, self.size = f, os.fstat(f.fileno()).st_size
+        self.read, self.tell, self.seek, self.peek = f.read, f.tell, f.seek, f.peek
 
 
 def _varint(f) -> tuple[int, bytes]:
@@ -55,7 +64,13 @@ def _encode_varint(n: int) -> bytes:
             return bytes(out)
 
 
+def _left(f) -> int:
+    return f.size - f.tell()
+
+
 def _read(f, n: int) -> bytes:
+    if n > _left(f):  # checked first: a hostile length must not become a huge allocation
+        raise _Unsupported("a field runs past the end of the file")
     data = f.read(n)
     if len(data) != n:
         raise _Unsupported("a field runs past the end of the file")
@@ -93,11 +108,13 @@ def _tensor(f, end: int) -> tuple[bytes, str | None, tuple | None]:
         if field == _NAME and wire == 2:
             value = _copy_value(f, wire)
             out += tag + value
-            n, raw = _varint(io.BufferedReader(io.BytesIO(value)))
-            name = value[len(raw):].decode("utf-8", errors="replace")
+            _, length_bytes = _varint(io.BytesIO(value))
+            name = value[len(length_bytes):].decode("utf-8", errors="replace")
         elif field == _RAW_DATA and wire == 2:
             n, raw = _varint(f)
             if n >= MIN_BYTES and found is None:
+                if n > _left(f):
+                    raise _Unsupported("raw_data runs past the end of the file")
                 found = (f.tell(), n)
                 f.seek(n, io.SEEK_CUR)
                 continue
@@ -128,6 +145,7 @@ def strip(path: str) -> tuple[bytes, dict] | None:
     length) in the file}), or None where the file is not read this way (see the module doc)."""
     try:
         with open(path, "rb", buffering=1 << 16) as f:
+            f = _Sized(f)
             out, raw, graphs = bytearray(), {}, 0
             for field, wire, tag in _fields(f, None):
                 if field == _GRAPH and wire == 2:
@@ -137,7 +155,7 @@ def strip(path: str) -> tuple[bytes, dict] | None:
                     out += tag + _encode_varint(len(body)) + body
                 else:
                     out += tag + _copy_value(f, wire)
-    except (_Unsupported, OSError):
+    except (_Unsupported, OSError, ValueError, OverflowError, MemoryError):
         return None
     if graphs != 1 or not raw:  # nothing large inside: the plain parse is as good
         return None

@@ -234,3 +234,19 @@ def test_a_truncated_model_file_is_still_refused_by_name(tmp_path):
     assert model_file.strip(os.fspath(p)) is None
     with pytest.raises(glassrt.ModelLoadError, match="cut.onnx: not a valid ONNX model"):
         glassrt.InferenceSession(p)
+
+
+def test_a_hostile_length_in_the_model_file_is_not_allocated(tmp_path):
+    """A raw_data or field length of 2**60 must not become a 2**60-byte read."""
+    from glassrt import model_file
+
+    big = np.ones((128, 256), np.float32)
+    m = model([helper.make_node("MatMul", ["x", "big"], ["y"])], [tensor("x", [2, 128])], [tensor("y", [2, 256])],
+              [init("big", big)], opset=17)
+    data = m.SerializeToString()
+    lie = data.replace(model_file._encode_varint(big.nbytes), model_file._encode_varint(2**60), 1)
+    p = tmp_path / "lie.onnx"
+    p.write_bytes(lie)
+    assert model_file.strip(os.fspath(p)) is None
+    with pytest.raises(glassrt.ModelLoadError, match="lie.onnx: not a valid ONNX model"):
+        glassrt.InferenceSession(p)
