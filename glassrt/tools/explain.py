@@ -307,7 +307,7 @@ def render(report: dict, console, max_reason: int = 70) -> None:
     w = s["weights"]
     console.print(f"weights: {fmt_bytes(w['mapped_bytes'])} mapped from the file ({w['mapped_tensors']} tensors), "
                   f"{fmt_bytes(w['copied_bytes'])} copied into memory, {fmt_bytes(w['transformed_bytes'])} "
-                  "transformed (folded by passes, reordered by kernels)", highlight=False, markup=False)
+                  "transformed (folded by passes; reordered by oneDNN, which happens on a plan's first run)", highlight=False, markup=False)
     if s["unsupported"]:
         console.print("memory: no plan (a node no provider runs)", highlight=False, markup=False)
     elif s["arena_bytes"] is not None:
