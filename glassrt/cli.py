@@ -268,6 +268,36 @@ def profile(model, runs, trace, top, html_file, inputs, dims, providers, threads
 
 
 @main.command()
+@click.argument("model")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The optimized model to write.")
+@click.option("--level", type=click.Choice(["none", "basic", "extended", "all"]), default="all", show_default=True,
+              help="Which graph passes run (as SessionOptions.graph_optimization_level).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic input dim before the passes.")
+@click.option("--external-data", is_flag=True, help="Write initializers to OUTPUT.data, aligned so they can be mapped.")
+@click.option("--size-threshold", default=1024, show_default=True, metavar="BYTES",
+              help="With --external-data: smaller initializers stay inside the model.")
+@click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True,
+              help="Providers the passes ask (which composites they can run whole).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Also write the report as JSON.")
+def optimize(model, output, level, dims, external_data, size_threshold, providers, json_file):
+    """Run glassrt's graph passes on MODEL once and save the result as a standard ONNX model."""
+    import json
+
+    from .tools import optimize as tool
+
+    try:
+        with _progress(f"optimizing {Path(model).name}"):
+            report = tool.optimize(model, output, level=level, dims=_parse_dims(dims), external_data=external_data,
+                                   size_threshold=size_threshold, providers=providers.split(","))
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(1)
+    tool.render(report, console)
+    if json_file:
+        Path(json_file).write_text(json.dumps(report.to_json(), indent=1))
+
+
+@main.command()
 @click.option("--op", "op_filter", help="Check only this op (e.g. Conv or my_ops::swish).")
 @click.option("--module", "modules", multiple=True, metavar="PY_MODULE",
               help="Import this module (dotted name or .py file) first, so its custom ops register.")

@@ -59,11 +59,21 @@ def _parse_bytes(data: bytes, where: str) -> onnx.ModelProto:
 
 
 def load(model, base_dir: str | None = None) -> Graph:
+    if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        # Large raw_data tensors are read from the file into their arrays (model_file.py).
+        from . import model_file
+
+        stripped = model_file.strip(os.fspath(model))
+        if stripped is not None:
+            proto = _parse_bytes(stripped[0], os.fspath(model))
+            raw = (os.fspath(model), stripped[1])
+            return from_proto(proto, base_dir or str(Path(model).resolve().parent), raw=raw)
     proto, folder = read_model(model)
     return from_proto(proto, base_dir or folder)
 
 
-def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
+def from_proto(proto: onnx.ModelProto, base_dir: str | None, raw: tuple | None = None) -> Graph:
+    """raw: (model path, {initializer name: (offset, length)}) of the raw_data model_file.strip took out."""
     opsets = {}
     for imp in proto.opset_import:
         domain = "" if imp.domain in DEFAULT_DOMAINS else imp.domain
@@ -71,11 +81,15 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
     if "" not in opsets and any(n.domain in DEFAULT_DOMAINS for n in proto.graph.node):
         raise InvalidModelError("model has no opset_import for the default ONNX domain")
     if proto.functions:
-        try:
-            proto = onnx.inliner.inline_local_functions(proto)
-        except Exception as e:  # the inliner reports malformed functions
-            raise InvalidModelError(f"cannot inline the model's local functions: {e}") from e
-    parser = _Parser(opsets, base_dir)
+        # glassrt's own fused ops, written as functions by `glassrt optimize` (export.py), stay
+        # nodes that run their fused kernels; every other model-local function is inlined.
+        own = sorted({(f.domain, f.name) for f in proto.functions if _own_function(f, opsets)})
+        if len(own) < len({(f.domain, f.name) for f in proto.functions}):
+            try:
+                proto = onnx.inliner.inline_selected_functions(proto, own, exclude=True)
+            except Exception as e:  # the inliner reports malformed functions
+                raise InvalidModelError(f"cannot inline the model's local functions: {e}") from e
+    parser = _Parser(opsets, base_dir, raw)
     graph = parser.graph(proto.graph, outer=frozenset())
     graph.doc = proto.doc_string
     graph.ir_version = int(proto.ir_version)
@@ -88,6 +102,16 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None) -> Graph:
                   "custom_metadata_map": {_text(p.key, "metadata key"): _text(p.value, "metadata value")
                                           for p in proto.metadata_props}}
     return graph
+
+
+def _own_function(f: onnx.FunctionProto, opsets: dict) -> bool:
+    """A function for one of glassrt's fused ops (domain "glassrt", a contract with a decomposition)."""
+    if f.domain != "glassrt" or "glassrt" not in opsets:
+        return False
+    from .ops.registry import get_contract
+
+    contract = get_contract("glassrt", f.name, opsets["glassrt"])
+    return contract is not None and contract.decomposition is not None
 
 
 # ---------------------------------------------------------------- parsing
@@ -106,9 +130,10 @@ def _texts(values, where: str) -> list[str]:
 
 
 class _Parser:
-    def __init__(self, opsets: dict[str, int], base_dir: str | None):
+    def __init__(self, opsets: dict[str, int], base_dir: str | None, raw: tuple | None = None):
         self.opsets = opsets
         self.base_dir = base_dir
+        self.raw_path, self.raw = raw if raw else (None, {})
 
     def graph(self, g: onnx.GraphProto, outer: frozenset[str]) -> Graph:
         for vi in [*g.input, *g.output, *g.value_info]:
@@ -116,8 +141,12 @@ class _Parser:
         for t in g.initializer:
             _text(t.name, f"graph '{g.name}' initializer name")
         inits = {}
+        top = not outer
         for t in g.initializer:
-            inits[t.name] = self.tensor(t, f"initializer '{t.name}'")
+            if top and t.name in self.raw and not t.HasField("raw_data") and t.data_location != TensorProto.EXTERNAL:
+                inits[t.name] = self._read_raw(t, f"initializer '{t.name}'")
+            else:
+                inits[t.name] = self.tensor(t, f"initializer '{t.name}'")
         for st in g.sparse_initializer:
             inits[st.values.name] = self.sparse_tensor(st, f"sparse initializer '{st.values.name}'")
         types = {vi.name: parse_type(vi.type, vi.name) for vi in g.value_info}
@@ -200,6 +229,9 @@ class _Parser:
 
     def tensor(self, t: TensorProto, where: str) -> np.ndarray:
         if t.data_location == TensorProto.EXTERNAL:
+            mapped = self._mapped(t, where)
+            if mapped is not None:
+                return mapped
             t = self._with_external_data(t, where)
         if t.data_type == TensorProto.UNDEFINED or t.data_type not in TensorProto.DataType.values():
             raise InvalidModelError(f"{where}: unknown element type {t.data_type}")
@@ -235,7 +267,8 @@ class _Parser:
                 dense[tuple(indices.T)] = values
         return dense
 
-    def _with_external_data(self, t: TensorProto, where: str) -> TensorProto:
+    def _external_range(self, t: TensorProto, where: str) -> tuple[str, int, int]:
+        """(real path, offset, length) of a tensor's external data, after the path checks."""
         info = {e.key: e.value for e in t.external_data}
         location = info.get("location", "")
         if self.base_dir is None:
@@ -253,6 +286,56 @@ class _Parser:
             raise InvalidModelError(
                 f"{where}: external data range [{offset}, {offset + length}) lies outside "
                 f"'{location}' ({size} bytes)")
+        return path, offset, length
+
+    def _mapped(self, t: TensorProto, where: str) -> np.ndarray | None:
+        """The tensor as a read-only view of its external file, mapped (weights.py), or None
+        where its bytes are not the array's (packed 4-bit types, strings, a big-endian host,
+        an offset the dtype cannot be read at: read and copied as before)."""
+        from .weights import map_file
+
+        dtype = _mappable_dtype(t.data_type)
+        if dtype is None or any(d < 0 for d in t.dims):
+            return None  # tensor() reports what is wrong
+        path, offset, length = self._external_range(t, where)
+        shape = tuple(int(d) for d in t.dims)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if length != nbytes:
+            raise InvalidModelError(f"{where}: external data holds {length} bytes, but its type "
+                                    f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} need {nbytes}")
+        if offset % dtype.alignment:
+            return None
+        if nbytes == 0:
+            return np.zeros(shape, dtype)
+        return map_file(path)[offset:offset + nbytes].view(dtype).reshape(shape)
+
+    def _read_raw(self, t: TensorProto, where: str) -> np.ndarray:
+        """A tensor whose raw_data model_file.strip left in the file: read into its array."""
+        from .model_file import read_into
+
+        offset, length = self.raw[t.name]
+        dtype = _mappable_dtype(t.data_type)
+        if dtype is None or any(d < 0 for d in t.dims):  # packed 4-bit, strings...: as protobuf would
+            with open(self.raw_path, "rb") as f:
+                f.seek(offset)
+                t.raw_data = f.read(length)
+            return self.tensor(t, where)
+        shape = tuple(int(d) for d in t.dims)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if length != nbytes:
+            raise InvalidModelError(f"{where}: tensor data does not match its declared type "
+                                    f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} "
+                                    f"({length} bytes of raw data, {nbytes} needed)")
+        arr = np.empty(shape, dtype)
+        try:
+            read_into(self.raw_path, offset, arr)
+        except OSError as e:
+            raise ModelLoadError(f"{where}: cannot read its data from '{self.raw_path}': {e}") from e
+        arr.flags.writeable = False  # as mapped weights are: a kernel writing into a weight fails loudly
+        return arr
+
+    def _with_external_data(self, t: TensorProto, where: str) -> TensorProto:
+        path, offset, length = self._external_range(t, where)
         with open(path, "rb") as f:
             f.seek(offset)
             raw = f.read(length)
@@ -262,6 +345,19 @@ class _Parser:
         inline.data_location = TensorProto.DEFAULT
         inline.raw_data = raw
         return inline
+
+
+def _mappable_dtype(data_type: int) -> np.dtype | None:
+    """The NumPy dtype whose bytes are ONNX's raw data of this element type, or None."""
+    import sys
+
+    packed = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, n)}
+    if sys.byteorder != "little" or data_type in packed or data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return None
+    try:
+        return dtypes.np_dtype(data_type)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _physical_memory() -> int:

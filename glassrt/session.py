@@ -9,13 +9,14 @@ stages are runtime/ and passes/; this module only strings them together. The pub
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dtypes, onnx_io, symbolic
+from . import dtypes, onnx_io, symbolic, weights
 from .errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, InvalidArgumentError,
                       MissingInputError, UnknownInputError, UnknownOutputError, UnsupportedOperatorError)
 from .ir import MapType, OptionalType, SequenceType, TensorType
@@ -147,6 +148,7 @@ class Session:
         self.providers = providers_mod.make(providers, self.notes)
         t0 = time.perf_counter()
         self.graph = onnx_io.load(model, base_dir)
+        self._loaded_weights = weights.as_loaded(self.graph)  # for explain: mapped / copied / transformed
         self._source = (model, base_dir)
         self.timings = {"load": time.perf_counter() - t0}
         # passes → infer → place: each stage a function of the one before (see DESIGN.md).
@@ -154,6 +156,12 @@ class Session:
         self.graph, found, self.passes = run_passes(self.graph, self.options, self.providers, _infer_symbolic)
         self.timings["passes"] = time.perf_counter() - t0
         self.pass_log = [c for r in self.passes for c in r.changes]
+        if self.options.optimized_model_filepath:
+            from .export import write_model
+
+            write_model(self.graph, self.options.optimized_model_filepath, passes=self.passes,
+                        level=self.options.graph_optimization_level,
+                        source=str(model) if isinstance(model, (str, os.PathLike)) else None)
         self.expansions, self.folded = found.expansions, found.folded
         self._expansion_failures = found.expansion_failures
         t0 = time.perf_counter()

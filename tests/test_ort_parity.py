@@ -73,9 +73,8 @@ def test_session_options_work_or_are_refused_by_name():
     so = glassrt.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = 2, 1  # what onnxruntime users set
     so.graph_optimization_level = "ORT_ENABLE_BASIC"
-    with pytest.raises(glassrt.InvalidArgumentError, match="no option 'optimized_model_filepath': glassrt does not "
-                                                          "write optimized models"):
-        so.optimized_model_filepath = "out.onnx"
+    with pytest.raises(glassrt.InvalidArgumentError, match="no option 'execution_mode': glassrt runs nodes in order"):
+        so.execution_mode = 1
     with pytest.raises(glassrt.InvalidArgumentError, match="no option 'enable_magic': no such option"):
         so.enable_magic = True
     with pytest.raises(glassrt.InvalidArgumentError, match="inter_op_num_threads=4: glassrt runs one node at a time"):

@@ -16,8 +16,6 @@ def _default_memory_limit() -> int:
 
 # onnxruntime's SessionOptions that glassrt does not have, and why (or what to use instead).
 _NOT_HERE = {
-    "optimized_model_filepath": "glassrt does not write optimized models; `glassrt explain` shows what its "
-                                "passes changed",
     "execution_mode": "glassrt runs nodes in order (ORT_SEQUENTIAL)",
     "log_severity_level": "glassrt reports through Python warnings and explain, not log levels",
     "log_verbosity_level": "glassrt reports through Python warnings and explain, not log levels",
@@ -73,6 +71,10 @@ class SessionOptions:
     check_outputs: bool = True
     # Record a per-node timing profile on every run (see Session.profile()).
     enable_profiling: bool = False
+    # Write the graph after the passes to this path at session creation (export.py): standard
+    # ONNX, glassrt's fused ops as model-local functions; "" writes nothing. The model's own
+    # path is refused. `glassrt optimize` does the same with more choices (external data, dims).
+    optimized_model_filepath: str = ""
     # onnxruntime's: glassrt runs one node at a time, so 0 (default) or 1 only.
     inter_op_num_threads: int = 0
 

@@ -7,7 +7,7 @@ The JSON form (`--json`) holds the same data; see README "explain JSON".
 """
 from __future__ import annotations
 
-from .. import dtypes, symbolic
+from .. import dtypes, symbolic, weights
 from ..ir import OptionalType, SequenceType, TensorType
 from ..ops.flops import node_flops
 from ..ops.registry import get_contract
@@ -166,6 +166,8 @@ def explain(sess, dims: dict | None = None) -> dict:
                     if not plan or plan.layouts else []},
         "threads": plan.threads.to_json() if plan and plan.threads is not None else None,
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
+        # weight bytes mapped from their file / copied into memory / computed from weights (weights.py)
+        "weights": weights.account(placement.graph, getattr(sess, "_loaded_weights", None)),
         **summary_mem,
     }
     return {
@@ -302,6 +304,10 @@ def render(report: dict, console, max_reason: int = 70) -> None:
                       "reorders)", highlight=False, markup=False)
     for note in s["notes"]:
         console.print(f"note: {note}", style="yellow", highlight=False, markup=False)
+    w = s["weights"]
+    console.print(f"weights: {fmt_bytes(w['mapped_bytes'])} mapped from the file ({w['mapped_tensors']} tensors), "
+                  f"{fmt_bytes(w['copied_bytes'])} copied into memory, {fmt_bytes(w['transformed_bytes'])} "
+                  "transformed (folded by passes; reordered by oneDNN, which happens on a plan's first run)", highlight=False, markup=False)
     if s["unsupported"]:
         console.print("memory: no plan (a node no provider runs)", highlight=False, markup=False)
     elif s["arena_bytes"] is not None:

@@ -1,0 +1,102 @@
+"""Weights mapped from their files instead of copied, and the accounting explain prints.
+
+An initializer stored as external data is a read-only view of a `numpy.memmap` of its
+file (onnx_io._Parser._mapped): nothing is read until a kernel touches it, the pages are
+the page cache's (shared by every process that maps the file, dropped and re-read by the
+kernel under memory pressure rather than swapped), and a kernel that tried to write into a
+weight would fail loudly (read-only) instead of corrupting every later run. One mapping per
+file, shared by every tensor in it and by the sessions of this process.
+
+A file that is mapped must not be truncated or rewritten while a session uses it (reading
+a page cut off from the file ends the process with SIGBUS, as in every runtime that maps
+weights, onnxruntime included); export.write_model refuses to write over a file mapped here.
+
+`account(sess)` sorts the weight bytes of a session: *mapped* (views of a file), *copied*
+(read into memory as the file has them: raw_data inside the model, external data at an
+offset the dtype cannot be read at), *transformed* (computed from weights: constants the
+passes folded, BatchNormalization folded into conv weights, oneDNN's reordered copies).
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import numpy as np
+
+_MAPS: dict = {}  # (real path, inode, size, mtime) -> weakref to the file's np.memmap
+
+
+def map_file(path: str) -> np.memmap:
+    """The whole file mapped read-only (one mapping per file while any view of it lives)."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    ref = _MAPS.get(key)
+    mm = ref() if ref is not None else None
+    if mm is None:
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        _MAPS[key] = weakref.ref(mm)
+        for k in [k for k, r in _MAPS.items() if r() is None]:  # forget files no array maps any more
+            del _MAPS[k]
+    return mm
+
+
+def mapped_paths() -> set[str]:
+    """Real paths of the files this process maps weights from now."""
+    return {k[0] for k, r in _MAPS.items() if r() is not None}
+
+
+def is_mapped(arr) -> bool:
+    """A view of a file mapping (a memmap's slices and reshapes stay memmaps sharing its _mmap;
+    arithmetic on one gives a plain array)."""
+    return isinstance(arr, np.memmap) and getattr(arr, "_mmap", None) is not None
+
+
+def _initializers(graph):
+    for g in [graph, *(s for n in graph.walk() for s in n.subgraphs())]:
+        yield from g.initializers.values()
+
+
+def as_loaded(graph) -> weakref.WeakValueDictionary:
+    """The arrays the model file had (id -> array, weakly: a folded-away weight is not kept)."""
+    out = weakref.WeakValueDictionary()
+    for arr in _initializers(graph):
+        if isinstance(arr, np.ndarray):
+            out[id(arr)] = arr
+    return out
+
+
+def _packed_bytes(constants: list) -> int:
+    """Bytes of oneDNN's reordered copies of these constants (kernels/onednn, made when plans bind)."""
+    import sys
+
+    kernels = sys.modules.get("glassrt.kernels.onednn.kernels")
+    if kernels is None:
+        return 0
+    ids = {id(a) for a in constants}
+    seen, total = set(), 0
+    for entry in list(kernels._PACKED.values()):
+        if id(entry.source) in ids and id(entry) not in seen:
+            seen.add(id(entry))
+            total += int(entry.memory.nbytes)
+    return total
+
+
+def account(graph, loaded) -> dict:
+    """{"mapped_bytes", "copied_bytes", "transformed_bytes", "mapped_tensors"} for a graph
+    after its passes; `loaded` is as_loaded() of the graph as it was read."""
+    out = {"mapped_bytes": 0, "copied_bytes": 0, "transformed_bytes": 0, "mapped_tensors": 0}
+    seen, constants = set(), []
+    for arr in _initializers(graph):
+        if not isinstance(arr, np.ndarray) or id(arr) in seen:
+            continue
+        seen.add(id(arr))
+        constants.append(arr)
+        if is_mapped(arr):
+            out["mapped_bytes"] += int(arr.nbytes)
+            out["mapped_tensors"] += 1
+        elif loaded is not None and loaded.get(id(arr)) is arr:
+            out["copied_bytes"] += int(arr.nbytes)
+        else:
+            out["transformed_bytes"] += int(arr.nbytes)
+    out["transformed_bytes"] += _packed_bytes(constants)
+    return out

@@ -1,0 +1,252 @@
+"""Weights in external data are mapped from their file, read-only, instead of copied; the
+side file `glassrt optimize --external-data` writes is aligned so that they can be; the
+external-data path checks still refuse what they refused."""
+from __future__ import annotations
+
+import io
+import os
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from rich.console import Console
+
+import glassrt
+from glassrt import weights
+from glassrt.export import ALIGN, OptimizeError, write_model
+from glassrt.onnx_io import load
+from glassrt.tools import optimize as tool
+from glassrt.tools.explain import explain, fmt_bytes, render
+from tests.helpers import init, model, tensor
+
+RNG = np.random.default_rng(0)
+
+
+def _mlp():
+    """MatMul + bias + Relu + MatMul, and an int64 Gather table (two dtypes, one tiny bias)."""
+    rng = np.random.default_rng(1)  # the same weights on every call
+    w1 = rng.standard_normal((16, 32)).astype(np.float32)
+    w2 = rng.standard_normal((32, 8)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "idx"], ["g"]), helper.make_node("Cast", ["g"], ["gf"], to=1),
+             helper.make_node("Add", ["x", "gf"], ["xg"]), helper.make_node("MatMul", ["xg", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]), helper.make_node("Relu", ["hb"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    return model(nodes, [tensor("x", ["n", 16]), tensor("idx", ["n"], TensorProto.INT64)], [tensor("y", ["n", 8])],
+                 [init("w1", w1), init("w2", w2), init("b1", np.full(32, 0.1, np.float32)),
+                  init("table", rng.integers(-3, 3, (10, 16)).astype(np.int64))], opset=17)
+
+
+FEEDS = {"x": RNG.standard_normal((4, 16)).astype(np.float32), "idx": np.array([0, 3, 9, 3], np.int64)}
+
+
+def _ort(path):
+    return ort.InferenceSession(os.fspath(path), providers=["CPUExecutionProvider"]).run(None, FEEDS)[0]
+
+
+@pytest.fixture
+def written(tmp_path):
+    src = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(), src)
+    out = tmp_path / "mlp.opt.onnx"
+    report = tool.optimize(src, out, level="none", external_data=True, size_threshold=256)
+    return src, out, report
+
+
+def test_external_data_is_aligned_and_mapped_read_only(written):
+    src, out, report = written
+    data = out.parent / "mlp.opt.onnx.data"
+    assert report.written.data_path == os.fspath(data) and report.written.external_tensors == 3  # not the bias
+    saved = onnx.load(out, load_external_data=False)
+    onnx.checker.check_model(out, full_check=True)
+    external = {t.name: {e.key: e.value for e in t.external_data} for t in saved.graph.initializer
+                if t.data_location == TensorProto.EXTERNAL}
+    assert set(external) == {"w1", "w2", "table"}
+    assert all(int(e["offset"]) % ALIGN == 0 and e["location"] == "mlp.opt.onnx.data" for e in external.values())
+
+    graph = load(out)
+    original = {t.name: onnx.numpy_helper.to_array(t) for t in _mlp().graph.initializer}
+    for name in external:
+        arr = graph.initializers[name]
+        assert isinstance(arr, np.memmap) and weights.is_mapped(arr)
+        assert os.path.realpath(arr.filename) == os.path.realpath(data)
+        assert not arr.flags.writeable
+        np.testing.assert_array_equal(arr, original[name])
+        with pytest.raises(ValueError, match="read-only"):
+            arr[...] = 0  # a kernel that wrote into a weight would fail here, loudly
+    assert not isinstance(graph.initializers["b1"], np.memmap)  # under the threshold: inside the model
+    # one mapping of the file serves every tensor in it
+    assert len({id(graph.initializers[n]._mmap) for n in external}) == 1
+
+
+def test_mapped_weights_compute_what_onnxruntime_computes(written):
+    src, out, _ = written
+    expected = _ort(src)
+    for providers in (None, ["cpu"]):
+        sess = glassrt.InferenceSession(out, providers=providers)
+        np.testing.assert_allclose(sess.run(None, FEEDS)[0], expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(sess.run(None, FEEDS)[0], expected, rtol=1e-5, atol=1e-5)  # replayed plan
+    np.testing.assert_allclose(_ort(out), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_explain_counts_mapped_copied_and_transformed_bytes(written, tmp_path):
+    src, out, _ = written
+    sess = glassrt.InferenceSession(out, providers=["cpu"])
+    w = explain(sess)["summary"]["weights"]
+    mapped = 16 * 32 * 4 + 32 * 8 * 4 + 10 * 16 * 8
+    assert w == {"mapped_bytes": mapped, "mapped_tensors": 3, "copied_bytes": 32 * 4, "transformed_bytes": 0}
+    console = Console(file=io.StringIO(), width=200)
+    render(explain(sess), console)
+    text = console.file.getvalue()
+    assert f"weights: {fmt_bytes(mapped)} mapped from the file (3 tensors), {fmt_bytes(128)} copied" in text
+
+    embedded = glassrt.InferenceSession(src, providers=["cpu"])  # raw_data inside the model: copied
+    assert explain(embedded)["summary"]["weights"]["copied_bytes"] == mapped + 128
+
+
+def test_folded_and_packed_weights_count_as_transformed(tmp_path):
+    """BatchNormalization folded into a conv's weights is computed at load; oneDNN's reordered
+    copy of them is made when the plan binds: both transformed, the mapped source stays mapped."""
+    c = 8
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"])]
+    m = model(nodes, [tensor("x", [1, c, 8, 8])], [tensor("y", [1, c, 8, 8])],
+              [init("w", RNG.standard_normal((c, c, 3, 3)).astype(np.float32))] +
+              [init(k, RNG.uniform(0.5, 1.5, c).astype(np.float32)) for k in "sbmv"], opset=17)
+    src, out = tmp_path / "cbn.onnx", tmp_path / "cbn.ext.onnx"
+    onnx.save(m, src)
+    tool.optimize(src, out, level="none", external_data=True, size_threshold=0)
+    sess = glassrt.InferenceSession(out, providers=["cpu"])
+    w = explain(sess)["summary"]["weights"]
+    assert w["mapped_bytes"] == 0 and w["transformed_bytes"] == (c * c * 9 + c) * 4  # folded: w' and b'
+    plain = glassrt.InferenceSession(out, glassrt.SessionOptions(graph_optimization_level="none"), providers=["cpu"])
+    w = explain(plain)["summary"]["weights"]
+    assert w["mapped_bytes"] == (c * c * 9 + 4 * c) * 4 and w["transformed_bytes"] == 0
+
+
+@pytest.mark.parametrize("location, error", [
+    ("../secret.bin", "climbs out"), ("/etc/passwd", "absolute"), ("link.bin", "outside the model's folder")])
+def test_hostile_external_data_is_still_refused(tmp_path, location, error):
+    inner = tmp_path / "model"
+    inner.mkdir()
+    (tmp_path / "secret.bin").write_bytes(np.arange(4, dtype=np.float32).tobytes() * 1024)
+    os.symlink(tmp_path / "secret.bin", inner / "link.bin")
+    t = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4])
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in {"location": location, "offset": "4096", "length": "16"}.items():
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    p = inner / "m.onnx"
+    onnx.save(model([helper.make_node("Add", ["x", "w"], ["y"])], [tensor("x", [4])], [tensor("y", [4])], [t]), p)
+    with pytest.raises(glassrt.UnsafeModelError, match=error):
+        glassrt.InferenceSession(p)
+
+
+@pytest.mark.parametrize("length, offset, error", [
+    (12, 0, "holds 12 bytes, but its type FLOAT and shape \\[4\\] need 16"),
+    (16, 4090, "lies outside 'w.bin'")])
+def test_external_data_of_the_wrong_size_is_refused(tmp_path, length, offset, error):
+    (tmp_path / "w.bin").write_bytes(b"\0" * 4096)
+    t = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4])
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in {"location": "w.bin", "offset": str(offset), "length": str(length)}.items():
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    p = tmp_path / "m.onnx"
+    onnx.save(model([helper.make_node("Add", ["x", "w"], ["y"])], [tensor("x", [4])], [tensor("y", [4])], [t]), p)
+    with pytest.raises(glassrt.InvalidModelError, match=error):
+        glassrt.InferenceSession(p)
+
+
+def test_unaligned_external_data_is_copied_not_misread(tmp_path):
+    """onnx.save packs tensors back to back: a float32 tensor at an odd offset cannot be a
+    float32 view of the mapping, so it is read (copied) instead; an aligned one is mapped."""
+    raw = np.arange(6, dtype=np.float32)
+    (tmp_path / "w.bin").write_bytes(b"\0" + raw.tobytes() + b"\0\0\0" + raw.tobytes())
+    inits = []
+    for name, offset in (("odd", 1), ("even", 28)):
+        t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[6])
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in {"location": "w.bin", "offset": str(offset), "length": "24"}.items():
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        inits.append(t)
+    p = tmp_path / "m.onnx"
+    nodes = [helper.make_node("Add", ["odd", "even"], ["y"])]
+    onnx.save(model(nodes, [], [tensor("y", [6])], inits), p)
+    graph = load(p)
+    assert not isinstance(graph.initializers["odd"], np.memmap) and isinstance(graph.initializers["even"], np.memmap)
+    np.testing.assert_array_equal(glassrt.InferenceSession(p).run(None, {})[0], raw * 2)
+
+
+def test_a_mapped_file_is_never_written_over(written, tmp_path):
+    """Truncating a file a session maps would crash the process (SIGBUS) on its next read."""
+    src, out, _ = written
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = glassrt.InferenceSession(out)
+    before = (out.parent / "mlp.opt.onnx.data").read_bytes()
+    # the model file is new, but its side file would be the one the session maps
+    with pytest.raises(OptimizeError, match="the external data file .* holds its weights"):
+        write_model(sess.graph, out.parent / "mlp.opt.onnx", external_data=True)
+    assert (out.parent / "mlp.opt.onnx.data").read_bytes() == before
+    np.testing.assert_allclose(sess.run(None, FEEDS)[0], _ort(src), rtol=1e-5, atol=1e-5)
+
+
+def test_large_raw_data_is_read_straight_into_its_array(tmp_path):
+    """Weights inside the model file: the large ones are read from the file into their arrays
+    (model_file.py) rather than copied out of a parsed message; same values, read-only."""
+    from glassrt import model_file
+
+    big = np.random.default_rng(2).standard_normal((128, 256)).astype(np.float32)  # 128 KiB
+    half = big[:64].astype(np.float16)
+    nodes = [helper.make_node("MatMul", ["x", "big"], ["h"]), helper.make_node("Cast", ["half"], ["hf"], to=1),
+             helper.make_node("ReduceSum", ["hf"], ["s"], keepdims=0), helper.make_node("Add", ["h", "s"], ["y"])]
+    m = model(nodes, [tensor("x", [2, 128])], [tensor("y", [2, 256])],
+              [init("big", big), init("half", half), init("small", np.ones(3, np.float32))], opset=17)
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    data, raw = model_file.strip(os.fspath(p))
+    assert set(raw) == {"big"}  # half is 32 KiB: under MIN_BYTES, parsed as usual
+    offset, length = raw["big"]
+    assert len(data) < p.stat().st_size - length + 16  # the rest of the file, lengths re-encoded
+    assert p.read_bytes()[offset:offset + length] == big.tobytes()
+    graph = load(p)
+    arr = graph.initializers["big"]
+    np.testing.assert_array_equal(arr, big)
+    assert not arr.flags.writeable and not isinstance(arr, np.memmap)
+    np.testing.assert_array_equal(graph.initializers["half"], half)
+    x = np.random.default_rng(3).standard_normal((2, 128)).astype(np.float32)
+    expected = ort.InferenceSession(os.fspath(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(glassrt.InferenceSession(p).run(None, {"x": x})[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_truncated_model_file_is_still_refused_by_name(tmp_path):
+    big = np.ones((128, 256), np.float32)
+    m = model([helper.make_node("MatMul", ["x", "big"], ["y"])], [tensor("x", [2, 128])], [tensor("y", [2, 256])],
+              [init("big", big)], opset=17)
+    p = tmp_path / "cut.onnx"
+    p.write_bytes(m.SerializeToString()[:-5000])  # the end of the weights and the graph's inputs cut off
+    from glassrt import model_file
+
+    assert model_file.strip(os.fspath(p)) is None
+    with pytest.raises(glassrt.ModelLoadError, match="cut.onnx: not a valid ONNX model"):
+        glassrt.InferenceSession(p)
+
+
+def test_a_hostile_length_in_the_model_file_is_not_allocated(tmp_path):
+    """A raw_data or field length of 2**60 must not become a 2**60-byte read."""
+    from glassrt import model_file
+
+    big = np.ones((128, 256), np.float32)
+    m = model([helper.make_node("MatMul", ["x", "big"], ["y"])], [tensor("x", [2, 128])], [tensor("y", [2, 256])],
+              [init("big", big)], opset=17)
+    data = m.SerializeToString()
+    lie = data.replace(model_file._encode_varint(big.nbytes), model_file._encode_varint(2**60), 1)
+    p = tmp_path / "lie.onnx"
+    p.write_bytes(lie)
+    assert model_file.strip(os.fspath(p)) is None
+    with pytest.raises(glassrt.ModelLoadError, match="lie.onnx: not a valid ONNX model"):
+        glassrt.InferenceSession(p)
