@@ -1,0 +1,181 @@
+"""`glassrt serve --ray`: the same v2 app (app.create_app) as a Ray Serve deployment.
+
+The driver (the `glassrt serve --ray` process) reads each model file once and puts its
+bytes in Ray's object store; every replica gets the ObjectRefs in its constructor arguments
+and fetches the bytes from its node's store (one copy per node, no replica reads the file).
+Each replica then builds the whole app once, as `glassrt serve` does in one process: its own
+sessions (plans compiled once, reused), its own dynamic batcher, its own Prometheus registry.
+Ray Serve's HTTP proxy routes each request to one replica (FastAPI ingress).
+
+Needs the `ray` extra: pip install 'glassrt[ray]'. Nothing else in glassrt imports this module.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray import serve
+
+from ..errors import GlassrtError
+from .repository import ModelSource, resolve
+
+APP_NAME = "glassrt"
+DEPLOYMENT_NAME = "GlassrtServer"
+MIN_OBJECT_STORE_BYTES = 128 << 20  # above Ray's own floor (75 MiB), room for the models and Serve's objects
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """A fixed number of replicas, or Ray Serve's autoscaling between min and max."""
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None
+
+    def deployment_options(self) -> dict:
+        if self.autoscale is None:
+            return {"num_replicas": self.replicas}
+        low, high = self.autoscale
+        return {"autoscaling_config": {"min_replicas": low, "max_replicas": high}}
+
+    def describe(self) -> str:
+        if self.autoscale is None:
+            return f"{self.replicas} replica{'s' * (self.replicas != 1)}"
+        return f"autoscaling between {self.autoscale[0]} and {self.autoscale[1]} replicas"
+
+
+def parse_scaling(replicas: int | None, autoscale: str | None) -> Scaling:
+    if replicas is not None and autoscale is not None:
+        raise GlassrtError("give --replicas N or --autoscale MIN:MAX, not both")
+    if autoscale is None:
+        n = 1 if replicas is None else replicas
+        if n < 1:
+            raise GlassrtError(f"--replicas must be at least 1, got {n}")
+        return Scaling(replicas=n)
+    low, sep, high = autoscale.partition(":")
+    try:
+        bounds = int(low), int(high)
+    except ValueError:
+        bounds = None
+    if not sep or bounds is None or bounds[0] < 0 or bounds[1] < 1 or bounds[0] > bounds[1]:
+        raise GlassrtError(f"--autoscale must be MIN:MAX with 0 <= MIN <= MAX and MAX >= 1, got {autoscale!r}")
+    return Scaling(autoscale=bounds)
+
+
+class GlassrtServer:
+    """One replica: the models' bytes fetched from the object store, the app built once."""
+
+    def __init__(self, models: list, app_options: dict, modules: tuple = ()):
+        # models: [(name, version, path, ObjectRef of the bytes)]. The refs sit inside a list,
+        # so Ray hands them over as refs (not resolved): one ray.get for all of them here.
+        from ..tools.check import load_module
+
+        for module in modules:  # custom ops register in this process too, before the models load
+            load_module(module)
+        blobs = ray.get([ref for *_, ref in models])
+        self.sources = [ModelSource(name, version, Path(path), data=blob)
+                        for (name, version, path, _), blob in zip(models, blobs)]
+        self.app_options = app_options
+
+    def __serve_build_asgi_app__(self):
+        from .app import create_app
+
+        return create_app(self.sources, **self.app_options)
+
+
+def _ingress_class():
+    """GlassrtServer with Serve's FastAPI ingress, late-bound: each replica builds its own app
+    (sessions, batcher, registry) in __serve_build_asgi_app__, after its constructor."""
+    if inspect.signature(serve.ingress).parameters["app"].default is not None:
+        raise GlassrtError(f"glassrt serve --ray needs a Ray Serve whose serve.ingress() builds the app in "
+                           f"each replica (ray {ray.__version__} has none): pip install -U 'glassrt[ray]'")
+    return serve.ingress()(GlassrtServer)
+
+
+def _object_store_bytes(sources) -> int:
+    return max(MIN_OBJECT_STORE_BYTES, 4 * sum(s.path.stat().st_size for s in sources))
+
+
+def deploy(models, *, scaling: Scaling, address: str | None, host: str, port: int, app_options: dict,
+           modules: tuple = (), say=print) -> dict:
+    """Connect to Ray (the cluster at `address`, RAY_ADDRESS, or a new local runtime), put the
+    models in the object store and run the app on Serve's proxy at host:port. Returns what
+    stop() needs. A model that cannot load fails the deployment here, with its replica's error."""
+    sources = [ModelSource(s.name, s.version, s.path.resolve()) for s in resolve(models)]
+    ingress = _ingress_class()
+    owned_runtime = not ray.is_initialized() and not address and not os.environ.get("RAY_ADDRESS")
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, logging_level="warning")
+        else:
+            # RAY_ADDRESS set: ray.init() connects to that cluster, as `ray` itself does; else a
+            # local runtime sized for these models, no dashboard (a cluster of yours has one).
+            ray.init(include_dashboard=False, object_store_memory=_object_store_bytes(sources),
+                     logging_level="warning")
+    refs = [(s.name, s.version, str(s.path), ray.put(s.path.read_bytes())) for s in sources]
+    serve.start(http_options={"host": host, "port": port})
+    max_batch = app_options.get("max_batch_size", 8)
+    deployment = serve.deployment(ingress, name=DEPLOYMENT_NAME,
+                                  # room for a full batch while another runs; more wait in Serve's queue
+                                  max_ongoing_requests=max(16, 2 * max_batch),
+                                  **scaling.deployment_options())
+    say(f"deploying on Ray Serve ({scaling.describe()}), cluster {ray.get_runtime_context().gcs_address}")
+    # a module given as a .py file is found from the replicas' working folder too
+    modules = tuple(str(Path(m).resolve()) if m.endswith(".py") and Path(m).is_file() else m for m in modules)
+    try:
+        serve.run(deployment.bind(refs, app_options, modules), name=APP_NAME, route_prefix="/")
+    except Exception as e:  # noqa: BLE001  a replica failed to start (a model that cannot load): Serve says why
+        stop(owned_runtime)
+        raise GlassrtError(f"the deployment on Ray Serve failed: {e}") from e
+    return {"owned_runtime": owned_runtime, "sources": sources, "refs": refs}
+
+
+def replica_states() -> dict:
+    """{state: count} of the deployment's replicas, from Serve's status API."""
+    app = serve.status().applications.get(APP_NAME)
+    if app is None or DEPLOYMENT_NAME not in app.deployments:
+        return {}
+    return {str(k): v for k, v in app.deployments[DEPLOYMENT_NAME].replica_states.items()}
+
+
+def stop(owned_runtime: bool) -> None:
+    """Serve and the local runtime shut down when this process started them; on a cluster of
+    yours only this application goes, and Serve keeps running for the others."""
+    if owned_runtime:
+        serve.shutdown()
+        ray.shutdown()
+    else:
+        serve.delete(APP_NAME)
+        ray.shutdown()  # disconnects this driver only
+
+
+def wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM (the main thread only; a terminate() must clean up too)."""
+    stopping = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stopping.wait(1.0):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_command(models, *, scaling: Scaling, address, host, port, app_options, modules, console) -> None:
+    state = deploy(models, scaling=scaling, address=address, host=host, port=port, app_options=app_options,
+                   modules=modules, say=lambda text: console.print(text, highlight=False, markup=False))
+    try:
+        for s in state["sources"]:
+            console.print(f"serving {s.name} version {s.version} ({s.path}) on Ray Serve", highlight=False,
+                          markup=False)
+        states = ", ".join(f"{n} {k}" for k, n in replica_states().items())
+        console.print(f"replicas: {states}; http://{host}:{port}/v2 (Ctrl-C stops)", highlight=False, markup=False)
+        wait_for_signal()
+    finally:
+        console.print("stopping: " + ("Serve and the local Ray runtime" if state["owned_runtime"]
+                                      else f"application {APP_NAME!r} (the cluster keeps running)"),
+                      highlight=False, markup=False)
+        stop(state["owned_runtime"])
