@@ -173,6 +173,7 @@ def run_command(models, *, scaling: Scaling, address, host, port, app_options, m
                           markup=False)
         states = ", ".join(f"{n} {k}" for k, n in replica_states().items())
         console.print(f"replicas: {states}; http://{host}:{port}/v2 (Ctrl-C stops)", highlight=False, markup=False)
+        console.file.flush()  # a log file learns it is up now, not when a block fills
         wait_for_signal()
     finally:
         console.print("stopping: " + ("Serve and the local Ray runtime" if state["owned_runtime"]
