@@ -82,6 +82,23 @@ def test_bad_scaling_is_refused(replicas, autoscale, message):
         parse_scaling(replicas, autoscale)
 
 
+def test_an_app_loads_models_from_bytes_without_the_file(model_file, tmp_path):
+    """What a replica does with the bytes from the object store: the file is never read."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from glassrt.serve.app import create_app
+    from glassrt.serve.repository import ModelSource
+
+    gone = tmp_path / "not_here" / "add.onnx"
+    app = create_app([ModelSource("add", "1", gone, data=model_file.read_bytes())], max_batch_size=1)
+    with TestClient(app) as http:
+        body = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+        r = http.post("/v2/models/add/infer", json=body)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2, 3, 4]
+    assert not gone.parent.exists()
+
+
 # ---------------------------------------------------------------- on a local Ray runtime
 
 
