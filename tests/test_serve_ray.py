@@ -102,6 +102,15 @@ def test_an_app_loads_models_from_bytes_without_the_file(model_file, tmp_path):
 # ---------------------------------------------------------------- on a local Ray runtime
 
 
+def _serving(server) -> str:
+    """The replicas line the command prints once serve.run returns (the proxy answers before)."""
+    deadline = time.monotonic() + 60
+    while not (found := re.search(r"^replicas: (.*);", server.log.read_text(), re.M)):
+        assert time.monotonic() < deadline, server.log.read_text()[-3000:]
+        time.sleep(0.2)
+    return found[1]
+
+
 @needs_ray
 def test_serve_on_ray_with_two_replicas(model_file):
     """One test, one runtime: pytest-xdist would start a Ray runtime per worker for a shared
@@ -119,11 +128,7 @@ def test_serve_on_ray_with_two_replicas(model_file):
         # Everything the command started (gcs_server, raylet, the workers: Serve's controller,
         # proxy and replicas), seen while it serves: none of it may outlive the command.
         spawned = psutil.Process(server.proc.pid).children(recursive=True)
-        # Serve's status API, as the command prints it once serve.run returns (the proxy answers first)
-        deadline = time.monotonic() + 60
-        while not re.search(r"^replicas: ", server.log.read_text(), re.M) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert re.search(r"^replicas: 2 RUNNING;", server.log.read_text(), re.M)
+        assert _serving(server) == "2 RUNNING"  # Serve's status API, as the command prints it
         replicas = [p for p in spawned if REPLICA in " ".join(p.cmdline())]
         assert len(replicas) == 2, [" ".join(p.cmdline()) for p in spawned]
 
@@ -166,3 +171,50 @@ def test_serve_on_ray_with_two_replicas(model_file):
     _, alive = psutil.wait_procs(spawned, timeout=30)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [" ".join(p.cmdline()) for p in alive]
+
+
+CLUSTER = """
+import signal, sys, threading, ray
+ray.init(num_cpus=2, include_dashboard=False, object_store_memory=150 * 2**20, logging_level="warning")
+print(ray.get_runtime_context().gcs_address, flush=True)
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+stop.wait()
+ray.shutdown()
+"""
+
+@needs_ray
+def test_serve_on_an_existing_cluster_leaves_it_running(model_file, monkeypatch):
+    """--address: the command deploys on a runtime it did not start; stopping deletes its
+    application only, and the cluster (and Serve on it) keeps running."""
+    # A local ray.init() turns Ray's token authentication on (Ray 2.5x): a driver that connects
+    # must say so, and reads the token ray.init wrote (~/.ray/auth_token), as the README says.
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    import httpx
+    import psutil
+
+    from tests.test_serve import Server
+
+    cluster = subprocess.Popen([sys.executable, "-c", CLUSTER], stdout=subprocess.PIPE, text=True)
+    try:
+        address = cluster.stdout.readline().strip()
+        assert re.fullmatch(r"[\d.]+:\d+", address), address
+        server = Server([model_file, "--ray", "--address", address], cwd=model_file.parent)
+        try:
+            assert _serving(server) == "1 RUNNING"
+            body = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+            r = httpx.post(f"{server.url}/v2/models/add/infer", json=body, timeout=60)
+            assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [2, 3, 4]
+        finally:
+            server.stop()
+        assert server.proc.returncode == 0, server.log.read_text()[-3000:]
+        assert "application 'glassrt' (the cluster keeps running)" in server.log.read_text()
+        # Serve's proxy still answers, and routes nothing: the glassrt application is gone
+        assert httpx.get(f"{server.url}/-/routes", timeout=30).json() == {}
+        runtime = psutil.Process(cluster.pid).children(recursive=True)
+        assert any("raylet" in " ".join(p.cmdline()) for p in runtime)  # still there
+    finally:
+        runtime = psutil.Process(cluster.pid).children(recursive=True)
+        cluster.terminate()
+        cluster.wait(timeout=60)
+        psutil.wait_procs(runtime, timeout=30)

@@ -12,6 +12,7 @@ Needs the `ray` extra: pip install 'glassrt[ray]'. Nothing else in glassrt impor
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import signal
 import threading
@@ -23,6 +24,8 @@ from ray import serve
 
 from ..errors import GlassrtError
 from .repository import ModelSource, resolve
+
+log = logging.getLogger("glassrt.serve")
 
 APP_NAME = "glassrt"
 DEPLOYMENT_NAME = "GlassrtServer"
@@ -100,37 +103,54 @@ def _object_store_bytes(sources) -> int:
 
 
 def deploy(models, *, scaling: Scaling, address: str | None, host: str, port: int, app_options: dict,
-           modules: tuple = (), say=print) -> dict:
+           modules: tuple = (), say=print, connected=lambda: None) -> dict:
     """Connect to Ray (the cluster at `address`, RAY_ADDRESS, or a new local runtime), put the
     models in the object store and run the app on Serve's proxy at host:port. Returns what
-    stop() needs. A model that cannot load fails the deployment here, with its replica's error."""
+    stop() needs. A model that cannot load fails the deployment here, with its replica's error.
+    connected() is called once Ray is up (ray.init installs signal handlers of its own)."""
     sources = [ModelSource(s.name, s.version, s.path.resolve()) for s in resolve(models)]
     ingress = _ingress_class()
     owned_runtime = not ray.is_initialized() and not address and not os.environ.get("RAY_ADDRESS")
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, logging_level="warning")
-        else:
-            # RAY_ADDRESS set: ray.init() connects to that cluster, as `ray` itself does; else a
-            # local runtime sized for these models, no dashboard (a cluster of yours has one).
-            ray.init(include_dashboard=False, object_store_memory=_object_store_bytes(sources),
-                     logging_level="warning")
-    refs = [(s.name, s.version, str(s.path), ray.put(s.path.read_bytes())) for s in sources]
-    serve.start(http_options={"host": host, "port": port})
-    max_batch = app_options.get("max_batch_size", 8)
-    deployment = serve.deployment(ingress, name=DEPLOYMENT_NAME,
-                                  # room for a full batch while another runs; more wait in Serve's queue
-                                  max_ongoing_requests=max(16, 2 * max_batch),
-                                  **scaling.deployment_options())
-    say(f"deploying on Ray Serve ({scaling.describe()}), cluster {ray.get_runtime_context().gcs_address}")
-    # a module given as a .py file is found from the replicas' working folder too
-    modules = tuple(str(Path(m).resolve()) if m.endswith(".py") and Path(m).is_file() else m for m in modules)
     try:
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, logging_level="warning")
+            else:
+                # RAY_ADDRESS set: ray.init() connects to that cluster, as `ray` itself does; else a
+                # local runtime sized for these models, no dashboard (a cluster of yours has one).
+                ray.init(include_dashboard=False, object_store_memory=_object_store_bytes(sources),
+                         logging_level="warning")
+    except Exception as e:  # noqa: BLE001  no cluster there, a version mismatch...: Ray's reason, no traceback
+        ray.shutdown()
+        where = address or os.environ.get("RAY_ADDRESS") or "a local runtime"
+        raise GlassrtError(f"cannot start Ray ({where}): {type(e).__name__}: {e}") from e
+    except BaseException:  # Ctrl-C or SIGTERM while it starts: leave no half-started runtime
+        ray.shutdown()
+        raise
+    try:
+        connected()
+        refs = [(s.name, s.version, str(s.path), ray.put(s.path.read_bytes())) for s in sources]
+        serve.start(http_options={"host": host, "port": port})
+        max_batch = app_options.get("max_batch_size", 8)
+        deployment = serve.deployment(ingress, name=DEPLOYMENT_NAME,
+                                      # room for a full batch while another runs; more wait in Serve's queue
+                                      max_ongoing_requests=max(16, 2 * max_batch),
+                                      **scaling.deployment_options())
+        say(f"deploying on Ray Serve ({scaling.describe()}), cluster {_cluster_address()}")
+        # a module given as a .py file is found from the replicas' working folder too
+        modules = tuple(str(Path(m).resolve()) if m.endswith(".py") and Path(m).is_file() else m for m in modules)
         serve.run(deployment.bind(refs, app_options, modules), name=APP_NAME, route_prefix="/")
     except Exception as e:  # noqa: BLE001  a replica failed to start (a model that cannot load): Serve says why
         stop(owned_runtime)
         raise GlassrtError(f"the deployment on Ray Serve failed: {e}") from e
     return {"owned_runtime": owned_runtime, "sources": sources, "refs": refs}
+
+
+def _cluster_address() -> str:
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001  a Ray client (ray://) connection does not know it
+        return os.environ.get("RAY_ADDRESS", "(via Ray client)")
 
 
 def replica_states() -> dict:
@@ -144,39 +164,45 @@ def replica_states() -> dict:
 def stop(owned_runtime: bool) -> None:
     """Serve and the local runtime shut down when this process started them; on a cluster of
     yours only this application goes, and Serve keeps running for the others."""
-    if owned_runtime:
-        serve.shutdown()
-        ray.shutdown()
-    else:
-        serve.delete(APP_NAME)
-        ray.shutdown()  # disconnects this driver only
-
-
-def wait_for_signal() -> None:
-    """Block until SIGINT or SIGTERM (the main thread only; a terminate() must clean up too)."""
-    stopping = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not stopping.wait(1.0):
-            pass
+        if owned_runtime:
+            serve.shutdown()
+        else:
+            serve.delete(APP_NAME)
+    except Exception as e:  # noqa: BLE001  Serve never started (a failed deploy): still leave Ray
+        log.warning("stopping Ray Serve: %s: %s", type(e).__name__, e)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        ray.shutdown()  # the local runtime's processes end; on a cluster of yours, this driver disconnects
 
 
 def run_command(models, *, scaling: Scaling, address, host, port, app_options, modules, console) -> None:
-    state = deploy(models, scaling=scaling, address=address, host=host, port=port, app_options=app_options,
-                   modules=modules, say=lambda text: console.print(text, highlight=False, markup=False))
+    say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
+    # Ctrl-C and SIGTERM only set a flag: one that comes while Serve deploys stops it right
+    # after, and the shutdown itself is never cut short. Installed once Ray is up: ray.init puts
+    # in a SIGTERM handler of its own that aborts the driver (status 134) and skips the shutdown.
+    stopping = threading.Event()
+    previous = {}
+
+    def trap_signals():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda *_: stopping.set())
+
     try:
-        for s in state["sources"]:
-            console.print(f"serving {s.name} version {s.version} ({s.path}) on Ray Serve", highlight=False,
-                          markup=False)
-        states = ", ".join(f"{n} {k}" for k, n in replica_states().items())
-        console.print(f"replicas: {states}; http://{host}:{port}/v2 (Ctrl-C stops)", highlight=False, markup=False)
-        console.file.flush()  # a log file learns it is up now, not when a block fills
-        wait_for_signal()
+        state = deploy(models, scaling=scaling, address=address, host=host, port=port, app_options=app_options,
+                       modules=modules, say=say, connected=trap_signals)
+        try:
+            for s in state["sources"]:
+                say(f"serving {s.name} version {s.version} ({s.path}) on Ray Serve")
+            states = ", ".join(f"{n} {k}" for k, n in replica_states().items())
+            say(f"replicas: {states}; http://{host}:{port}/v2 (Ctrl-C stops)")
+            console.file.flush()  # a log file learns it is up now, not when a block fills
+            while not stopping.wait(1.0):
+                pass
+        finally:
+            say("stopping: " + ("Serve and the local Ray runtime" if state["owned_runtime"]
+                                else f"application {APP_NAME!r} (the cluster keeps running)"))
+            console.file.flush()
+            stop(state["owned_runtime"])
     finally:
-        console.print("stopping: " + ("Serve and the local Ray runtime" if state["owned_runtime"]
-                                      else f"application {APP_NAME!r} (the cluster keeps running)"),
-                      highlight=False, markup=False)
-        stop(state["owned_runtime"])
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python
