@@ -99,6 +99,15 @@ def test_an_app_loads_models_from_bytes_without_the_file(model_file, tmp_path):
     assert not gone.parent.exists()
 
 
+@needs_ray
+def test_a_file_that_is_no_model_fails_before_ray_starts(tmp_path):
+    (tmp_path / "bad.onnx").write_bytes(b"not a model")
+    done = subprocess.run([sys.executable, "-m", "glassrt.cli", "serve", "bad.onnx", "--ray"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "bad.onnx: not a valid ONNX model" in " ".join(done.stdout.split()), done.stdout
+    assert "Ray" not in done.stdout + done.stderr  # refused before any Ray process started
+
+
 # ---------------------------------------------------------------- on a local Ray runtime
 
 
@@ -193,13 +202,26 @@ def test_serve_on_an_existing_cluster_leaves_it_running(model_file, monkeypatch)
     import httpx
     import psutil
 
-    from tests.test_serve import Server
+    from tests.test_serve import ROOT, Server, _free_port, tanh_model
 
     cluster = subprocess.Popen([sys.executable, "-c", CLUSTER], stdout=subprocess.PIPE, text=True)
     try:
         address = cluster.stdout.readline().strip()
+        port = _free_port()
         assert re.fullmatch(r"[\d.]+:\d+", address), address
-        server = Server([model_file, "--ray", "--address", address], cwd=model_file.parent)
+        # A model its replica refuses (--strict, and Tanh falls back once the --module, loaded in
+        # the replica too, takes it from cpu): the command fails with the replica's glassrt error.
+        onnx.save(tanh_model(), model_file.parent / "tanh.onnx")
+        refused = subprocess.run([sys.executable, "-m", "glassrt.cli", "serve", "tanh.onnx", "--ray", "--address",
+                                  address, "--strict", "--providers", "cpu,reference",
+                                  "--module", ROOT / "tests" / "cpu_without_tanh.py", "--port", str(port)],
+                                 cwd=model_file.parent, capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 1, refused.stdout[-3000:]
+        assert "in a replica: glassrt.errors.FallbackError: 1 node(s) would fall back from 'cpu':\n" \
+               "Tanh node 'tanh' ran on reference" in " ".join(refused.stdout.split(" \n")), refused.stdout[-3000:]
+
+        # Serve, started by the refused deploy, keeps its port (the cluster's): the same port again
+        server = Server([model_file, "--ray", "--address", address], cwd=model_file.parent, port=port)
         try:
             assert _serving(server) == "1 RUNNING"
             body = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}

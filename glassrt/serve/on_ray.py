@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import signal
 import threading
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import ray
 from ray import serve
 
 from ..errors import GlassrtError
+from ..onnx_io import read_model
 from .repository import ModelSource, resolve
 
 log = logging.getLogger("glassrt.serve")
@@ -109,6 +111,8 @@ def deploy(models, *, scaling: Scaling, address: str | None, host: str, port: in
     stop() needs. A model that cannot load fails the deployment here, with its replica's error.
     connected() is called once Ray is up (ray.init installs signal handlers of its own)."""
     sources = [ModelSource(s.name, s.version, s.path.resolve()) for s in resolve(models)]
+    for s in sources:  # a file that is no ONNX model fails here, by its path, before any Ray process starts
+        read_model(str(s.path))
     ingress = _ingress_class()
     owned_runtime = not ray.is_initialized() and not address and not os.environ.get("RAY_ADDRESS")
     try:
@@ -140,10 +144,40 @@ def deploy(models, *, scaling: Scaling, address: str | None, host: str, port: in
         # a module given as a .py file is found from the replicas' working folder too
         modules = tuple(str(Path(m).resolve()) if m.endswith(".py") and Path(m).is_file() else m for m in modules)
         serve.run(deployment.bind(refs, app_options, modules), name=APP_NAME, route_prefix="/")
+        http, note = _serve_http_address(host, port)
+        if note:
+            say(note)
     except Exception as e:  # noqa: BLE001  a replica failed to start (a model that cannot load): Serve says why
+        why = _replica_error()
         stop(owned_runtime)
-        raise GlassrtError(f"the deployment on Ray Serve failed: {e}") from e
-    return {"owned_runtime": owned_runtime, "sources": sources, "refs": refs}
+        raise GlassrtError(f"the deployment on Ray Serve failed: {e}" + (f"\nin a replica: {why}" if why else "")) \
+            from e
+    return {"owned_runtime": owned_runtime, "sources": sources, "refs": refs, "http": http}
+
+
+def _serve_http_address(host: str, port: int) -> tuple[str, str | None]:
+    """Where Serve's proxies listen: the cluster's setting, which a Serve already running keeps
+    whatever --host/--port say (Ray only logs it)."""
+    from ray.serve.context import _get_global_client
+
+    config = _get_global_client().http_config
+    note = None
+    if (config.host, config.port) != (host, port):
+        note = (f"note: Ray Serve already runs on this cluster on {config.host}:{config.port} and keeps it: "
+                f"--host {host} --port {port} do not apply")
+    return f"http://{config.host}:{config.port}", note
+
+
+def _replica_error() -> str | None:
+    """The exception that ends the traceback Serve keeps for a replica that failed to start
+    (a glassrt error: which model, which nodes), or None."""
+    try:
+        message = serve.status().applications[APP_NAME].deployments[DEPLOYMENT_NAME].message
+    except Exception:  # noqa: BLE001  Serve never got that far
+        return None
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if re.match(r"[\w.]+(Error|Exception): ", line)]
+    return "\n".join(lines[starts[-1]:]) if starts else (lines[-1] if lines else None)
 
 
 def _cluster_address() -> str:
@@ -194,7 +228,7 @@ def run_command(models, *, scaling: Scaling, address, host, port, app_options, m
             for s in state["sources"]:
                 say(f"serving {s.name} version {s.version} ({s.path}) on Ray Serve")
             states = ", ".join(f"{n} {k}" for k, n in replica_states().items())
-            say(f"replicas: {states}; http://{host}:{port}/v2 (Ctrl-C stops)")
+            say(f"replicas: {states}; {state['http']}/v2 (Ctrl-C stops)")
             console.file.flush()  # a log file learns it is up now, not when a block fills
             while not stopping.wait(1.0):
                 pass
