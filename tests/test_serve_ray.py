@@ -196,7 +196,7 @@ ray.shutdown()
 def test_serve_on_an_existing_cluster_leaves_it_running(model_file, monkeypatch):
     """--address: the command deploys on a runtime it did not start; stopping deletes its
     application only, and the cluster (and Serve on it) keeps running."""
-    # A local ray.init() turns Ray's token authentication on (Ray 2.5x): a driver that connects
+    # A local ray.init() turns Ray's token authentication on (Ray 2.60): a driver that connects
     # must say so, and reads the token ray.init wrote (~/.ray/auth_token), as the README says.
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     import httpx
