@@ -1,8 +1,9 @@
 """`glassrt serve --ray`: the same v2 app (app.create_app) as a Ray Serve deployment.
 
-The driver (the `glassrt serve --ray` process) reads each model file once and puts its
-bytes in Ray's object store; every replica gets the ObjectRefs in its constructor arguments
-and fetches the bytes from its node's store (one copy per node, no replica reads the file).
+The driver (the `glassrt serve --ray` process) checks that each model file parses and puts
+its bytes in Ray's object store, once; every replica gets the ObjectRefs in its constructor
+arguments and fetches the bytes from its node's store (one copy per node, no replica reads
+the file).
 Each replica then builds the whole app once, as `glassrt serve` does in one process: its own
 sessions (plans compiled once, reused), its own dynamic batcher, its own Prometheus registry.
 Ray Serve's HTTP proxy routes each request to one replica (FastAPI ingress).
@@ -74,8 +75,9 @@ class GlassrtServer:
     """One replica: the models' bytes fetched from the object store, the app built once."""
 
     def __init__(self, models: list, app_options: dict, modules: tuple = ()):
-        # models: [(name, version, path, ObjectRef of the bytes)]. The refs sit inside a list,
-        # so Ray hands them over as refs (not resolved): one ray.get for all of them here.
+        # models: [(name, version, path, ObjectRef of the bytes)], nested in a list, so they
+        # arrive as refs: one ray.get for all of them. `path` only names the model (and the
+        # folder its external data is read from).
         from ..tools.check import load_module
 
         for module in modules:  # custom ops register in this process too, before the models load
