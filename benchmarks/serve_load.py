@@ -11,6 +11,7 @@ session's output for the same input. The clients share the machine with the serv
 2-core machine they take part of its CPU, as a co-located load generator does.
 
     python benchmarks/serve_load.py --clients 8 --duration 20
+    python benchmarks/serve_load.py --ray   # batched on uvicorn vs on Ray Serve, 1 and 2 replicas
 """
 from __future__ import annotations
 
@@ -165,6 +166,8 @@ def main(argv=None):
     ap.add_argument("--duration", type=float, default=20.0, help="seconds of load per configuration")
     ap.add_argument("--max-batch-size", type=int, default=8, help="for the batching configuration")
     ap.add_argument("--batch-timeout-ms", type=float, default=2.0, help="for the batching configuration")
+    ap.add_argument("--ray", action="store_true", help="compare batched `glassrt serve` with `--ray --replicas` 1 "
+                    "and 2: needs glassrt[ray]")
     ap.add_argument("--json", help="write the results here too")
     args = ap.parse_args(argv)
     console = Console()
@@ -182,6 +185,10 @@ def main(argv=None):
     configs = [("no batching", ["--max-batch-size", 1]),
                (f"dynamic batching (max {args.max_batch_size}, {args.batch_timeout_ms:g} ms)",
                 ["--max-batch-size", args.max_batch_size, "--batch-timeout-ms", args.batch_timeout_ms])]
+    if args.ray:
+        batched = configs[1]
+        configs = [batched] + [(f"Ray Serve, {n} replica{'s' * (n > 1)}, batched",
+                                [*batched[1], "--ray", "--replicas", n]) for n in (1, 2)]
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
                   transient=True) as progress:
@@ -201,11 +208,13 @@ def main(argv=None):
                             http.post(url + "/v2/models/resnet50/infer", content=body,
                                       headers=headers).raise_for_status()
                 progress.update(task, description=f"{label}: {args.clients} clients for {args.duration:g} s")
-                results.append({"config": label, **load(url, inputs, expected, name, args.clients, args.duration,
-                                                        progress)})
+                result = {"config": label, **load(url, inputs, expected, name, args.clients, args.duration, progress)}
+                if "--ray" in server_args:  # each /metrics scrape is one replica's: its batches only
+                    result["rows_per_run"] = None
+                results.append(result)
             finally:
                 proc.terminate()
-                proc.wait(timeout=30)
+                proc.wait(timeout=60)  # with --ray: Serve and the Ray runtime shut down first
             progress.remove_task(task)
 
     table = Table(title=f"glassrt serve, light_resnet50 1x3x224x224, {args.clients} clients, "
@@ -214,7 +223,7 @@ def main(argv=None):
         table.add_column(c, justify="left" if c == "configuration" else "right")
     for r in results:
         table.add_row(r["config"], str(r["requests"]), f"{r['rps']:.1f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}",
-                      f"{r['rows_per_run']:.2f}")
+                      "n/a" if r["rows_per_run"] is None else f"{r['rows_per_run']:.2f}")
     console.print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

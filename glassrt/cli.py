@@ -465,8 +465,12 @@ def bench(models, versus, runs, warmup, dims, threads, busy, json_file, provider
               help="Import this module (dotted name or .py file) first, so its custom ops register.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.option("--ray", "on_ray", is_flag=True, help="Deploy on Ray Serve (one app per replica); needs glassrt[ray].")
+@click.option("--replicas", type=int, help="With --ray: this many replicas (default 1).")
+@click.option("--autoscale", metavar="MIN:MAX", help="With --ray: Ray Serve autoscales between MIN and MAX replicas.")
+@click.option("--address", help="With --ray: the Ray cluster to use (else RAY_ADDRESS, else a local runtime).")
 def serve(models, model_repository, host, port, max_batch_size, batch_timeout_ms, max_body_bytes, strict,
-          providers, modules, log_level):
+          providers, modules, log_level, on_ray, replicas, autoscale, address):
     """Serve models over the KServe / Triton v2 HTTP protocol (tritonclient.http works)."""
     try:
         import uvicorn
@@ -477,6 +481,13 @@ def serve(models, model_repository, host, port, max_batch_size, batch_timeout_ms
                                    "pip install 'glassrt[serve]'") from None
     if bool(models) == bool(model_repository):
         raise click.UsageError("give MODEL files or --model-repository DIR (one of the two)")
+    if not on_ray and (replicas is not None or autoscale or address):
+        raise click.UsageError("--replicas, --autoscale and --address go with --ray")
+    if on_ray:
+        _serve_on_ray(model_repository or list(models), replicas, autoscale, address, host, port, modules,
+                      dict(max_batch_size=max_batch_size, batch_timeout_ms=batch_timeout_ms,
+                           max_body_bytes=max_body_bytes, strict=strict, providers=providers.split(",")))
+        return
     from .tools.check import load_module
 
     for module in modules:
@@ -498,6 +509,21 @@ def serve(models, model_repository, host, port, max_batch_size, batch_timeout_ms
             console.print(f"serving {name} version {v} ({m.source.path})"
                           + (", batched" if m.batcher else ""), highlight=False, markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _serve_on_ray(models, replicas, autoscale, address, host, port, modules, app_options):
+    try:
+        from .serve import on_ray
+    except ImportError as e:
+        raise click.ClickException(f"glassrt serve --ray needs Ray Serve ({e.name} is missing): "
+                                   "pip install 'glassrt[ray]'") from None
+    try:
+        scaling = on_ray.parse_scaling(replicas, autoscale)
+        on_ray.run_command(models, scaling=scaling, address=address, host=host, port=port, app_options=app_options,
+                           modules=modules, console=console)
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(1)
 
 
 def _load_inputs(sess, inputs, dims, default_name):

@@ -38,8 +38,8 @@ def _free_port() -> int:
 class Server:
     """`glassrt serve ARGS` in a subprocess, ready when /v2/health/ready answers 200."""
 
-    def __init__(self, args, cwd):
-        self.port = _free_port()
+    def __init__(self, args, cwd, port=None):
+        self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(cwd) / f"serve-{self.port}.log"
         with open(self.log, "w") as log:

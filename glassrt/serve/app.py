@@ -92,7 +92,9 @@ def load_model(source: ModelSource, *, providers=None, strict=False, registry=No
 
     # strict: fallback="error" refuses the model at creation, listing every node that would
     # fall back. Otherwise the fallbacks are logged once here and exported as a metric.
-    sess = glassrt.InferenceSession(str(source.path), providers=providers, fallback="error" if strict else "silent")
+    model, base_dir = (str(source.path), None) if source.data is None else (source.data, str(source.path.parent))
+    sess = glassrt.InferenceSession(model, providers=providers, fallback="error" if strict else "silent",
+                                    base_dir=base_dir)
     for f in sess.fallbacks:
         log.warning("model %s version %s: fallback: %s (--strict refuses such a model)", source.name, source.version, f)
     inputs = _specs(sess.get_inputs(), "input", source)

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import GlassrtError
@@ -23,6 +23,10 @@ class ModelSource:
     name: str
     version: str
     path: Path
+    # The model's bytes when they came another way than the file (Ray Serve replicas get them
+    # from the object store, serve/on_ray.py); `path` then still names where they came from,
+    # and its folder is where external data is looked for.
+    data: bytes | None = field(default=None, repr=False, compare=False)
 
 
 def _check_name(name: str, where: str) -> str:
