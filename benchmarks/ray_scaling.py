@@ -30,7 +30,7 @@ from rich.table import Table
 import glassrt
 from glassrt.tools import light_models as lm
 
-console = Console()
+console = Console(width=None if Console().is_terminal else 150)  # a log keeps the table whole
 
 
 def in_process(model_path: Path, x: np.ndarray, batch_size: int, threads: int) -> dict:
@@ -56,7 +56,9 @@ def on_ray(ray, model_path: Path, x: np.ndarray, batch_size: int, threads: int, 
     run = f"scaling-{actors}-{time.time_ns()}"
     t0 = time.perf_counter()
     ref = glassrt.ray.model_ref(model_path)
-    ds = ray.data.from_numpy(x).repartition(max(1, len(x) // batch_size))
+    # one in-memory block per batch (no repartition: its tasks would wait for the CPUs the
+    # actors hold, and hang with 2 actors on 2 CPUs)
+    ds = ray.data.from_numpy([x[i:i + batch_size] for i in range(0, len(x), batch_size)])
     out = ds.map_batches(glassrt.ray.Predictor, batch_format="numpy", batch_size=batch_size,
                          compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=threads,
                          fn_constructor_kwargs={"model": ref, "inputs": {"data": "gpu_0/data_0"}, "threads": threads,

@@ -205,7 +205,8 @@ def test_glassrt_batch_npy_folder_in_and_out_keeps_row_order(local_ray, tmp_path
     np.save(tmp_path / "in" / "x.npy", x)
     onnx.save(falling_back_model(), tmp_path / "m.onnx")
     res = CliRunner().invoke(main, ["batch", str(tmp_path / "m.onnx"), "--input", str(tmp_path / "in"),
-                                    "--output", str(tmp_path / "out"), "--format", "npy", "--batch-size", "50", "--concurrency", "2",
+                                    "--output", str(tmp_path / "out"), "--format", "npy", "--batch-size", "50",
+                                    "--concurrency", "2",
                                     "--providers", "cpu,reference"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "300 rows in" in res.output and "fallbacks: 0" in res.output
