@@ -526,6 +526,40 @@ def _serve_on_ray(models, replicas, autoscale, address, host, port, modules, app
         sys.exit(1)
 
 
+@main.command()
+@click.argument("model")
+@click.option("--input", "input_path", required=True, metavar="PATH",
+              help="A Parquet file or folder (or a URL Ray reads), or a folder of NAME.npy files, one per column.")
+@click.option("--output", "output_path", required=True, metavar="PATH", help="The folder to write.")
+@click.option("--format", "output_format", type=click.Choice(["parquet", "npy"]), default="parquet",
+              show_default=True, help="Parquet files, or one NAME.npy per column.")
+@click.option("--input-column", "input_columns", multiple=True, metavar="COL=INPUT",
+              help="Feed model input INPUT from column COL (default: the column of the input's name).")
+@click.option("--batch-size", default=64, show_default=True, help="Rows per batch.")
+@click.option("--concurrency", default=1, show_default=True, help="Actors, each holding one session.")
+@click.option("--threads", default=1, show_default=True, help="Threads per actor (also the CPUs Ray reserves for it).")
+@click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True, help="Provider priority list.")
+@click.option("--strict", is_flag=True, help="Fail if any node would fall back (fallback='error').")
+@click.option("--keep-inputs", is_flag=True, help="Also write the columns fed to the model.")
+@click.option("--address", help="A running Ray cluster (host:6379, ray://host:10001, auto); default: "
+                                "$RAY_ADDRESS, else a local Ray.")
+def batch(model, input_path, output_path, output_format, input_columns, batch_size, concurrency, threads, providers,
+          strict, keep_inputs, address):
+    """Run MODEL over a dataset on Ray Data (the `ray` extra) and summarize: rows/s, actors, fallbacks."""
+    from .ray import batch as ray_batch
+
+    settings = ray_batch.Settings(columns=_parse_pairs(input_columns, "--input-column"), batch_size=batch_size,
+                                  concurrency=concurrency, threads=threads, providers=providers.split(","),
+                                  fallback="error" if strict else "warn", address=address,
+                                  output_format=output_format, keep_inputs=keep_inputs)
+    try:
+        result = ray_batch.run(model, input_path, output_path, settings)
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(1)
+    ray_batch.render(result, console)
+
+
 def _load_inputs(sess, inputs, dims, default_name):
     """The --input files, and made-up values for every other input (each one printed: a
     result on invented data should say so)."""
