@@ -22,7 +22,7 @@ from .errors import (FallbackError, GlassrtError, InputShapeError, InputTypeErro
 from .ir import MapType, OptionalType, SequenceType, TensorType
 from .passes import run_passes
 from .runtime import providers as providers_mod
-from .runtime.infer import infer
+from .runtime.infer import infer_symbolic
 from .io_binding import IOBinding
 from .runtime import run_guard
 from .runtime.options import RunOptions, SessionOptions
@@ -153,7 +153,7 @@ class Session:
         self.timings = {"load": time.perf_counter() - t0}
         # passes → infer → place: each stage a function of the one before (see DESIGN.md).
         t0 = time.perf_counter()
-        self.graph, found, self.passes = run_passes(self.graph, self.options, self.providers, _infer_symbolic)
+        self.graph, found, self.passes = run_passes(self.graph, self.options, self.providers, infer_symbolic)
         self.timings["passes"] = time.perf_counter() - t0
         self.pass_log = [c for r in self.passes for c in r.changes]
         if self.options.optimized_model_filepath:
@@ -165,7 +165,7 @@ class Session:
         self.expansions, self.folded = found.expansions, found.folded
         self._expansion_failures = found.expansion_failures
         t0 = time.perf_counter()
-        inference = _infer_symbolic(self.graph)
+        inference = infer_symbolic(self.graph)
         self.notes += list(inference.problems.values())
         self.placement = place(self.graph, inference, self.providers, expansion_failures=self._expansion_failures,
                                mark_unsupported=unsupported == "mark")
@@ -200,8 +200,8 @@ class Session:
 
             model, base_dir = self._source
             options = replace(self.options, graph_optimization_level="none")
-            graph, found, _ = run_passes(onnx_io.load(model, base_dir), options, self.providers, _infer_symbolic)
-            self._lowered = place(graph, _infer_symbolic(graph), self.providers,
+            graph, found, _ = run_passes(onnx_io.load(model, base_dir), options, self.providers, infer_symbolic)
+            self._lowered = place(graph, infer_symbolic(graph), self.providers,
                                   expansion_failures=found.expansion_failures)
         return self._lowered
 
@@ -398,8 +398,3 @@ def _apply_threads(n: int, notes: list):
         notes.append(f"intra_op_num_threads={n} not applied to Numba: {type(e).__name__}: {e}")
         log.warning(notes[-1])
 
-
-def _infer_symbolic(graph):
-    """Types of every value on the model's declared (symbolic) input types; a static shape
-    error (every input shape known) is raised naming its node."""
-    return infer(graph, {}, strict=False)

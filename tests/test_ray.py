@@ -11,13 +11,12 @@ import re
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from onnx import TensorProto, helper
+from onnx import helper
 
 import glassrt
 import glassrt.ray  # imports no ray (checked below)

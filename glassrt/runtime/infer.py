@@ -119,3 +119,9 @@ def _static_inputs(node, in_types) -> bool:
     given = [t for name, t in zip(node.inputs, in_types) if name]
     return bool(given) and all(isinstance(t, TensorType) and t.is_static for t in given) and len(given) == len(in_types) - in_types.count(None) \
         and all(isinstance(t, TensorType) and t.is_static for t in given)
+
+
+def infer_symbolic(graph: Graph):
+    """Types of every value on the model's declared (symbolic) input types; a static shape
+    error (every input shape known) is raised naming its node."""
+    return infer(graph, {}, strict=False)

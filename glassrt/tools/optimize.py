@@ -105,7 +105,7 @@ def fold_bound_values(graph: Graph, infer_types) -> tuple[Graph, list]:
 def optimize(model, output, *, level: str = "all", dims: dict | None = None, external_data: bool = False,
              size_threshold: int = 1024, providers=None) -> Report:
     """Load `model` (a path), run the passes of `level`, write `output`; see the module doc."""
-    from ..session import _infer_symbolic
+    from ..runtime.infer import infer_symbolic
 
     level_rank(level)  # an unknown level is refused by name
     level = level if isinstance(level, str) and level in LEVELS else LEVELS[level_rank(level)]
@@ -116,10 +116,10 @@ def optimize(model, output, *, level: str = "all", dims: dict | None = None, ext
     before, bytes_before = op_counts(graph), weight_bytes(graph)
     graph, records = bind_dims(graph, dims or {}), []
     if dims and level_rank(level) >= level_rank("basic"):
-        graph, records = fold_bound_values(graph, _infer_symbolic)
+        graph, records = fold_bound_values(graph, infer_symbolic)
     options = SessionOptions(graph_optimization_level=level)
     notes: list = []
-    graph, _, more = run_passes(graph, options, providers_mod.make(providers, notes), _infer_symbolic)
+    graph, _, more = run_passes(graph, options, providers_mod.make(providers, notes), infer_symbolic)
     records += more
     source = str(model) if not isinstance(model, (bytes, bytearray)) else None
     written = write_model(graph, output, passes=records, level=level, external_data=external_data,
