@@ -1,6 +1,8 @@
 """Ops that move data without arithmetic: reshape-likes (views), copies, gathers."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...ops.meta.shape import clamped_slice, constant_value, reshape_dims, uneven_split
@@ -46,8 +48,8 @@ def flatten(x, *, axis=1):
     a = axis + x.ndim if axis < 0 else axis
     if not 0 <= a <= x.ndim:
         raise ValueError(f"axis {axis} out of range for a rank-{x.ndim} input (allowed [{-x.ndim}, {x.ndim}])")
-    return x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), -1) if x.size else \
-        x.reshape(int(np.prod(x.shape[:a], dtype=np.int64)), int(np.prod(x.shape[a:], dtype=np.int64)))
+    # math.prod of Python ints: np.prod of a shape tuple costs more than the reshape itself
+    return x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))
 
 
 @kernel("Squeeze", dtypes=ALL, alias=True, bind=True)
