@@ -20,6 +20,7 @@ from onnx import helper
 import glassrt
 from glassrt.cli import main
 from glassrt.export import OptimizeError
+from glassrt.passes import PIPELINE
 from glassrt.tools import bench_models, light_models
 from glassrt.tools import optimize as tool
 from glassrt.tools.explain import explain
@@ -88,6 +89,16 @@ def test_optimized_model_is_standard_onnx_and_computes_the_same(name, folder):
     fused = [n for n in explain(sess)["nodes"] if n["domain"] == "glassrt"]
     assert len(fused) == len(calls)
     assert all(n["kernel"] and n["op"] in n["kernel"] and "expanded" not in (n["reason"] or "") for n in fused)
+    # glassrt does not run its optional passes again on a file it optimized itself...
+    assert {r.name for r in sess.passes if r.skipped} == {p.name for p in PIPELINE if p.level != "required"}
+    # ...which is safe because they would find nothing: run them all on the same graph
+    # with the metadata saying another glassrt version wrote it.
+    again = onnx.load(out)
+    for p in again.metadata_props:
+        if p.key == "glassrt.version":
+            p.value = "0.0.0-another"
+    sess = glassrt.InferenceSession(again, base_dir=str(folder))
+    assert not any(r.skipped for r in sess.passes)
     assert all(r.changes == [] for r in sess.passes), "the optimized graph gives the passes nothing left to do"
 
 
@@ -185,3 +196,22 @@ def test_gelu_in_an_opset_17_function_is_written_in_erf_form(folder):
     feeds = {"x": rng.standard_normal((3, 8)).astype(np.float32)}
     np.testing.assert_allclose(_ort(out, feeds)[0], _ort(src, feeds)[0], rtol=RTOL, atol=ATOL)
     assert [n.op_type for n in _session(out).graph.nodes] == ["FusedMatMul"]
+
+
+def test_optimized_file_is_inferred_once(folder, monkeypatch):
+    """On a file glassrt optimized, the required passes change nothing, so the types they
+    inferred are the session's: one inference, not two."""
+    import glassrt.session as session_mod
+
+    m, feeds = _build("squeezenet")
+    src, out = folder / "sq1.onnx", folder / "sq1.opt.onnx"
+    onnx.save(m, src)
+    tool.optimize(src, out)
+    calls = []
+    real = session_mod.infer_symbolic
+    monkeypatch.setattr(session_mod, "infer_symbolic", lambda g: calls.append(g) or real(g))
+    for path, runs in ((out, 1), (src, 2)):  # the original's passes rewrite it: inferred again after
+        calls.clear()
+        sess = _session(path)
+        assert len(calls) == runs, path
+        np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(src, feeds)[0], rtol=RTOL, atol=ATOL)

@@ -15,7 +15,7 @@ from .fuse_gelu import fuse_gelu
 from .fuse_matmul import fuse_matmul
 from .fuse_shuffle import fuse_channel_shuffle
 from .identity import remove_identities
-from .manager import LEVELS, Pass, PassContext, PassRecord, run_pipeline, selected  # noqa: F401
+from .manager import LEVELS, Pass, PassContext, PassRecord, level_rank, run_pipeline, selected  # noqa: F401
 
 TYPES, PROVIDERS = "types", "providers"
 
@@ -46,5 +46,26 @@ PIPELINE = [
 def run_passes(graph, options, providers, infer_types):
     """(graph', PassContext with what the passes found, [PassRecord])."""
     ctx = PassContext(options, providers)
-    graph, records = run_pipeline(graph, selected(PIPELINE, options), ctx, infer_types)
-    return graph, ctx, records
+    chosen = selected(PIPELINE, options)
+    done = already_applied(graph)
+    skipped = [p for p in chosen if done and p.level != "required" and level_rank(p.level) <= level_rank(done)]
+    graph, records = run_pipeline(graph, [p for p in chosen if p not in skipped], ctx, infer_types)
+    n, ran = len(graph.nodes), iter(records)
+    why = f"already applied: the model was written by glassrt optimize at level {done} (this glassrt version)"
+    return graph, ctx, [PassRecord(p.name, p.level, [], n, n, 0.0, skipped=why) if p in skipped else next(ran)
+                        for p in chosen]
+
+
+def already_applied(graph) -> str | None:
+    """The optimization level a model file says this glassrt version already applied to it
+    (`glassrt optimize` writes glassrt.version and glassrt.level into its metadata), or
+    None. Its optional passes would find nothing more to rewrite, so they are not run
+    again; the required ones always run. A file written by another glassrt version is
+    optimized again: passes change between versions."""
+    from .. import __version__
+
+    props = (graph.meta or {}).get("custom_metadata_map") or {}
+    level = props.get("glassrt.level")
+    if props.get("glassrt.version") != __version__ or level not in LEVELS:
+        return None
+    return level

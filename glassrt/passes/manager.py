@@ -51,6 +51,7 @@ class PassContext:
     expansions: list = field(default_factory=list)  # (node name, op, nodes it became, why)
     folded: list = field(default_factory=list)  # names of nodes folded into constants
     expansion_failures: dict = field(default_factory=dict)  # node name -> why its decomposition failed
+    final_inference: object = None  # the Inference of the graph the pipeline returns, when it has one
 
 
 @dataclass
@@ -61,10 +62,12 @@ class PassRecord:
     nodes_before: int
     nodes_after: int
     seconds: float
+    skipped: str = ""  # why it did not run (its rewrites are already in the model)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "level": self.level, "changes": self.changes, "nodes_before": self.nodes_before,
-                "nodes_after": self.nodes_after, "ms": round(self.seconds * 1e3, 3)}
+        out = {"name": self.name, "level": self.level, "changes": self.changes, "nodes_before": self.nodes_before,
+               "nodes_after": self.nodes_after, "ms": round(self.seconds * 1e3, 3)}
+        return {**out, "skipped": self.skipped} if self.skipped else out
 
 
 def level_rank(level) -> int:
@@ -88,14 +91,19 @@ def selected(pipeline, options) -> list[Pass]:
 
 def run_pipeline(graph, pipeline, ctx: PassContext, infer_types) -> tuple:
     """(graph', [PassRecord]). `infer_types(graph) -> Inference` types the graph once, before
-    the first pass that needs types (which also checks them)."""
-    records, typed = [], False
+    the first pass that needs types (which also checks them). When no pass after that
+    changed the graph (each returns its input graph itself when it has nothing to do), that
+    inference is the final graph's too: `ctx.final_inference`, so the session does not
+    infer the same graph twice."""
+    records, typed = [], None
     for p in pipeline:
-        if "types" in p.needs and not typed:
+        if "types" in p.needs and typed is None:
             inference = infer_types(graph)
-            ctx.types, ctx.values, typed = dict(inference.types), dict(inference.values), True
+            ctx.types, ctx.values, typed = dict(inference.types), dict(inference.values), (graph, inference)
         before = len(graph.nodes)
         t0 = time.perf_counter()
         graph, changes = p.fn(graph, ctx)
         records.append(PassRecord(p.name, p.level, list(changes), before, len(graph.nodes), time.perf_counter() - t0))
+    if typed is not None and typed[0] is graph:
+        ctx.final_inference = typed[1]
     return graph, records

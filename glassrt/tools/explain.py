@@ -278,7 +278,7 @@ def render(report: dict, console, max_reason: int = 70) -> None:
     for p in report["passes"]:
         changed = "; ".join(p["changes"][:3]) + (f" (+{len(p['changes']) - 3} more)" if len(p["changes"]) > 3 else "")
         passes.add_row(p["name"], p["level"], f"{p['nodes_before']} → {p['nodes_after']}", f"{p['ms']:.1f}",
-                       escape(changed or "nothing"))
+                       escape(changed or (f"not run: {p['skipped']}" if p.get("skipped") else "nothing")))
     console.print(passes)
     s = report["summary"]
     per_provider = ", ".join(f"{p}={c}" for p, c in s["nodes_per_provider"].items())

@@ -148,6 +148,9 @@ def render(report: Report, console) -> None:
     wa, wb = report.weight_bytes_before, report.weight_bytes_after
     table.add_row("weight bytes", fmt_bytes(wa), fmt_bytes(wb), f"{(wb - wa) / 2**20:+.1f} MiB" if wa != wb else "")
     console.print(table)
+    skipped = {r.skipped for r in report.passes if r.skipped}
+    for why in skipped:
+        console.print(f"  passes not run again: {why}", highlight=False, markup=False)
     for r in report.passes:
         if r.changes:
             console.print(f"  {r.name}: {len(r.changes)} rewrite(s), {r.nodes_before} → {r.nodes_after} nodes",
