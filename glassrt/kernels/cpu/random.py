@@ -8,18 +8,25 @@ Without a seed, draws come from one process-wide PCG64 generator.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ...ir import TensorType
 from ..registry import kernel
 from ._util import as_out
 
-_UNSEEDED = np.random.default_rng()
+
+@lru_cache(maxsize=1)
+def _unseeded():
+    # Made on first use: numpy.random's import (hashlib, OpenSSL's libcrypto) is 15 ms and
+    # 3 MiB that a model without random ops should not pay.
+    return np.random.default_rng()
 
 
 def _rng(seed):
     if seed is None:
-        return _UNSEEDED
+        return _unseeded()
     return np.random.RandomState(int(seed) % 2**32)
 
 

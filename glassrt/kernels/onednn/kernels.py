@@ -170,12 +170,15 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
 
 # Work below which a primitive runs on the calling thread alone. oneDNN splits a primitive's
 # work statically, one share per thread, so every parallel call waits for its slowest
-# thread: on a busy machine one that the OS has switched out costs a whole time slice (a
-# 768x3072 vector-matrix product: 0.6 ms on one thread, 8 ms on two beside other busy
-# processes). Products of a few rows are memory-bound (one thread reads as fast as two
-# here: 22-24 GB/s) and small row ops cost less than waking a second thread.
-SMALL_ROWS = 4
+# thread, and a fork/join costs a few microseconds: small row ops (SMALL_ELEMENTS) and
+# small products (SMALL_PRODUCT multiply-adds) are faster on one thread. Above that even a
+# vector-matrix product (decoding) gains from two: measured on the 2-core machine, oneDNN's
+# packed gemm at one row, 1 vs 2 threads: 256x256 8 vs 13 us, 512x512 28 vs 28 us, 768x768
+# 104 vs 47 us, 3072x768 754 vs 481 us, 768x3072 568 vs 599 us. (On a busy machine a
+# share whose thread is switched out costs a time slice; the plan's ThreadChoice then runs
+# everything on one thread.)
 SMALL_ELEMENTS = 1 << 15
+SMALL_PRODUCT = SMALL_ELEMENTS * 8
 
 
 def run_alone(step, buffers, alone: bool = True):

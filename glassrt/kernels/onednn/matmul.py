@@ -26,7 +26,7 @@ from ...ops.fused import MATMUL_ACTIVATIONS
 from ..registry import kernel
 from . import dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
-from .kernels import F32, SMALL_ELEMENTS, SMALL_ROWS, _PerThreads, _unavailable, packed_weights, run_alone
+from .kernels import F32, SMALL_PRODUCT, _PerThreads, _unavailable, packed_weights, run_alone
 
 _PACK_LIMIT = 64 << 20
 _SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
@@ -184,7 +184,7 @@ def matmul(ctx):
     prims = _PerThreads(build)
     z_dims = p.z_dims(y) if p.z_shape is not None else None
     z_view = [None, None]  # the last Z and its 2-D view: the same view object keeps the memory's pointer
-    alone = p.rows <= SMALL_ROWS  # a vector-matrix product (decoding): memory-bound, see kernels.SMALL_ROWS
+    alone = p.rows * p.k * p.n <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
 
     def step(a, b_=None, c=None, z=None, *, out):
         prim, z_arg = prims.get()
@@ -280,7 +280,7 @@ def batched_matmul(ctx):
     prims = _PerThreads(build)
     last = {}  # slot -> (array, its contiguous view in the padded rank): the same object each run
     y = [int(d) for d in ctx.out_shape(0)]
-    alone = int(np.prod(y)) * int(ctx.shape(0)[-1]) <= SMALL_ELEMENTS * 8  # few multiply-adds: kernels.SMALL_ROWS
+    alone = int(np.prod(y)) * int(ctx.shape(0)[-1]) <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
 
     def view(slot, v):
         hit = last.get(slot)

@@ -72,7 +72,7 @@ def layer_norm(ctx):
         return pd.primitive().bind(args)
 
     prims = _PerThreads(build)
-    alone = rows * width <= SMALL_ELEMENTS  # see kernels.SMALL_ROWS
+    alone = rows * width <= SMALL_ELEMENTS  # see kernels.SMALL_ELEMENTS
     flat = {}  # the last array of each argument and its 1-D view (same object: no re-pointing)
 
     def view(slot, a):
@@ -125,7 +125,7 @@ def softmax(ctx):
     log = ctx.node.op_type == "LogSoftmax"
     prims = _PerThreads(lambda: dnnl.softmax(md, md, axis, log=log).primitive().bind({ARG_SRC: None, ARG_DST: None}))
 
-    alone = int(np.prod(shape)) <= SMALL_ELEMENTS  # see kernels.SMALL_ROWS
+    alone = int(np.prod(shape)) <= SMALL_ELEMENTS  # see kernels.SMALL_ELEMENTS
 
     def step(x, *, out):
         run_alone(prims.get(), {ARG_SRC: x if x.flags.c_contiguous else np.ascontiguousarray(x), ARG_DST: out}, alone)
