@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import onnx
 import pytest
 import sympy
 from onnx import helper
@@ -446,3 +447,31 @@ def test_dropout_in_training_mode_stays():
     g = _graph(nodes, [tensor("x", [3])], [tensor("y", None)],
                [init("ratio", np.array(0.5, np.float32)), init("train", np.array(True))], opset=13)
     assert remove_identities(g)[1] == []
+
+
+def test_values_inference_proves_are_folded_whatever_the_symbolic_dims():
+    """Attention's scale as exporters write it: Shape(k)[-1:] → Squeeze → Cast → Sqrt → Div.
+    The last dim is static, so the chain is a constant for every input: folded at session
+    creation. The batch dim's Shape → Slice[0:1] depends on the input and stays a node."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Slice", ["shape", "minus1", "big"], ["last"], name="last"),
+        helper.make_node("Squeeze", ["last", "zero"], ["d"], name="squeeze"),
+        helper.make_node("Cast", ["d"], ["df"], to=1, name="cast"),
+        helper.make_node("Sqrt", ["df"], ["scale"], name="sqrt"),
+        helper.make_node("Div", ["x", "scale"], ["y"], name="div"),
+        helper.make_node("Slice", ["shape", "zero", "one"], ["batch"], name="batch_of_shape"),
+    ]
+    m = model(nodes, [tensor("x", ["batch", 64])],
+              [tensor("y", ["batch", 64]), tensor("batch", [1], onnx.TensorProto.INT64)],
+              [init("minus1", np.array([-1], np.int64)), init("big", np.array([2**62], np.int64)),
+               init("zero", np.array([0], np.int64)), init("one", np.array([1], np.int64))])
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    assert {"shape", "batch_of_shape", "div"} <= {n.name for n in sess.graph.nodes}
+    assert not {"last", "squeeze", "cast", "sqrt"} & {n.name for n in sess.graph.nodes}
+    assert {"last", "squeeze", "cast", "sqrt"} <= set(sess.folded)
+    for batch in (1, 5):
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
+        y, b = sess.run(None, {"x": x})
+        np.testing.assert_allclose(y, x / 8.0, rtol=1e-6)
+        assert b.tolist() == [batch]
