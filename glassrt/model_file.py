@@ -19,8 +19,7 @@ Anything unexpected (a group wire type, a repeated graph field, a length past th
 """
 from __future__ import annotations
 
-import io
-import os
+import mmap
 
 MIN_BYTES = 1 << 16  # smaller tensors stay in the message: not worth a read each
 # ModelProto.graph, GraphProto.initializer, TensorProto.name, TensorProto.raw_data
@@ -31,24 +30,17 @@ class _Unsupported(Exception):
     pass
 
 
-class _Sized:
-    """A buffered file that knows its size (lengths are checked against what is left)."""
-
-    def __init__(self, f):
-        self.f, self.size = f, os.fstat(f.fileno()).st_size
-        self.read, self.tell, self.seek, self.peek = f.read, f.tell, f.seek, f.peek
-
-
-def _varint(f) -> tuple[int, bytes]:
-    raw, value, shift = bytearray(), 0, 0
+def _varint(buf, pos: int, end: int) -> tuple[int, int]:
+    """(value, position after it) of the varint at `pos`."""
+    value = shift = 0
     while True:
-        b = f.read(1)
-        if not b:
-            raise _Unsupported("end of file inside a varint")
-        raw += b
-        value |= (b[0] & 0x7F) << shift
-        if not b[0] & 0x80:
-            return value, bytes(raw)
+        if pos >= end:
+            raise _Unsupported("a varint runs past its message")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
         shift += 7
         if shift > 63:
             raise _Unsupported("varint too long")
@@ -64,97 +56,97 @@ def _encode_varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _left(f) -> int:
-    return f.size - f.tell()
+def _length(buf, pos: int, end: int) -> tuple[int, int]:
+    """(length, position of the bytes) of a length-delimited value, checked against `end`
+    first: a hostile length must not become a huge allocation."""
+    n, pos = _varint(buf, pos, end)
+    if n > end - pos:
+        raise _Unsupported("a field runs past the end of its message")
+    return n, pos
 
 
-def _read(f, n: int) -> bytes:
-    if n > _left(f):  # checked first: a hostile length must not become a huge allocation
-        raise _Unsupported("a field runs past the end of the file")
-    data = f.read(n)
-    if len(data) != n:
-        raise _Unsupported("a field runs past the end of the file")
-    return data
-
-
-def _fields(f, end: int | None):
-    """(field number, wire type, tag bytes) until `end` (or the end of the file)."""
-    while end is None or f.tell() < end:
-        if end is None and not f.peek(1)[:1]:
-            return
-        tag, raw = _varint(f)
-        yield tag >> 3, tag & 7, raw
-    if end is not None and f.tell() != end:
-        raise _Unsupported("a message's fields overrun its length")
-
-
-def _copy_value(f, wire: int) -> bytes:
+def _skip(buf, pos: int, wire: int, end: int) -> int:
+    """The position after a value of this wire type."""
     if wire == 0:
-        return _varint(f)[1]
-    if wire == 1:
-        return _read(f, 8)
-    if wire == 5:
-        return _read(f, 4)
+        return _varint(buf, pos, end)[1]
     if wire == 2:
-        n, raw = _varint(f)
-        return raw + _read(f, n)
-    raise _Unsupported(f"wire type {wire}")
+        n, pos = _length(buf, pos, end)
+        return pos + n
+    size = {1: 8, 5: 4}.get(wire)
+    if size is None:
+        raise _Unsupported(f"wire type {wire}")
+    if size > end - pos:
+        raise _Unsupported("a field runs past the end of its message")
+    return pos + size
 
 
-def _tensor(f, end: int) -> tuple[bytes, str | None, tuple | None]:
+def _tensor(buf, pos: int, end: int) -> tuple[bytes, str | None, tuple | None]:
     """A TensorProto's bytes without a large raw_data, its name, and (offset, length) of that raw_data."""
     out, found, name = bytearray(), None, None
-    for field, wire, tag in _fields(f, end):
-        if field == _NAME and wire == 2:
-            value = _copy_value(f, wire)
-            out += tag + value
-            _, length_bytes = _varint(io.BytesIO(value))
-            name = value[len(length_bytes):].decode("utf-8", errors="replace")
-        elif field == _RAW_DATA and wire == 2:
-            n, raw = _varint(f)
+    while pos < end:
+        start = pos
+        tag, pos = _varint(buf, pos, end)
+        field, wire = tag >> 3, tag & 7
+        if field == _RAW_DATA and wire == 2:
+            n, at = _length(buf, pos, end)
+            pos = at + n
             if n >= MIN_BYTES and found is None:
-                if n > _left(f):
-                    raise _Unsupported("raw_data runs past the end of the file")
-                found = (f.tell(), n)
-                f.seek(n, io.SEEK_CUR)
+                found = (at, n)
                 continue
-            out += tag + raw + _read(f, n)
+        elif field == _NAME and wire == 2:
+            n, at = _length(buf, pos, end)
+            pos = at + n
+            name = bytes(buf[at:pos]).decode("utf-8", errors="replace")
         else:
-            out += tag + _copy_value(f, wire)
+            pos = _skip(buf, pos, wire, end)
+        out += buf[start:pos]
     return bytes(out), name, found
 
 
-def _graph(f, end: int) -> tuple[bytes, dict]:
+def _graph(buf, pos: int, end: int) -> tuple[bytes, dict]:
     out, raw = bytearray(), {}
-    for field, wire, tag in _fields(f, end):
-        if field == _INITIALIZER and wire == 2:
-            n, _ = _varint(f)
-            body, name, found = _tensor(f, f.tell() + n)
+    while pos < end:
+        start = pos
+        tag, pos = _varint(buf, pos, end)
+        if tag >> 3 == _INITIALIZER and tag & 7 == 2:
+            n, at = _length(buf, pos, end)
+            body, name, found = _tensor(buf, at, at + n)
+            pos = at + n
             if found:
                 if name is None or name in raw:
                     raise _Unsupported("a large initializer without a name, or two of one name")
                 raw[name] = found
-            out += tag + _encode_varint(len(body)) + body
+            out += buf[start:_after_tag(buf, start, end)] + _encode_varint(len(body)) + body
         else:
-            out += tag + _copy_value(f, wire)
+            pos = _skip(buf, pos, tag & 7, end)
+            out += buf[start:pos]
     return bytes(out), raw
+
+
+def _after_tag(buf, pos: int, end: int) -> int:
+    return _varint(buf, pos, end)[1]
 
 
 def strip(path: str) -> tuple[bytes, dict] | None:
     """(the model's bytes without its large raw_data fields, {initializer name: (offset,
-    length) in the file}), or None where the file is not read this way (see the module doc)."""
+    length) in the file}), or None where the file is not read this way (see the module doc).
+    The walk reads the file through a read-only map: only the pages around the fields it
+    looks at are touched, none of the weights'."""
     try:
-        with open(path, "rb", buffering=1 << 16) as f:
-            f = _Sized(f)
-            out, raw, graphs = bytearray(), {}, 0
-            for field, wire, tag in _fields(f, None):
-                if field == _GRAPH and wire == 2:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            out, raw, graphs, pos, end = bytearray(), {}, 0, 0, len(buf)
+            while pos < end:
+                start = pos
+                tag, pos = _varint(buf, pos, end)
+                if tag >> 3 == _GRAPH and tag & 7 == 2:
                     graphs += 1
-                    n, _ = _varint(f)
-                    body, raw = _graph(f, f.tell() + n)
-                    out += tag + _encode_varint(len(body)) + body
+                    n, at = _length(buf, pos, end)
+                    body, raw = _graph(buf, at, at + n)
+                    pos = at + n
+                    out += buf[start:_after_tag(buf, start, end)] + _encode_varint(len(body)) + body
                 else:
-                    out += tag + _copy_value(f, wire)
+                    pos = _skip(buf, pos, tag & 7, end)
+                    out += buf[start:pos]
     except (_Unsupported, OSError, ValueError, OverflowError, MemoryError):
         return None
     if graphs != 1 or not raw:  # nothing large inside: the plain parse is as good
