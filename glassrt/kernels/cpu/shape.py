@@ -122,7 +122,11 @@ def split(ctx):
     attr_split = ctx.attrs.get("split")
     num_outputs = ctx.attrs.get("num_outputs")
 
+    fixed = _fixed_split(ctx, n, axis, attr_split, num_outputs)
+
     def step(x, sizes=None, *, out=(None,) * n):
+        if fixed is not None and x.ndim == fixed[0] and x.shape[fixed[1]] == fixed[2]:
+            return tuple(_put(x[i], o) for i, o in zip(fixed[3], out))
         a = norm_axis(axis, x.ndim)
         if ctx.opset < 13:
             sizes = attr_split
@@ -142,6 +146,37 @@ def split(ctx):
         return tuple(p.copy() if o is None else _put(p, o) for p, o in zip(parts, out))
 
     return step
+
+
+def _fixed_split(ctx, n, axis, attr_split, num_outputs):
+    """(rank, axis, its size, the outputs' index tuples) when the split axis has a static
+    size and the sizes are constants: bound once, whatever the other dims (a decode step's
+    growing sequence), so a run only indexes."""
+    shape = ctx.shape(0)
+    if shape is None:
+        return None
+    a = norm_axis(axis, len(shape))
+    dim = shape[a]
+    if not isinstance(dim, int):
+        return None
+    if ctx.opset < 13:
+        sizes = attr_split
+    elif ctx.has(1):
+        sizes = ctx.const(1)
+        if sizes is None:
+            return None
+    else:
+        sizes = None
+    if sizes is not None:
+        sizes = [int(v) for v in np.asarray(sizes).reshape(-1)]
+    elif num_outputs is not None:
+        sizes = uneven_split(dim, int(num_outputs))
+    elif dim % n == 0:
+        sizes = [dim // n] * n
+    if sizes is None or len(sizes) != n or sum(sizes) != dim or min(sizes, default=0) < 0:
+        return None  # the step raises its own error on such inputs
+    bounds = np.cumsum([0] + sizes).tolist()
+    return len(shape), a, dim, [(slice(None),) * a + (slice(bounds[i], bounds[i + 1]),) for i in range(n)]
 
 
 def _slice_index(shape, starts, ends, axes, steps):
