@@ -19,7 +19,7 @@ from . import dtypes, symbolic
 @dataclass(frozen=True)
 class TensorType:
     dtype: np.dtype
-    shape: tuple | None  # None: rank unknown; dims are int or SymPy expressions
+    shape: tuple | None  # None: rank unknown; dims are int or symbolic.Dim
 
     @property
     def rank(self):

@@ -347,13 +347,13 @@ def _check_value(name, value, t, bound):
                     if want != got:
                         raise InputShapeError(f"input '{name}': dim {axis} must be {want} "
                                               f"({symbolic.shape_str(t.shape)}), got {list(value.shape)}")
-                elif want.is_Symbol and not want.name.startswith("unk__"):
-                    prev = bound.get(want.name)
+                elif (sym := symbolic.symbol_name(want)) is not None and not sym.startswith("unk__"):
+                    prev = bound.get(sym)
                     if prev is not None and prev[0] != got:
                         raise InputShapeError(
-                            f"input '{name}': dim {axis} is '{want.name}', which input '{prev[1]}' set to "
+                            f"input '{name}': dim {axis} is '{sym}', which input '{prev[1]}' set to "
                             f"{prev[0]}; got {got}")
-                    bound[want.name] = (got, name)
+                    bound[sym] = (got, name)
         if not value.flags.c_contiguous:
             value = value.copy(order="C")
         return value

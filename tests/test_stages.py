@@ -8,11 +8,10 @@ import itertools
 import numpy as np
 import onnx
 import pytest
-import sympy
 from onnx import helper
 
 import glassrt
-from glassrt import onnx_io
+from glassrt import onnx_io, symbolic
 from glassrt.errors import GlassrtError, ShapeInferenceError, UnsupportedOperatorError
 from glassrt.ir import TensorType
 from glassrt.passes import PIPELINE, run_passes, selected
@@ -45,7 +44,7 @@ def test_infer_keeps_symbolic_dims_and_propagates_shape_values():
                [tensor("x", ["batch", 4])], [tensor("h", None), tensor("s", None), tensor("r", None)],
                [init("w", np.ones((4, 3), np.float32)), init("s2", np.array([-1, 2], np.int64))])
     inf = infer(g, {}, strict=False)
-    batch = sympy.Symbol("batch", positive=True, integer=True)
+    batch = symbolic.symbol("batch")
     assert inf.types["h"] == TensorType(np.dtype(np.float32), (batch, 3))
     assert list(inf.values["s"]) == [batch, 3]  # Shape's value is known, symbolically
     assert inf.types["r"].shape == (2 * batch, 2)

@@ -13,7 +13,7 @@ def _shape(t):
 
 
 def node_flops(node, attrs, in_types, out_types):
-    """FLOPs as an int (or SymPy expression), or None for ops not counted."""
+    """FLOPs as an int (or a symbolic Dim), or None for ops not counted."""
     ins = [_shape(t) for t in in_types]
     outs = [_shape(t) for t in out_types]
     op = node.op_type

@@ -5,8 +5,6 @@ meta rules, the kernels, the backward formulas and custom ops (glassrt/contrib) 
 """
 from __future__ import annotations
 
-import sympy
-
 from .. import symbolic
 
 
@@ -50,17 +48,10 @@ def broadcast_shapes(*shapes, ctx=None):
 
 
 def _max_of_dims(dims):
-    """The broadcast of symbolic dims that differ: their Max, kept small. Min(x, n) next to x
-    is absorbed (x[:n] broadcast with x is x), nested Maxes are flattened, and the Max is not
-    evaluated: SymPy's evaluation compares arguments by assumptions, and through a 12-layer
-    transformer the nested results took seconds each."""
-    flat = []
-    for d in dims:
-        for a in (d.args if isinstance(d, sympy.Max) else (d,)):
-            if not any(a == b for b in flat):
-                flat.append(a)
-    kept = [d for d in flat if not (isinstance(d, sympy.Min) and any(e in d.args for e in flat if e is not d))]
-    return kept[0] if len(kept) == 1 else sympy.Max(*kept, evaluate=False)
+    """The broadcast of symbolic dims that differ: their Max, kept small (symbolic.maximum:
+    nested Maxes flattened, Min(x, n) next to x absorbed, as x[:n] broadcast with x is x,
+    and an argument another provably bounds dropped)."""
+    return symbolic.maximum(*dims)
 
 
 def matmul_shape(a, b):

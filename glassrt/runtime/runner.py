@@ -212,8 +212,6 @@ class ShapePattern:
 
     @classmethod
     def generalize(cls, sigs, graph):
-        import sympy
-
         from .. import symbolic
 
         declared = {v.name: getattr(v.type, "shape", None) for v in graph.inputs}
@@ -226,7 +224,7 @@ class ShapePattern:
                     continue
                 decl = declared.get(name)
                 named = decl[axis] if decl is not None and axis < len(decl) else None
-                dims.append(named if isinstance(named, sympy.Symbol)
+                dims.append(named if symbolic.is_symbol(named)
                             else symbolic.symbol(f"{name}_dim{axis}"))
             entries.append((name, tuple(dims), dt))
         if all(isinstance(d, int) for _, dims, _ in entries for d in dims):

@@ -125,13 +125,12 @@ STAND_IN_DIM = 32  # what a symbolic dim is taken to be when judging a static_on
 @functools.lru_cache(maxsize=4096)
 def _stand_in_dim(d) -> int:
     """A symbolic dim with every symbol bound to STAND_IN_DIM (a dim the binding leaves
-    fractional or unknown becomes STAND_IN_DIM too). Cached: a model's nodes share a few
-    dims (batch, sequence, batch*sequence), and SymPy's substitution is slow (0.3 s of
-    BERT-base's session creation before)."""
+    non-positive or undefined becomes STAND_IN_DIM too). Cached: a model's nodes share a
+    few dims (batch, sequence, batch*sequence)."""
     try:
         v = symbolic.evaluate(d, {n: STAND_IN_DIM for n in symbolic.free_names(d)})
-        return int(v) if float(v) == int(v) and int(v) > 0 else STAND_IN_DIM
-    except (TypeError, ValueError):
+        return v if isinstance(v, int) and v > 0 else STAND_IN_DIM
+    except (TypeError, ValueError, ZeroDivisionError):
         return STAND_IN_DIM
 
 

@@ -11,28 +11,23 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import sympy
-
+from .. import symbolic
 from ..ir import TensorType
 
 
 @lru_cache(maxsize=4096)
 def _compiled(symbols: tuple, exprs: tuple):
-    return sympy.lambdify(symbols, list(exprs), modules="math")
+    return symbolic.compile_dims(symbols, exprs)
 
 
 def _shifted_symbol(d):
-    """(symbol, shift) when the dim is symbol + an integer (past, past + 1), else None."""
-    if not isinstance(d, sympy.Basic) or len(d.free_symbols) != 1:
-        return None
-    (sym,) = d.free_symbols
-    shift = d - sym
-    return (sym, int(shift)) if shift.is_Integer else None
+    """(symbol name, shift) when the dim is symbol + an integer (past, past + 1), else None."""
+    return symbolic.shifted_symbol(d)
 
 
 class ShapeFormula:
     def __init__(self, symbols, inputs, checks, outputs):
-        self.symbols = symbols  # the symbols, in the order the compiled functions take them
+        self.symbols = symbols  # the symbols' names, in the order the compiled functions take them
         self.inputs = inputs  # per input: None (not a tensor) or (rank, ((axis, int | -1-symbol index, shift), ...))
         self.checks = checks  # (compiled fn of the symbols, ((input, axis), ...)) for expression dims
         self.outputs = outputs  # (compiled fn, [rank per output])
@@ -50,7 +45,7 @@ class ShapeFormula:
                 if found is not None and found[0] not in bare:
                     bare.append(found[0])
         out_dims = [d for t in output_types for d in t.shape]
-        needed = set().union(*[d.free_symbols for d in out_dims if isinstance(d, sympy.Basic)])
+        needed = set().union(*[symbolic.free_names(d) for d in out_dims])
         if not needed <= set(bare):
             return None
         index = {s: k for k, s in enumerate(bare)}
@@ -66,7 +61,7 @@ class ShapeFormula:
                 elif _shifted_symbol(d) is not None:
                     sym, shift = _shifted_symbol(d)
                     spec.append((axis, -1 - index[sym], shift))  # negative: the symbol's index, encoded
-                elif d.free_symbols <= set(bare):
+                elif symbolic.free_names(d) <= set(bare):
                     check_exprs.append(d)
                     check_at.append((i, axis))
                 else:

@@ -214,7 +214,7 @@ def create_app(models, *, max_batch_size: int = 8, batch_timeout_ms: float = 1.0
         m = find(name, version)
         # off the event loop: a big model's report takes a while, and requests keep coming
         report = await asyncio.get_running_loop().run_in_executor(executor, build_report, m.session)
-        # explain's report holds sympy formulas for symbolic dims: strings, as `glassrt explain --json` writes them
+        # explain's report holds formulas for symbolic dims (symbolic.Dim): strings, as `glassrt explain --json` writes them
         return Response(json.dumps(report, default=str), media_type="application/json")
 
     @app.post("/v2/models/{name}/infer")

@@ -193,7 +193,7 @@ def _custom_dynamic(op, name, attrs, dt):
             continue
         for j, (md, da, db) in enumerate(zip(m.shape, a.shape, b.shape)):
             follows = da != db
-            has_batch = not isinstance(md, int) and batch in md.free_symbols
+            has_batch = "batch" in symbolic.free_names(md)
             if follows and not has_batch:
                 bad.append(f"output {k} dim {j}: meta gives {md} for input batch 'batch', but the real size follows "
                            f"the batch ({da} at batch 2, {db} at batch 3)")
@@ -453,7 +453,7 @@ def _builtin_dynamic(case, sess, inputs, outs):
                 if isinstance(md, int):
                     return FAIL, (f"output '{o}' dim {j}: meta gives {md} for a symbolic batch, but the real size "
                                   f"follows it ({da} → {db} when the batch doubles)")
-                if batch not in md.free_symbols:
+                if "batch" not in symbolic.free_names(md):
                     return WARN, f"output '{o}' dim {j}: meta gives '{md}', losing the batch symbol"
     return None
 

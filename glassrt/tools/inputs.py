@@ -81,11 +81,12 @@ def _dims_of_given(sess, given: dict, dims: dict) -> dict:
                 or value.ndim != len(t.shape):
             continue  # the run itself reports a wrong rank, with the input's name
         for d, got in zip(t.shape, value.shape):
-            if isinstance(d, int) or not d.is_Symbol or _unnamed(d.name) or d.name in bound:
+            sym = symbolic.symbol_name(d)
+            if sym is None or _unnamed(sym) or sym in bound:
                 continue
-            if d.name in dims and dims[d.name] != got:
-                raise GlassrtError(f"--dim {d.name}={dims[d.name]}, but --input {vi.name} has {d.name}={got}")
-            bound[d.name] = int(got)
+            if sym in dims and dims[sym] != got:
+                raise GlassrtError(f"--dim {sym}={dims[sym]}, but --input {vi.name} has {sym}={got}")
+            bound[sym] = int(got)
     return bound
 
 

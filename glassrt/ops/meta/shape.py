@@ -4,7 +4,6 @@ propagation that lets shape arithmetic (Shape → Gather → Concat → Reshape)
 from __future__ import annotations
 
 import numpy as np
-import sympy
 
 from ... import dtypes, symbolic
 from ..registry import meta, values
@@ -26,7 +25,7 @@ def dims_array(dims):
 def _tidy(v):
     """Turn an object array whose entries are all ints back into int64."""
     if v.dtype == object:
-        flat = [symbolic.normalize(x) if isinstance(x, sympy.Basic) else x for x in v.flat]
+        flat = [symbolic.normalize(x) if isinstance(x, symbolic.Dim) else x for x in v.flat]
         if all(isinstance(x, (int, np.integer)) for x in flat):
             return np.array(flat, dtype=np.int64).reshape(v.shape)
         return np.array(flat, dtype=object).reshape(v.shape)
@@ -34,7 +33,7 @@ def _tidy(v):
 
 
 def _entries(v):
-    return [symbolic.normalize(x) if isinstance(x, sympy.Basic) else int(x) for x in v.reshape(-1)]
+    return [x if isinstance(x, symbolic.Dim) else int(x) for x in v.reshape(-1)]
 
 
 # ---------------------------------------------------------------- Shape, Size, Constant
@@ -142,8 +141,8 @@ def reshape_dims(ctx, in_shape, target, allowzero):
                              f"{list(target)}")
                 out[infer_at] = total // known
             else:
-                q = symbolic.normalize(sympy.Integer(total) / known if isinstance(total, int) else total / known)
-                out[infer_at] = q if (isinstance(q, int) or q.is_integer) else symbolic.fresh()
+                q = symbolic.exact_div(total, known)  # batch*seq*768 / (12*batch) is 64*seq
+                out[infer_at] = q if q is not None else symbolic.fresh()
     elif in_shape is not None:
         total, new = symbolic.prod(in_shape), symbolic.prod(out)
         if isinstance(total, int) and isinstance(new, int) and total != new:
@@ -314,8 +313,8 @@ def split(ctx):
                     ctx.fail(f"dim {dim} of axis {a} does not split evenly into {parts} outputs")
                 sizes = [dim // parts] * parts
         else:
-            sizes = [symbolic.normalize(dim / parts)] * parts
-            sizes = [s if (isinstance(s, int) or s.is_integer) else symbolic.fresh() for s in sizes]
+            q = symbolic.exact_div(dim, parts)
+            sizes = [q if q is not None else symbolic.fresh() for _ in range(parts)]
     if len(sizes) != n:
         ctx.fail(f"split sizes {sizes} do not match the {n} outputs")
     if any(isinstance(s, int) and s < 0 for s in sizes):
@@ -364,12 +363,16 @@ def _slice_params(ctx, rank):
 
 
 def _dims(v):
-    """A known 1-D value as ints, symbolic entries kept as SymPy expressions."""
+    """A known 1-D value as ints, symbolic entries kept as dims."""
     return [symbolic.normalize(x) if not isinstance(x, (int, np.integer)) else int(x) for x in v.reshape(-1)]
 
 
 def _nonnegative(v) -> bool:
-    return v >= 0 if isinstance(v, int) else bool(v.is_nonnegative)
+    """v >= 0 for every value of its symbols (False when that depends on them)."""
+    try:
+        return v >= 0
+    except TypeError:
+        return False
 
 
 def slice_len(dim, start, end, step):
@@ -502,7 +505,7 @@ def range_(ctx):
         sym = [ctx.value(i) for i in range(3)]
         if all(v is not None and v.size == 1 for v in sym) and ctx.dtype(0).kind in "iu":
             start, limit, delta = (v.reshape(-1)[0] for v in sym)
-            span = symbolic.normalize(sympy.sympify(limit - start))
+            span = symbolic.normalize(limit - start)
             if isinstance(span, int) and isinstance(symbolic.normalize(delta), int) and delta != 0:
                 return [ctx.tensor(ctx.dtype(0), (max(-(-span // int(delta)), 0),))]
         return [ctx.tensor(ctx.dtype(0), (symbolic.fresh("range"),))]
@@ -532,7 +535,7 @@ def _binary_values(fn):
             if a.dtype != object and b.dtype != object:
                 return [fn(a, b).astype(ctx.dtype(0))]
             r = fn(a.astype(object), b.astype(object))
-            # 0-d object operands give a bare SymPy expression, not an array
+            # 0-d object operands give a bare Dim, not an array
             return [_tidy(r if isinstance(r, np.ndarray) else np.array(r, dtype=object))]
         except Exception:
             return [None]
