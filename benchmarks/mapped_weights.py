@@ -136,8 +136,9 @@ def _read_through(path: Path) -> None:
             pass
 
 
-def optimized(folder: Path, repeats: int, console):
+def optimized(folder: Path, repeats: int, console, only=None):
     cases = [(n, bench_models.light, n) for n in light_models.NAMES] + [("bert-base", bench_models.bert, None)]
+    cases = [c for c in cases if not only or any(o in c[0] for o in only)]
     table = Table(title=f"create + first run, glassrt, fresh process each, median of {repeats}", title_justify="left")
     for col in ("model", "create + run: original s", "optimized s", "ratio", "create only: original s", "optimized s",
                 "ratio", "nodes", "file MB orig -> opt"):
@@ -184,6 +185,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", choices=["memory", "optimized"])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--models", nargs="+", help="optimized files: only the models whose name contains one of these")
     ap.add_argument("--keep", help="folder for the models (default: a temporary one)")
     ap.add_argument("--json", help="write the numbers here")
     args = ap.parse_args()
@@ -195,7 +197,7 @@ def main():
         if args.only in (None, "memory"):
             out["memory"] = memory(folder, args.repeats, console)
         if args.only in (None, "optimized"):
-            out["optimized"] = optimized(folder, args.repeats, console)
+            out["optimized"] = optimized(folder, args.repeats, console, args.models)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 
