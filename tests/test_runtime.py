@@ -1,6 +1,7 @@
 """The runtime's decisions, made and shown: placement, kernel choice, memory plan, plans, profile."""
 from __future__ import annotations
 
+import gc
 import json
 import tracemalloc
 import warnings
@@ -241,13 +242,16 @@ def test_varying_batch_sizes_keep_memory_bounded():
     sess = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(plan_cache_size=4))
     peaks = []
     for _ in range(2):
+        gc.collect()  # what earlier tests left behind is not this session's growth
         peak = 0
         for b in range(1, 41):
             sess.run(None, {"x": np.ones((b, 3, 64, 64), np.float32)})
             peak = max(peak, rss())
         peaks.append(peak)
     assert sess.memory_stats()["plans_cached"] <= 4
-    assert peaks[1] <= peaks[0] + (2 << 20), [p >> 20 for p in peaks]
+    # A leak of one plan or arena per batch size would be tens of MiB; allow the allocator's
+    # few MiB of slack (in a 1.8 GiB test worker it once measured 2.05 MiB).
+    assert peaks[1] <= peaks[0] + (4 << 20), [p >> 20 for p in peaks]
 
 
 def test_plan_cache_byte_budget():
