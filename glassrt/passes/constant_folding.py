@@ -5,11 +5,12 @@ named in `ctx.folded` so `explain` can say where a constant came from. So do nod
 outputs shape inference has already proved, whatever the inputs: `Shape → Slice[-1:]` of
 a `[batch, 12, seq, 64]` tensor is `[64]` for every input the model accepts (static dims
 of inputs are checked at run time), and the Cast, Sqrt or Pow that an exporter hangs on it
-(attention's scale) then fold too. A decode step of a GPT-2 export ran 12 such chains per
-token before. The evaluation
-itself (which kernel, the size limit, what may not be folded) is the runtime's one
-constant folder (runtime/folding.py), which plans use for values that follow from the
-input shapes.
+(attention's scale) then fold too; a GPT-2 export's decode step ran 12 such chains per
+token before.
+
+The evaluation itself (which kernel, the size limit, what may not be folded) is the
+runtime's one constant folder (runtime/folding.py), which plans use for values that
+follow from the input shapes.
 """
 from __future__ import annotations
 
