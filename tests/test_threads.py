@@ -103,30 +103,3 @@ def test_the_session_runner_hands_its_latest_choice_to_new_plans():
     assert newest is not first and newest.threads.requested >= 1
     if newest.threads.requested > 1:
         assert newest.threads.current == 1
-
-
-def test_few_row_products_go_to_one_thread_while_the_runs_are_starved_and_try_two_again():
-    """Vector-matrix products run on two threads on a quiet machine; while this plan's
-    two-thread runs get under one core (other processes hold the cores) they run on one
-    (gemm.few_rows_alone, read by onednn's matmul), and try two again after CALM_AFTER runs."""
-    from glassrt.kernels import gemm
-    from glassrt.runtime.threads import CALM_AFTER
-
-    quiet = ThreadChoice(2)
-    _drive(quiet, lambda i, n: 10.0 if n == 2 else 18.0, 40, cpu_share=lambda i, n: 1.8 if n == 2 else 1.0)
-    assert not quiet.few_rows_alone and not gemm.few_rows_alone
-
-    busy = ThreadChoice(2)
-    # two threads stay faster (the convolutions gain), but the runs are starved
-    flags = []
-    for i in range(30):
-        n = busy.choose()
-        flags.append(gemm.few_rows_alone)
-        ms = 30.0 if n == 2 else 45.0
-        busy.record(ms / 1e3, (0.8 if n == 2 else 0.95) * ms / 1e3)
-    assert not any(flags[:3]) and all(flags[6:]), flags
-    calm = ThreadChoice(2)
-    calm.few_rows_alone, calm._alone_runs = True, 0
-    for _ in range(CALM_AFTER + 1):
-        calm.choose()
-    assert not calm.few_rows_alone and not gemm.few_rows_alone

@@ -19,9 +19,6 @@ import numpy as np
 _F32 = np.dtype(np.float32)
 _SMALL = 1 << 16  # multiply-adds per matrix of a stack below which NumPy runs the whole stack
 _sgemm = None  # oneDNN's dnnl_sgemm while runs use the OpenMP pool, else None
-# Products of a few rows run on one thread (set per run by runtime/threads.py's ThreadChoice
-# while the machine looks busy; onednn/matmul.py reads it).
-few_rows_alone = False
 
 
 def use_openmp(on: bool) -> None:

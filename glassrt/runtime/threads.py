@@ -35,7 +35,6 @@ WINS_BY = 1.1  # a try must be this much faster than the count in use to replace
 LOST_BY = 1.25  # a try this much slower than the count in use doubles the wait before the next
 SLOWER = 1.5  # the count in use this much slower than its best so far: try the other now
 RECENT = 5  # measured runs per count whose median is its latency
-CALM_AFTER = 32  # runs with few-row products held to one thread before they try two again
 
 
 def available_cpus() -> int:
@@ -75,13 +74,6 @@ class ThreadChoice:
         self._probing, self._probe_left = None, 0
         self.cpu: dict[int, list] = {a: [] for a in self.arms}  # CPU seconds per second of recent runs
         self.wait, self._next_try, self._last_try = PROBE_EVERY, FIRST_TRY, -PROBE_EVERY
-        # Products of a few rows (a decode step's vector-matrix products, a CNN's last FC) are
-        # faster on two threads on a quiet machine, but a parallel call that must wake a
-        # descheduled worker costs whole time slices when other processes hold the cores
-        # (resnet50 under --busy 3: 455 ms per run with its FC on two threads, 267 with it on
-        # one). So they run on one thread while this plan's runs look starved of CPU, and try
-        # two again after CALM_AFTER runs (kernels/gemm.py: few_rows_alone).
-        self.few_rows_alone, self._alone_runs = False, 0
 
     def latency(self, arm: int) -> float | None:
         r = self.recent[arm]
@@ -106,13 +98,6 @@ class ThreadChoice:
             else:
                 n = self.current
         self.previous, self.last = self.last, n
-        if self.few_rows_alone:
-            self._alone_runs += 1
-            if self._alone_runs > CALM_AFTER:
-                self.few_rows_alone = False
-                if self.current > 1:  # judged again on runs made with them on two threads
-                    self.cpu[self.current].clear()
-        gemm.few_rows_alone = self.few_rows_alone
         return n
 
     def _loaded(self) -> bool:
@@ -152,9 +137,6 @@ class ThreadChoice:
             del c[:-RECENT]
         lat = self.latency(self.last)
         self.floor[self.last] = min(self.floor.get(self.last, lat), lat)
-        share = self.cpu[self.last]
-        if not self.few_rows_alone and self.last > 1 and len(share) >= 3 and statistics.median(share) < STARVED:
-            self.few_rows_alone, self._alone_runs = True, 0
 
     @property
     def best(self) -> int:

@@ -26,11 +26,9 @@ from ...ops.fused import MATMUL_ACTIVATIONS
 from ..registry import kernel
 from . import dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
-from .. import gemm
 from .kernels import F32, SMALL_PRODUCT, _PerThreads, _unavailable, packed_weights, run_alone
 
 _PACK_LIMIT = 64 << 20
-FEW_ROWS = 4  # a vector-matrix product (decoding, a CNN's classifier): see gemm.few_rows_alone
 _SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
 
 # FusedMatMul's activations as oneDNN eltwise post-ops: (name, params -> (alpha, beta)).
@@ -187,7 +185,6 @@ def matmul(ctx):
     z_dims = p.z_dims(y) if p.z_shape is not None else None
     z_view = [None, None]  # the last Z and its 2-D view: the same view object keeps the memory's pointer
     alone = p.rows * p.k * p.n <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
-    few_rows = p.rows <= FEW_ROWS
 
     def step(a, b_=None, c=None, z=None, *, out):
         prim, z_arg = prims.get()
@@ -196,7 +193,7 @@ def matmul(ctx):
             if z_view[0] is not z:
                 z_view[:] = z, (z if z.flags.c_contiguous else np.ascontiguousarray(z)).reshape(z_dims)
             buffers[z_arg] = z_view[1]
-        run_alone(prim, buffers, alone or (few_rows and gemm.few_rows_alone))
+        run_alone(prim, buffers, alone)
         return out
 
     return step
