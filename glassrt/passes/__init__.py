@@ -51,7 +51,7 @@ def run_passes(graph, options, providers, infer_types):
     skipped = [p for p in chosen if done and p.level != "required" and level_rank(p.level) <= level_rank(done)]
     graph, records = run_pipeline(graph, [p for p in chosen if p not in skipped], ctx, infer_types)
     n, ran = len(graph.nodes), iter(records)
-    why = f"already applied: the model was written by glassrt optimize at level {done} (this glassrt version)"
+    why = f"already applied (glassrt optimize, level {done})"
     return graph, ctx, [PassRecord(p.name, p.level, [], n, n, 0.0, skipped=why) if p in skipped else next(ran)
                         for p in chosen]
 
