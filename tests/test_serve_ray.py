@@ -167,7 +167,9 @@ def test_serve_on_ray_with_two_replicas(model_file):
             while len(seen) < 2 and time.monotonic() < deadline:
                 seen.add(_metric(http.get(f"{server.url}/metrics").text, "glassrt_server_requests_total",
                                  model="add", version="1", status="200"))
-            assert len(seen) == 2 and sum(seen) == 48 + 32 and min(seen) > 0, seen
+            # (an even split shows one count only: each replica's is half of every request)
+            total = 48 + 32
+            assert (len(seen) == 2 and sum(seen) == total and min(seen) > 0) or seen == {total / 2}, seen
 
             # the glass box and the errors come through the proxy as from `glassrt serve`
             report = http.get(f"{server.url}/v2/models/add/explain").json()
