@@ -79,7 +79,14 @@ def test_pass_count_floor(results, mode):
         "see tests/conformance/RESULTS.md")
 
 
+def _by_chance(name: str) -> bool:
+    """Bernoulli cases without a seed: onnx's expected values came from an unseeded
+    generator, so a run passes them by chance (about 1 in 300) in either mode."""
+    return "bernoulli" in name and "seed" not in name
+
+
 def test_default_never_worse_than_native(results):
     native = {n for n, (s, _) in results["native"].items() if s == "pass"}
     default = {n for n, (s, _) in results["default"].items() if s == "pass"}
-    assert native - default == set(), "cases that pass natively but fail once reference is allowed"
+    worse = {n for n in native - default if not _by_chance(n)}
+    assert worse == set(), "cases that pass natively but fail once reference is allowed"
