@@ -111,20 +111,16 @@ def _graph(buf, pos: int, end: int) -> tuple[bytes, dict]:
         if tag >> 3 == _INITIALIZER and tag & 7 == 2:
             n, at = _length(buf, pos, end)
             body, name, found = _tensor(buf, at, at + n)
-            pos = at + n
             if found:
                 if name is None or name in raw:
                     raise _Unsupported("a large initializer without a name, or two of one name")
                 raw[name] = found
-            out += buf[start:_after_tag(buf, start, end)] + _encode_varint(len(body)) + body
+            out += buf[start:pos] + _encode_varint(len(body)) + body  # the tag, a new length, the body
+            pos = at + n
         else:
             pos = _skip(buf, pos, tag & 7, end)
             out += buf[start:pos]
     return bytes(out), raw
-
-
-def _after_tag(buf, pos: int, end: int) -> int:
-    return _varint(buf, pos, end)[1]
 
 
 def strip(path: str) -> tuple[bytes, dict] | None:
@@ -142,8 +138,8 @@ def strip(path: str) -> tuple[bytes, dict] | None:
                     graphs += 1
                     n, at = _length(buf, pos, end)
                     body, raw = _graph(buf, at, at + n)
+                    out += buf[start:pos] + _encode_varint(len(body)) + body
                     pos = at + n
-                    out += buf[start:_after_tag(buf, start, end)] + _encode_varint(len(body)) + body
                 else:
                     pos = _skip(buf, pos, tag & 7, end)
                     out += buf[start:pos]

@@ -119,64 +119,47 @@ def concat(*xs, out=None, axis=1):  # Concat-1..3 made axis optional, defaulting
 def split(ctx):
     n = len(ctx.node.outputs)
     axis = int(ctx.attrs.get("axis", 0))
-    attr_split = ctx.attrs.get("split")
     num_outputs = ctx.attrs.get("num_outputs")
-
-    fixed = _fixed_split(ctx, n, axis, attr_split, num_outputs)
+    attr_split = ctx.attrs.get("split") if ctx.opset < 13 else None
+    # Bound once when the split axis has a static size and the sizes are constants, whatever
+    # the other dims (a decode step's growing sequence): a run then only indexes.
+    fixed, shape = None, ctx.shape(0)
+    given = attr_split if ctx.opset < 13 else ctx.const(1)
+    sizes_known = ctx.opset < 13 or not ctx.has(1) or given is not None
+    if shape is not None and sizes_known:
+        a = norm_axis(axis, len(shape))
+        if isinstance(shape[a], int):
+            try:
+                fixed = len(shape), a, shape[a], _split_index(a, shape[a], n, given, num_outputs)
+            except ValueError:
+                pass  # the step raises it for the inputs that meet it
 
     def step(x, sizes=None, *, out=(None,) * n):
         if fixed is not None and x.ndim == fixed[0] and x.shape[fixed[1]] == fixed[2]:
-            return tuple(_put(x[i], o) for i, o in zip(fixed[3], out))
-        a = norm_axis(axis, x.ndim)
-        if ctx.opset < 13:
-            sizes = attr_split
-        sizes = None if sizes is None else [int(s) for s in np.asarray(sizes).reshape(-1)]
-        if sizes is None:
-            dim = x.shape[a]
-            if num_outputs is not None:
-                sizes = uneven_split(dim, int(num_outputs))
-            else:
-                if dim % n:
-                    raise ValueError(f"axis {a} of size {dim} does not split evenly into {n} outputs")
-                sizes = [dim // n] * n
-        if sum(sizes) != x.shape[a] or len(sizes) != n or min(sizes, default=0) < 0:
-            raise ValueError(f"split sizes {sizes} do not match axis {a} of size {x.shape[a]} and {n} outputs")
-        bounds = np.cumsum([0] + sizes)
-        parts = [x[(slice(None),) * a + (slice(int(bounds[i]), int(bounds[i + 1])),)] for i in range(n)]
-        return tuple(p.copy() if o is None else _put(p, o) for p, o in zip(parts, out))
+            index = fixed[3]
+        else:
+            a = norm_axis(axis, x.ndim)
+            index = _split_index(a, x.shape[a], n, attr_split if ctx.opset < 13 else sizes, num_outputs)
+        # a new array where no buffer is given: a view would alias the input
+        return tuple(x[i].copy() if o is None else _put(x[i], o) for i, o in zip(index, out))
 
     return step
 
 
-def _fixed_split(ctx, n, axis, attr_split, num_outputs):
-    """(rank, axis, its size, the outputs' index tuples) when the split axis has a static
-    size and the sizes are constants: bound once, whatever the other dims (a decode step's
-    growing sequence), so a run only indexes."""
-    shape = ctx.shape(0)
-    if shape is None:
-        return None
-    a = norm_axis(axis, len(shape))
-    dim = shape[a]
-    if not isinstance(dim, int):
-        return None
-    if ctx.opset < 13:
-        sizes = attr_split
-    elif ctx.has(1):
-        sizes = ctx.const(1)
-        if sizes is None:
-            return None
-    else:
-        sizes = None
-    if sizes is not None:
-        sizes = [int(v) for v in np.asarray(sizes).reshape(-1)]
-    elif num_outputs is not None:
-        sizes = uneven_split(dim, int(num_outputs))
-    elif dim % n == 0:
-        sizes = [dim // n] * n
-    if sizes is None or len(sizes) != n or sum(sizes) != dim or min(sizes, default=0) < 0:
-        return None  # the step raises its own error on such inputs
+def _split_index(a, dim, n, sizes, num_outputs) -> list:
+    """The index tuple of each of Split's n outputs along axis a (of size dim)."""
+    sizes = None if sizes is None else [int(s) for s in np.asarray(sizes).reshape(-1)]
+    if sizes is None:
+        if num_outputs is not None:
+            sizes = uneven_split(dim, int(num_outputs))
+        elif dim % n:
+            raise ValueError(f"axis {a} of size {dim} does not split evenly into {n} outputs")
+        else:
+            sizes = [dim // n] * n
+    if sum(sizes) != dim or len(sizes) != n or min(sizes, default=0) < 0:
+        raise ValueError(f"split sizes {sizes} do not match axis {a} of size {dim} and {n} outputs")
     bounds = np.cumsum([0] + sizes).tolist()
-    return len(shape), a, dim, [(slice(None),) * a + (slice(bounds[i], bounds[i + 1]),) for i in range(n)]
+    return [(slice(None),) * a + (slice(bounds[i], bounds[i + 1]),) for i in range(n)]
 
 
 def _slice_index(shape, starts, ends, axes, steps):
