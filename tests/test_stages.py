@@ -300,7 +300,7 @@ def test_compile_plan_then_replay_writes_into_the_same_arena():
     arena = plan.arena.__array_interface__["data"][0]
     for _ in range(2):
         y, = run_plan(plan, {"x": x})
-        np.testing.assert_allclose(y, expected, rtol=1e-6)
+        np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)  # the matmul kernel picked may sum in another order
     assert plan.arena.__array_interface__["data"][0] == arena
     y2, = run_plan(plan, {"x": x})
     assert y2 is not y and not np.shares_memory(y2, plan.arena)  # outputs are the caller's
