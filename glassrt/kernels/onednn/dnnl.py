@@ -322,7 +322,9 @@ class MemoryDesc:
         return bool(_lib().dnnl_memory_desc_equal(self.handle, other.handle))
 
     def __hash__(self):
-        return hash((self.dims, self.data_type, self.format))
+        # Equal descriptors have equal dims and type; the layout is left to __eq__ (the
+        # format string takes a dozen queries, and descriptors key the packed-weights cache).
+        return hash((self.dims, self.data_type))
 
     def __repr__(self):
         if self.is_zero:
@@ -343,28 +345,41 @@ class Memory:
     here), an aligned zeroed buffer it allocates (`allocate=True`), or nothing
     (DNNL_MEMORY_NONE) until `set` points it at one."""
 
-    __slots__ = ("__weakref__", "_engine", "_fin", "_ptr", "array", "desc", "handle", "nbytes", "plain")
+    __slots__ = ("__weakref__", "_desc", "_engine", "_fin", "_ptr", "array", "handle", "nbytes")
 
-    def __init__(self, desc: MemoryDesc, buffer: np.ndarray | None = None, *, allocate: bool | None = None,
+    def __init__(self, desc: MemoryDesc | int, buffer: np.ndarray | None = None, *, allocate: bool | None = None,
                  eng: Engine | None = None):
+        """desc: a MemoryDesc, or the address of a descriptor oneDNN owns (a primitive
+        descriptor's query: the memory copies it, so binding makes no MemoryDesc of its own)."""
         lib = _lib()
-        self.desc = desc
-        self.nbytes = desc.size
-        self.plain = desc.is_plain
+        if isinstance(desc, MemoryDesc):
+            self._desc, md, self.nbytes = desc, desc.handle, desc.size
+        else:
+            self._desc, md, self.nbytes = None, desc, lib.dnnl_memory_desc_get_size(desc)
         self._engine = eng or engine()
         if buffer is None and (allocate or allocate is None):
             buffer = empty_aligned(self.nbytes)
         ptr = self._check(buffer) if buffer is not None else None
         self.array, self._ptr = buffer, ptr
-        self.handle = _new_handle(lib.dnnl_memory_create, desc.handle, self._engine.handle, ptr)
+        self.handle = _new_handle(lib.dnnl_memory_create, md, self._engine.handle, ptr)
         self._fin = _finalize(self, lib.dnnl_memory_destroy, self.handle)
+
+    @property
+    def desc(self) -> MemoryDesc:
+        if self._desc is None:  # a copy of the memory's own descriptor, made when first asked
+            p = c_void_p()
+            _lib().dnnl_memory_get_memory_desc(self.handle, byref(p))
+            self._desc = MemoryDesc.clone_of(p)
+        return self._desc
 
     def _check(self, a: np.ndarray) -> int:
         if not isinstance(a, np.ndarray):
             raise TypeError(f"expected a NumPy array, got {type(a).__name__}")
         if a.nbytes < self.nbytes:
             raise ValueError(f"buffer of {a.nbytes} B is smaller than the {self.nbytes} B that {self.desc} needs")
-        if self.plain and not a.flags.c_contiguous:
+        # (is_plain is asked only of a strided buffer: a handful of queries per memory,
+        # and binding a plan makes hundreds of memories)
+        if not a.flags.c_contiguous and self.desc.is_plain:
             raise ValueError("buffer for a plain layout must be C-contiguous")
         return a.ctypes.data
 
@@ -380,7 +395,7 @@ class Memory:
 
     def numpy(self) -> np.ndarray:
         """The buffer as an array of the logical shape (plain layouts only)."""
-        if not self.plain:
+        if not self.desc.is_plain:
             raise ValueError(f"{self.desc.format} is not a plain layout; reorder it first (to_numpy)")
         n = int(np.prod(self.desc.dims))
         return self.array.reshape(-1).view(np.uint8)[: n * self.desc.dtype.itemsize].view(self.desc.dtype) \
@@ -511,10 +526,20 @@ class PrimitiveDesc:
 
     def query_md(self, what: int | str, index: int = 0) -> MemoryDesc | None:
         """An owned clone of a queried memory descriptor; None when the argument is unused."""
+        ptr = self._query_ptr(what, index)
+        return None if ptr is None else MemoryDesc.clone_of(ptr)
+
+    def _query_ptr(self, what: int | str, index: int = 0) -> int | None:
+        """The address of a queried descriptor (the primitive descriptor owns it), or None
+        where the argument is unused (a zero descriptor)."""
         w = capi.QUERY[what + "_md" if not what.endswith("_md") else what] if isinstance(what, str) else what
-        ptr = _lib().dnnl_primitive_desc_query_md(self.handle, w, index)
-        m = MemoryDesc.clone_of(ptr)
-        return None if m is None or m.is_zero else m
+        lib = _lib()
+        ptr = lib.dnnl_primitive_desc_query_md(self.handle, w, index)
+        if not ptr:
+            return None
+        n = c_int32()
+        lib.dnnl_memory_desc_query(ptr, capi.QUERY["ndims_s32"], byref(n))
+        return ptr if n.value else None
 
     def src_md(self, i: int = 0) -> MemoryDesc | None:
         return self.query_md(capi.query_src_md, i)
@@ -601,17 +626,17 @@ class Step:
             if isinstance(v, Memory):
                 mems[arg] = v
                 continue
-            d = self.pd.arg_md(arg)
+            d = self.pd._query_ptr(capi.query_exec_arg_md, arg)
             if d is None:
                 raise ValueError(f"{self.pd.kind} ({self.pd.impl}) takes no argument {arg}")
             mems[arg] = Memory(d, v, allocate=False)
         attr = self.pd.attr
         if ARG_SCRATCHPAD not in mems and attr is not None and attr.scratchpad == "user":
-            d = self.pd.scratchpad_md()
+            d = self.pd._query_ptr(capi.query_scratchpad_md)
             if d is not None:
                 mems[ARG_SCRATCHPAD] = Memory(d, allocate=True)
         if ARG_WORKSPACE not in mems:
-            d = self.pd.workspace_md()
+            d = self.pd._query_ptr(capi.query_workspace_md)
             if d is not None:
                 mems[ARG_WORKSPACE] = Memory(d, allocate=True)
         self.mems = mems
