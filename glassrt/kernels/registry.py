@@ -87,7 +87,7 @@ class Kernel:
     accepts: Callable | None = None  # (BindContext) -> None if OK, else a reason
     workspace: Callable | None = None  # (BindContext) -> bytes of scratch memory
     priority: int = 0
-    attrs: frozenset | None = None  # attribute names understood; None: any
+    attrs: frozenset | _SignatureAttrs | None = None  # attribute names understood (`in`); None: any
     # Layouts besides plain NCHW the kernel reads and writes ("nhwc"): a 4-D value whose
     # producer and readers all take one lives in it (runtime/layout.py).
     layouts: frozenset = frozenset()
@@ -134,11 +134,22 @@ def unregister(provider: str, domain: str, op_type: str) -> None:
     _KERNELS.pop((provider, domain, op_type), None)
 
 
-def _signature_attrs(fn) -> frozenset | None:
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name != "out")
+class _SignatureAttrs:
+    """The attributes a kernel function understands: its keyword-only parameters (any, where
+    it takes **kwargs). Read from the signature when first asked: inspect.signature for each
+    of the ~180 such kernels made every session's first import 7 ms slower."""
+
+    __slots__ = ("fn", "names")
+
+    def __init__(self, fn):
+        self.fn, self.names = fn, None
+
+    def __contains__(self, name) -> bool:
+        if self.names is None:
+            params = inspect.signature(self.fn).parameters.values()
+            self.names = True if any(p.kind is p.VAR_KEYWORD for p in params) else \
+                frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name != "out")
+        return self.names is True or name in self.names
 
 
 def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), dtypes=None,
@@ -148,16 +159,18 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
+        kdtypes = None if dtypes is None else frozenset(np.dtype(d) for d in dtypes)
+        kattrs = frozenset(attrs) if attrs is not None else (None if bind else _SignatureAttrs(fn))
         for op in [ops] if isinstance(ops, str) else ops:
             kname = name or fn.__name__
             register(Kernel(
                 name=f"{provider}.{op}.{kname}" if kname.replace("_", "").lower() != op.lower() else f"{provider}.{op}",
                 provider=provider, domain=domain, op_type=op, fn=fn, versions=versions,
-                dtypes=None if dtypes is None else frozenset(np.dtype(d) for d in dtypes),
+                dtypes=kdtypes,
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
                 workspace=workspace, priority=priority, layouts=frozenset(layouts), static_only=static_only,
                 any_shape=any_shape,
-                attrs=frozenset(attrs) if attrs is not None else (None if bind else _signature_attrs(fn)),
+                attrs=kattrs,
                 doc=(fn.__doc__ or "").strip().split("\n")[0],
             ))
         return fn
