@@ -165,7 +165,7 @@ class Session:
         self.expansions, self.folded = found.expansions, found.folded
         self._expansion_failures = found.expansion_failures
         t0 = time.perf_counter()
-        inference = found.final_inference or infer_symbolic(self.graph)
+        inference = found.final_inference or infer_symbolic(self.graph, reuse=found.first_inference)
         self.notes += list(inference.problems.values())
         self.placement = place(self.graph, inference, self.providers, expansion_failures=self._expansion_failures,
                                mark_unsupported=unsupported == "mark")

@@ -209,7 +209,7 @@ def test_optimized_file_is_inferred_once(folder, monkeypatch):
     tool.optimize(src, out)
     calls = []
     real = session_mod.infer_symbolic
-    monkeypatch.setattr(session_mod, "infer_symbolic", lambda g: calls.append(g) or real(g))
+    monkeypatch.setattr(session_mod, "infer_symbolic", lambda g, **kw: calls.append(g) or real(g, **kw))
     for path, runs in ((out, 1), (src, 2)):  # the original's passes rewrite it: inferred again after
         calls.clear()
         sess = _session(path)

@@ -59,6 +59,61 @@ def test_infer_names_the_node_of_a_static_shape_error():
         infer(g, {}, strict=False)
 
 
+def _counting_rules(monkeypatch):
+    import glassrt.runtime.infer as infer_mod
+
+    ran, real = [], infer_mod.infer_node
+    monkeypatch.setattr(infer_mod, "infer_node", lambda g, node, *a: ran.append(node.name) or real(g, node, *a))
+    return ran
+
+
+def test_infer_reuses_an_earlier_inference_only_where_a_node_and_its_inputs_are_unchanged(monkeypatch):
+    from dataclasses import replace
+
+    g = _graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+                helper.make_node("Shape", ["r"], ["s"], name="shape"),
+                helper.make_node("Reshape", ["r", "s2"], ["y"], name="reshape")],
+               [tensor("x", ["batch", 4])], [tensor("y", None), tensor("s", None)],
+               [init("w", np.ones((4, 6), np.float32)), init("s2", np.array([-1, 3], np.int64))])
+    first = infer(g, {}, strict=False)
+    ran = _counting_rules(monkeypatch)
+    again = infer(g, {}, strict=False, reuse=first)
+    assert ran == [] and again.types == first.types and again.values.keys() == first.values.keys()
+    # A new node (a pass's rewrite) is inferred, and so is what reads its output when its type changed.
+    wider = replace(g, nodes=[g.nodes[0], replace(g.nodes[1], inputs=["x"]), *g.nodes[2:]])
+    ran.clear()
+    changed = infer(wider, {}, strict=False, reuse=first)
+    assert ran == ["relu", "shape", "reshape"]
+    fresh = infer(wider, {}, strict=False).types  # y's first dim is a new unknown (batch*4/3): named anew
+    assert {k: t for k, t in changed.types.items() if k != "y"} == {k: t for k, t in fresh.items() if k != "y"}
+    assert changed.types["y"].shape[1] == 3
+    # A new constant value read by an unchanged node: inferred again (values compared by identity).
+    other = replace(g, initializers={**g.initializers, "s2": np.array([-1, 2], np.int64)})
+    ran.clear()
+    res = infer(other, {}, strict=False, reuse=first)
+    assert ran == ["reshape"] and res.types["y"].shape[1] == 2
+    # Concrete input types: nothing is equal to the symbolic run, everything is inferred.
+    ran.clear()
+    concrete = infer(g, {"x": TensorType(np.dtype(np.float32), (5, 4))}, reuse=first)
+    assert len(ran) == 4 and concrete.types["y"].shape == (10, 3)
+
+
+def test_a_static_models_session_infers_each_node_once_and_its_plan_none(monkeypatch):
+    ran = _counting_rules(monkeypatch)
+    g = model([helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+               helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
+               helper.make_node("Relu", ["n"], ["y"], name="relu")],
+              [tensor("x", [1, 2, 5, 5])], [tensor("y", None)],
+              [init("w", np.ones((3, 2, 3, 3), np.float32)), init("s", np.ones(3, np.float32)),
+               init("b", np.zeros(3, np.float32)), init("m", np.zeros(3, np.float32)),
+               init("v", np.ones(3, np.float32))])
+    sess = glassrt.InferenceSession(g.SerializeToString(), ["cpu"])
+    assert sorted(ran) == sorted(["bn", "conv", "relu", *[n.name for n in sess.graph.nodes]])  # + the fused node
+    ran.clear()
+    y, = sess.run(None, {"x": np.ones((1, 2, 5, 5), np.float32)})
+    assert ran == [] and y.shape == (1, 3, 3, 3)
+
+
 def test_infer_records_rather_than_raises_on_symbolic_inputs():
     """On the model's symbolic types a contradiction may be a matter of the dims' values:
     it is recorded (explain shows it) and only raised once real shapes come."""

@@ -52,6 +52,7 @@ class PassContext:
     folded: list = field(default_factory=list)  # names of nodes folded into constants
     expansion_failures: dict = field(default_factory=dict)  # node name -> why its decomposition failed
     final_inference: object = None  # the Inference of the graph the pipeline returns, when it has one
+    first_inference: object = None  # the Inference the passes were given (of the graph before them)
 
 
 @dataclass
@@ -104,6 +105,8 @@ def run_pipeline(graph, pipeline, ctx: PassContext, infer_types) -> tuple:
         t0 = time.perf_counter()
         graph, changes = p.fn(graph, ctx)
         records.append(PassRecord(p.name, p.level, list(changes), before, len(graph.nodes), time.perf_counter() - t0))
-    if typed is not None and typed[0] is graph:
-        ctx.final_inference = typed[1]
+    if typed is not None:
+        ctx.first_inference = typed[1]
+        if typed[0] is graph:
+            ctx.final_inference = typed[1]
     return graph, records

@@ -26,6 +26,10 @@ class Inference:
     types: dict
     values: dict  # name -> np.ndarray (concrete, or object array with symbolic dims)
     problems: dict = field(default_factory=dict)  # node name -> message (symbolic mode only)
+    # id(node) -> (node, its input types, its input values): what each node was typed from,
+    # so that a later inference of a changed graph (after the passes; a plan of the same
+    # shapes) can take over a node's results instead of running its rule again.
+    seen: dict = field(default_factory=dict, repr=False)
 
 
 def _normalize(t):
@@ -39,9 +43,16 @@ def _normalize(t):
 
 
 def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=None,
-          strict: bool = True) -> Inference:
+          strict: bool = True, reuse: Inference | None = None) -> Inference:
     """strict=False (symbolic planning) records a node's failure and carries on with
-    unknown outputs, unless the node's inputs are fully static (then the model is wrong)."""
+    unknown outputs, unless the node's inputs are fully static (then the model is wrong).
+
+    reuse: an earlier inference (of this graph before passes rewrote parts of it, or of the
+    same graph on other input types). A node it typed, given equal input types and the very
+    same input values, gets the same results, which are copied, not recomputed. Sound
+    because a node's rule is a function of the node and its inputs alone, and nodes are
+    never changed in place (passes make new ones); nodes with subgraphs (which read the
+    outer scope) and nodes whose rule failed there are inferred again."""
     types = ChainMap({}, outer_types or {})
     vals = ChainMap({}, outer_values or {})
     problems = {}
@@ -55,9 +66,31 @@ def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=Non
     for name, t in input_types.items():  # outer-scope values fed to a subgraph
         types.setdefault(name, t)
 
+    seen = {}
     for node in graph.nodes:
-        infer_node(graph, node, types, vals, problems, strict)
-    return Inference(dict(types.maps[0]), dict(vals.maps[0]), problems)
+        in_types = [types.get(i) if i else None for i in node.inputs]
+        in_values = [vals.get(i) if i else None for i in node.inputs]
+        if reuse is None or not _take_over(reuse, node, in_types, in_values, types, vals):
+            infer_node(graph, node, types, vals, problems, strict)
+        seen[id(node)] = (node, in_types, in_values)
+    return Inference(dict(types.maps[0]), dict(vals.maps[0]), problems, seen)
+
+
+def _take_over(reuse: Inference, node, in_types, in_values, types, vals) -> bool:
+    """Copy the node's results from `reuse` if it typed this node from the same inputs."""
+    before = reuse.seen.get(id(node))
+    if before is None or before[0] is not node or node.name in reuse.problems \
+            or next(node.subgraphs(), None) is not None \
+            or before[1] != in_types or any(a is not b for a, b in zip(before[2], in_values)):
+        return False
+    if any(o and reuse.types.get(o) is None for o in node.outputs):
+        return False  # (an unknown type may have come from the other graph's declarations)
+    for o in node.outputs:
+        if o:
+            types[o] = reuse.types[o]
+            if o in reuse.values:
+                vals[o] = reuse.values[o]
+    return True
 
 
 def infer_node(graph, node, types, vals, problems, strict):
@@ -121,7 +154,7 @@ def _static_inputs(node, in_types) -> bool:
         and all(isinstance(t, TensorType) and t.is_static for t in given)
 
 
-def infer_symbolic(graph: Graph):
+def infer_symbolic(graph: Graph, reuse: Inference | None = None):
     """Types of every value on the model's declared (symbolic) input types; a static shape
     error (every input shape known) is raised naming its node."""
-    return infer(graph, {}, strict=False)
+    return infer(graph, {}, strict=False, reuse=reuse)

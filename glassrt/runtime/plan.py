@@ -72,7 +72,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     arena reuse, nothing freed): what gradients and `compare` need."""
     t0 = time.perf_counter()
     graph = placement.graph
-    inf = infer(graph, input_types, strict=True)
+    inf = infer(graph, input_types, strict=True, reuse=placement.inference)
     consts = {k: v for k, v in graph.initializers.items() if k not in input_types}
     for name, v in inf.values.items():  # values inference already knows (Shape of a static tensor...)
         t = inf.types.get(name)
