@@ -213,11 +213,21 @@ _ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid")
 
 
 def _conv_geometry(ctx):
-    x, w = [int(d) for d in ctx.shape(0)], [int(d) for d in ctx.shape(1)]
-    k = [int(v) for v in (ctx.attrs.get("kernel_shape") or w[2:])]
-    begin, end, out, strides, dil = spatial_pads(x[2:], k, ctx.attrs.get("strides"), ctx.attrs.get("dilations"),
-                                                 ctx.attrs.get("pads"), ctx.attrs.get("auto_pad", "NOTSET"))
-    return x, w, k, list(begin), list(end), [x[0], w[0], *out], list(strides), list(dil)
+    """(x, w, kernel, pads begin, pads end, y, strides, dilations) as lists of ints. Asked
+    a dozen times per conv while placing and binding: computed once per distinct conv."""
+    a = ctx.attrs
+    opt = lambda name: None if a.get(name) is None else tuple(a[name])  # noqa: E731
+    got = _geometry(tuple(ctx.shape(0)), tuple(ctx.shape(1)), opt("kernel_shape"), opt("strides"),
+                    opt("dilations"), opt("pads"), a.get("auto_pad", "NOTSET"))
+    return [list(v) for v in got]
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(x, w, kernel_shape, strides, dilations, pads, auto_pad):
+    x, w = [int(d) for d in x], [int(d) for d in w]
+    k = [int(v) for v in (kernel_shape or w[2:])]
+    begin, end, out, strides, dil = spatial_pads(x[2:], k, strides, dilations, pads, auto_pad)
+    return tuple(x), tuple(w), tuple(k), tuple(begin), tuple(end), (x[0], w[0], *out), tuple(strides), tuple(dil)
 
 
 def _conv_common_reason(ctx):
