@@ -6,6 +6,7 @@ symlink to somewhere else are refused.
 """
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -233,10 +234,21 @@ class _Parser:
             if mapped is not None:
                 return mapped
             t = self._with_external_data(t, where)
-        if t.data_type == TensorProto.UNDEFINED or t.data_type not in TensorProto.DataType.values():
+        if t.data_type == TensorProto.UNDEFINED or t.data_type not in _ELEMENT_TYPES:
             raise InvalidModelError(f"{where}: unknown element type {t.data_type}")
         if any(d < 0 for d in t.dims):
             raise InvalidModelError(f"{where}: negative dimension in {list(t.dims)}")
+        dtype = _mappable_dtype(t.data_type)
+        if dtype is not None and t.HasField("raw_data"):
+            # The bytes are the array's (as for a mapped or read weight): a read-only view of
+            # them, not numpy_helper's copy (a dense model has hundreds of small initializers).
+            raw, shape = t.raw_data, tuple(int(d) for d in t.dims)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if len(raw) != nbytes:
+                raise InvalidModelError(f"{where}: tensor data does not match its declared type "
+                                        f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} "
+                                        f"({len(raw)} bytes of raw data, {nbytes} needed)")
+            return np.frombuffer(raw, dtype).reshape(shape)
         try:
             arr = numpy_helper.to_array(t)
         except Exception as e:
@@ -347,6 +359,10 @@ class _Parser:
         return inline
 
 
+_ELEMENT_TYPES = frozenset(TensorProto.DataType.values())
+
+
+@functools.lru_cache(maxsize=None)
 def _mappable_dtype(data_type: int) -> np.dtype | None:
     """The NumPy dtype whose bytes are ONNX's raw data of this element type, or None."""
     import sys
