@@ -7,6 +7,7 @@ symlink to somewhere else are refused.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 
@@ -243,7 +244,7 @@ class _Parser:
             # The bytes are the array's (as for a mapped or read weight): a read-only view of
             # them, not numpy_helper's copy (a dense model has hundreds of small initializers).
             raw, shape = t.raw_data, tuple(int(d) for d in t.dims)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            nbytes = math.prod(shape) * dtype.itemsize  # (Python ints: no wrap-around on hostile dims)
             if len(raw) != nbytes:
                 raise InvalidModelError(f"{where}: tensor data does not match its declared type "
                                         f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} "
@@ -311,7 +312,7 @@ class _Parser:
             return None  # tensor() reports what is wrong
         path, offset, length = self._external_range(t, where)
         shape = tuple(int(d) for d in t.dims)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # (Python ints: no wrap-around on hostile dims)
         if length != nbytes:
             raise InvalidModelError(f"{where}: external data holds {length} bytes, but its type "
                                     f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} need {nbytes}")
@@ -333,7 +334,7 @@ class _Parser:
                 t.raw_data = f.read(length)
             return self.tensor(t, where)
         shape = tuple(int(d) for d in t.dims)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # (Python ints: no wrap-around on hostile dims)
         if length != nbytes:
             raise InvalidModelError(f"{where}: tensor data does not match its declared type "
                                     f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} "
