@@ -492,3 +492,49 @@ def test_layer_norm():
     xd = x.astype(np.float64)
     mu, var = xd.mean(-1, keepdims=True), xd.var(-1, keepdims=True)
     close(y, (xd - mu) / np.sqrt(var + 1e-5) * g + b)
+
+
+def _bind_and_run_convs(n: int):
+    for _ in range(n):
+        x = np.ones((1, 8, 6, 6), np.float32)
+        pd = D.conv(x.shape, (4, 8, 3, 3), pads=[1, 1, 1, 1], post_ops=D.PostOps(["relu"]))
+        w = D.prepack(np.ones((4, 8, 3, 3), np.float32), None, pd.weights_md())
+        step = pd.primitive().bind({D.ARG_SRC: None, D.ARG_WEIGHTS: w, D.ARG_DST: None,
+                                    D.ARG_BIAS: np.zeros(4, np.float32)})
+        step.run({D.ARG_SRC: x, D.ARG_DST: np.empty((1, 4, 6, 6), np.float32)})
+        step.run({D.ARG_SRC: x, D.ARG_DST: np.empty((1, 4, 6, 6), np.float32)})
+
+
+def test_every_handle_is_destroyed_with_its_object(monkeypatch):
+    """Handles go with their Python objects (_Owned.__del__): each destroyed once, none left."""
+    import gc
+
+    events = []  # ("made" | "destroyed", kind, handle) in order: addresses are reused after a free
+    classes = {D.MemoryDesc: "dnnl_memory_desc_destroy", D.Memory: "dnnl_memory_destroy",
+               D.PrimitiveDesc: "dnnl_primitive_desc_destroy", D.Primitive: "dnnl_primitive_destroy",
+               D.Attr: "dnnl_primitive_attr_destroy", D.PostOps: "dnnl_post_ops_destroy"}
+    gc.collect()  # what earlier tests left dies now, not while this one records
+    for cls, kind in classes.items():
+        real_init, real_destroy = cls.__init__, getattr(capi.lib, kind)
+
+        def init(self, *a, real_init=real_init, kind=kind, **k):
+            real_init(self, *a, **k)
+            events.append(("made", kind, self.handle.value))
+        monkeypatch.setattr(cls, "__init__", init)
+        monkeypatch.setattr(capi.lib, kind, lambda h, kind=kind, real=real_destroy:
+                            events.append(("destroyed", kind, h.value)) or real(h))
+    gc.disable()  # (the loop makes no reference cycles: everything goes by reference count)
+    try:
+        _bind_and_run_convs(20)
+    finally:
+        gc.enable()
+    alive, made = set(), {}
+    for what, kind, h in events:
+        if what == "made":
+            alive.add((kind, h))
+            made[kind] = made.get(kind, 0) + 1
+        else:
+            assert (kind, h) in alive, f"{kind} of a handle that is not alive"
+            alive.remove((kind, h))
+    assert not alive, f"{len(alive)} handles left: {sorted(alive)[:3]}"
+    assert made["dnnl_primitive_destroy"] >= 20 and made["dnnl_memory_destroy"] >= 80

@@ -10,8 +10,8 @@ The life of a kernel:
     step = pd.primitive().bind({ARG_SRC: None, ARG_WEIGHTS: w, ARG_DST: None})
     step.run({ARG_SRC: x, ARG_DST: y})                        # set_data_handle + execute + wait
 
-Ownership and lifetimes. Every handle is destroyed by a `weakref.finalize` when its Python
-object dies (never at interpreter exit: the engine may already be gone then). Memory
+Ownership and lifetimes. Every handle is destroyed by its owner's `__del__` (`_Owned`) when
+the Python object dies (never at interpreter exit: the engine may already be gone then). Memory
 descriptors passed to a primitive descriptor's constructor are copied by oneDNN and can
 die afterwards; memory descriptors returned by queries are owned by the primitive
 descriptor, so `PrimitiveDesc.query_md` clones them. A `Memory` keeps a reference to the
@@ -27,9 +27,9 @@ run in two threads at once. OpenMP thread counts are per calling thread in libgo
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import threading
-import weakref
 from ctypes import byref, c_char_p, c_int, c_int32, c_void_p
 
 import numpy as np
@@ -80,10 +80,31 @@ def _lib():
     return capi.require()
 
 
-def _finalize(obj, fn, handle):
-    f = weakref.finalize(obj, fn, handle)
-    f.atexit = False
-    return f
+_exiting = False
+
+
+@atexit.register
+def _at_exit():
+    global _exiting
+    _exiting = True  # handles still alive at exit are left to the OS
+
+
+class _Owned:
+    """Owns the oneDNN handle in `self.handle` and destroys it (with the class's
+    `_destroy`, a dnnl_*_destroy name) when the object goes. __del__ rather than a
+    weakref.finalize per object: binding a plan makes thousands of handles, and the
+    finalizer cost more than making the handle."""
+
+    __slots__ = ()
+    _destroy = ""
+
+    def __del__(self):
+        h = getattr(self, "handle", None)
+        if h is not None and h.value and not _exiting and capi.lib is not None:
+            try:
+                getattr(capi.lib, self._destroy)(h)
+            except Exception:  # nothing a destructor could report to
+                pass
 
 
 def _new_handle(create, *args) -> c_void_p:
@@ -103,21 +124,23 @@ def empty_aligned(nbytes: int, align: int = ALIGN, zero: bool = True) -> np.ndar
 # --------------------------------------------------------------------------- engine, stream
 
 
-class Engine:
+class Engine(_Owned):
+    _destroy = "dnnl_engine_destroy"
+
     def __init__(self, kind: int = capi.cpu, index: int = 0):
         lib = _lib()
         self.handle = _new_handle(lib.dnnl_engine_create, kind, index)
         self.kind, self.index = kind, index
-        _finalize(self, lib.dnnl_engine_destroy, self.handle)
 
 
-class Stream:
+class Stream(_Owned):
+    _destroy = "dnnl_stream_destroy"
+
     def __init__(self, eng: Engine | None = None, flags: int = capi.stream_default_flags):
         lib = _lib()
         self.engine = eng or engine()
         self.handle = _new_handle(lib.dnnl_stream_create, self.engine.handle, flags)
         self.thread = threading.get_ident()
-        _finalize(self, lib.dnnl_stream_destroy, self.handle)
 
     def wait(self) -> None:
         _lib().dnnl_stream_wait(self.handle)
@@ -165,15 +188,15 @@ def _memo(fn):
     return property(get, doc=fn.__doc__)
 
 
-class MemoryDesc:
+class MemoryDesc(_Owned):
     """An owned dnnl_memory_desc_t handle (opaque in 3.x) and what queries tell about it."""
 
-    __slots__ = ("__weakref__", "_fin", "_memo", "handle")
+    __slots__ = ("__weakref__", "_memo", "handle")
+    _destroy = "dnnl_memory_desc_destroy"
 
     def __init__(self, handle: c_void_p):
         self.handle = handle
         self._memo = {}
-        self._fin = _finalize(self, _lib().dnnl_memory_desc_destroy, handle)
 
     # construction
     @classmethod
@@ -340,12 +363,13 @@ def md(shape, dtype=np.float32, format="any") -> MemoryDesc:
 # --------------------------------------------------------------------------- memory
 
 
-class Memory:
+class Memory(_Owned):
     """A dnnl_memory_t over a buffer it does not copy: a NumPy array passed in (kept alive
     here), an aligned zeroed buffer it allocates (`allocate=True`), or nothing
     (DNNL_MEMORY_NONE) until `set` points it at one."""
 
-    __slots__ = ("__weakref__", "_desc", "_engine", "_fin", "_ptr", "array", "handle", "nbytes")
+    __slots__ = ("__weakref__", "_desc", "_engine", "_ptr", "array", "handle", "nbytes")
+    _destroy = "dnnl_memory_destroy"
 
     def __init__(self, desc: MemoryDesc | int, buffer: np.ndarray | None = None, *, allocate: bool | None = None,
                  eng: Engine | None = None):
@@ -362,7 +386,6 @@ class Memory:
         ptr = self._check(buffer) if buffer is not None else None
         self.array, self._ptr = buffer, ptr
         self.handle = _new_handle(lib.dnnl_memory_create, md, self._engine.handle, ptr)
-        self._fin = _finalize(self, lib.dnnl_memory_destroy, self.handle)
 
     @property
     def desc(self) -> MemoryDesc:
@@ -432,7 +455,7 @@ def eltwise_alg(name: str, alpha=None, beta=None) -> tuple[int, float, float]:
     return ALG[alg], float(a if alpha is None else alpha), float(b if beta is None else beta)
 
 
-class PostOps:
+class PostOps(_Owned):
     """dnnl_post_ops_t: a chain applied to a primitive's result in its epilogue.
 
     eltwise('relu'), eltwise('leaky_relu', alpha), eltwise('clip', lo, hi), eltwise('sigmoid'), ...
@@ -441,10 +464,11 @@ class PostOps:
     ARG_ATTR_MULTIPLE_POST_OP(index) | ARG_SRC_1 (see `binary_arg`).
     """
 
+    _destroy = "dnnl_post_ops_destroy"
+
     def __init__(self, spec=()):
         lib = _lib()
         self.handle = _new_handle(lib.dnnl_post_ops_create)
-        _finalize(self, lib.dnnl_post_ops_destroy, self.handle)
         self.ops: list[tuple] = []
         for op in spec:
             name, *rest = op if isinstance(op, (tuple, list)) else (op,)
@@ -482,15 +506,16 @@ class PostOps:
         return _lib().dnnl_post_ops_len(self.handle)
 
 
-class Attr:
+class Attr(_Owned):
     """dnnl_primitive_attr_t: post-ops, scratchpad mode ('user' by default, see the module
     docstring), fpmath mode (None: strict f32)."""
+
+    _destroy = "dnnl_primitive_attr_destroy"
 
     def __init__(self, post_ops: PostOps | list | tuple | None = None, scratchpad: str = "user",
                  fpmath: int | None = None):
         lib = _lib()
         self.handle = _new_handle(lib.dnnl_primitive_attr_create)
-        _finalize(self, lib.dnnl_primitive_attr_destroy, self.handle)
         self.scratchpad = scratchpad
         lib.dnnl_primitive_attr_set_scratchpad_mode(
             self.handle, capi.scratchpad_mode_user if scratchpad == "user" else capi.scratchpad_mode_library)
@@ -514,15 +539,15 @@ def _attr(attr) -> Attr:
 # --------------------------------------------------------------------------- primitive descriptors
 
 
-class PrimitiveDesc:
+class PrimitiveDesc(_Owned):
     """A dnnl_primitive_desc_t: the implementation oneDNN chose and the layouts it wants."""
 
+    _destroy = "dnnl_primitive_desc_destroy"
+
     def __init__(self, handle: c_void_p, kind: str, attr: Attr | None = None, keep=()):
-        lib = _lib()
         self.handle, self.kind, self.attr = handle, kind, attr
         self._keep = keep  # descs/attrs that built it (oneDNN copied them; kept for repr/debugging)
         self._prim = None
-        _finalize(self, lib.dnnl_primitive_desc_destroy, handle)
 
     def query_md(self, what: int | str, index: int = 0) -> MemoryDesc | None:
         """An owned clone of a queried memory descriptor; None when the argument is unused."""
@@ -594,12 +619,13 @@ class PrimitiveDesc:
         return f"PrimitiveDesc({self.kind}, {self.impl})"
 
 
-class Primitive:
+class Primitive(_Owned):
+    _destroy = "dnnl_primitive_destroy"
+
     def __init__(self, pd: PrimitiveDesc):
         lib = _lib()
         self.pd = pd
         self.handle = _new_handle(lib.dnnl_primitive_create, pd.handle)
-        _finalize(self, lib.dnnl_primitive_destroy, self.handle)
 
     def bind(self, args: dict) -> Step:
         return Step(self, args)
