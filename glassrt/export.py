@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
-from . import __version__, dtypes
+from . import __version__, dtypes, model_file
 from .fused_functions import DOMAIN, FusedFunctions, Legalizer, OptimizeError
 from .ir import Graph
 from .onnx_io import attribute_to_proto, to_type_proto
@@ -206,10 +206,21 @@ def write_model(graph: Graph, path, *, passes=(), level: str = "all", external_d
     if model.ByteSize() >= _PROTOBUF_LIMIT:
         raise OptimizeError(f"the optimized model is {model.ByteSize() / 2**30:.1f} GiB with its weights inside, "
                             "over protobuf's 2 GiB; write it with external data (--external-data)")
+    # Large weights inside the file start at 64-byte offsets: glassrt maps them when it loads
+    # the file (onnx_io) instead of reading them.
+    data = model_file.align_raw_data(model.SerializeToString())
+    tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(path, "wb") as f:
-            f.write(model.SerializeToString())
+        with open(tmp, "wb") as f:
+            f.write(data)
+        # A new file under the name, not the old one rewritten: a process that maps the
+        # previous version's weights keeps reading those (a truncated mapping is SIGBUS).
+        os.replace(tmp, path)
     except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         raise OptimizeError(f"cannot write '{path}': {e}") from e
     functions = {}
     for fn in fused.functions.values():

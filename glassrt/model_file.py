@@ -11,8 +11,10 @@ That small copy is parsed as usual; each large tensor is then read from the file
 own array (one copy, from the page cache; `readinto`, no intermediate bytes).
 
 The arrays are not mapped: a model file is often rewritten in place (onnx.save truncates),
-and a mapped page cut off from its file ends the process with SIGBUS. External data, which
-optimizers write once, is mapped instead (weights.py).
+and a mapped page cut off from its file ends the process with SIGBUS. What an optimizer
+writes once is mapped instead (weights.py): external data, and the weights inside a file
+`glassrt optimize` wrote, which `align_raw_data` places at 64-byte offsets (and which that
+command replaces by renaming, never rewrites).
 
 Anything unexpected (a group wire type, a repeated graph field, a length past the end) makes
 `strip` give up (None), and the file is parsed whole, as before, with protobuf's errors.
@@ -158,3 +160,92 @@ def read_into(path: str, offset: int, arr) -> None:
         got = f.readinto(view)
     if got != view.nbytes:
         raise OSError(f"short read: {got} of {view.nbytes} bytes at offset {offset}")
+
+
+# ---------------------------------------------------------------- writing aligned weights
+
+ALIGN = 64
+_DOC_STRING = 12  # TensorProto.doc_string
+
+
+def align_raw_data(model_bytes: bytes, align: int = ALIGN) -> bytes:
+    """The same model with each large raw_data of its graph's initializers starting at a
+    multiple of `align` in the file, so that a reader can map the weights where they lie
+    (onnx_io maps them in files glassrt wrote). The padding is a doc_string of spaces
+    written just before raw_data (a parser takes fields in any order), in tensors that
+    have no doc_string of their own; the enclosing messages' lengths are rewritten. The
+    input is returned unchanged where its structure is not what `strip` walks."""
+    buf = memoryview(model_bytes)
+    try:
+        out, pos, end = bytearray(), 0, len(buf)
+        while pos < end:
+            start = pos
+            tag, pos = _varint(buf, pos, end)
+            if tag >> 3 == _GRAPH and tag & 7 == 2:
+                n, at = _length(buf, pos, end)
+                out += _encode_varint(tag)
+                size = len(_encode_varint(n))
+                for _ in range(4):  # the body's file offset depends on its length's varint size
+                    body = _aligned_graph(buf, at, at + n, len(out) + size, align)
+                    if len(_encode_varint(len(body))) == size:
+                        break
+                    size = len(_encode_varint(len(body)))
+                else:
+                    raise _Unsupported("the graph's length does not settle")
+                out += _encode_varint(len(body)) + body
+                pos = at + n
+            else:
+                pos = _skip(buf, pos, tag & 7, end)
+                out += buf[start:pos]
+    except (_Unsupported, ValueError, OverflowError):
+        return bytes(model_bytes)
+    return bytes(out)
+
+
+def _aligned_graph(buf, pos: int, end: int, base: int, align: int) -> bytes:
+    """A GraphProto body whose large initializers' raw_data are aligned; `base` is the file
+    offset the body will start at."""
+    out = bytearray()
+    while pos < end:
+        start = pos
+        tag, pos = _varint(buf, pos, end)
+        if tag >> 3 == _INITIALIZER and tag & 7 == 2:
+            n, at = _length(buf, pos, end)
+            out += _encode_varint(tag)
+            out += _aligned_tensor(buf, at, at + n, base + len(out), align)
+            pos = at + n
+        else:
+            pos = _skip(buf, pos, tag & 7, end)
+            out += buf[start:pos]
+    return bytes(out)
+
+
+def _aligned_tensor(buf, pos: int, end: int, base: int, align: int) -> bytes:
+    """A TensorProto field's length and body (starting at file offset `base`), padded so
+    that a large raw_data payload lands on `align`; as it was when there is nothing to do."""
+    start, fields, raw = pos, bytearray(), None
+    while pos < end:
+        field_start = pos
+        tag, pos = _varint(buf, pos, end)
+        field, wire = tag >> 3, tag & 7
+        if field == _DOC_STRING:
+            raw = None
+            break  # the tensor has a doc_string of its own: left as it is
+        if field == _RAW_DATA and wire == 2 and raw is None:
+            n, at = _length(buf, pos, end)
+            pos = at + n
+            if n >= MIN_BYTES:  # what strip takes out of the message (and onnx_io maps)
+                raw = bytes(buf[field_start:pos])
+                continue
+        else:
+            pos = _skip(buf, pos, wire, end)
+        fields += buf[field_start:pos]
+    if raw is None:
+        return _encode_varint(end - start) + bytes(buf[start:end])
+    head = _varint(raw, 1, len(raw))[1]  # raw_data's tag (1 byte) and length, before its payload
+    pads = [b""] + [_encode_varint((_DOC_STRING << 3) | 2) + _encode_varint(k) + b" " * k for k in range(2 * align)]
+    for doc in pads:  # no doc_string, or one of 0, 1, 2... spaces: every offset is reached
+        body_len = len(fields) + len(doc) + len(raw)
+        if (base + len(_encode_varint(body_len)) + len(fields) + len(doc) + head) % align == 0:
+            return _encode_varint(body_len) + bytes(fields) + doc + raw
+    raise _Unsupported("no padding aligns this tensor")

@@ -68,14 +68,18 @@ def load(model, base_dir: str | None = None) -> Graph:
         stripped = model_file.strip(os.fspath(model))
         if stripped is not None:
             proto = _parse_bytes(stripped[0], os.fspath(model))
-            raw = (os.fspath(model), stripped[1])
+            # A file `glassrt optimize` wrote (weights aligned, written once for deployment) has
+            # its large weights mapped where they lie; any other file's are read (model_file.py).
+            mapped = any(p.key == "glassrt.version" for p in proto.metadata_props)
+            raw = (os.fspath(model), stripped[1], mapped)
             return from_proto(proto, base_dir or str(Path(model).resolve().parent), raw=raw)
     proto, folder = read_model(model)
     return from_proto(proto, base_dir or folder)
 
 
 def from_proto(proto: onnx.ModelProto, base_dir: str | None, raw: tuple | None = None) -> Graph:
-    """raw: (model path, {initializer name: (offset, length)}) of the raw_data model_file.strip took out."""
+    """raw: (model path, {initializer name: (offset, length)} of the raw_data model_file.strip
+    took out, whether to map those that are aligned rather than read them)."""
     opsets = {}
     for imp in proto.opset_import:
         domain = "" if imp.domain in DEFAULT_DOMAINS else imp.domain
@@ -135,7 +139,7 @@ class _Parser:
     def __init__(self, opsets: dict[str, int], base_dir: str | None, raw: tuple | None = None):
         self.opsets = opsets
         self.base_dir = base_dir
-        self.raw_path, self.raw = raw if raw else (None, {})
+        self.raw_path, self.raw, self.map_raw = raw if raw else (None, {}, False)
 
     def graph(self, g: onnx.GraphProto, outer: frozenset[str]) -> Graph:
         for vi in [*g.input, *g.output, *g.value_info]:
@@ -323,7 +327,9 @@ class _Parser:
         return map_file(path)[offset:offset + nbytes].view(dtype).reshape(shape)
 
     def _read_raw(self, t: TensorProto, where: str) -> np.ndarray:
-        """A tensor whose raw_data model_file.strip left in the file: read into its array."""
+        """A tensor whose raw_data model_file.strip left in the file: mapped where glassrt
+        wrote the file (aligned: model_file.align_raw_data), else read into its array."""
+        from . import model_file
         from .model_file import read_into
 
         offset, length = self.raw[t.name]
@@ -339,6 +345,13 @@ class _Parser:
             raise InvalidModelError(f"{where}: tensor data does not match its declared type "
                                     f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} "
                                     f"({length} bytes of raw data, {nbytes} needed)")
+        if self.map_raw and offset % model_file.ALIGN == 0:
+            from .weights import map_file
+
+            try:
+                return map_file(self.raw_path)[offset:offset + nbytes].view(dtype).reshape(shape)
+            except (OSError, ValueError) as e:
+                raise ModelLoadError(f"{where}: cannot map its data from '{self.raw_path}': {e}") from e
         arr = np.empty(shape, dtype)
         try:
             read_into(self.raw_path, offset, arr)

@@ -1,7 +1,8 @@
 """Weights mapped from their files instead of copied, and the accounting explain prints.
 
-An initializer stored as external data is a read-only view of a `numpy.memmap` of its
-file (onnx_io._Parser._mapped): nothing is read until a kernel touches it, the pages are
+An initializer stored as external data, or a large one inside a file `glassrt optimize`
+wrote (aligned there: model_file.align_raw_data), is a read-only view of a `numpy.memmap`
+of its file (onnx_io._Parser._mapped, _read_raw): nothing is read until a kernel touches it, the pages are
 the page cache's (shared by every process that maps the file, dropped and re-read by the
 kernel under memory pressure rather than swapped), and a kernel that tried to write into a
 weight would fail loudly (read-only) instead of corrupting every later run. One mapping per

@@ -279,3 +279,93 @@ def test_a_hostile_length_in_the_model_file_is_not_allocated(tmp_path):
     assert model_file.strip(os.fspath(p)) is None
     with pytest.raises(glassrt.ModelLoadError, match="lie.onnx: not a valid ONNX model"):
         glassrt.InferenceSession(p)
+
+
+def _big_model():
+    """Three tensors above model_file.MIN_BYTES (one with a doc_string of its own), one below."""
+    rng = np.random.default_rng(4)
+    w1, w2 = rng.standard_normal((128, 160)).astype(np.float32), rng.standard_normal((160, 130)).astype(np.float32)
+    w3 = rng.standard_normal((130, 129)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"]), helper.make_node("MatMul", ["h1", "w2"], ["h2"]),
+             helper.make_node("MatMul", ["h2", "w3"], ["h3"]), helper.make_node("Add", ["h3", "b"], ["y"])]
+    m = model(nodes, [tensor("x", ["n", 128])], [tensor("y", ["n", 129])],
+              [init("w1", w1), init("w2", w2), init("w3", w3), init("b", np.full(129, 0.5, np.float32))], opset=17)
+    m.graph.initializer[2].doc_string = "the user's own words"
+    return m
+
+
+def test_aligned_raw_data_parses_to_the_same_model():
+    """align_raw_data moves each large raw_data to a 64-byte offset with a doc_string of spaces
+    before it; protobuf reads the same tensors, and a tensor with its own doc_string is kept."""
+    from glassrt import model_file
+
+    m = _big_model()
+    for extra in range(70):  # the tensors start at every offset mod 64 as the name grows
+        m.graph.name = "g" * extra
+        data = m.SerializeToString()
+        aligned = model_file.align_raw_data(data)
+        back = onnx.ModelProto()
+        back.ParseFromString(aligned)
+        for a, b in zip(m.graph.initializer, back.graph.initializer):
+            assert (a.name, a.raw_data, list(a.dims), a.data_type) == (b.name, b.raw_data, list(b.dims), b.data_type)
+        assert back.graph.initializer[2].doc_string == "the user's own words"
+        assert [t.doc_string.strip(" ") for t in back.graph.initializer] == ["", "", "the user's own words", ""]
+        back.ClearField("graph")
+        m2 = onnx.ModelProto()
+        m2.CopyFrom(m)
+        m2.ClearField("graph")
+        assert back == m2
+        for name, n in (("w1", 128 * 160 * 4), ("w2", 160 * 130 * 4)):
+            at = aligned.find(np.asarray(onnx.numpy_helper.to_array(
+                next(t for t in m.graph.initializer if t.name == name))).tobytes())
+            assert at % 64 == 0, (extra, name, at)
+    assert model_file.align_raw_data(b"\xff\xff not protobuf") == b"\xff\xff not protobuf"
+
+
+def test_an_optimized_files_weights_are_mapped_where_they_lie(tmp_path):
+    """`glassrt optimize` aligns the weights inside its one file, and glassrt maps them on load
+    (explain counts them as mapped); onnxruntime and onnx.checker read the file as usual. The
+    same file without glassrt's metadata is read, not mapped."""
+    from glassrt import model_file
+
+    src, out = tmp_path / "big.onnx", tmp_path / "big.opt.onnx"
+    onnx.save(_big_model(), src)
+    tool.optimize(src, out, level="none")
+    onnx.checker.check_model(os.fspath(out), full_check=True)
+    x = RNG.standard_normal((3, 128)).astype(np.float32)
+    expected = ort.InferenceSession(os.fspath(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got_ort = ort.InferenceSession(os.fspath(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got_ort, expected, rtol=1e-5, atol=1e-5)
+    graph = load(out)
+    for name in ("w1", "w2", "w3"):  # (the written tensors carry no doc_string of their own)
+        w = graph.initializers[name]
+        assert weights.is_mapped(w) and not w.flags.writeable and w.ctypes.data % 64 == 0
+    assert not weights.is_mapped(graph.initializers["b"])  # small: inside the parsed message
+    assert os.path.realpath(out) in weights.mapped_paths()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sess = glassrt.InferenceSession(out)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], expected, rtol=1e-4, atol=1e-4)
+    assert weights.account(sess.graph, sess._loaded_weights)["mapped_tensors"] == 3
+    # Without glassrt's metadata (another tool's file that happens to be aligned): read.
+    other = onnx.load(os.fspath(out))
+    del other.metadata_props[:]
+    plain = tmp_path / "plain.onnx"
+    plain.write_bytes(model_file.align_raw_data(other.SerializeToString()))
+    assert not any(weights.is_mapped(a) for a in load(plain).initializers.values())
+
+
+def test_writing_an_optimized_file_replaces_it_rather_than_rewriting_it(tmp_path):
+    """Another process may map the previous version: the new one is a new file under the name."""
+    src, out = tmp_path / "big.onnx", tmp_path / "big.opt.onnx"
+    onnx.save(_big_model(), src)
+    tool.optimize(src, out, level="none")
+    inode = out.stat().st_ino
+    keep = open(out, "rb")  # as a mapping in another process would, it holds the old file
+    try:
+        tool.optimize(src, out, level="basic")
+        assert out.stat().st_ino != inode
+        assert os.fstat(keep.fileno()).st_ino == inode and os.fstat(keep.fileno()).st_size > 0
+    finally:
+        keep.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.opt.onnx"]  # no temporary left
