@@ -130,10 +130,28 @@ def _reason(ctx):
                 return why
     if min(int(d) for d in list(a) + list(b)) == 0:
         return "an empty product"
-    impl = _primitive(ctx).impl
+    p = _Product(ctx)
+    y = [int(d) for d in ctx.out_shape(0)]
+    key = ("weights", p.rows, p.k, p.n, p.trans_a, p.trans_b, p.alpha, p.bias is not None,
+           p.z_dims(y) if p.z_shape is not None else None, p.act, tuple(p.params))
+    impl = _impl(key, lambda: _primitive(ctx, p))
     if impl.startswith(_SLOW):
         return f"oneDNN has only its reference matmul ({impl}) for this product"
     return None
+
+
+_IMPLS: dict = {}
+
+
+def _impl(key, make_pd) -> str:
+    """The implementation oneDNN picks for a product, by its geometry: expanding composites
+    and placing nodes ask it of every product, and a primitive descriptor takes ~0.3 ms."""
+    impl = _IMPLS.get(key)
+    if impl is None:
+        if len(_IMPLS) >= 4096:
+            _IMPLS.clear()
+        impl = _IMPLS[key] = make_pd().impl
+    return impl
 
 
 def _weights_md(p):
@@ -227,7 +245,12 @@ def _batched_reason(ctx):
         return f"activation {ctx.attrs.get('activation')} has no oneDNN post-op here"
     if ctx.node.op_type == "FusedMatMul" and ctx.has(2) and ctx.const(2) is None:
         return "the bias is not a constant"
-    impl = _batched_primitive(ctx)[0].impl
+    fused = ctx.node.op_type == "FusedMatMul"
+    key = ("computed", tuple(a), tuple(b), tuple(y), fused, ctx.has(2) and fused,
+           tuple(ctx.shape(3)) if fused and ctx.has(3) else None,
+           float(ctx.attrs.get("alpha", 1.0)) if fused else 1.0, ctx.attrs.get("activation", "") if fused else "",
+           tuple(float(v) for v in ctx.attrs.get("activation_params") or []) if fused else ())
+    impl = _impl(key, lambda: _batched_primitive(ctx)[0])
     if impl.startswith(_SLOW):
         return f"oneDNN has only its reference matmul ({impl}) for this product"
     return None
