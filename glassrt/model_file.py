@@ -82,6 +82,28 @@ def _skip(buf, pos: int, wire: int, end: int) -> int:
     return pos + size
 
 
+def _rewrite(buf, pos: int, end: int, field: int, rewrite) -> bytearray:
+    """The message at buf[pos:end] with each length-delimited `field` replaced by what
+    rewrite(tag, body start, body end, bytes written so far) returns (its tag, length and
+    new body); every other field copied as it is."""
+    out = bytearray()
+    while pos < end:
+        start = pos
+        tag, pos = _varint(buf, pos, end)
+        if tag >> 3 == field and tag & 7 == 2:
+            n, at = _length(buf, pos, end)
+            out += rewrite(tag, at, at + n, out)
+            pos = at + n
+        else:
+            pos = _skip(buf, pos, tag & 7, end)
+            out += buf[start:pos]
+    return out
+
+
+def _field(tag: int, body) -> bytes:
+    return _encode_varint(tag) + _encode_varint(len(body)) + body
+
+
 def _tensor(buf, pos: int, end: int) -> tuple[bytes, str | None, tuple | None]:
     """A TensorProto's bytes without a large raw_data, its name, and (offset, length) of that raw_data."""
     out, found, name = bytearray(), None, None
@@ -106,23 +128,17 @@ def _tensor(buf, pos: int, end: int) -> tuple[bytes, str | None, tuple | None]:
 
 
 def _graph(buf, pos: int, end: int) -> tuple[bytes, dict]:
-    out, raw = bytearray(), {}
-    while pos < end:
-        start = pos
-        tag, pos = _varint(buf, pos, end)
-        if tag >> 3 == _INITIALIZER and tag & 7 == 2:
-            n, at = _length(buf, pos, end)
-            body, name, found = _tensor(buf, at, at + n)
-            if found:
-                if name is None or name in raw:
-                    raise _Unsupported("a large initializer without a name, or two of one name")
-                raw[name] = found
-            out += buf[start:pos] + _encode_varint(len(body)) + body  # the tag, a new length, the body
-            pos = at + n
-        else:
-            pos = _skip(buf, pos, tag & 7, end)
-            out += buf[start:pos]
-    return bytes(out), raw
+    raw = {}
+
+    def initializer(tag, at, end_, out):
+        body, name, found = _tensor(buf, at, end_)
+        if found:
+            if name is None or name in raw:
+                raise _Unsupported("a large initializer without a name, or two of one name")
+            raw[name] = found
+        return _field(tag, body)
+
+    return bytes(_rewrite(buf, pos, end, _INITIALIZER, initializer)), raw
 
 
 def strip(path: str) -> tuple[bytes, dict] | None:
@@ -132,24 +148,19 @@ def strip(path: str) -> tuple[bytes, dict] | None:
     looks at are touched, none of the weights'."""
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            out, raw, graphs, pos, end = bytearray(), {}, 0, 0, len(buf)
-            while pos < end:
-                start = pos
-                tag, pos = _varint(buf, pos, end)
-                if tag >> 3 == _GRAPH and tag & 7 == 2:
-                    graphs += 1
-                    n, at = _length(buf, pos, end)
-                    body, raw = _graph(buf, at, at + n)
-                    out += buf[start:pos] + _encode_varint(len(body)) + body
-                    pos = at + n
-                else:
-                    pos = _skip(buf, pos, tag & 7, end)
-                    out += buf[start:pos]
+            graphs = []
+
+            def graph(tag, at, end_, out):
+                body, raw = _graph(buf, at, end_)
+                graphs.append(raw)
+                return _field(tag, body)
+
+            out = _rewrite(buf, 0, len(buf), _GRAPH, graph)
     except (_Unsupported, OSError, ValueError, OverflowError, MemoryError):
         return None
-    if graphs != 1 or not raw:  # nothing large inside: the plain parse is as good
+    if len(graphs) != 1 or not graphs[0]:  # nothing large inside: the plain parse is as good
         return None
-    return bytes(out), raw
+    return bytes(out), graphs[0]
 
 
 def read_into(path: str, offset: int, arr) -> None:
@@ -176,48 +187,26 @@ def align_raw_data(model_bytes: bytes, align: int = ALIGN) -> bytes:
     have no doc_string of their own; the enclosing messages' lengths are rewritten. The
     input is returned unchanged where its structure is not what `strip` walks."""
     buf = memoryview(model_bytes)
+
+    def graph(tag, at, end, out):
+        size = len(_encode_varint(end - at))
+        for _ in range(4):  # the body's file offset depends on its length's varint size
+            base = len(out) + len(_encode_varint(tag)) + size  # where the graph's body will start
+
+            def initializer(t, a, e, written, base=base):
+                head = _encode_varint(t)
+                return head + _aligned_tensor(buf, a, e, base + len(written) + len(head), align)
+
+            body = _rewrite(buf, at, end, _INITIALIZER, initializer)
+            if len(_encode_varint(len(body))) == size:
+                return _field(tag, body)
+            size = len(_encode_varint(len(body)))
+        raise _Unsupported("the graph's length does not settle")
+
     try:
-        out, pos, end = bytearray(), 0, len(buf)
-        while pos < end:
-            start = pos
-            tag, pos = _varint(buf, pos, end)
-            if tag >> 3 == _GRAPH and tag & 7 == 2:
-                n, at = _length(buf, pos, end)
-                out += _encode_varint(tag)
-                size = len(_encode_varint(n))
-                for _ in range(4):  # the body's file offset depends on its length's varint size
-                    body = _aligned_graph(buf, at, at + n, len(out) + size, align)
-                    if len(_encode_varint(len(body))) == size:
-                        break
-                    size = len(_encode_varint(len(body)))
-                else:
-                    raise _Unsupported("the graph's length does not settle")
-                out += _encode_varint(len(body)) + body
-                pos = at + n
-            else:
-                pos = _skip(buf, pos, tag & 7, end)
-                out += buf[start:pos]
+        return bytes(_rewrite(buf, 0, len(buf), _GRAPH, graph))
     except (_Unsupported, ValueError, OverflowError):
         return bytes(model_bytes)
-    return bytes(out)
-
-
-def _aligned_graph(buf, pos: int, end: int, base: int, align: int) -> bytes:
-    """A GraphProto body whose large initializers' raw_data are aligned; `base` is the file
-    offset the body will start at."""
-    out = bytearray()
-    while pos < end:
-        start = pos
-        tag, pos = _varint(buf, pos, end)
-        if tag >> 3 == _INITIALIZER and tag & 7 == 2:
-            n, at = _length(buf, pos, end)
-            out += _encode_varint(tag)
-            out += _aligned_tensor(buf, at, at + n, base + len(out), align)
-            pos = at + n
-        else:
-            pos = _skip(buf, pos, tag & 7, end)
-            out += buf[start:pos]
-    return bytes(out)
 
 
 def _aligned_tensor(buf, pos: int, end: int, base: int, align: int) -> bytes:
