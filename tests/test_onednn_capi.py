@@ -538,3 +538,19 @@ def test_every_handle_is_destroyed_with_its_object(monkeypatch):
             alive.remove((kind, h))
     assert not alive, f"{len(alive)} handles left: {sorted(alive)[:3]}"
     assert made["dnnl_primitive_destroy"] >= 20 and made["dnnl_memory_destroy"] >= 80
+
+
+def test_a_strided_view_binds_to_the_layout_the_primitive_asked_for():
+    """Attention's Q·Kᵀ on transposed views, bound at bind time (the memory's layout is read
+    from the primitive descriptor before the memory exists)."""
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((1, 6, 3, 4), dtype=np.float32), rng.standard_normal((1, 6, 3, 4), dtype=np.float32)
+    qv, kv = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 3, 1)
+    y = np.empty((1, 3, 6, 6), np.float32)
+    pd = D.matmul(D.MemoryDesc.from_array(qv), D.MemoryDesc.from_array(kv), D.MemoryDesc.from_array(y))
+    pd.primitive().bind({D.ARG_SRC: qv, D.ARG_WEIGHTS: kv, D.ARG_DST: y}).run()
+    np.testing.assert_allclose(y, qv @ kv, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="C-contiguous"):  # a plain layout still refuses a strided buffer
+        plain = D.matmul(D.MemoryDesc.create((1, 3, 6, 4), np.float32, "abcd"), D.MemoryDesc.from_array(kv),
+                         D.MemoryDesc.from_array(y))
+        plain.primitive().bind({D.ARG_SRC: qv, D.ARG_WEIGHTS: kv, D.ARG_DST: y})

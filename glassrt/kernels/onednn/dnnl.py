@@ -380,6 +380,8 @@ class Memory(_Owned):
             self._desc, md, self.nbytes = desc, desc.handle, desc.size
         else:
             self._desc, md, self.nbytes = None, desc, lib.dnnl_memory_desc_get_size(desc)
+            if isinstance(buffer, np.ndarray) and not buffer.flags.c_contiguous:
+                self._desc = MemoryDesc.clone_of(desc)  # _check asks a strided buffer's layout now
         self._engine = eng or engine()
         if buffer is None and (allocate or allocate is None):
             buffer = empty_aligned(self.nbytes)
