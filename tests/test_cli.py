@@ -110,6 +110,30 @@ def test_made_up_inputs_unbound_dims_in_one_error_and_given_inputs_bind_dims():
         inputs.generate(sess, {"batch": 2, "seq": 1}, {"x": np.ones((3,), np.float32)})
 
 
+def test_made_up_indices_stay_inside_the_table_they_gather_from(tmp_path):
+    """BERT's token_type_ids index a 2-row table: made-up indices in [0, 10) failed the run."""
+    from onnx import TensorProto, helper
+
+    import glassrt
+    from glassrt.tools import inputs
+    from tests.helpers import init, model, tensor
+
+    nodes = [helper.make_node("Gather", ["types", "tt"], ["e"], name="g"),
+             helper.make_node("Gather", ["words", "ids"], ["w"], name="gw"), helper.make_node("Add", ["e", "w"], ["y"])]
+    m = model(nodes, [tensor("tt", ["batch", "seq"], TensorProto.INT64), tensor("ids", ["batch", "seq"], TensorProto.INT64)],
+              [tensor("y", None)], [init("types", np.ones((2, 4), np.float32)), init("words", np.ones((50, 4), np.float32))])
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    feeds, notes = inputs.generate(sess, {"batch": 3, "seq": 40})
+    assert feeds["tt"].min() >= 0 and feeds["tt"].max() <= 1 and feeds["tt"].max() == 1
+    assert feeds["ids"].max() > 1  # a table of 50: the usual [0, 10)
+    assert notes == ["input 'tt' indexes a table of 2 along the gathered axis: values in [0, 1]"]
+    sess.run(None, feeds)
+    path = tmp_path / "emb.onnx"
+    path.write_bytes(m.SerializeToString())
+    r = _cli("profile", str(path), "--dim", "batch=2", "--dim", "seq=8", "--runs", "2")
+    assert r.returncode == 0, r.stderr
+
+
 def test_unnamed_dim_defaults_to_one_with_a_note_and_misspelt_dims_are_refused():
     import pytest
 

@@ -130,7 +130,13 @@ def generate(sess, dims: dict, given: dict | None = None, seed: int = 0) -> tupl
             unbound.setdefault(n, []).append(arg.name)
         if missing:
             continue
-        value = random_value(rng, shape, t.dtype)
+        bound = _index_bound(sess, arg.name) if np.dtype(t.dtype).kind in "iu" else None
+        if bound is not None and bound < 10:
+            value = rng.integers(0, bound, shape).astype(t.dtype)
+            notes.append(f"input '{arg.name}' indexes a table of {bound} along the gathered axis: values in "
+                         f"[0, {bound - 1}]")
+        else:
+            value = random_value(rng, shape, t.dtype)
         if value is None:
             problems.append(f"cannot make up input '{arg.name}' of type {arg.type}: pass it with "
                             f"--input {arg.name}=FILE.npy")
@@ -146,6 +152,26 @@ def generate(sess, dims: dict, given: dict | None = None, seed: int = 0) -> tupl
         raise GlassrtError(("cannot make up the inputs: " + problems[0]) if len(problems) == 1
                            else "cannot make up the inputs:\n  " + "\n  ".join(problems))
     return feeds, notes
+
+
+def _index_bound(sess, name: str) -> int | None:
+    """The size of the smallest table the input indexes directly (the indices of a Gather
+    or GatherElements whose data has a static size along the axis), or None: made-up
+    indices stay below it (BERT's token_type_ids index a table of 2 rows)."""
+    placement = getattr(sess, "placement", None)
+    types = placement.inference.types if placement is not None else {}
+    bound = None
+    for node in sess.graph.walk():
+        if node.domain or node.op_type not in ("Gather", "GatherElements") or node.inputs[1:2] != [name]:
+            continue
+        t = types.get(node.inputs[0])
+        axis = node.attrs.get("axis", 0)
+        if not isinstance(t, TensorType) or t.shape is None or not -len(t.shape) <= int(axis) < len(t.shape):
+            continue
+        size = t.shape[int(axis)]
+        if isinstance(size, int) and size > 0:
+            bound = size if bound is None else min(bound, size)
+    return bound
 
 
 def describe(name: str, value, how: str = "") -> str:
