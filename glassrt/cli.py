@@ -465,12 +465,15 @@ def bench(models, versus, runs, warmup, dims, threads, busy, json_file, provider
               help="Import this module (dotted name or .py file) first, so its custom ops register.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.option("--keep-alive", default=75, show_default=True, metavar="SECONDS",
+              help="How long an idle client connection is kept open (uvicorn's default, 5 s, closes "
+                   "connections that pooled clients such as tritonclient are about to reuse).")
 @click.option("--ray", "on_ray", is_flag=True, help="Deploy on Ray Serve (one app per replica); needs glassrt[ray].")
 @click.option("--replicas", type=int, help="With --ray: this many replicas (default 1).")
 @click.option("--autoscale", metavar="MIN:MAX", help="With --ray: Ray Serve autoscales between MIN and MAX replicas.")
 @click.option("--address", help="With --ray: the Ray cluster to use (else RAY_ADDRESS, else a local runtime).")
 def serve(models, model_repository, host, port, max_batch_size, batch_timeout_ms, max_body_bytes, strict,
-          providers, modules, log_level, on_ray, replicas, autoscale, address):
+          providers, modules, log_level, keep_alive, on_ray, replicas, autoscale, address):
     """Serve models over the KServe / Triton v2 HTTP protocol (tritonclient.http works)."""
     try:
         import uvicorn
@@ -508,7 +511,7 @@ def serve(models, model_repository, host, port, max_batch_size, batch_timeout_ms
         for v, m in versions.items():
             console.print(f"serving {name} version {v} ({m.source.path})"
                           + (", batched" if m.batcher else ""), highlight=False, markup=False)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=keep_alive)
 
 
 def _serve_on_ray(models, replicas, autoscale, address, host, port, modules, app_options):

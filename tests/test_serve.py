@@ -133,9 +133,13 @@ def server(models):
     s.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(server):
-    return httpclient.InferenceServerClient(f"127.0.0.1:{server.port}", concurrency=32, network_timeout=120)
+    # One per test: a pooled connection left idle while other tests run (xdist interleaves
+    # modules on a worker) may be closed by the server as the next test reuses it.
+    c = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}", concurrency=32, network_timeout=120)
+    yield c
+    c.close()
 
 
 # ---------------------------------------------------------------- tritonclient
@@ -590,3 +594,21 @@ def _metric(text: str, name: str, **labels) -> float:
                     and set(sample.labels) == set(labels):
                 return sample.value
     return 0.0
+
+
+def test_an_idle_connection_outlives_uvicorns_five_seconds(server):
+    """Pooled clients reuse idle connections: `glassrt serve` keeps them 75 s (--keep-alive),
+    not uvicorn's 5 s, after which a reused connection was reset under the client."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request("GET", "/v2/health/ready")
+        assert conn.getresponse().read() is not None
+        sock = conn.sock
+        time.sleep(6)
+        conn.request("GET", "/v2/health/ready")
+        r = conn.getresponse()
+        assert r.status == 200 and conn.sock is sock  # the same connection, still open
+    finally:
+        conn.close()
