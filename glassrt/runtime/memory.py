@@ -209,6 +209,8 @@ def _assign_offsets(groups: list[_Group]) -> int:
         if top <= best:
             best, best_order, best_ends = top, order, [g.offset + g.size for g in order]
     _place(best_order)
+    for g in groups:
+        g.near = []  # (the links are cycles: gone with the plan, not at the next GC)
     return best
 
 
