@@ -71,7 +71,7 @@ def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=Non
         in_types = [types.get(i) if i else None for i in node.inputs]
         in_values = [vals.get(i) if i else None for i in node.inputs]
         if reuse is None or not _take_over(reuse, node, in_types, in_values, types, vals):
-            infer_node(graph, node, types, vals, problems, strict)
+            infer_node(graph, node, types, vals, problems, strict, in_types, in_values)
         seen[id(node)] = (node, in_types, in_values)
     return Inference(dict(types.maps[0]), dict(vals.maps[0]), problems, seen)
 
@@ -93,9 +93,11 @@ def _take_over(reuse: Inference, node, in_types, in_values, types, vals) -> bool
     return True
 
 
-def infer_node(graph, node, types, vals, problems, strict):
+def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_values=None):
+    """in_types, in_values: the node's inputs' types and values, where the caller has them."""
     contract = get_contract(node.domain, node.op_type, node.opset)
-    in_types = [types.get(i) if i else None for i in node.inputs]
+    if in_types is None:
+        in_types = [types.get(i) if i else None for i in node.inputs]
     declared = graph.types if graph is not None else {}
     if contract is None:
         for o in node.outputs:
@@ -108,7 +110,8 @@ def infer_node(graph, node, types, vals, problems, strict):
         res = infer(sub, feed, outer_types=types, outer_values=vals, strict=strict)
         return [res.types.get(v.name) for v in sub.outputs]
 
-    in_values = [vals.get(i) if i else None for i in node.inputs]
+    if in_values is None:
+        in_values = [vals.get(i) if i else None for i in node.inputs]
     ctx = MetaContext(node, contract, in_types, in_values, infer_subgraph)
     try:
         check_ranks(ctx)
