@@ -125,7 +125,7 @@ class CustomOp:
 
     def _publish(self):
         register_custom(OpContract(
-            domain=self.domain, op_type=self.name, since_version=1, schema=self.schema,
+            domain=self.domain, op_type=self.name, since_version=1, custom_schema=self.schema,
             meta=self._meta, category=COMPOSITE if self.decomposition_fn else CUSTOM,
             decomposition=self._decompose if self.decomposition_fn else None,
             backward=self.backward_fn, differentiable=self.differentiable,
@@ -218,9 +218,9 @@ def custom_op(schema: str, *, dtypes=None, differentiable: bool = False) -> Cust
     declares that the op should have a backward (`glassrt check` reports it missing)."""
     op = CustomOp(parse_schema(schema), list(dtypes or []), differentiable)
     if op.domain == "":
-        from onnx import defs
+        from ..ops.schema_index import index
 
-        if defs.has(op.name):
+        if index().has(op.name):
             raise SchemaError(f"{schema!r}: '{op.name}' is a standard ONNX op; a custom op of the default domain "
                               "would shadow it at every opset — use a domain of your own")
     if (op.domain, op.name) in OPS:

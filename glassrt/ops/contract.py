@@ -1,6 +1,7 @@
 """Operators as contracts: schema, meta, category, backward — kept apart from kernels.
 
-For ONNX ops the schema is the one the `onnx` package ships (`onnx.defs`); glassrt adds
+For ONNX ops the schema is the one the `onnx` package ships (`onnx.defs`; what session
+creation needs of it comes from ops/schema_index.py, the full schema when asked); glassrt adds
 the meta function (shape/dtype inference without data, symbolic dims kept), the
 category, the decomposition of composites and, where one exists, the backward formula.
 """
@@ -24,7 +25,7 @@ class OpContract:
     domain: str
     op_type: str
     since_version: int
-    schema: Any  # onnx.defs.OpSchema, or a CustomSchema for user ops
+    custom_schema: Any  # a CustomSchema for glassrt's and users' ops; None for ONNX ops (see `schema`)
     meta: Callable  # (MetaContext) -> list of output types
     category: str
     values: Callable | None = None  # (MetaContext) -> list of output values, or None
@@ -34,13 +35,27 @@ class OpContract:
     # Output shapes that depend on input *values*, not only shapes (NonZero, Unique...).
     data_dependent: bool = False
     notes: list[str] = field(default_factory=list)
+    defaults: dict | None = None  # attribute defaults; None: read from the schema when first asked
 
     @property
     def name(self) -> str:
         return f"{self.domain + '::' if self.domain else ''}{self.op_type}-{self.since_version}"
 
+    @property
+    def schema(self):
+        """The custom schema, or onnx's OpSchema (fetched on first use: it builds onnx's registry)."""
+        if self.custom_schema is None:
+            self.custom_schema = defs.get_schema(self.op_type, self.since_version, self.domain)
+        return self.custom_schema
+
+    @property
+    def attr_defaults(self) -> dict:
+        if self.defaults is None:
+            self.defaults = schema_defaults(self.schema)
+        return self.defaults
+
     def attrs_with_defaults(self, node: Node) -> dict:
-        return {**schema_defaults(self.schema), **node.attrs}
+        return {**self.attr_defaults, **node.attrs}
 
 
 def schema_defaults(schema) -> dict:

@@ -2,16 +2,15 @@
 
 Meta and value-propagation rules are registered per (domain, op) with an optional
 version range; the contract for a node is resolved from the schema `onnx.defs` gives
-for the node's opset. Ops with no hand-written meta use onnx's own per-node inference
+for the node's opset (its facts read from ops/schema_index.py's table). Ops with no hand-written meta use onnx's own per-node inference
 (ops/onnx_meta.py), which is correct but loses symbolic dims in a few places.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
-from onnx import defs
-
 from .contract import COMPOSITE, CUSTOM, PRIMITIVE, OpContract
+from .schema_index import index
 
 # Ops onnxruntime put in the default ONNX domain before ONNX itself defined them (at the
 # version given): its transformer optimizers write LayerNormalization into opset 11-16 models.
@@ -81,45 +80,40 @@ def get_contract(domain: str, op_type: str, opset: int) -> OpContract | None:
     _ensure_loaded()
     if (domain, op_type) in _CUSTOM:
         return _CUSTOM[(domain, op_type)]
-    try:
-        schema = defs.get_schema(op_type, opset, domain)
-    except defs.SchemaError:
+    facts = index().resolve(op_type, opset, domain)
+    if facts is None:
         if domain != "" or op_type not in ONNXRUNTIME_EARLY_OPS:
             return None
         # onnxruntime registered this op in the ONNX domain before ONNX defined it; the
         # models its optimizers write use it at older opsets with the later semantics.
-        schema = defs.get_schema(op_type, ONNXRUNTIME_EARLY_OPS[op_type], domain)
+        facts = index().resolve(op_type, ONNXRUNTIME_EARLY_OPS[op_type], domain)
+        if facts is None:
+            return None
     from .onnx_meta import onnx_meta
 
-    version = schema.since_version
-    composite = schema.has_function or schema.has_context_dependent_function
+    version = facts.since_version
     from .decompose import onnx_decomposition
 
     return OpContract(
         domain=domain,
         op_type=op_type,
         since_version=version,
-        schema=schema,
+        custom_schema=None,
+        defaults=facts.defaults,
         meta=_lookup(_META, domain, op_type, version) or onnx_meta,
         values=_lookup(_VALUES, domain, op_type, version),
-        category=COMPOSITE if composite else PRIMITIVE,
-        decomposition=onnx_decomposition if composite else None,
+        category=COMPOSITE if facts.composite else PRIMITIVE,
+        decomposition=onnx_decomposition if facts.composite else None,
         backward=_lookup(_BACKWARD, domain, op_type, version),
-        differentiable=_is_differentiable(schema),
+        differentiable=facts.differentiable,
         data_dependent=op_type in DATA_DEPENDENT,
     )
-
-
-def _is_differentiable(schema) -> bool:
-    D = defs.OpSchema.DifferentiationCategory.Differentiable
-    return any(p.differentiation_category == D for p in schema.inputs) and any(
-        p.differentiation_category == D for p in schema.outputs)
 
 
 def all_onnx_contracts() -> list[OpContract]:
     """The newest contract of every op in the onnx package's schemas."""
     out = []
-    for s in defs.get_all_schemas():
+    for s in index().newest():
         if s.deprecated:
             continue
         c = get_contract(s.domain, s.name, s.since_version)

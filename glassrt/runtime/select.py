@@ -18,7 +18,6 @@ from .. import dtypes, symbolic
 from ..errors import GlassrtError, NodeExecutionError, describe_node
 from ..ir import TensorType
 from ..kernels.registry import BindContext, Kernel
-from ..ops.contract import schema_defaults
 
 # Attributes that never change what an op computes (opsets 1-5's memory hint).
 NO_EFFECT_ATTRS = {"consumed_inputs"}
@@ -43,7 +42,7 @@ def kernel_reason(k: Kernel, ctx: BindContext, *, shapes: bool = True) -> str | 
         if dt is not None and dt not in k.dtypes:
             return f"dtype {dtypes.name(dt)} not covered (covers {', '.join(sorted(dtypes.name(d) for d in k.dtypes))})"
     if k.attrs is not None:
-        defaults = schema_defaults(ctx.contract.schema) if ctx.contract else {}
+        defaults = ctx.contract.attr_defaults if ctx.contract else {}
         for a, v in ctx.node.attrs.items():
             if a not in k.attrs and a not in NO_EFFECT_ATTRS and not _same(defaults.get(a, _MISSING), v):
                 return f"attribute {a}={_short(v)} not supported by {k.name}"

@@ -1,0 +1,200 @@
+"""The few facts session creation needs from ONNX's operator schemas, kept in a small table.
+
+onnx builds its whole schema registry (every op at every version, with docs, type
+constraints and function bodies: ~7 MiB resident and ~25 ms) on the first schema lookup.
+Resolving a node's contract needs only a few facts per op version: which version a node
+at opset N resolves to, whether the op is a composite (has a function body), whether it is
+differentiable, and its attribute defaults. This module reads those facts from the registry
+once, writes them as JSON into glassrt's cache folder (one file per onnx build), and later
+processes read that file instead. The full `onnx.defs.OpSchema` is still fetched, and the
+registry built, by what needs it: onnx's generic shape inference for ops without a glassrt
+meta rule, decompositions, `glassrt check`.
+
+The cache folder is $GLASSRT_CACHE_DIR, else $XDG_CACHE_HOME/glassrt, else ~/.cache/glassrt.
+Where it cannot be written (or GLASSRT_CACHE_DIR is set empty), the table is built in memory
+from the registry, as before. The file is data only (JSON, checked when read); a file that
+does not parse, or was written for another onnx build, is rebuilt.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from zlib import crc32
+
+log = logging.getLogger("glassrt")
+
+FORMAT = 1  # bump when what is stored changes
+_DEPRECATED, _FUNCTION, _CONTEXT_FUNCTION, _DIFFERENTIABLE, _OTHER_DEFAULTS = 1, 2, 4, 8, 16
+_PLAIN = (int, float, str)
+
+
+@dataclass(frozen=True)
+class SchemaFacts:
+    """One version of one op, as the registry has it."""
+    domain: str
+    name: str
+    since_version: int
+    deprecated: bool
+    has_function: bool
+    has_context_dependent_function: bool
+    differentiable: bool
+    # attribute name -> default value (bytes decoded to str); None where a default is not a
+    # number, string or list of them (none in onnx 1.23): the schema itself is asked then
+    defaults: dict | None
+
+    @property
+    def composite(self) -> bool:
+        return self.has_function or self.has_context_dependent_function
+
+
+class SchemaIndex:
+    """(domain, op) -> its versions, looked up as `onnx.defs.get_schema` looks them up."""
+
+    def __init__(self, table: dict):
+        self._table = table  # {domain: {name: [[since, flags, defaults], ...] sorted by since}}
+        self._versions = {}  # (domain, name) -> sorted since versions, made on first lookup
+
+    def resolve(self, name: str, opset: int, domain: str = "") -> SchemaFacts | None:
+        """The newest version of the op that is not newer than `opset` (what the registry
+        returns for get_schema(name, opset, domain)), or None where it has none."""
+        entries = self._table.get(domain, {}).get(name)
+        if not entries:
+            return None
+        key = (domain, name)
+        since = self._versions.get(key)
+        if since is None:
+            since = self._versions[key] = [e[0] for e in entries]
+        i = bisect.bisect_right(since, opset) - 1
+        if i < 0:
+            return None
+        v, flags, defaults = entries[i]
+        return SchemaFacts(domain, name, v, bool(flags & _DEPRECATED), bool(flags & _FUNCTION),
+                           bool(flags & _CONTEXT_FUNCTION), bool(flags & _DIFFERENTIABLE),
+                           None if flags & _OTHER_DEFAULTS else defaults)
+
+    def has(self, name: str, domain: str = "") -> bool:
+        return bool(self._table.get(domain, {}).get(name))
+
+    def newest(self) -> list[SchemaFacts]:
+        """The newest version of every op, as onnx.defs.get_all_schemas lists them."""
+        return [self.resolve(name, versions[-1][0], domain)
+                for domain, ops in self._table.items() for name, versions in ops.items()]
+
+
+def build_table() -> dict:
+    """The facts of every schema version in the installed onnx (builds onnx's registry)."""
+    from onnx import defs, helper
+
+    differentiable = defs.OpSchema.DifferentiationCategory.Differentiable
+    table: dict = {}
+    for s in defs.get_all_schemas_with_history():
+        flags = (_DEPRECATED * s.deprecated | _FUNCTION * s.has_function
+                 | _CONTEXT_FUNCTION * s.has_context_dependent_function
+                 | _DIFFERENTIABLE * (any(p.differentiation_category == differentiable for p in s.inputs)
+                                      and any(p.differentiation_category == differentiable for p in s.outputs)))
+        defaults = {}
+        for attr_name, attr in s.attributes.items():
+            if attr.default_value.type:
+                v = _plain(helper.get_attribute_value(attr.default_value))
+                if v is None:
+                    flags, defaults = flags | _OTHER_DEFAULTS, {}
+                    break
+                defaults[attr_name] = v
+        table.setdefault(s.domain, {}).setdefault(s.name, []).append([s.since_version, flags, defaults])
+    for ops in table.values():
+        for versions in ops.values():
+            versions.sort(key=lambda e: e[0])
+    return table
+
+
+def _plain(v):
+    """An attribute default as JSON keeps it (strings decoded), or None for anything else."""
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list):
+        v = [x.decode() if isinstance(x, bytes) else x for x in v]
+        return v if all(isinstance(x, _PLAIN) for x in v) else None
+    return v if isinstance(v, _PLAIN) else None
+
+
+def cache_dir() -> Path | None:
+    """glassrt's cache folder, or None when caching is turned off (GLASSRT_CACHE_DIR='')."""
+    env = os.environ.get("GLASSRT_CACHE_DIR")
+    if env is not None:
+        return Path(env) if env else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "glassrt"
+
+
+def _onnx_build() -> str:
+    """Names the installed onnx: its version and its compiled extension's size and time (a
+    rebuilt onnx of the same version number gets its own file)."""
+    import onnx
+    from onnx import onnx_cpp2py_export
+
+    st = os.stat(onnx_cpp2py_export.__file__)
+    stamp = f"{onnx.__version__}|{onnx_cpp2py_export.__file__}|{st.st_size}|{st.st_mtime_ns}|{FORMAT}"
+    # crc32, not hashlib: the stamp is not a secret, and hashlib would load OpenSSL (3 MiB)
+    return f"{onnx.__version__}-{crc32(stamp.encode()):08x}"
+
+
+def _valid(data, build: str) -> bool:
+    if not (isinstance(data, dict) and data.get("format") == FORMAT and data.get("onnx") == build):
+        return False
+    table = data.get("ops")
+    if not isinstance(table, dict):
+        return False
+    for ops in table.values():
+        if not isinstance(ops, dict):
+            return False
+        for versions in ops.values():
+            if not isinstance(versions, list) or not versions:
+                return False
+            for e in versions:
+                if not (isinstance(e, list) and len(e) == 3 and type(e[0]) is int and type(e[1]) is int
+                        and isinstance(e[2], dict)):
+                    return False
+            if any(a[0] >= b[0] for a, b in zip(versions, versions[1:])):
+                return False
+    return True
+
+
+def load_index(folder: Path | None = None) -> SchemaIndex:
+    """The table from the cache file of this onnx build, written first if missing or stale."""
+    folder = cache_dir() if folder is None else folder
+    if folder is None:
+        return SchemaIndex(build_table())
+    build = _onnx_build()
+    path = folder / f"onnx-schemas-{build}.json"
+    try:
+        data = json.loads(path.read_text())
+        if _valid(data, build):
+            return SchemaIndex(data["ops"])
+        log.info("rebuilding %s: not a schema table of this onnx build", path)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        log.info("rebuilding %s: %s", path, e)
+    table = build_table()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"format": FORMAT, "onnx": build, "ops": table}, separators=(",", ":")))
+        os.replace(tmp, path)  # whole or not at all, for processes that read it meanwhile
+    except OSError as e:
+        log.info("schema table not cached in %s: %s", folder, e)
+    return SchemaIndex(table)
+
+
+_INDEX: SchemaIndex | None = None
+
+
+def index() -> SchemaIndex:
+    global _INDEX
+    if _INDEX is None:
+        _INDEX = load_index()
+    return _INDEX
