@@ -785,9 +785,10 @@ def reorder(src: MemoryDesc, dst: MemoryDesc, attr=None) -> PrimitiveDesc:
     return _pd("reorder", _lib().dnnl_reorder_primitive_desc_create, a, src.handle, e, dst.handle, e, a.handle)
 
 
-def prepack(a: np.ndarray, user: MemoryDesc | None, target: MemoryDesc) -> Memory:
+def prepack(a: np.ndarray, user: MemoryDesc | None, target: MemoryDesc, make_reorder=None) -> Memory:
     """Copy `a` (laid out as `user`, default: its own plain layout) into a new buffer laid
-    out as `target` (e.g. the weights format a convolution chose): one reorder, done once."""
+    out as `target` (e.g. the weights format a convolution chose): one reorder, done once
+    (`make_reorder(src, dst)` makes its descriptor: a provider may share them)."""
     a = np.ascontiguousarray(a)
     user = user or MemoryDesc.from_array(a)
     if user.dims != target.dims:  # e.g. grouped weights: same bytes, 5-D view
@@ -796,7 +797,7 @@ def prepack(a: np.ndarray, user: MemoryDesc | None, target: MemoryDesc) -> Memor
     if user == target:
         out.array[:] = a.reshape(-1).view(np.uint8)[: out.nbytes]
         return out
-    reorder(user, target).primitive().execute({ARG_FROM: Memory(user, a), ARG_TO: out})
+    (make_reorder or reorder)(user, target).primitive().execute({ARG_FROM: Memory(user, a), ARG_TO: out})
     return out
 
 

@@ -26,7 +26,7 @@ from ...ops.fused import MATMUL_ACTIVATIONS
 from ..registry import kernel
 from . import dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
-from .kernels import F32, SMALL_PRODUCT, _PerThreads, _unavailable, packed_weights, run_alone
+from .kernels import F32, SMALL_PRODUCT, _PerThreads, _unavailable, packed_weights, run_alone, shared_pd
 
 _PACK_LIMIT = 64 << 20
 _SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
@@ -131,27 +131,20 @@ def _reason(ctx):
     if min(int(d) for d in list(a) + list(b)) == 0:
         return "an empty product"
     p = _Product(ctx)
-    y = [int(d) for d in ctx.out_shape(0)]
-    key = ("weights", p.rows, p.k, p.n, p.trans_a, p.trans_b, p.alpha, p.bias is not None,
-           p.z_dims(y) if p.z_shape is not None else None, p.act, tuple(p.params))
-    impl = _impl(key, lambda: _primitive(ctx, p))
+    impl = _product_pd(ctx, p).impl
     if impl.startswith(_SLOW):
         return f"oneDNN has only its reference matmul ({impl}) for this product"
     return None
 
 
-_IMPLS: dict = {}
-
-
-def _impl(key, make_pd) -> str:
-    """The implementation oneDNN picks for a product, by its geometry: expanding composites
-    and placing nodes ask it of every product, and a primitive descriptor takes ~0.3 ms."""
-    impl = _IMPLS.get(key)
-    if impl is None:
-        if len(_IMPLS) >= 4096:
-            _IMPLS.clear()
-        impl = _IMPLS[key] = make_pd().impl
-    return impl
+def _product_pd(ctx, p):
+    """The node's primitive descriptor, shared by every product of the same geometry and
+    epilogue (kernels.shared_pd): expanding composites, placing nodes and binding each ask
+    for it, and one takes ~0.3 ms to make."""
+    y = [int(d) for d in ctx.out_shape(0)]
+    key = ("weights", p.rows, p.k, p.n, p.trans_a, p.trans_b, p.alpha, p.bias is not None,
+           p.z_dims(y) if p.z_shape is not None else None, p.act, tuple(p.params))
+    return shared_pd(key, lambda: _primitive(ctx, p))
 
 
 def _weights_md(p):
@@ -184,7 +177,7 @@ def matmul(ctx):
     packed = {}
 
     def build():
-        pd = _primitive(ctx, p)
+        pd = _product_pd(ctx, p)
         post, bias_arg, z_arg = p.post_ops(y)
         wmd = pd.weights_md()
         if wmd not in packed:
@@ -245,15 +238,22 @@ def _batched_reason(ctx):
         return f"activation {ctx.attrs.get('activation')} has no oneDNN post-op here"
     if ctx.node.op_type == "FusedMatMul" and ctx.has(2) and ctx.const(2) is None:
         return "the bias is not a constant"
+    impl = _batched_pd(ctx)[0].impl
+    if impl.startswith(_SLOW):
+        return f"oneDNN has only its reference matmul ({impl}) for this product"
+    return None
+
+
+def _batched_pd(ctx):
+    """(descriptor, bias argument, Z argument), shared by products of the same shapes and
+    epilogue (see _product_pd)."""
+    a, b, y = ctx.shape(0), ctx.shape(1), ctx.out_shape(0)
     fused = ctx.node.op_type == "FusedMatMul"
     key = ("computed", tuple(a), tuple(b), tuple(y), fused, ctx.has(2) and fused,
            tuple(ctx.shape(3)) if fused and ctx.has(3) else None,
            float(ctx.attrs.get("alpha", 1.0)) if fused else 1.0, ctx.attrs.get("activation", "") if fused else "",
            tuple(float(v) for v in ctx.attrs.get("activation_params") or []) if fused else ())
-    impl = _impl(key, lambda: _batched_primitive(ctx)[0])
-    if impl.startswith(_SLOW):
-        return f"oneDNN has only its reference matmul ({impl}) for this product"
-    return None
+    return shared_pd(key, lambda: _batched_primitive(ctx))
 
 
 def _batched_primitive(ctx):
@@ -292,7 +292,7 @@ def batched_matmul(ctx):
     bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(-1) if ctx.has(2) else None
 
     def build():
-        pd, bias_arg, z_arg = _batched_primitive(ctx)
+        pd, bias_arg, z_arg = _batched_pd(ctx)
         args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
         if bias_arg is not None:
             args[bias_arg] = np.broadcast_to(bias, (int(ctx.out_shape(0)[-1]),)).copy()
