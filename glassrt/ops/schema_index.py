@@ -126,7 +126,12 @@ def cache_dir() -> Path | None:
     env = os.environ.get("GLASSRT_CACHE_DIR")
     if env is not None:
         return Path(env) if env else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        if home.startswith("~"):  # no home folder known: no cache, rather than a "~" folder here
+            return None
+        base = os.path.join(home, ".cache")
     return Path(base) / "glassrt"
 
 
