@@ -273,10 +273,22 @@ def _conv_common_reason(ctx):
 
 def _grouped_impl(ctx, group: int) -> str:
     """oneDNN's implementation for the node's conv with its weights seen as `group` groups
-    (1: the dense conv of block-diagonal weights)."""
+    (1: the dense conv of block-diagonal weights), a residual read in NHWC as the region
+    around the conv will have it (layouts are chosen after placement)."""
+    return _conv_pd(ctx, group, z_layout=NHWC).impl
+
+
+def _conv_pd(ctx, group: int, z_layout=None):
+    """The primitive descriptor of the node's conv (NHWC, its bias and post-ops) with the
+    weights seen as `group` groups: made once and shared (shared_pd) by the predicates that
+    ask its implementation and the binding that runs it, and by identical convs."""
     x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
     w = (w[0], w[1] * int(ctx.attrs.get("group", 1)) // group, *w[2:])
-    return _conv_impl(tuple(x), w, group, tuple(strides), tuple(dil), tuple(begin + end))
+    post, _ = _post_ops(ctx, y, z_layout)
+    bias = ctx.has(2)
+    key = ("conv", tuple(x), w, group, tuple(strides), tuple(dil), tuple(begin + end), bias, tuple(post.ops))
+    return shared_pd(key, lambda: dnnl.conv(x, w, group=group, strides=strides, dilations=dil, pads=begin + end,
+                                            bias=bias, src_format="acdb", dst_format="acdb", post_ops=post))
 
 
 def _conv_reason(ctx):
@@ -333,13 +345,6 @@ def _block_diagonal(weights: np.ndarray, group: int) -> np.ndarray:
     return dense
 
 
-@functools.lru_cache(maxsize=1024)
-def _conv_impl(x, w, group, strides, dil, pads) -> str:
-    """The implementation oneDNN picks for a conv (NHWC, as the kernel runs it)."""
-    return dnnl.conv(x, w, group=group, strides=list(strides), dilations=list(dil), pads=list(pads), bias=True,
-                     src_format="acdb", dst_format="acdb").impl
-
-
 def _residual(ctx):
     return ctx.node.op_type == "FusedConv" and len(ctx.node.inputs) > 3 and bool(ctx.node.inputs[3])
 
@@ -358,11 +363,12 @@ def _conv_workspace(ctx):
     return _ws_bytes(int(np.prod(x)) if reorder_in else 0, int(np.prod(y)) if out_layout != NHWC else 0)
 
 
-def _post_ops(ctx, y_shape):
+def _post_ops(ctx, y_shape, z_layout=None):
     post = dnnl.PostOps()
     z_arg = None
     if _residual(ctx):
-        post.binary("add", MemoryDesc.create(y_shape, np.float32, _fmt(ctx.layout(ctx.node.inputs[3]))))
+        z_layout = z_layout or ctx.layout(ctx.node.inputs[3])
+        post.binary("add", MemoryDesc.create(y_shape, np.float32, _fmt(z_layout)))
         z_arg = post.binary_arg()
     act = ctx.attrs.get("activation", "")
     params = list(ctx.attrs.get("activation_params") or [])
@@ -397,10 +403,9 @@ def _conv(ctx, dense_groups: bool):
     x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
     group = int(ctx.attrs.get("group", 1))
     in_layout, reorder_in, out_layout = _conv_layouts(ctx)
-    src_format = "acdb"
     weights = ctx.const(1)
     if dense_groups:
-        weights, w, group = _block_diagonal(np.asarray(weights, np.float32), group), [w[0], x[1], *w[2:]], 1
+        weights, group = _block_diagonal(np.asarray(weights, np.float32), group), 1
     bias = np.ascontiguousarray(ctx.const(2), np.float32) if ctx.has(2) else None
     z_layout = ctx.layout(ctx.node.inputs[3]) if _residual(ctx) else None
     src_ws, dst_ws = _workspace_views(ctx.workspace, int(np.prod(x)) if reorder_in else 0,
@@ -408,12 +413,8 @@ def _conv(ctx, dense_groups: bool):
     packed = {}  # weights reordered once per layout a primitive chose
 
     def build():
-        post, z_arg = _post_ops(ctx, y)
-        key = ("conv", tuple(x), tuple(w), group, tuple(strides), tuple(dil), tuple(begin + end), bias is not None,
-               src_format, tuple(post.ops))
-        pd = shared_pd(key, lambda: dnnl.conv(x, w, group=group, strides=strides, dilations=dil, pads=begin + end,
-                                              bias=bias is not None, src_format=src_format, dst_format="acdb",
-                                              post_ops=post))
+        _, z_arg = _post_ops(ctx, y)
+        pd = _conv_pd(ctx, group)
         wmd = pd.weights_md()
         if wmd not in packed:
             packed[wmd] = packed_weights(weights, None, wmd)
