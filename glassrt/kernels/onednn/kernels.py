@@ -284,11 +284,12 @@ def _conv_pd(ctx, group: int, z_layout=None):
     ask its implementation and the binding that runs it, and by identical convs."""
     x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
     w = (w[0], w[1] * int(ctx.attrs.get("group", 1)) // group, *w[2:])
-    post, _ = _post_ops(ctx, y, z_layout)
     bias = ctx.has(2)
-    key = ("conv", tuple(x), w, group, tuple(strides), tuple(dil), tuple(begin + end), bias, tuple(post.ops))
+    key = ("conv", tuple(x), w, group, tuple(strides), tuple(dil), tuple(begin + end), bias,
+           _post_spec(ctx, z_layout))
     return shared_pd(key, lambda: dnnl.conv(x, w, group=group, strides=strides, dilations=dil, pads=begin + end,
-                                            bias=bias, src_format="acdb", dst_format="acdb", post_ops=post))
+                                            bias=bias, src_format="acdb", dst_format="acdb",
+                                            post_ops=_post_ops(ctx, y, z_layout)[0]))
 
 
 def _conv_reason(ctx):
@@ -363,15 +364,19 @@ def _conv_workspace(ctx):
     return _ws_bytes(int(np.prod(x)) if reorder_in else 0, int(np.prod(y)) if out_layout != NHWC else 0)
 
 
+def _post_spec(ctx, z_layout=None) -> tuple:
+    """The epilogue as plain data: (the residual's layout or None, activation, its params)."""
+    z = (z_layout or ctx.layout(ctx.node.inputs[3])) if _residual(ctx) else None
+    return z, ctx.attrs.get("activation", ""), tuple(float(v) for v in ctx.attrs.get("activation_params") or ())
+
+
 def _post_ops(ctx, y_shape, z_layout=None):
     post = dnnl.PostOps()
     z_arg = None
-    if _residual(ctx):
-        z_layout = z_layout or ctx.layout(ctx.node.inputs[3])
+    z_layout, act, params = _post_spec(ctx, z_layout)
+    if z_layout is not None:
         post.binary("add", MemoryDesc.create(y_shape, np.float32, _fmt(z_layout)))
         z_arg = post.binary_arg()
-    act = ctx.attrs.get("activation", "")
-    params = list(ctx.attrs.get("activation_params") or [])
     if act == "Relu":
         post.eltwise("relu")
     elif act == "LeakyRelu":
