@@ -152,6 +152,19 @@ class _SignatureAttrs:
         return self.names is True or name in self.names
 
 
+_DTYPE_SETS: dict = {}
+
+
+def _dtype_set(dtypes) -> frozenset:
+    """np.dtype of each, as a frozenset; the kernel modules pass a few shared sets (FLOATS,
+    NUMERIC...) to ~260 kernels, and converting each anew was a third of their import."""
+    key = id(dtypes)
+    hit = _DTYPE_SETS.get(key)
+    if hit is None or hit[0] is not dtypes:
+        hit = _DTYPE_SETS[key] = (dtypes, frozenset(np.dtype(d) for d in dtypes))
+    return hit[1]
+
+
 def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), dtypes=None,
            out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
            accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None, layouts=(),
@@ -159,7 +172,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
-        kdtypes = None if dtypes is None else frozenset(np.dtype(d) for d in dtypes)
+        kdtypes = None if dtypes is None else _dtype_set(dtypes)
         kattrs = frozenset(attrs) if attrs is not None else (None if bind else _SignatureAttrs(fn))
         for op in [ops] if isinstance(ops, str) else ops:
             kname = name or fn.__name__

@@ -266,14 +266,17 @@ def _candidates():
         yield found
 
 
-def _wheel_candidates() -> list[str]:
-    out = []
+def _wheel_candidates():
+    """The library paths a pip install leaves, best first; lazily, so that the package
+    metadata (a scan of site-packages: milliseconds) is read only when the library is not
+    where the onednn-cpu-gomp wheel puts it."""
     env = os.environ.get("GLASSRT_ONEDNN_LIBRARY")
     if env:
-        out.append(env)
+        yield env
     for prefix in dict.fromkeys((sys.prefix, sys.base_prefix, sys.exec_prefix)):
         for name in ("libdnnl.so.3", "libdnnl.so"):
-            out.append(str(Path(prefix) / "lib" / name))
+            yield str(Path(prefix) / "lib" / name)
+    found = []
     try:
         from importlib import metadata
 
@@ -284,10 +287,10 @@ def _wheel_candidates() -> list[str]:
                 continue
             for f in dist.files or ():
                 if Path(str(f)).name in ("libdnnl.so.3", "libdnnl.so"):
-                    out.append(str(Path(dist.locate_file(f)).resolve()))
+                    found.append(str(Path(dist.locate_file(f)).resolve()))
     except Exception:  # pragma: no cover - a broken metadata install must not break import
         pass
-    return out
+    yield from found
 
 
 P = c_void_p
