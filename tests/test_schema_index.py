@@ -3,6 +3,7 @@ onnx.defs for every op and opset, cached per onnx build, rebuilt when the file i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -97,9 +98,7 @@ y = s.run(None, {{"x": np.array([[1, -2, 3], [0, 1, 2]], np.float32)}})[0]
 assert np.allclose(y.sum(-1), 1)
 print(len(calls))
 """
-    env = {"GLASSRT_CACHE_DIR": str(tmp_path / "cache")}
-    import os
-    env = {**os.environ, **env}
+    env = {**os.environ, "GLASSRT_CACHE_DIR": str(tmp_path / "cache")}
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             for _ in range(2)]
     assert int(runs[0].stdout.split()[-1]) > 0  # the first builds the table

@@ -36,6 +36,7 @@ class OpContract:
     data_dependent: bool = False
     notes: list[str] = field(default_factory=list)
     defaults: dict | None = None  # attribute defaults; None: read from the schema when first asked
+    _onnx_schema: Any = field(default=None, repr=False, compare=False)  # fetched on first use
 
     @property
     def name(self) -> str:
@@ -44,9 +45,11 @@ class OpContract:
     @property
     def schema(self):
         """The custom schema, or onnx's OpSchema (fetched on first use: it builds onnx's registry)."""
-        if self.custom_schema is None:
-            self.custom_schema = defs.get_schema(self.op_type, self.since_version, self.domain)
-        return self.custom_schema
+        if self.custom_schema is not None:
+            return self.custom_schema
+        if self._onnx_schema is None:
+            self._onnx_schema = defs.get_schema(self.op_type, self.since_version, self.domain)
+        return self._onnx_schema
 
     @property
     def attr_defaults(self) -> dict:
