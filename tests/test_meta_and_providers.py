@@ -205,3 +205,70 @@ def test_prelu_before_opset_7_has_one_slope_per_channel():
                [tensor("y", None, D)], opset=9)
     y = glassrt.InferenceSession(m9, providers=["cpu"]).run(None, {"x": x, "s": s5})[0]
     np.testing.assert_array_equal(y, np.where(x < 0, x * s5, x))
+
+
+_OWN_RULES = {"LayerNormalization", "GatherElements", "ScatterElements", "Scatter", "ScatterND", "TensorScatter",
+              "TopK", "QuantizeLinear", "DequantizeLinear", "DepthToSpace", "SpaceToDepth"}
+
+
+def test_own_meta_rules_give_the_node_cases_expected_types_and_agree_with_onnx():
+    """Ops that had only onnx's generic inference: glassrt's rules on each node test case's
+    input types give its expected outputs' shapes and dtypes, as onnx's inference does."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    from glassrt import ir, onnx_io
+    from glassrt.ops import registry as contracts
+    from glassrt.ops.contract import MetaContext
+    from glassrt.ops.onnx_meta import onnx_meta
+
+    checked = 0
+    for case in collect_testcases():
+        m = case.model
+        if len(m.graph.node) != 1 or m.graph.node[0].op_type not in _OWN_RULES:
+            continue
+        node = onnx_io.from_proto(m, None).nodes[0]
+        c = contracts.get_contract(node.domain, node.op_type, node.opset)
+        assert c.meta is not None and c.meta.__module__.startswith("glassrt.ops.meta"), node.op_type
+        for inputs, outputs in case.data_sets or []:
+            arrays = list(inputs) + list(outputs)
+            if not all(isinstance(a, np.ndarray) and a.dtype != object for a in arrays):
+                continue  # float8 / int4 data sets come as protos
+            feeds = dict(zip([i.name for i in m.graph.input], inputs))
+            types = [ir.type_of_value(feeds[n]) if n in feeds else None for n in node.inputs]
+            values = [feeds[n] if n in feeds and feeds[n].dtype.kind in "iu" and feeds[n].size <= 64 else None
+                      for n in node.inputs]
+            ours = c.meta(MetaContext(node, c, types, values))
+            theirs = onnx_meta(MetaContext(node, c, types, values))
+            for k, expected in enumerate(outputs):
+                assert (ours[k].dtype, tuple(ours[k].shape)) == (expected.dtype, expected.shape), case.name
+                assert ours[k].dtype == theirs[k].dtype and tuple(ours[k].shape) == tuple(theirs[k].shape), case.name
+                checked += 1
+    assert checked >= 100
+
+
+def test_own_meta_rules_keep_symbolic_dims_and_refuse_bad_attributes():
+    vi = helper.make_tensor_value_info
+
+    def outs(node, inputs, opset=17):
+        m = helper.make_model(helper.make_graph([node], "g", inputs, [vi(o, 0, None) for o in node.output]),
+                              opset_imports=[helper.make_opsetid("", opset)])
+        return [(o.shape, o.type) for o in glassrt.InferenceSession(m).get_outputs()]
+
+    assert outs(helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=2), [vi("x", 1, ["n", 8, "h", 5])]) == \
+        [(["n", 2, "2*h", 10], "tensor(float)")]
+    assert outs(helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2), [vi("x", 1, ["n", 3, 4, 6])]) == \
+        [(["n", 12, 2, 3], "tensor(float)")]
+    topk = outs(helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1), [vi("x", 1, ["n", 10]), vi("k", 7, [1])])
+    assert topk[0][0][0] == "n" and topk[0][0] == topk[1][0] and topk[1][1] == "tensor(int64)"
+    assert outs(helper.make_node("QuantizeLinear", ["x", "s"], ["y"]), [vi("x", 1, ["n", 4]), vi("s", 1, [])]) == \
+        [(["n", 4], "tensor(uint8)")]
+    assert outs(helper.make_node("DequantizeLinear", ["x", "s"], ["y"]), [vi("x", 3, ["n", 4]), vi("s", 10, [])],
+                opset=21) == [(["n", 4], "tensor(float16)")]
+    assert outs(helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1),
+                [vi("x", 1, ["n", 10]), vi("i", 7, ["n", 3])]) == [(["n", 3], "tensor(float)")]
+    x = np.zeros((1, 6, 2, 2), np.float32)
+    m = helper.make_model(helper.make_graph([helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=2)], "g",
+                                            [vi("x", 1, [1, 6, 2, 2])], [vi("y", 0, None)]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(glassrt.GlassrtError, match="channels 6 is not divisible by 4"):
+        glassrt.InferenceSession(m).run(None, {"x": x})

@@ -557,3 +557,39 @@ def cast_values(ctx):
     if v.dtype != object:
         return [v.astype(to)] if to.kind in "iufb" and v.dtype.kind in "iufb" else [None]
     return [v] if to.kind in "iu" else [None]
+
+
+# ---------------------------------------------------------------- depth <-> space
+
+
+def _blocks(ctx):
+    b = int(ctx.attr("blocksize", 0))
+    if b <= 0:
+        ctx.fail(f"blocksize must be positive, got {b}")
+    x = ctx.shape(0)
+    if x is not None and len(x) != 4:
+        ctx.fail(f"input must be 4-D (N, C, H, W), got rank {len(x)}")
+    return b, x
+
+
+def _divided(ctx, d, by, what):
+    if isinstance(d, int):
+        if d % by:
+            ctx.fail(f"{what} {d} is not divisible by {by}")
+        return d // by
+    return d // by
+
+
+@meta("DepthToSpace")
+def depth_to_space(ctx):
+    b, x = _blocks(ctx)
+    out = None if x is None else (x[0], _divided(ctx, x[1], b * b, "channels"), x[2] * b, x[3] * b)
+    return [ctx.tensor(ctx.dtype(0), out)]
+
+
+@meta("SpaceToDepth")
+def space_to_depth(ctx):
+    b, x = _blocks(ctx)
+    out = None if x is None else (x[0], x[1] * b * b, _divided(ctx, x[2], b, "height"),
+                                  _divided(ctx, x[3], b, "width"))
+    return [ctx.tensor(ctx.dtype(0), out)]
