@@ -207,7 +207,7 @@ def test_prelu_before_opset_7_has_one_slope_per_channel():
     np.testing.assert_array_equal(y, np.where(x < 0, x * s5, x))
 
 
-_OWN_RULES = {"LayerNormalization", "GatherElements", "ScatterElements", "Scatter", "ScatterND", "TensorScatter",
+_OWN_RULES = {"LayerNormalization", "Pad", "GatherElements", "ScatterElements", "Scatter", "ScatterND", "TensorScatter",
               "TopK", "QuantizeLinear", "DequantizeLinear", "DepthToSpace", "SpaceToDepth"}
 
 

@@ -593,3 +593,37 @@ def space_to_depth(ctx):
     out = None if x is None else (x[0], x[1] * b * b, _divided(ctx, x[2], b, "height"),
                                   _divided(ctx, x[3], b, "width"))
     return [ctx.tensor(ctx.dtype(0), out)]
+
+
+# ---------------------------------------------------------------- Pad
+
+
+@meta("Pad")
+def pad(ctx):
+    # each padded axis grows by its begin + end pads (negative pads crop); the pads come from
+    # an attribute before opset 11 and from an input since, whose values may be symbolic
+    x, since = ctx.shape(0), ctx.contract.since_version
+    axes_known = True
+    if since < 11:
+        pads = list(ctx.attr("paddings" if since < 2 else "pads", []))
+        axes = None
+    else:
+        v = ctx.value(1)
+        pads = None if v is None else [int(p) if isinstance(p, (int, np.integer)) else p for p in v.reshape(-1)]
+        axes = ctx.const(3) if ctx.has(3) else None
+        axes_known = axes is not None or not ctx.has(3)
+    if x is None:
+        return [ctx.tensor(ctx.dtype(0), None)]
+    axes = list(range(len(x))) if axes is None else norm_axes(ctx, ints(axes), len(x))
+    out = list(x)
+    if pads is None or not axes_known:
+        for a in (axes if axes_known else range(len(x))):
+            out[a] = symbolic.fresh("pad")
+        return [ctx.tensor(ctx.dtype(0), tuple(out))]
+    if len(pads) != 2 * len(axes):
+        ctx.fail(f"pads has {len(pads)} values; {2 * len(axes)} needed (begin and end for {len(axes)} axes)")
+    for k, a in enumerate(axes):
+        out[a] = x[a] + pads[k] + pads[k + len(axes)]
+        if isinstance(out[a], int) and out[a] < 0:
+            ctx.fail(f"pads {pads} leave axis {a} ({x[a]}) with {out[a]} elements")
+    return [ctx.tensor(ctx.dtype(0), tuple(out))]
