@@ -22,10 +22,11 @@ def gather_elements(ctx):
 
 @meta(["ScatterElements", "Scatter", "ScatterND", "TensorScatter"])
 def scatter(ctx):
-    # the updated copy of the data (TensorScatter: of the past cache); updates must fit
-    data, upd = ctx.shape(0), ctx.shape(2 if ctx.node.op_type != "TensorScatter" else 1)
+    # an updated copy of the data (TensorScatter: of the past cache); the element-wise
+    # scatters also need data, indices and updates of one rank
+    data = ctx.shape(0)
     if ctx.node.op_type in ("ScatterElements", "Scatter"):
-        idx = ctx.shape(1)
+        idx, upd = ctx.shape(1), ctx.shape(2)
         if data is not None and idx is not None and len(data) != len(idx):
             ctx.fail(f"data (rank {len(data)}) and indices (rank {len(idx)}) must have the same rank")
         if idx is not None and upd is not None and len(idx) != len(upd):
