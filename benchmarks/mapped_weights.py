@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from glassrt.tools import bench_models, light_models
+from glassrt.tools import bench, bench_models, light_models
 from glassrt.tools import optimize as tool
 
 # One measurement: import the runtime, note RSS, create + run once, report peak RSS and times.
@@ -127,15 +127,6 @@ def memory(folder: Path, repeats: int, console):
     return result
 
 
-def _read_through(path: Path) -> None:
-    """Read a file once, so that the timed runs find it in the page cache: otherwise the file
-    just written is cached and the other is not (or the reverse), and a 500 MB model's load
-    time is decided by that (measured: vgg19 2.27 s reading uncached against 0.16 s)."""
-    with open(path, "rb") as f:
-        while f.read(1 << 24):
-            pass
-
-
 def optimized(folder: Path, repeats: int, console, only=None):
     cases = [(n, bench_models.light, n) for n in light_models.NAMES] + [("bert-base", bench_models.bert, None)]
     cases = [c for c in cases if not only or any(o in c[0] for o in only)]
@@ -159,7 +150,7 @@ def optimized(folder: Path, repeats: int, console, only=None):
             report = tool.optimize(src, out)
             np.savez(folder / f"{name}.npz", **feeds)
             for p in (src, out):  # both files in the page cache before any timing (just written or not)
-                _read_through(p)
+                bench.read_through(p)  # both files in the page cache before timing
             times = {"original": [], "optimized": []}
             creates = {"original": [], "optimized": []}
             for k in range(repeats):  # alternating which goes first

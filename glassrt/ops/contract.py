@@ -12,10 +12,11 @@ from functools import lru_cache
 from typing import Any, Callable
 
 import numpy as np
-from onnx import defs, helper
+from onnx import defs
 
 from ..errors import ShapeInferenceError, describe_node
 from ..ir import Node, TensorType
+from .schema_index import attribute_defaults
 
 PRIMITIVE, COMPOSITE, CUSTOM = "primitive", "composite", "custom"
 
@@ -69,17 +70,7 @@ def schema_defaults(schema) -> dict:
 
 @lru_cache(maxsize=None)
 def _onnx_defaults(domain, name, version) -> dict:
-    schema = defs.get_schema(name, version, domain)
-    out = {}
-    for attr_name, attr in schema.attributes.items():
-        if attr.default_value.type:
-            v = helper.get_attribute_value(attr.default_value)
-            if isinstance(v, bytes):
-                v = v.decode()
-            elif isinstance(v, list) and v and isinstance(v[0], bytes):
-                v = [x.decode() for x in v]
-            out[attr_name] = v
-    return out
+    return attribute_defaults(defs.get_schema(name, version, domain))
 
 
 class MetaContext:

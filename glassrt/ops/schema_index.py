@@ -87,7 +87,7 @@ class SchemaIndex:
 
 def build_table() -> dict:
     """The facts of every schema version in the installed onnx (builds onnx's registry)."""
-    from onnx import defs, helper
+    from onnx import defs
 
     differentiable = defs.OpSchema.DifferentiationCategory.Differentiable
     table: dict = {}
@@ -96,14 +96,9 @@ def build_table() -> dict:
                  | _CONTEXT_FUNCTION * s.has_context_dependent_function
                  | _DIFFERENTIABLE * (any(p.differentiation_category == differentiable for p in s.inputs)
                                       and any(p.differentiation_category == differentiable for p in s.outputs)))
-        defaults = {}
-        for attr_name, attr in s.attributes.items():
-            if attr.default_value.type:
-                v = _plain(helper.get_attribute_value(attr.default_value))
-                if v is None:
-                    flags, defaults = flags | _OTHER_DEFAULTS, {}
-                    break
-                defaults[attr_name] = v
+        defaults = attribute_defaults(s)
+        if not all(_plain(v) for v in defaults.values()):
+            flags, defaults = flags | _OTHER_DEFAULTS, {}
         table.setdefault(s.domain, {}).setdefault(s.name, []).append([s.since_version, flags, defaults])
     for ops in table.values():
         for versions in ops.values():
@@ -111,14 +106,25 @@ def build_table() -> dict:
     return table
 
 
-def _plain(v):
-    """An attribute default as JSON keeps it (strings decoded), or None for anything else."""
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, list):
-        v = [x.decode() if isinstance(x, bytes) else x for x in v]
-        return v if all(isinstance(x, _PLAIN) for x in v) else None
-    return v if isinstance(v, _PLAIN) else None
+def attribute_defaults(schema) -> dict:
+    """An OpSchema's attribute defaults as Python values, strings decoded."""
+    from onnx import helper
+
+    out = {}
+    for attr_name, attr in schema.attributes.items():
+        if attr.default_value.type:
+            v = helper.get_attribute_value(attr.default_value)
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, list) and v and isinstance(v[0], bytes):
+                v = [x.decode() for x in v]
+            out[attr_name] = v
+    return out
+
+
+def _plain(v) -> bool:
+    """JSON keeps it as it is: a number, a string or a list of them."""
+    return isinstance(v, _PLAIN) or (isinstance(v, list) and all(isinstance(x, _PLAIN) for x in v))
 
 
 def cache_dir() -> Path | None:

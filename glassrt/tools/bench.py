@@ -235,7 +235,7 @@ def _workers(case: Case, settings: Settings, status):
     try:
         for rt in settings.runtimes:
             status(f"{case.label}: {rt} session")
-            _read_through(case.path)
+            read_through(case.path)
             workers[rt] = Worker(rt, case, settings)
         yield workers
     finally:
@@ -243,11 +243,10 @@ def _workers(case: Case, settings: Settings, status):
             w.close()
 
 
-def _read_through(path: str) -> None:
-    """Read the model file once before a worker starts, so that each runtime's creation time
-    is measured with the file in the page cache: the first worker otherwise paid for a file
-    just written, or evicted (alexnet, 244 MB: 0.2 s cached, 3-4 s when not, measured on the
-    2-core machine whose page cache is reclaimed within minutes)."""
+def read_through(path: str) -> None:
+    """Read a file once, so that what is timed next finds it in the page cache. The bench
+    reads the model before each worker starts, so that both runtimes' creation times start
+    alike (the first worker used to meet a file just written or evicted)."""
     try:
         with open(path, "rb") as f:
             while f.read(1 << 24):
