@@ -1,29 +1,53 @@
 """ONNX element types ⇄ NumPy dtypes, and the type strings onnxruntime prints.
 
-onnx.helper already knows the mapping (including ml_dtypes' bfloat16, float8, int4...),
-so this module only adds the names and groups the kernels declare coverage with.
+The table is onnx.helper's (tensor_dtype_to_np_dtype; a test checks every type against it),
+kept here so that loading a model does not import the onnx package (glassrt/proto.py):
+NumPy's own types, and ml_dtypes' for bfloat16, the float8/6/4 formats and int4/2.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
-from onnx import TensorProto, helper
+
+from .proto import TensorProto
 
 _NAME_BY_ELEM = {v: k.lower() for k, v in TensorProto.DataType.items()}
 # onnxruntime spells a few differently from the enum.
 _ORT_NAMES = {"float": "float", "double": "double", "float16": "float16", "bool": "bool", "string": "string"}
+# TensorProto.DataType name -> NumPy or ml_dtypes type name, where they differ
+_NUMPY_NAMES = {"FLOAT": "float32", "DOUBLE": "float64", "STRING": "object_", "BOOL": "bool_",
+                "FLOAT8E4M3FN": "float8_e4m3fn", "FLOAT8E4M3FNUZ": "float8_e4m3fnuz", "FLOAT8E5M2": "float8_e5m2",
+                "FLOAT8E5M2FNUZ": "float8_e5m2fnuz", "FLOAT4E2M1": "float4_e2m1fn", "FLOAT8E8M0": "float8_e8m0fnu",
+                "FLOAT6E2M3": "float6_e2m3fn", "FLOAT6E3M2": "float6_e3m2fn"}
+
+
+def _numpy_type(name: str) -> np.dtype | None:
+    n = _NUMPY_NAMES.get(name, name.lower())
+    for module in (np, ml_dtypes):  # bfloat16, the float8s and int4 are ml_dtypes' only
+        t = getattr(module, n, None)
+        if t is not None:
+            return np.dtype(t)
+    return None  # a type this ml_dtypes does not know
+
+
+_DTYPE_BY_ELEM = {v: dt for k, v in TensorProto.DataType.items()
+                  if k != "UNDEFINED" and (dt := _numpy_type(k)) is not None}
+_ELEM_BY_DTYPE = {dt: v for v, dt in _DTYPE_BY_ELEM.items()}
 
 
 def np_dtype(elem_type: int) -> np.dtype:
-    if elem_type == TensorProto.UNDEFINED or elem_type not in _NAME_BY_ELEM:
+    if elem_type not in _DTYPE_BY_ELEM:
         raise KeyError(f"unknown ONNX element type {elem_type}")
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    return _DTYPE_BY_ELEM[elem_type]
 
 
 def elem_type(dtype) -> int:
     dtype = np.dtype(dtype)
     if dtype.kind in "OUS":
         return TensorProto.STRING
-    return helper.np_dtype_to_tensor_dtype(dtype)
+    if dtype not in _ELEM_BY_DTYPE:
+        raise ValueError(f"Unable to convert type {dtype!r} into TensorProto element type.")
+    return _ELEM_BY_DTYPE[dtype]
 
 
 def name(dtype) -> str:
@@ -46,7 +70,7 @@ def _all(*names):
     out = []
     for n in names:
         try:
-            out.append(np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.DataType.Value(n.upper()))))
+            out.append(np_dtype(TensorProto.DataType.Value(n.upper())))
         except Exception:  # a type this onnx build doesn't know
             pass
     return frozenset(out)

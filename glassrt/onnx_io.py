@@ -12,21 +12,20 @@ import os
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnx.inliner
 from google.protobuf.message import DecodeError
-from onnx import TensorProto, helper, numpy_helper
 
 from . import dtypes, symbolic
+from .proto import AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, SparseTensorProto, TensorProto, \
+    TypeProto
 from .errors import InvalidModelError, ModelLoadError, UnsafeModelError
 from .ir import Graph, MapType, Node, OptionalType, SequenceType, TensorType, ValueInfo
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
-def read_model(model) -> tuple[onnx.ModelProto, str | None]:
+def read_model(model) -> tuple[ModelProto, str | None]:
     """A path, bytes or ModelProto → (ModelProto, folder external data may be read from)."""
-    if isinstance(model, onnx.ModelProto):
+    if isinstance(model, ModelProto):
         return model, None
     if isinstance(model, (bytes, bytearray, memoryview)):
         return _parse_bytes(bytes(model), "<bytes>"), None
@@ -41,13 +40,13 @@ def read_model(model) -> tuple[onnx.ModelProto, str | None]:
         except OSError as e:
             raise ModelLoadError(f"cannot read model file '{path}': {e}") from e
         return _parse_bytes(data, str(path)), str(path.resolve().parent)
-    raise ModelLoadError(f"expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
+    raise ModelLoadError(f"expected a path, bytes or ModelProto, got {type(model).__name__}")
 
 
-def _parse_bytes(data: bytes, where: str) -> onnx.ModelProto:
+def _parse_bytes(data: bytes, where: str) -> ModelProto:
     if not data:
         raise ModelLoadError(f"{where}: empty file, not an ONNX model")
-    proto = onnx.ModelProto()
+    proto = ModelProto()
     try:
         proto.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
@@ -77,7 +76,7 @@ def load(model, base_dir: str | None = None) -> Graph:
     return from_proto(proto, base_dir or folder)
 
 
-def from_proto(proto: onnx.ModelProto, base_dir: str | None, raw: tuple | None = None) -> Graph:
+def from_proto(proto: ModelProto, base_dir: str | None, raw: tuple | None = None) -> Graph:
     """raw: (model path, {initializer name: (offset, length)} of the raw_data model_file.strip
     took out, whether to map those that are aligned rather than read them)."""
     opsets = {}
@@ -91,6 +90,8 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None, raw: tuple | None =
         # nodes that run their fused kernels; every other model-local function is inlined.
         own = sorted({(f.domain, f.name) for f in proto.functions if _own_function(f, opsets)})
         if len(own) < len({(f.domain, f.name) for f in proto.functions}):
+            import onnx.inliner
+
             try:
                 proto = onnx.inliner.inline_selected_functions(proto, own, exclude=True)
             except Exception as e:  # the inliner reports malformed functions
@@ -110,7 +111,7 @@ def from_proto(proto: onnx.ModelProto, base_dir: str | None, raw: tuple | None =
     return graph
 
 
-def _own_function(f: onnx.FunctionProto, opsets: dict) -> bool:
+def _own_function(f: FunctionProto, opsets: dict) -> bool:
     """A function for one of glassrt's fused ops (domain "glassrt", a contract with a decomposition)."""
     if f.domain != "glassrt" or "glassrt" not in opsets:
         return False
@@ -121,6 +122,9 @@ def _own_function(f: onnx.FunctionProto, opsets: dict) -> bool:
 
 
 # ---------------------------------------------------------------- parsing
+
+_SCALAR_FIELDS = {AttributeProto.FLOAT: "f", AttributeProto.INT: "i", AttributeProto.STRING: "s"}
+_LIST_FIELDS = {AttributeProto.FLOATS: "floats", AttributeProto.INTS: "ints", AttributeProto.STRINGS: "strings"}
 
 
 def _text(value, where: str) -> str:
@@ -141,7 +145,7 @@ class _Parser:
         self.base_dir = base_dir
         self.raw_path, self.raw, self.map_raw = raw if raw else (None, {}, False)
 
-    def graph(self, g: onnx.GraphProto, outer: frozenset[str]) -> Graph:
+    def graph(self, g: GraphProto, outer: frozenset[str]) -> Graph:
         for vi in [*g.input, *g.output, *g.value_info]:
             _text(vi.name, f"graph '{g.name}' value name")
         for t in g.initializer:
@@ -175,7 +179,7 @@ class _Parser:
         _check_and_sort(graph, outer)
         return graph
 
-    def node(self, n: onnx.NodeProto, index: int, used_names: set[str], visible: set[str]) -> Node:
+    def node(self, n: NodeProto, index: int, used_names: set[str], visible: set[str]) -> Node:
         where = f"node {index}"
         op_type, raw_domain, raw_name = _text(n.op_type, where), _text(n.domain, where), _text(n.name, where)
         inputs, outputs = _texts(n.input, where), _texts(n.output, where)
@@ -196,19 +200,20 @@ class _Parser:
             where = f"{op_type} node '{name}' attribute '{a.name}'"
             if a.ref_attr_name:
                 raise InvalidModelError(f"{where} refers to a function attribute outside a function")
-            if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
+                subs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)
                 parsed = [self.graph(sg, frozenset(visible)) for sg in subs]
                 for sg in parsed:
                     implicit += [x for x in sg.outer_names if x not in implicit]
-                attrs[a.name] = parsed[0] if a.type == onnx.AttributeProto.GRAPH else parsed
+                attrs[a.name] = parsed[0] if a.type == AttributeProto.GRAPH else parsed
             else:
                 attrs[a.name] = self.attribute(a, where)
         return Node(op_type=op_type, domain=domain, inputs=inputs, outputs=outputs,
                     attrs=attrs, name=name, opset=self.opsets[domain], implicit_inputs=implicit)
 
-    def attribute(self, a: onnx.AttributeProto, where: str):
-        A = onnx.AttributeProto
+    def attribute(self, a: AttributeProto, where: str):
+        A = AttributeProto
+        # (the value as onnx.helper.get_attribute_value gives it, for the plain types)
         if a.type == A.TENSOR:
             return self.tensor(a.t, where)
         if a.type == A.TENSORS:
@@ -221,10 +226,14 @@ class _Parser:
             return parse_type(a.tp, where)
         if a.type == A.TYPE_PROTOS:
             return [parse_type(t, where) for t in a.type_protos]
-        try:
-            value = helper.get_attribute_value(a)
-        except Exception as e:
-            raise InvalidModelError(f"{where}: unreadable attribute ({e})") from e
+        if a.type in _SCALAR_FIELDS:
+            value = getattr(a, _SCALAR_FIELDS[a.type])
+        elif a.type in _LIST_FIELDS:
+            value = list(getattr(a, _LIST_FIELDS[a.type]))
+        elif a.type == A.UNDEFINED:
+            value = None
+        else:
+            raise InvalidModelError(f"{where}: unreadable attribute (unknown attribute type {a.type})")
         if isinstance(value, bytes):
             return value.decode("utf-8", errors="replace")
         if isinstance(value, list) and value and isinstance(value[0], bytes):
@@ -254,6 +263,8 @@ class _Parser:
                                         f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} "
                                         f"({len(raw)} bytes of raw data, {nbytes} needed)")
             return np.frombuffer(raw, dtype).reshape(shape)
+        from onnx import numpy_helper  # typed fields (float_data, int32_data...): onnx decodes them
+
         try:
             arr = numpy_helper.to_array(t)
         except Exception as e:
@@ -262,7 +273,7 @@ class _Parser:
                 f"{TensorProto.DataType.Name(t.data_type)} and shape {list(t.dims)} ({e})") from e
         return arr
 
-    def sparse_tensor(self, st: onnx.SparseTensorProto, where: str) -> np.ndarray:
+    def sparse_tensor(self, st: SparseTensorProto, where: str) -> np.ndarray:
         values = self.tensor(st.values, where)
         indices = self.tensor(st.indices, where).astype(np.int64)
         dims = [int(d) for d in st.dims]
@@ -428,7 +439,7 @@ def _placeholder(name: str) -> bool:
     return name.strip().lower() in ("none", "null", "unknown", "dynamic") or not any(c.isalnum() for c in name)
 
 
-def parse_type(tp: onnx.TypeProto, where: str = ""):
+def parse_type(tp: TypeProto, where: str = ""):
     kind = tp.WhichOneof("value")
     if kind in ("tensor_type", "sparse_tensor_type"):
         tt = getattr(tp, kind)
@@ -470,8 +481,10 @@ def parse_type(tp: onnx.TypeProto, where: str = ""):
     return None  # unset types: unknown
 
 
-def to_type_proto(t) -> onnx.TypeProto | None:
+def to_type_proto(t) -> TypeProto | None:
     """glassrt type → TypeProto (symbolic dims become dim_params named by their text)."""
+    from onnx import helper
+
     if t is None:
         return None
     if isinstance(t, TensorType):
@@ -585,7 +598,9 @@ def nodes_from_protos(protos, opsets: dict, visible, origin: str = "") -> list:
 # ---------------------------------------------------------------- Graph → protos
 
 
-def attribute_to_proto(name: str, value) -> onnx.AttributeProto:
+def attribute_to_proto(name: str, value) -> AttributeProto:
+    from onnx import helper, numpy_helper
+
     from .ir import Graph as _Graph
 
     if isinstance(value, np.ndarray):
@@ -599,8 +614,10 @@ def attribute_to_proto(name: str, value) -> onnx.AttributeProto:
     return helper.make_attribute(name, value)
 
 
-def node_to_proto(node) -> onnx.NodeProto:
+def node_to_proto(node) -> NodeProto:
     """A NodeProto for onnx APIs (per-node shape inference, reference ops, functions)."""
+    from onnx import helper
+
     proto = helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name, domain=node.domain)
     for k, v in node.attrs.items():
         proto.attribute.append(attribute_to_proto(k, v))

@@ -12,10 +12,10 @@ from functools import lru_cache
 from typing import Any, Callable
 
 import numpy as np
-from onnx import defs
 
 from ..errors import ShapeInferenceError, describe_node
 from ..ir import Node, TensorType
+from .custom_schema import CustomSchema
 from .schema_index import attribute_defaults
 
 PRIMITIVE, COMPOSITE, CUSTOM = "primitive", "composite", "custom"
@@ -49,6 +49,8 @@ class OpContract:
         if self.custom_schema is not None:
             return self.custom_schema
         if self._onnx_schema is None:
+            from onnx import defs
+
             self._onnx_schema = defs.get_schema(self.op_type, self.since_version, self.domain)
         return self._onnx_schema
 
@@ -63,13 +65,15 @@ class OpContract:
 
 
 def schema_defaults(schema) -> dict:
-    if isinstance(schema, defs.OpSchema):
-        return _onnx_defaults(schema.domain, schema.name, schema.since_version)
-    return dict(getattr(schema, "defaults", {}))
+    if isinstance(schema, CustomSchema):
+        return dict(schema.defaults)
+    return _onnx_defaults(schema.domain, schema.name, schema.since_version)  # onnx's OpSchema
 
 
 @lru_cache(maxsize=None)
 def _onnx_defaults(domain, name, version) -> dict:
+    from onnx import defs
+
     return attribute_defaults(defs.get_schema(name, version, domain))
 
 

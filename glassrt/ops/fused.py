@@ -21,7 +21,6 @@ kernels against it).
 """
 from __future__ import annotations
 
-from onnx import helper, numpy_helper
 
 import numpy as np
 
@@ -69,6 +68,8 @@ def _fused_decomposition(op_type, own_attrs, opset):
 
 
 def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
+    from onnx import helper, numpy_helper
+
     from ..onnx_io import nodes_from_protos
 
     act = node.attrs.get("activation", "Relu")
@@ -195,6 +196,8 @@ def _channel_shuffle_meta(ctx):
 
 def _channel_shuffle_decomposition(node, input_types, visible):
     """Reshape(N, g, C/g, rest) → Transpose(0, 2, 1, 3) → Reshape back to X's shape."""
+    from onnx import helper, numpy_helper
+
     from ..onnx_io import nodes_from_protos
 
     g = int(node.attrs.get("group", 1))

@@ -74,6 +74,21 @@ def custom_contracts() -> list[OpContract]:
     return list(_CUSTOM.values())
 
 
+def _onnx_meta(ctx):
+    """onnx's generic shape inference, for ops without a glassrt meta rule (imports the onnx
+    package and builds its schema registry when first needed, not for every model)."""
+    from .onnx_meta import onnx_meta
+
+    return onnx_meta(ctx)
+
+
+def _onnx_decomposition(node, input_types, visible):
+    """A composite's ONNX function body, inlined (imported when first needed, as above)."""
+    from .decompose import onnx_decomposition
+
+    return onnx_decomposition(node, input_types, visible)
+
+
 @lru_cache(maxsize=4096)
 def get_contract(domain: str, op_type: str, opset: int) -> OpContract | None:
     """The contract a node of (domain, op_type) at `opset` follows, or None if unknown."""
@@ -89,21 +104,17 @@ def get_contract(domain: str, op_type: str, opset: int) -> OpContract | None:
         facts = index().resolve(op_type, ONNXRUNTIME_EARLY_OPS[op_type], domain)
         if facts is None:
             return None
-    from .onnx_meta import onnx_meta
-
     version = facts.since_version
-    from .decompose import onnx_decomposition
-
     return OpContract(
         domain=domain,
         op_type=op_type,
         since_version=version,
         custom_schema=None,
         defaults=facts.defaults,
-        meta=_lookup(_META, domain, op_type, version) or onnx_meta,
+        meta=_lookup(_META, domain, op_type, version) or _onnx_meta,
         values=_lookup(_VALUES, domain, op_type, version),
         category=COMPOSITE if facts.composite else PRIMITIVE,
-        decomposition=onnx_decomposition if facts.composite else None,
+        decomposition=_onnx_decomposition if facts.composite else None,
         backward=_lookup(_BACKWARD, domain, op_type, version),
         differentiable=facts.differentiable,
         data_dependent=op_type in DATA_DEPENDENT,

@@ -142,15 +142,20 @@ def cache_dir() -> Path | None:
 
 
 def _onnx_build() -> str:
-    """Names the installed onnx: its version and its compiled extension's size and time (a
-    rebuilt onnx of the same version number gets its own file)."""
-    import onnx
-    from onnx import onnx_cpp2py_export
+    """Names the installed onnx by its compiled extension (path, size and time: a rebuilt or
+    upgraded onnx gets its own file), found without importing the onnx package."""
+    from importlib.machinery import EXTENSION_SUFFIXES
 
-    st = os.stat(onnx_cpp2py_export.__file__)
-    stamp = f"{onnx.__version__}|{onnx_cpp2py_export.__file__}|{st.st_size}|{st.st_mtime_ns}|{FORMAT}"
+    from ..proto import onnx_folder
+
+    folder = onnx_folder()
+    ext = next((p for p in (folder / f"onnx_cpp2py_export{s}" for s in EXTENSION_SUFFIXES) if p.is_file()), None)
+    if ext is None:
+        raise ImportError(f"onnx's compiled extension is not in {folder}")
+    st = ext.stat()
+    stamp = f"{ext}|{st.st_size}|{st.st_mtime_ns}|{FORMAT}"
     # crc32, not hashlib: the stamp is not a secret, and hashlib would load OpenSSL (3 MiB)
-    return f"{onnx.__version__}-{crc32(stamp.encode()):08x}"
+    return f"{crc32(stamp.encode()):08x}"
 
 
 def _valid(data, build: str) -> bool:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import helper
 
+from ... import dtypes
 from ..registry import kernel
 from ._util import FLOATS_BF16, as_out, new_out, write_elementwise
 
@@ -181,7 +181,7 @@ def attention(ctx):
             raise ValueError(f"Q head size {d} differs from K head size {kh.shape[3]}")
         wd = _work(t1)
         # The softmax runs in softmax_precision, else in T1 (spec).
-        sd_true = np.dtype(helper.tensor_dtype_to_np_dtype(int(sp))) if sp else t1
+        sd_true = dtypes.np_dtype(int(sp)) if sp else t1
         sd = _work(sd_true)
 
         # Q and K are each scaled by sqrt(scale), cast to T1 like the function body does.
@@ -266,7 +266,7 @@ def flex_attention(ctx):
         t1 = q.dtype
         wd = _work(t1)
         if sp:
-            cd = np.dtype(helper.tensor_dtype_to_np_dtype(int(sp)))
+            cd = dtypes.np_dtype(int(sp))
         else:
             cd = np.dtype(np.float64) if t1 == np.float64 else np.dtype(np.float32)
         s = float(scale_attr) if scale_attr is not None else 1.0 / math.sqrt(q.shape[3])

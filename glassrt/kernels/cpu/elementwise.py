@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnx
 
 from ... import dtypes
+from ...proto import TensorProto
 from ..registry import kernel
 from ._util import ALL, FLOATS, FLOATS_BF16, INTS, NUMERIC, SIGNED, as_out, write_elementwise
 from .erf import erf  # noqa: F401  (also imported from here by backward/ and contrib/)
@@ -352,11 +352,15 @@ def cast_array(x, to_dtype, saturate=1, round_mode="up"):
     if x.dtype == object:
         return np.array([_parse_str(v, to) for v in x.reshape(-1)], dtype=to).reshape(x.shape)
     et = dtypes.elem_type(to)
-    T = onnx.TensorProto
+    T = TensorProto
     if et in (T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ) and saturate:
-        return onnx.numpy_helper.saturate_cast(x, to)
+        from onnx import numpy_helper
+
+        return numpy_helper.saturate_cast(x, to)
     if et == getattr(T, "FLOAT8E8M0", -1):
-        return onnx.numpy_helper.to_float8e8m0(x, saturate, round_mode).astype(to)
+        from onnx import numpy_helper
+
+        return numpy_helper.to_float8e8m0(x, saturate, round_mode).astype(to)
     with np.errstate(invalid="ignore", over="ignore"):
         return x.astype(to)
 
@@ -365,7 +369,7 @@ def _numpy_cast(x_dtype, to, saturate) -> bool:
     """The cast is NumPy's own conversion (what cast_array's last line does)."""
     if x_dtype == object or to == object:
         return False
-    T = onnx.TensorProto
+    T = TensorProto
     et = dtypes.elem_type(to)
     saturating = et in (T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ) and saturate
     return not saturating and et != getattr(T, "FLOAT8E8M0", -1)

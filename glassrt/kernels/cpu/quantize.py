@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-from onnx import helper
 
 from ... import dtypes
 from ..registry import kernel
@@ -25,7 +24,7 @@ _I8 = [np.int8, np.uint8]
 
 
 def _np(elem_type):
-    return np.dtype(helper.tensor_dtype_to_np_dtype(int(elem_type)))
+    return dtypes.np_dtype(int(elem_type))
 
 
 def _int_range(dt):

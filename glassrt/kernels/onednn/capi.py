@@ -27,7 +27,6 @@ path, which returns the status for the caller to check.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 from ctypes import (
@@ -261,6 +260,8 @@ def _candidates():
         if cand not in seen:
             seen.add(cand)
             yield cand
+    import ctypes.util  # (imports shutil and tempfile: only when it is needed)
+
     found = ctypes.util.find_library("dnnl")
     if found and found not in seen:
         yield found

@@ -1,0 +1,96 @@
+"""Loading and running a model without importing the onnx package (glassrt/proto.py), and
+the tables glassrt keeps instead of onnx's helpers (element types, attribute values)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+from glassrt import dtypes
+
+
+def test_element_types_match_onnx_helper():
+    for name, elem in TensorProto.DataType.items():
+        if elem == TensorProto.UNDEFINED:
+            with pytest.raises(KeyError):
+                dtypes.np_dtype(elem)
+            continue
+        theirs = np.dtype(helper.tensor_dtype_to_np_dtype(elem))
+        assert dtypes.np_dtype(elem) == theirs, name
+        if elem != TensorProto.STRING:
+            assert dtypes.elem_type(theirs) == helper.np_dtype_to_tensor_dtype(theirs), name
+    assert dtypes.elem_type(np.dtype(object)) == TensorProto.STRING
+    with pytest.raises(ValueError, match="float128|longdouble"):
+        dtypes.elem_type(np.longdouble)
+
+
+def _model_with(*attributes):
+    node = helper.make_node("Identity", ["x"], ["y"])
+    node.attribute.extend(attributes)
+    return helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", 1, [2])], [helper.make_tensor_value_info("y", 1, [2])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_plain_attributes_read_as_onnx_helper_reads_them():
+    from glassrt.onnx_io import from_proto
+
+    attrs = [helper.make_attribute("f", 0.5), helper.make_attribute("i", -3), helper.make_attribute("s", "abc"),
+             helper.make_attribute("fs", [1.0, 2.5]), helper.make_attribute("is", [1, 2, 3]),
+             helper.make_attribute("ss", ["a", "b"]), helper.make_attribute("t", numpy_helper.from_array(np.eye(2)))]
+    node = from_proto(_model_with(*attrs), None).nodes[0]
+    for a in attrs:
+        theirs = helper.get_attribute_value(a)
+        if a.type == AttributeProto.TENSOR:
+            np.testing.assert_array_equal(node.attrs[a.name], numpy_helper.to_array(theirs))
+        elif a.type in (AttributeProto.STRING, AttributeProto.STRINGS):
+            assert node.attrs[a.name] == (theirs.decode() if isinstance(theirs, bytes) else [v.decode() for v in theirs])
+        else:
+            assert node.attrs[a.name] == theirs and type(node.attrs[a.name]) is type(theirs)
+
+
+def test_an_attribute_of_a_type_this_onnx_does_not_know_reads_as_onnx_helper_reads_it():
+    """type 99 on the wire: protobuf keeps it as an unknown field and the type reads UNDEFINED,
+    which onnx.helper gives as None; so does glassrt (no crash, no guess)."""
+    from glassrt.onnx_io import from_proto
+
+    wire = AttributeProto(name="odd", i=1).SerializeToString() + bytes([0xA0, 0x01, 99])  # field 20 (type) = 99
+    a = AttributeProto.FromString(wire)
+    assert a.type == AttributeProto.UNDEFINED and helper.get_attribute_value(a) is None
+    assert from_proto(_model_with(a), None).nodes[0].attrs["odd"] is None
+
+
+def test_a_session_runs_without_importing_onnx_and_onnx_imports_after(tmp_path):
+    """A fresh process loads, creates and runs a model file with onnx's message classes only
+    (not the package: 11.7 MiB and ~100 ms); importing onnx afterwards gives the same classes
+    and a working package."""
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"], axis=-1)], "g",
+        [helper.make_tensor_value_info("x", 1, ["n", 3])], [helper.make_tensor_value_info("y", 1, ["n", 3])],
+        [numpy_helper.from_array(np.array([1, 2, 3], np.float32), "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    code = f"""
+import sys, numpy as np, glassrt
+s = glassrt.InferenceSession({str(path)!r})
+y = s.run(None, {{"x": np.ones((2, 3), np.float32)}})[0]
+assert np.allclose(y.sum(-1), 1)
+print("onnx imported:", sorted(m for m in sys.modules if m == "onnx" or m.startswith("onnx.")))
+import onnx, onnx.onnx_data_pb2
+from glassrt import proto
+assert onnx.ModelProto is proto.ModelProto and onnx.onnx_ml_pb2 is sys.modules["onnx.onnx_ml_pb2"]
+model = onnx.load({str(path)!r})
+onnx.checker.check_model(model, full_check=True)
+assert isinstance(model, proto.ModelProto)
+print(glassrt.InferenceSession(model).run(None, {{"x": np.ones((1, 3), np.float32)}})[0].shape)
+"""
+    env = {**os.environ, "GLASSRT_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+            for _ in range(2)]  # the first writes the schema table (that reads onnx's registry)
+    assert runs[1].returncode == 0, runs[1].stderr
+    assert "onnx imported: ['onnx.onnx_ml_pb2']" in runs[1].stdout
+    assert "(1, 3)" in runs[1].stdout
