@@ -30,6 +30,7 @@ def test_cpu_and_reference_agree_on_a_light_model():
 @pytest.fixture
 def sqrt_plus():
     """Installs a cpu Sqrt that adds a constant: a kernel bug, or rounding noise when small."""
+    glassrt.runtime._load_cpu_kernels()  # else a session would import Sqrt's module after this
     saved = list(registry.kernels_for("cpu", "", "Sqrt"))
 
     def install(offset):

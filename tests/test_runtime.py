@@ -113,6 +113,7 @@ def test_plan_cache_is_bounded_and_evicts():
 @pytest.fixture
 def cpu_without_tanh():
     """A cpu provider that lacks Tanh (an op with no ONNX function body to expand into)."""
+    glassrt.runtime._load_cpu_kernels()  # else a session would import Tanh's module after this
     saved = list(registry.kernels_for("cpu", "", "Tanh"))
     registry.unregister("cpu", "", "Tanh")
     yield
@@ -144,6 +145,7 @@ def test_forced_fallback_is_shown_counted_and_can_be_refused(cpu_without_tanh):
 def test_composite_without_kernel_is_expanded_not_fallen_back(cpu_without_tanh):
     # Relu (opset 14+) has an ONNX function body: with no cpu kernel it is expanded into
     # primitives the cpu provider runs, and explain says so — no fallback.
+    glassrt.runtime._load_cpu_kernels()
     saved = list(registry.kernels_for("cpu", "", "Relu"))
     registry.unregister("cpu", "", "Relu")
     try:

@@ -1,11 +1,12 @@
 """The runtime: inference, placement, kernel selection, memory planning, plans, sessions."""
 
-_cpu_loaded = False
 
+def _load_cpu_kernels(domain: str | None = None, op_type: str | None = None):
+    """Import the cpu kernel modules (their decorators fill the registry): those an op
+    needs, or every one when no op is named."""
+    from ..kernels import cpu
 
-def _load_cpu_kernels():
-    """Import every cpu kernel module once (their decorators fill the registry)."""
-    global _cpu_loaded
-    if not _cpu_loaded:
-        _cpu_loaded = True
-        import glassrt.kernels.cpu  # noqa: F401
+    if op_type is None:
+        cpu.load_all()
+    else:
+        cpu.load_for(domain, op_type)

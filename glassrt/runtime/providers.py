@@ -88,7 +88,7 @@ class CpuProvider(Provider):
     def kernels(self, domain, op_type, opset):
         from . import _load_cpu_kernels
 
-        _load_cpu_kernels()
+        _load_cpu_kernels(domain, op_type)
         return kernels_for("cpu", domain, op_type)
 
 
@@ -104,7 +104,7 @@ class ReferenceProvider(Provider):
             # bodies, whose nodes are placed on this provider list like any others.
             from . import _load_cpu_kernels
 
-            _load_cpu_kernels()
+            _load_cpu_kernels(domain, op_type)
             return kernels_for("cpu", domain, op_type)
         if not ref.implements(domain, op_type, opset):
             return []

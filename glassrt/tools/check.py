@@ -351,6 +351,7 @@ def _run(sess, inputs):
 
 
 def _builtin_rows(key, samples, with_backward=True):
+    from ..kernels.cpu import load_for
     from ..kernels.registry import kernels_for
     from ..ops.registry import get_contract
 
@@ -378,6 +379,7 @@ def _builtin_rows(key, samples, with_backward=True):
     if domain == "glassrt" and contract is not None:  # internal ops: their decomposition is their definition
         rows.append(_builtin_decomposition(name, key, samples))
         return rows
+    load_for(domain, op)
     if contract is not None and contract.category == "composite" and kernels_for("cpu", domain, op):
         rows.append(_builtin_decomposition(name, key, samples))
     if with_backward and contract is not None and contract.backward is not None:
@@ -558,8 +560,10 @@ def coverage_table():
     """Per built-in op with a cpu kernel: dtypes the schema allows vs dtypes kernels cover."""
     from onnx import defs
 
+    from ..kernels.cpu import load_all
     from ..kernels.registry import all_kernels
 
+    load_all()
     by_op = defaultdict(set)
     for k in all_kernels("cpu"):
         by_op[(k.domain, k.op_type)] |= set(k.dtypes) if k.dtypes is not None else {"any"}
