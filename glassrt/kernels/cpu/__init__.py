@@ -88,12 +88,13 @@ def _op_map() -> dict:
 
 
 def _stamp() -> str:
-    """Names this set of kernel modules: their files' sizes and times."""
+    """Names this set of kernel modules: the sizes and times of the folder's files (helpers
+    included: a kernel could be registered from one)."""
     folder = Path(__file__).parent
     parts = [str(folder), str(FORMAT)]
-    for m in MODULES:
-        st = (folder / f"{m}.py").stat()
-        parts.append(f"{m}|{st.st_size}|{st.st_mtime_ns}")
+    for f in sorted(folder.glob("*.py")):
+        st = f.stat()
+        parts.append(f"{f.name}|{st.st_size}|{st.st_mtime_ns}")
     return f"{crc32('|'.join(parts).encode()):08x}"
 
 
@@ -148,7 +149,9 @@ def build_map() -> dict:
     def attribute(kernels, module):
         for k in kernels:
             owner = getattr(k.fn, "__module__", "") or ""
-            name = owner.rsplit(".", 1)[-1] if owner.startswith(f"{__name__}.") else module
+            name = owner.rsplit(".", 1)[-1] if owner.startswith(f"{__name__}.") else None
+            if name not in MODULES:  # a helper module's function, a lambda: whoever registered it
+                name = module
             if name in MODULES:
                 mods = ops.setdefault(f"{k.domain}\t{k.op_type}", [])
                 if name not in mods:
