@@ -10,22 +10,19 @@ processes read that file instead. The full `onnx.defs.OpSchema` is still fetched
 registry built, by what needs it: onnx's generic shape inference for ops without a glassrt
 meta rule, decompositions, `glassrt check`.
 
-The cache folder is $GLASSRT_CACHE_DIR, else $XDG_CACHE_HOME/glassrt, else ~/.cache/glassrt.
-Where it cannot be written (or GLASSRT_CACHE_DIR is set empty), the table is built in memory
-from the registry, as before. The file is data only (JSON, checked when read); a file that
-does not parse, or was written for another onnx build, is rebuilt.
+The cache folder and the file's reading and writing are glassrt/cache.py's. Where it cannot
+be written (or GLASSRT_CACHE_DIR is set empty), the table is built in memory from the
+registry, as before. The file is data only (JSON, checked when read); a file that does not
+parse, or was written for another onnx build, is rebuilt.
 """
 from __future__ import annotations
 
 import bisect
-import json
-import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from zlib import crc32
 
-log = logging.getLogger("glassrt")
+from ..cache import cache_dir, read_or_build
 
 FORMAT = 1  # bump when what is stored changes
 _DEPRECATED, _FUNCTION, _CONTEXT_FUNCTION, _DIFFERENTIABLE, _OTHER_DEFAULTS = 1, 2, 4, 8, 16
@@ -127,20 +124,6 @@ def _plain(v) -> bool:
     return isinstance(v, _PLAIN) or (isinstance(v, list) and all(isinstance(x, _PLAIN) for x in v))
 
 
-def cache_dir() -> Path | None:
-    """glassrt's cache folder, or None when caching is turned off (GLASSRT_CACHE_DIR='')."""
-    env = os.environ.get("GLASSRT_CACHE_DIR")
-    if env is not None:
-        return Path(env) if env else None
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        home = os.path.expanduser("~")
-        if home.startswith("~"):  # no home folder known: no cache, rather than a "~" folder here
-            return None
-        base = os.path.join(home, ".cache")
-    return Path(base) / "glassrt"
-
-
 def _onnx_build() -> str:
     """Names the installed onnx by its compiled extension (path, size and time: a rebuilt or
     upgraded onnx gets its own file), found without importing the onnx package."""
@@ -185,25 +168,9 @@ def load_index(folder: Path | None = None) -> SchemaIndex:
     if folder is None:
         return SchemaIndex(build_table())
     build = _onnx_build()
-    path = folder / f"onnx-schemas-{build}.json"
-    try:
-        data = json.loads(path.read_text())
-        if _valid(data, build):
-            return SchemaIndex(data["ops"])
-        log.info("rebuilding %s: not a schema table of this onnx build", path)
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError) as e:
-        log.info("rebuilding %s: %s", path, e)
-    table = build_table()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": FORMAT, "onnx": build, "ops": table}, separators=(",", ":")))
-        os.replace(tmp, path)  # whole or not at all, for processes that read it meanwhile
-    except OSError as e:
-        log.info("schema table not cached in %s: %s", folder, e)
-    return SchemaIndex(table)
+    data = read_or_build(folder / f"onnx-schemas-{build}.json", lambda d: _valid(d, build),
+                         lambda: {"format": FORMAT, "onnx": build, "ops": build_table()}, "schema table")
+    return SchemaIndex(data["ops"])
 
 
 _INDEX: SchemaIndex | None = None

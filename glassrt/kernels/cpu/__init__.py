@@ -10,9 +10,6 @@ folder, or an op is not in the map, every module is imported, as before.
 from __future__ import annotations
 
 import importlib
-import json
-import logging
-import os
 from pathlib import Path
 from zlib import crc32
 
@@ -23,7 +20,6 @@ MODULES = ("attention", "control", "conv", "conv_transpose", "deform_conv", "ele
            "resize", "rnn", "roi", "sequence", "shape", "signal", "strings", "svm", "training")
 FORMAT = 1
 
-log = logging.getLogger("glassrt")
 _map: dict | None = None  # "domain\top" -> [module, ...] in MODULES order
 _shared: list | None = None
 _done: set = set()  # ops whose modules are imported
@@ -99,7 +95,7 @@ def _stamp() -> str:
 
 
 def _load_map() -> dict:
-    from ...ops.schema_index import cache_dir
+    from ...cache import cache_dir, read_or_build
 
     folder = cache_dir()
     try:
@@ -107,26 +103,9 @@ def _load_map() -> dict:
     except OSError:  # modules not on disk as files (a zip import): no map, import them all
         return {}
     path = folder / f"cpu-kernels-{stamp}.json" if folder is not None else None
-    if path is not None:
-        try:
-            data = json.loads(path.read_text())
-            if _valid(data, stamp):
-                return data["ops"]
-            log.info("rebuilding %s: not this glassrt's kernel map", path)
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError) as e:
-            log.info("rebuilding %s: %s", path, e)
-    ops = build_map()
-    if path is not None:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"format": FORMAT, "stamp": stamp, "ops": ops}, separators=(",", ":")))
-            os.replace(tmp, path)
-        except OSError as e:
-            log.info("cpu kernel map not cached in %s: %s", folder, e)
-    return ops
+    data = read_or_build(path, lambda d: _valid(d, stamp),
+                         lambda: {"format": FORMAT, "stamp": stamp, "ops": build_map()}, "cpu kernel map")
+    return data["ops"]
 
 
 def _valid(data, stamp) -> bool:
