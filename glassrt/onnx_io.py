@@ -40,7 +40,7 @@ def read_model(model) -> tuple[ModelProto, str | None]:
         except OSError as e:
             raise ModelLoadError(f"cannot read model file '{path}': {e}") from e
         return _parse_bytes(data, str(path)), str(path.resolve().parent)
-    raise ModelLoadError(f"expected a path, bytes or ModelProto, got {type(model).__name__}")
+    raise ModelLoadError(f"expected a path, bytes or onnx.ModelProto, got {type(model).__name__}")
 
 
 def _parse_bytes(data: bytes, where: str) -> ModelProto:
