@@ -19,7 +19,7 @@ from ..errors import (GlassrtError, InvalidArgumentError, KernelContractError, M
 from ..ir import TensorType
 from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
-from . import folding, run_guard
+from . import folding, run_guard, straight
 from .infer import infer
 from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
 from .select import bind_kernel, choose_kernel, is_static
@@ -35,6 +35,9 @@ class Step:
             f"'{n}': {dtypes.name(a.dtype)}{list(a.shape)}" if isinstance(a, np.ndarray) else f"'{n}': {type(a).__name__}"
             for n, a in zip(self.node.inputs, args) if n)
         return f"{describe_node(self.node)} on {self.kernel.name} with inputs ({shapes})"
+
+
+STRAIGHT_AFTER = 2  # plain runs before a plan's steps are compiled into one function (straight.py)
 
 
 @dataclass
@@ -65,6 +68,8 @@ class Plan:
     free_at_end: tuple = ()  # slots released after the outputs are taken
     threads: object = None  # threads.ThreadChoice: the thread count this plan runs fastest with now
     layouts: dict = field(default_factory=dict)  # value -> "nhwc" in this plan ({} when a node moved providers)
+    runs: int = 0  # plain runs (no guard, no profile) so far
+    straight: object = None  # the steps as one compiled function (straight.py), after STRAIGHT_AFTER runs
 
 
 def compile_plan(placement, input_types: dict, options, make_runner, pool=None, retain: bool = False) -> Plan:
@@ -404,46 +409,16 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
         for name, v in outer.items():
             if name in slots:
                 env[slots[name]] = v
-    clock = time.perf_counter
     pool = plan.pool
-    for st in plan.steps:
-        args = [env[i] if i >= 0 else None for i in st.ins]
-        if guard is not None:
-            guard.check(st, args)
-        out = st.bufs
-        if st.fresh is not None:
-            if st.multi:
-                out = [_new_output(f) if f is not None else b for f, b in zip(st.fresh, out)]
-            else:
-                out = _new_output(st.fresh[0])
-        if profile is not None:
-            t0 = clock()
-        try:
-            r = st.fn(*args, out=tuple(out) if st.multi else out) if st.uses_out else st.fn(*args)
-        except GlassrtError:
-            raise
-        except Exception as e:
-            raise NodeExecutionError(f"{st.describe(args)} failed: {type(e).__name__}: {e}") from e
-        if profile is not None:
-            profile.append((st, t0, clock(), _shapes(args), _shapes(r if st.multi else (r,))))
-        if st.multi:
-            for s, v in zip(st.outs, r):
-                if s >= 0:
-                    env[s] = np.asarray(v) if isinstance(v, np.generic) else v
-        else:
-            # NumPy scalars become 0-d arrays; anything else (an array, a sequence, a device value) as is.
-            env[st.outs[0]] = np.asarray(r) if isinstance(r, (np.generic, int, float, bool)) else r
-        for s, shape, dt in st.expect:
-            v = env[s]
-            if isinstance(v, np.ndarray) and (v.shape != shape or v.dtype != dt):
-                raise KernelContractError(
-                    f"{st.describe(args)}: output {st.node.outputs[st.outs.index(s)]!r} is "
-                    f"{dtypes.name(v.dtype)}{list(v.shape)} but the op's meta says {dtypes.name(dt)}{list(shape)}")
-        for s in st.free:
-            v = env[s]
-            env[s] = None
-            if pool is not None and isinstance(v, np.ndarray):
-                pool.release(v)
+    if guard is None and profile is None and plan.straight is not None:
+        plan.straight(env)
+    else:
+        if guard is None and profile is None:
+            plan.runs += 1
+            if plan.runs == STRAIGHT_AFTER:  # a plan that is replayed: worth compiling its steps
+                plan.straight = straight.compile_steps(plan.steps, pool, execute_step, node_error)
+        for st in plan.steps:
+            execute_step(st, env, pool, guard, profile)
     res = []
     for name, s, copy in plan.outputs:
         v = env[s]
@@ -459,6 +434,52 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
     if keep_env:
         return res, {name: env[s] for name, s in plan.slots.items()}
     return res
+
+
+def execute_step(st, env, pool, guard=None, profile=None):
+    """One step of a run: its inputs from the slots, the kernel, its outputs into the slots,
+    the values nobody reads any more dropped (pool buffers back to the pool)."""
+    args = [env[i] if i >= 0 else None for i in st.ins]
+    if guard is not None:
+        guard.check(st, args)
+    out = st.bufs
+    if st.fresh is not None:
+        if st.multi:
+            out = [_new_output(f) if f is not None else b for f, b in zip(st.fresh, out)]
+        else:
+            out = _new_output(st.fresh[0])
+    if profile is not None:
+        t0 = time.perf_counter()
+    try:
+        r = st.fn(*args, out=tuple(out) if st.multi else out) if st.uses_out else st.fn(*args)
+    except GlassrtError:
+        raise
+    except Exception as e:
+        raise node_error(st, args, e) from e
+    if profile is not None:
+        profile.append((st, t0, time.perf_counter(), _shapes(args), _shapes(r if st.multi else (r,))))
+    if st.multi:
+        for s, v in zip(st.outs, r):
+            if s >= 0:
+                env[s] = np.asarray(v) if isinstance(v, np.generic) else v
+    else:
+        # NumPy scalars become 0-d arrays; anything else (an array, a sequence, a device value) as is.
+        env[st.outs[0]] = np.asarray(r) if isinstance(r, (np.generic, int, float, bool)) else r
+    for s, shape, dt in st.expect:
+        v = env[s]
+        if isinstance(v, np.ndarray) and (v.shape != shape or v.dtype != dt):
+            raise KernelContractError(
+                f"{st.describe(args)}: output {st.node.outputs[st.outs.index(s)]!r} is "
+                f"{dtypes.name(v.dtype)}{list(v.shape)} but the op's meta says {dtypes.name(dt)}{list(shape)}")
+    for s in st.free:
+        v = env[s]
+        env[s] = None
+        if pool is not None and isinstance(v, np.ndarray):
+            pool.release(v)
+
+
+def node_error(st, args, e) -> NodeExecutionError:
+    return NodeExecutionError(f"{st.describe(args)} failed: {type(e).__name__}: {e}")
 
 
 def _shapes(values):
