@@ -463,8 +463,7 @@ def execute_step(st, env, pool, guard=None, profile=None):
             if s >= 0:
                 env[s] = np.asarray(v) if isinstance(v, np.generic) else v
     else:
-        # NumPy scalars become 0-d arrays; anything else (an array, a sequence, a device value) as is.
-        env[st.outs[0]] = np.asarray(r) if isinstance(r, (np.generic, int, float, bool)) else r
+        env[st.outs[0]] = straight.as_value(r)
     for s, shape, dt in st.expect:
         v = env[s]
         if isinstance(v, np.ndarray) and (v.shape != shape or v.dtype != dt):

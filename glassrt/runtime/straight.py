@@ -27,8 +27,9 @@ import numpy as np
 from ..errors import GlassrtError
 
 
-def _as_value(r):
-    """What the loop stores for a kernel's result: NumPy scalars (and Python numbers) as 0-d arrays."""
+def as_value(r):
+    """What a run stores for a kernel's result: NumPy scalars (and Python numbers) become 0-d
+    arrays; anything else (an array, a sequence, a device value) as is."""
     return np.asarray(r) if isinstance(r, (np.generic, int, float, bool)) else r
 
 
@@ -39,7 +40,7 @@ def _simple(st) -> bool:
 def compile_steps(steps, pool, execute_step, node_error):
     """run(env) executing `steps` in order, as run_plan's loop would without a guard or a
     profile: `execute_step` is the loop's body, `node_error` how it reports a kernel's error."""
-    scope = {"ndarray": np.ndarray, "as_value": _as_value, "execute_step": execute_step, "pool": pool,
+    scope = {"ndarray": np.ndarray, "as_value": as_value, "execute_step": execute_step, "pool": pool,
              "steps": steps, "GlassrtError": GlassrtError, "release": _releaser(pool), "node_error": node_error}
     lines = ["def run(env):", "    k = -1", "    try:"]
     for k, st in enumerate(steps):
