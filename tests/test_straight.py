@@ -93,3 +93,13 @@ def test_names_from_the_model_never_reach_the_compiled_source():
     for _ in range(STRAIGHT_AFTER + 2):
         (y,) = sess.run(None, {evil: np.array([-1, 2, -3], np.float32)})
         np.testing.assert_array_equal(y, [1, 2, 3])
+
+
+def test_a_plan_with_no_steps():
+    """Everything folded at load: the compiled replay has nothing to run."""
+    m = _model([helper.make_node("Add", ["a", "b"], ["y"])], [], [_vi("y", [2])],
+               [helper.make_tensor("a", 1, [2], [1, 2]), helper.make_tensor("b", 1, [2], [3, 4])])
+    sess = glassrt.InferenceSession(m.SerializeToString(), providers=["cpu"])
+    for _ in range(STRAIGHT_AFTER + 2):
+        np.testing.assert_array_equal(sess.run(None, {})[0], [4, 6])
+    assert _compiled(sess) == [True]

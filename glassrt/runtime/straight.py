@@ -42,7 +42,7 @@ def compile_steps(steps, pool, execute_step, node_error):
     profile: `execute_step` is the loop's body, `node_error` how it reports a kernel's error."""
     scope = {"ndarray": np.ndarray, "as_value": as_value, "execute_step": execute_step, "pool": pool,
              "steps": steps, "GlassrtError": GlassrtError, "release": _releaser(pool), "node_error": node_error}
-    lines = ["def run(env):", "    k = -1", "    try:"]
+    lines = ["def run(env):", "    k = -1", "    try:", "        pass"]  # (a plan may have no steps)
     for k, st in enumerate(steps):
         lines.append(f"        k = {k}")
         if not _simple(st):
