@@ -54,7 +54,7 @@ def test_every_kind_of_step_and_the_same_results_as_the_loop():
                [helper.make_tensor("hi", 1, [], [0.5])])
     sess = glassrt.InferenceSession(m.SerializeToString(), providers=["cpu"])
     rng = np.random.default_rng(0)
-    for n in (3, 3, 3, 3, 5, 5, 5, 5, 3):
+    for n in [3] * STRAIGHT_AFTER + [5] * (STRAIGHT_AFTER + 2) + [3, 3]:
         x = rng.standard_normal((n, 4)).astype(np.float32)
         y, a, s = sess.run(None, {"x": x})
         r = np.maximum(x, 0)
