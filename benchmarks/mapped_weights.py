@@ -150,7 +150,7 @@ def optimized(folder: Path, repeats: int, console, only=None):
             report = tool.optimize(src, out)
             np.savez(folder / f"{name}.npz", **feeds)
             for p in (src, out):  # both files in the page cache before any timing (just written or not)
-                bench.read_through(p)  # both files in the page cache before timing
+                bench.read_through(p)
             times = {"original": [], "optimized": []}
             creates = {"original": [], "optimized": []}
             for k in range(repeats):  # alternating which goes first

@@ -213,7 +213,6 @@ class _Parser:
 
     def attribute(self, a: AttributeProto, where: str):
         A = AttributeProto
-        # (the value as onnx.helper.get_attribute_value gives it, for the plain types)
         if a.type == A.TENSOR:
             return self.tensor(a.t, where)
         if a.type == A.TENSORS:
@@ -226,6 +225,8 @@ class _Parser:
             return parse_type(a.tp, where)
         if a.type == A.TYPE_PROTOS:
             return [parse_type(t, where) for t in a.type_protos]
+        # the plain types, as onnx.helper.get_attribute_value gives them (read here: loading
+        # a model does not import the onnx package, glassrt/proto.py)
         if a.type in _SCALAR_FIELDS:
             value = getattr(a, _SCALAR_FIELDS[a.type])
         elif a.type in _LIST_FIELDS:

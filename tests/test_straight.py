@@ -93,6 +93,7 @@ def test_names_from_the_model_never_reach_the_compiled_source():
     for _ in range(STRAIGHT_AFTER + 2):
         (y,) = sess.run(None, {evil: np.array([-1, 2, -3], np.float32)})
         np.testing.assert_array_equal(y, [1, 2, 3])
+    assert _compiled(sess) == [True]  # the replays above ran the compiled function
 
 
 def test_a_plan_with_no_steps():

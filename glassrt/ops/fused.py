@@ -21,7 +21,6 @@ kernels against it).
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from .contract import COMPOSITE, PRIMITIVE, OpContract
