@@ -97,6 +97,23 @@ def test_a_hot_shape_gets_its_own_plan():
     assert any(("past_k", (1, 20, D), "<f4") in key for key in own), own
 
 
+def test_more_hot_shapes_than_the_cache_holds_share_the_pattern():
+    """A decode loop run again and again: every cache length is seen often, more of them
+    than the plan cache holds. Hot shapes take free slots only; once the cache is full
+    they run on the shared plan instead of compiling (and evicting) a plan per step."""
+    opts = glassrt.SessionOptions(plan_cache_size=6)
+    sess = glassrt.InferenceSession(_decoder_step(), providers=["cpu"], sess_options=opts)
+    oracle = ort.InferenceSession(_decoder_step(), providers=["CPUExecutionProvider"])
+    for _ in range(6):
+        for past in range(1, 21):
+            feeds = _feeds(past)
+            for got, want in zip(sess.run(None, feeds), oracle.run(None, feeds)):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    stats = sess.memory_stats()
+    assert stats["plans_evicted"] == 0 and stats["plans_built"] == stats["plans_cached"] == 6, stats
+    assert len(_patterns(sess)) == 1
+
+
 def test_unequal_values_of_one_dim_name_do_not_use_the_pattern():
     """past_k and past_v share the dim name 'past': the shared plan may rely on their being
     equal, so a feed where they differ gets a plan of its own, and the same answer."""

@@ -95,7 +95,11 @@ class GraphRunner:
         self._seen[sig] = count + 1
         while len(self._seen) > 64:
             self._seen.popitem(last=False)
-        if count >= 3:  # a hot shape: worth a plan of its own
+        # A hot shape earns a plan of its own, but only into a free cache slot: evicting for
+        # it would thrash when more shapes are hot than the cache holds (a decode loop run
+        # again and again: 33 token positions, each seen often, against 8 slots, compiled
+        # a plan per step, ~150 ms each for GPT-2). With the cache full they share the pattern.
+        if count >= 3 and len(self.plans) < self.options.plan_cache_size:
             return None
         for key, plan in reversed(self.plans.items()):
             if isinstance(key, ShapePattern) and key.matches(sig):
