@@ -1,11 +1,11 @@
 """glassrt's fused ops as model-local ONNX functions, so that an optimized model is standard ONNX.
 
-A `glassrt::` node (FusedConv, FusedMatMul, FusedBatchNormalization, ChannelShuffle) is
-written as it is — op type, domain "glassrt", every attribute — and the model carries a
-FunctionProto for it whose body is the op's decomposition (the contract's, ops/fused.py).
-onnx.checker accepts the file and a runtime that inlines model-local functions
-(onnxruntime) runs the body; glassrt's loader recognises its own domain and runs the fused
-kernel instead (onnx_io.from_proto).
+A `glassrt::` node (FusedConv, FusedMatMul, FusedBatchNormalization, ChannelShuffle,
+ScaledDotProductAttention) is written as it is — op type, domain "glassrt", every
+attribute — and the model carries a FunctionProto for it whose body is the op's
+decomposition (the contract's, ops/fused.py). onnx.checker accepts the file and a runtime
+that inlines model-local functions (onnxruntime) runs the body; glassrt's loader recognises
+its own domain and runs the fused kernel instead (onnx_io.from_proto).
 
 Attributes. An attribute the decomposition hands unchanged to one inner op (a Conv's
 kernel_shape/strides/pads/dilations/group/auto_pad, BatchNormalization's epsilon) is a

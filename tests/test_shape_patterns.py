@@ -171,6 +171,14 @@ def test_shape_formulas_bind_symbols_from_input_dims():
     shifted = ShapeFormula.build([TensorType(f32, (past + 1, 3))], [TensorType(f32, (3, past + 1))])
     assert shifted.evaluate([np.zeros((7, 3), np.float32)]) == [(3, 7)]  # past + 1 = 7 binds past = 6
     assert ShapeFormula.build([TensorType(f32, (past * 2,))], [TensorType(f32, (past,))]) is None
+    # one symbol in two places must take one value; an expression dim is checked, not bound
+    pair = ShapeFormula.build([TensorType(f32, (past, past)), TensorType(f32, (past * 2,))],
+                              [TensorType(f32, (past - 2, 1))])
+    assert pair.evaluate([np.zeros((5, 5)), np.zeros(10)]) == [(3, 1)]
+    assert pair.evaluate([np.zeros((5, 4)), np.zeros(10)]) is None
+    assert pair.evaluate([np.zeros((5, 5)), np.zeros(9)]) is None
+    assert pair.evaluate([np.zeros((1, 1)), np.zeros(2)]) is None  # past - 2 < 0
+    assert pair.evaluate([np.zeros((5, 5)), None]) is None and pair.evaluate([np.zeros(5), np.zeros(10)]) is None
 
 
 def test_symbolic_slice_bounds_out_of_range_fail_loudly_not_silently():

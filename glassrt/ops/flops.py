@@ -56,6 +56,12 @@ def node_flops(node, attrs, in_types, out_types):
             y = outs[0]
             dv = y[-1] if y is not None and len(y) == 4 else d
             return 2 * b * h * sq * sk * (d + dv)
+        if op == "ScaledDotProductAttention":
+            q, k, y = ins[0], ins[1], outs[0]
+            if q is None or k is None or y is None:
+                return None
+            # Q·Kᵀ and P·V: 2 * (query rows, all heads) * keys * (head size + value size)
+            return 2 * symbolic.prod(q[:-1]) * k[-2] * (q[-1] + y[-1])
         if op in ("LSTM", "GRU", "RNN"):
             x, w, r = ins[0], ins[1], ins[2]
             if x is None or w is None or r is None:

@@ -11,6 +11,10 @@ kernels against it).
   follows it in transformers (a scale, the bias Add, a residual or mask Add, an activation
   such as Gelu); written by passes/fuse_matmul.py. bias broadcasts along the last dim, Z
   into the product's shape (never enlarging it).
+  glassrt::ScaledDotProductAttention(Q, K, V, keep?, mask?) — softmax(where(keep,
+  scale·Q·Kᵀ, fill) + mask)·V over the last two axes (keep and mask optional, each
+  broadcast into the scores); written by passes/fuse_attention.py for attention over a
+  KV cache, where one query row per run makes the five ops' per-node costs the bulk.
   glassrt::ChannelShuffle(X) — ShuffleNet's channel shuffle, Reshape(N, g, C/g, ...) →
   Transpose(0, 2, 1, ...) → Reshape(N, C, ...), as one op (`group` = g); written by
   passes/fuse_shuffle.py, so it can run in a layout region (oneDNN's shuffle reads and
@@ -157,6 +161,16 @@ def fits_into(s, y) -> bool:
     return all((isinstance(d, int) and d == 1) or d == e for d, e in zip(s, y[len(y) - len(s):]))
 
 
+def may_fit_into(s, y) -> bool:
+    """fits_into where it can be told from the shapes; a symbolic dim against another dim
+    may fit (a causal mask's length `t` against the scores' `past + s`): the kernel's
+    broadcast checks it at run time."""
+    if len(s) > len(y):
+        return False
+    return all((isinstance(d, int) and d == 1) or d == e or not (isinstance(d, int) and isinstance(e, int))
+               for d, e in zip(s, y[len(y) - len(s):]))
+
+
 def bias_fits(s, y) -> bool:
     """Shape s is a bias: ones, then the product's last dim (or 1)."""
     return fits_into(s, y) and all(isinstance(d, int) and d == 1 for d in s[:-1])
@@ -175,6 +189,89 @@ register_custom(OpContract(DOMAIN, "FusedMatMul", 1, FUSED_MATMUL, meta=_fused_m
 register_custom(OpContract(DOMAIN, "FusedBatchNormalization", 1, FUSED_BATCH_NORM, meta=_same_as_x, category=COMPOSITE,
                            decomposition=_fused_decomposition("BatchNormalization", ("epsilon",), 15),
                            notes=["inference BatchNormalization + activation, fused by passes/fusion.py"]))
+
+
+SDPA = CustomSchema(DOMAIN, "ScaledDotProductAttention",
+                    [("Q", False), ("K", False), ("V", False), ("keep", True), ("mask", True)],
+                    {"scale": ("float", 1.0), "fill": ("float", 0.0)}, ["Y"],
+                    "glassrt::ScaledDotProductAttention(Tensor Q, Tensor K, Tensor V, Tensor? keep, Tensor? mask, "
+                    "float scale, float fill) -> Tensor")
+
+
+def _sdpa_meta(ctx):
+    """Q (..., S, D), K (..., T, D), V (..., T, Dv) with the same leading dims -> (..., S, Dv);
+    keep (bool) and mask (Q's dtype) broadcast into the scores (..., S, T) without enlarging them."""
+    q, k, v = ctx.shape(0), ctx.shape(1), ctx.shape(2)
+    dt = ctx.dtype(0)
+    for i, what in ((1, "K"), (2, "V")):
+        if ctx.dtype(i) != dt:
+            ctx.fail(f"{what} must have Q's dtype {dt}, got {ctx.dtype(i)}")
+    if q is None or k is None or v is None:
+        return [ctx.tensor(dt, None)]
+    if not (len(q) == len(k) == len(v) >= 2):
+        ctx.fail(f"Q, K and V must have one rank >= 2, got {list(q)}, {list(k)}, {list(v)}")
+
+    def differ(a, b):
+        return isinstance(a, int) and isinstance(b, int) and a != b
+
+    if any(differ(a, b) or differ(a, c) for a, b, c in zip(q[:-2], k[:-2], v[:-2])):
+        ctx.fail(f"Q, K and V must have the same leading dims, got {list(q)}, {list(k)}, {list(v)}")
+    if differ(q[-1], k[-1]) or differ(k[-2], v[-2]):
+        ctx.fail(f"Q's last dim must be K's and K's rows V's, got {list(q)}, {list(k)}, {list(v)}")
+    scores = tuple(q[:-1]) + (k[-2],)
+    for i, what, want in ((3, "keep", np.dtype(np.bool_)), (4, "mask", dt)):
+        if not ctx.has(i):
+            continue
+        if ctx.dtype(i) != want:
+            ctx.fail(f"{what} must be {want}, got {ctx.dtype(i)}")
+        s = ctx.shape(i)
+        if s is not None and not may_fit_into(s, scores):
+            ctx.fail(f"{what} of shape {list(s)} must broadcast into the scores' shape {list(scores)}")
+    return [ctx.tensor(dt, tuple(q[:-1]) + (v[-1],))]
+
+
+def _sdpa_decomposition(node, input_types, visible):
+    """Transpose K, MatMul, Mul by scale, Where(keep, ., fill), Add mask, Softmax, MatMul."""
+    from onnx import helper, numpy_helper
+
+    from ..onnx_io import nodes_from_protos
+
+    q, k, v, keep, mask = (list(node.inputs) + ["", ""])[:5]
+    name = node.name
+    rank = len(input_types[1].shape) if input_types[1] is not None and input_types[1].shape is not None else None
+    if rank is None:
+        raise ValueError("K's rank must be known to decompose ScaledDotProductAttention")
+    dt = input_types[0].dtype
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    protos = [helper.make_node("Transpose", [k], [f"{name}/kt"], name=f"{name}/kt", perm=perm),
+              helper.make_node("MatMul", [q, f"{name}/kt"], [f"{name}/qk"], name=f"{name}/qk")]
+    cur = f"{name}/qk"
+
+    def const(suffix, value):
+        protos.append(helper.make_node("Constant", [], [f"{name}/{suffix}"], name=f"{name}/{suffix}",
+                                       value=numpy_helper.from_array(np.array(value, dtype=dt))))
+        return f"{name}/{suffix}"
+
+    scale = float(node.attrs.get("scale", 1.0))
+    if scale != 1.0:
+        protos.append(helper.make_node("Mul", [cur, const("scale", scale)], [f"{name}/scaled"], name=f"{name}/scaled"))
+        cur = f"{name}/scaled"
+    if keep:
+        fill = const("fill", float(node.attrs.get("fill", 0.0)))
+        protos.append(helper.make_node("Where", [keep, cur, fill], [f"{name}/kept"], name=f"{name}/kept"))
+        cur = f"{name}/kept"
+    if mask:
+        protos.append(helper.make_node("Add", [cur, mask], [f"{name}/masked"], name=f"{name}/masked"))
+        cur = f"{name}/masked"
+    protos += [helper.make_node("Softmax", [cur], [f"{name}/p"], name=f"{name}/softmax", axis=-1),
+               helper.make_node("MatMul", [f"{name}/p", v], list(node.outputs), name=f"{name}/pv")]
+    return nodes_from_protos(protos, {"": 13}, visible, f"expanded from ScaledDotProductAttention '{name}'")
+
+
+register_custom(OpContract(DOMAIN, "ScaledDotProductAttention", 1, SDPA, meta=_sdpa_meta, category=COMPOSITE,
+                           decomposition=_sdpa_decomposition,
+                           notes=["Q·Kᵀ, scale, keep/mask, Softmax, ·V of attention over a KV cache, "
+                                  "fused by passes/fuse_attention.py"]))
 
 
 CHANNEL_SHUFFLE = CustomSchema(DOMAIN, "ChannelShuffle", [("X", False)], {"group": ("int", 1)}, ["Y"],

@@ -10,6 +10,7 @@ from .constant_folding import fold_constants
 from .conv_folding import fold_affine_into_conv, fold_batchnorm_into_conv
 from .dead_code import remove_dead_code
 from .expand import expand_composites
+from .fuse_attention import fuse_attention
 from .fuse_conv import fuse_conv_activation, fuse_conv_residual
 from .fuse_gelu import fuse_gelu
 from .fuse_matmul import fuse_matmul
@@ -38,6 +39,9 @@ PIPELINE = [
     Pass("fuse_gelu", "extended", fuse_gelu, option="fusion", doc="GELU written out with Erf becomes one Gelu"),
     Pass("fuse_channel_shuffle", "extended", fuse_channel_shuffle, frozenset({TYPES}), option="fusion",
          doc="Reshape + Transpose + Reshape of a channel shuffle become one glassrt::ChannelShuffle"),
+    Pass("fuse_attention", "extended", fuse_attention, frozenset({TYPES}), option="fusion",
+         doc="attention over a KV cache (Q·Kᵀ, scale, mask, Softmax, ·V) becomes one "
+             "glassrt::ScaledDotProductAttention"),
     Pass("fuse_matmul", "extended", fuse_matmul, frozenset({TYPES}), option="fusion",
          doc="MatMul + scale + bias Add + residual/mask Add + activation become one glassrt::FusedMatMul"),
 ]

@@ -15,11 +15,6 @@ from .. import symbolic
 from ..ir import TensorType
 
 
-@lru_cache(maxsize=4096)
-def _compiled(symbols: tuple, exprs: tuple):
-    return symbolic.compile_dims(symbols, exprs)
-
-
 def _shifted_symbol(d):
     """(symbol name, shift) when the dim is symbol + an integer (past, past + 1), else None."""
     return symbolic.shifted_symbol(d)
@@ -29,8 +24,13 @@ class ShapeFormula:
     def __init__(self, symbols, inputs, checks, outputs):
         self.symbols = symbols  # the symbols' names, in the order the compiled functions take them
         self.inputs = inputs  # per input: None (not a tensor) or (rank, ((axis, int | -1-symbol index, shift), ...))
-        self.checks = checks  # (compiled fn of the symbols, ((input, axis), ...)) for expression dims
-        self.outputs = outputs  # (compiled fn, [rank per output])
+        self.checks = checks  # ((expression, (input, axis)), ...) for input dims that are expressions
+        self.outputs = outputs  # (the output dims, flat, [rank per output])
+        # evaluate() is one function generated from all of the above: a dynamic step calls
+        # it every run, and a decode step runs ~100 of them per token, each right after a
+        # matmul has streamed megabytes of weights through the caches (where an interpreted
+        # loop over the dims cost ~15 us, this costs ~1-2)
+        self.evaluate = _generate(symbols, tuple(inputs), checks, (outputs[0], tuple(outputs[1])))
 
     @classmethod
     def build(cls, input_types, output_types):
@@ -49,7 +49,7 @@ class ShapeFormula:
         if not needed <= set(bare):
             return None
         index = {s: k for k, s in enumerate(bare)}
-        inputs, check_exprs, check_at = [], [], []
+        inputs, checks = [], []
         for i, t in enumerate(input_types):
             if not isinstance(t, TensorType) or t.shape is None:
                 inputs.append(None)
@@ -62,49 +62,59 @@ class ShapeFormula:
                     sym, shift = _shifted_symbol(d)
                     spec.append((axis, -1 - index[sym], shift))  # negative: the symbol's index, encoded
                 elif symbolic.free_names(d) <= set(bare):
-                    check_exprs.append(d)
-                    check_at.append((i, axis))
+                    checks.append((d, (i, axis)))
                 else:
                     return None
             inputs.append((len(t.shape), tuple(spec)))
-        symbols = tuple(bare)
-        checks = (_compiled(symbols, tuple(check_exprs)), tuple(check_at)) if check_exprs else None
-        return cls(symbols, inputs, checks, (_compiled(symbols, tuple(out_dims)), [len(t.shape) for t in output_types]))
+        return cls(tuple(bare), inputs, tuple(checks), (tuple(out_dims), tuple(len(t.shape) for t in output_types)))
 
-    def evaluate(self, args):
-        """Output shapes for these input arrays, or None when they do not fit the plan."""
-        values = [None] * len(self.symbols)
-        for spec, a in zip(self.inputs, args):
-            if spec is None:
-                continue
-            rank, dims = spec
-            shape = getattr(a, "shape", None)
-            if shape is None or len(shape) != rank:
-                return None
-            for axis, want, shift in dims:
-                got = shape[axis]
-                if want >= 0:
-                    if got != want:
-                        return None
-                else:
-                    k, v = -1 - want, got - shift
-                    if values[k] is None:
-                        values[k] = v
-                    elif values[k] != v:
-                        return None
-        if any(v is None or v <= 0 for v in values):  # unbound, or 0 where the plan assumed a positive dim
-            return None
-        if self.checks is not None:
-            fn, where = self.checks
-            for (i, axis), want in zip(where, fn(*values)):
-                if args[i].shape[axis] != want:
-                    return None
-        fn, ranks = self.outputs
-        flat = [int(v) for v in fn(*values)]
-        if any(v < 0 for v in flat):
-            return None
-        shapes, k = [], 0
-        for r in ranks:
-            shapes.append(tuple(flat[k:k + r]))
-            k += r
-        return shapes
+
+@lru_cache(maxsize=4096)  # the layers of a model share their formulas: compiled once
+def _generate(symbols, inputs, checks, outputs):
+    """`evaluate(args)`: the output shapes for these input arrays, or None when they do not
+    fit the plan (a fixed dim differs, a symbol takes two values or one <= 0, an expression
+    dim disagrees, an output dim comes out negative). Generated Python source: only
+    identifiers of its own (args, s<i>, _<k>, d<j>), int literals and operators; no name or
+    text from the model reaches it."""
+    from ..symbolic.expr import code
+
+    index = {s: k for k, s in enumerate(symbols)}
+    lines, bound = ["def evaluate(args):"], set()
+    for i, spec in enumerate(inputs):
+        if spec is None:
+            continue
+        rank, dims = spec
+        lines.append(f"    s{i} = getattr(args[{i}], 'shape', None)")
+        lines.append(f"    if s{i} is None or len(s{i}) != {int(rank)}: return None")
+        for axis, want, shift in dims:
+            axis, want, shift = int(axis), int(want), int(shift)
+            if want >= 0:
+                lines.append(f"    if s{i}[{axis}] != {want}: return None")
+            elif -1 - want in bound:
+                lines.append(f"    if s{i}[{axis}] - ({shift}) != _{-1 - want}: return None")
+            else:
+                bound.add(-1 - want)
+                lines.append(f"    _{-1 - want} = s{i}[{axis}] - ({shift})")
+    if len(bound) < len(symbols):  # a symbol no tensor input binds (never so from build)
+        lines.append("    return None")
+    for k in sorted(bound):
+        lines.append(f"    if _{k} <= 0: return None")
+    for expr, (i, axis) in checks:
+        lines.append(f"    if s{int(i)}[{int(axis)}] != {code(symbolic.normalize(expr), index)}: return None")
+    dims, ranks = outputs
+    names = []
+    for j, d in enumerate(dims):
+        if isinstance(d, int):
+            names.append(repr(int(d)))
+        else:
+            lines.append(f"    d{j} = {code(symbolic.normalize(d), index)}")
+            lines.append(f"    if d{j} < 0: return None")
+            names.append(f"d{j}")
+    shapes, k = [], 0
+    for r in ranks:
+        shapes.append("(" + "".join(f"{n}, " for n in names[k:k + r]) + ")")
+        k += r
+    lines.append(f"    return [{', '.join(shapes)}]")
+    scope = {"__builtins__": {}, "getattr": getattr, "len": len, "max": max, "min": min}
+    exec(compile("\n".join(lines), "<glassrt shape formula>", "exec"), scope)  # noqa: S102
+    return scope["evaluate"]

@@ -690,8 +690,22 @@ def _internal_samples():
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
         shuffle_samples.append((SimpleNamespace(name=f"channel_shuffle_{'x'.join(map(str, shape))}_g{g}", model=m),
                                 [xs]))
+    sdpa_samples = []
+    for rows, keys, dt, extra in ((1, 7, np.float32, "keep"), (3, 5, np.float32, "mask"), (1, 6, np.float64, "both"),
+                                  (12, 9, np.float32, "keep"), (2, 4, np.float32, "")):  # 12 rows: the BLAS path
+        q, k, v = (rng.standard_normal(shape).astype(dt) for shape in ((2, 3, rows, 4), (2, 3, keys, 4), (2, 3, keys, 5)))
+        keep = rng.random((1, 1, rows, keys)) < 0.7
+        keep[..., 0] = True  # every row keeps a key (an all-filled row is a uniform softmax either way)
+        mask = rng.standard_normal((2, 1, 1, keys)).astype(dt)
+        ins = [q, k, v, keep if extra in ("keep", "both") else None, mask if extra in ("mask", "both") else None]
+        m = single_node_model("ScaledDotProductAttention", ins, {"scale": 0.5, "fill": -1e9}, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1 if dt == np.float32 else 11, None))
+        ins = [x for x in ins if x is not None]
+        sdpa_samples.append((SimpleNamespace(name=f"sdpa_{rows}x{keys}_{np.dtype(dt).name}_{extra or 'plain'}",
+                                             model=m), ins))
     return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples,
-            ("glassrt", "FusedMatMul"): mm_samples, ("glassrt", "ChannelShuffle"): shuffle_samples}
+            ("glassrt", "FusedMatMul"): mm_samples, ("glassrt", "ChannelShuffle"): shuffle_samples,
+            ("glassrt", "ScaledDotProductAttention"): sdpa_samples}
 
 
 def _differentiable_without_backward(op_filter):

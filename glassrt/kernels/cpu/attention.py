@@ -15,6 +15,7 @@ import numpy as np
 
 from ... import dtypes
 from ..registry import kernel
+from ._jit import jit, numba_missing
 from ._util import FLOATS_BF16, as_out, new_out, write_elementwise
 
 _HALF = frozenset(FLOATS_BF16 - {np.dtype(np.float32), np.dtype(np.float64)})
@@ -464,3 +465,107 @@ def linear_attention(query, key, value, past_state=None, decay=None, beta=None, 
     y = acc.reshape(b, hq, t, dv).transpose(0, 2, 1, 3).reshape(b, t, hq * dv)
     y_out, state_out = _outputs(out, 2)
     return as_out(y.astype(query.dtype), y_out), as_out(state.astype(state_dt), state_out)
+
+
+# ---------------------------------------------------------------- glassrt::ScaledDotProductAttention
+
+# Query rows per head up to which the compiled row loop runs (one decode step has 1; a
+# prompt more): beyond, the scores are a real product per head and BLAS does it better.
+SDPA_ROW_LOOP_ROWS = 8
+
+
+@jit(error_model="numpy", fastmath={"reassoc", "nsz", "contract"})
+def _sdpa_rows(q, k, v, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s):
+    """Per (batch, head, query row): the scores against every key, kept/masked, softmaxed
+    and applied to V, the row's scores in `s`. q (B, H, S, D), k (B, H, T, D), v (B, H, T,
+    Dv), out (B, H, S, Dv); keep/mask 4-D with 1 where they broadcast. A NaN score makes
+    its row NaN, an all -inf row too (inf - inf), as the op-by-op softmax gives. zero and
+    one come in Q's dtype, so that float32 stays float32 throughout."""
+    nb, nh, rows, d = q.shape
+    t_len, dv = k.shape[2], v.shape[3]
+    for b in range(nb):
+        kb, mb = min(b, keep.shape[0] - 1), min(b, mask.shape[0] - 1)
+        for h in range(nh):
+            kh, mh = min(h, keep.shape[1] - 1), min(h, mask.shape[1] - 1)
+            for i in range(rows):
+                ki, mi = min(i, keep.shape[2] - 1), min(i, mask.shape[2] - 1)
+                qi = q[b, h, i]
+                mx = -one / zero
+                for t in range(t_len):
+                    kt = k[b, h, t]
+                    acc = zero
+                    for j in range(d):
+                        acc += qi[j] * kt[j]
+                    x = acc * scale
+                    if use_keep and not keep[kb, kh, ki, min(t, keep.shape[3] - 1)]:
+                        x = fill
+                    if use_mask:
+                        x += mask[mb, mh, mi, min(t, mask.shape[3] - 1)]
+                    s[t] = x
+                    if x > mx or x != x:
+                        mx = x
+                total = zero
+                for t in range(t_len):
+                    e = np.exp(s[t] - mx)
+                    s[t] = e
+                    total += e
+                inv = one / total
+                yi = out[b, h, i]
+                for j in range(dv):
+                    yi[j] = zero
+                for t in range(t_len):
+                    p = s[t] * inv
+                    vt = v[b, h, t]
+                    for j in range(dv):
+                        yi[j] += p * vt[j]
+
+
+@kernel("ScaledDotProductAttention", domain="glassrt", dtypes=[np.float32, np.float64], out=True)
+def scaled_dot_product_attention(q, k, v, keep=None, mask=None, *, out=None, scale=1.0, fill=0.0):
+    """softmax(where(keep, scale·Q·Kᵀ, fill) + mask)·V (passes/fuse_attention.py). A plain
+    function of its inputs: in a decode plan the cache length is symbolic, and the output
+    shape follows from the inputs' without re-binding."""
+    dt = q.dtype
+    rows = q.shape[-2]
+    y = out if out is not None else np.empty(q.shape[:-1] + (v.shape[-1],), dt)
+    if rows <= SDPA_ROW_LOOP_ROWS and q.ndim == 4 and numba_missing() is None:
+        scores = q.shape[:-1] + (k.shape[-2],)
+        keep4, mask4 = (_as_4d(a, scores, dflt) for a, dflt in ((keep, _NO_KEEP), (mask, _no_mask(dt))))
+        y4 = y if y.flags.c_contiguous else np.empty(y.shape, dt)
+        _sdpa_rows(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), dt.type(scale),
+                   keep4, keep is not None, dt.type(fill), mask4, mask is not None, dt.type(0), dt.type(1), y4,
+                   np.empty(k.shape[-2], dt))
+        if y4 is not y:
+            y[...] = y4
+        return y
+    s = np.matmul(q, np.swapaxes(k, -1, -2))
+    if scale != 1.0:
+        s *= dt.type(scale)
+    if keep is not None:
+        s = np.where(keep, s, dt.type(fill))
+    if mask is not None:
+        s += mask
+    with np.errstate(invalid="ignore", over="ignore"):
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+    return np.matmul(s, v, out=y)
+
+
+def _as_4d(a, scores, default):
+    """A keep/mask as a C-contiguous 4-D array whose dims are the scores' or 1 (the loop
+    reads index 0 along a 1); one that does not broadcast so fails here, with its shapes."""
+    if a is None:
+        return default
+    a4 = np.ascontiguousarray(a).reshape((1,) * (4 - a.ndim) + a.shape)
+    if any(d != 1 and d != e for d, e in zip(a4.shape, scores)):
+        raise ValueError(f"operands could not be broadcast together: {list(a.shape)} into the scores' "
+                         f"{list(scores)}")
+    return a4
+
+
+_NO_KEEP = np.ones((1, 1, 1, 1), np.bool_)
+
+
+def _no_mask(dt):
+    return np.zeros((1, 1, 1, 1), dt)
