@@ -101,6 +101,52 @@ def test_kv_cache_attention_is_one_node_and_matches_onnxruntime(scale_op, maskin
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+def _causal_mask_model(max_len=512):
+    """GPT-2's causal mask: each step slices rows [T - s, T) and columns [0, T) of a constant
+    lower-triangular (1, 1, max, max) bool from its cache's length T; the row slice has a
+    static shape (one query row) and lives in the plan's arena, the column slice is a view
+    of it with the symbolic length."""
+    m = _attention("Div", "")
+    g = m.graph
+    tri = np.tril(np.ones((max_len, max_len), bool)).reshape(1, 1, max_len, max_len)
+    g.initializer.extend([init("bias", tri), init("two", np.array(2, np.int64)), init("zero1", np.array([0], np.int64)),
+                          init("ax0", np.array([0], np.int64)), init("ax2", np.array([2], np.int64)),
+                          init("ax3", np.array([3], np.int64))])
+    mask_nodes = [helper.make_node("Shape", ["present_k"], ["shk"]), helper.make_node("Gather", ["shk", "two"], ["t"]),
+                  helper.make_node("Shape", ["q"], ["shq"]), helper.make_node("Gather", ["shq", "two"], ["s_len"]),
+                  helper.make_node("Sub", ["t", "s_len"], ["start"]),
+                  helper.make_node("Unsqueeze", ["start", "ax0"], ["start1"]),
+                  helper.make_node("Unsqueeze", ["t", "ax0"], ["end1"]),
+                  helper.make_node("Slice", ["bias", "start1", "end1", "ax2"], ["rows"], name="mask_rows"),
+                  helper.make_node("Slice", ["rows", "zero1", "end1", "ax3"], ["keep"], name="mask_cols"),
+                  helper.make_node("Where", ["keep", "scaled", "fill"], ["kept"], name="where")]
+    g.initializer.append(init("fill", np.array(-3.0e38, np.float32)))
+    softmax = next(n for n in g.node if n.op_type == "Softmax")
+    softmax.input[0] = "kept"
+    at = list(g.node).index(softmax)
+    for n in reversed(mask_nodes):
+        g.node.insert(at, n)
+    # the attention's output is read by one more node, so it is planned in the arena too
+    next(n for n in g.node if n.name == "pv").output[0] = "att"
+    g.node.append(helper.make_node("Neg", ["att"], ["y"], name="after"))
+    return m
+
+
+def test_a_causal_mask_sliced_per_step_matches_onnxruntime_on_the_shared_plan():
+    """Token by token, past the point where the steps share one plan with the cache length
+    symbolic: the mask's column slice is a view into the arena bytes of its row slice,
+    which the memory plan frees after the column slice; the view must not be overwritten
+    by the attention's output (it was, from the fourth step on)."""
+    m = _causal_mask_model()
+    sess, oracle = _session(m), ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert "ScaledDotProductAttention" in _ops(sess)
+    rng = np.random.default_rng(5)
+    for past in range(1, 24):
+        feeds = _feeds(m, past, 1, rng, b=1)
+        for got, want in zip(sess.run(None, feeds), oracle.run(None, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_fusion_level_basic_keeps_the_nodes():
     ops = _ops(_session(_attention(), graph_optimization_level="basic"))
     assert "ScaledDotProductAttention" not in ops and "Softmax" in ops

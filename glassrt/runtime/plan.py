@@ -233,7 +233,7 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
         # Pool buffers only for values freed during the run: a graph output goes to the caller.
         to_caller = [o in keep for o in node.outputs]
         st.fn = _DynamicStep(kern, ctx, lambda c: bind_kernel(kern, c, make_runner, subgraphs),
-                             pool, options.memory_limit(), to_caller)
+                             pool, options.memory_limit(), to_caller, arena)
     st.ins = tuple(slots[i] if i else -1 for i in node.inputs) + tuple(slots[i] for i in node.implicit_inputs)
     st.outs = tuple(slots[o] if o else -1 for o in node.outputs)
     st.bufs = bufs if kern.multi else bufs[0]
@@ -299,9 +299,14 @@ class _DynamicStep:
 
     MAX_CACHED = 16
 
-    def __init__(self, kern, ctx, bind, pool, limit, to_caller):
+    def __init__(self, kern, ctx, bind, pool, limit, to_caller, arena=None):
         self.kern, self.ctx, self.bind = kern, ctx, bind
         self.pool, self.limit = pool, limit
+        # The plan's arena: a result that is a view into it (a Slice of a static value) is
+        # copied out, as the memory plan frees that value's bytes after its last reader
+        # and does not know of views a dynamic step makes (they would be overwritten while
+        # still read: a causal mask sliced per decode step, then a fused attention's output)
+        self.arena = arena
         self.to_caller = to_caller  # per output: handed to the caller (never a pool buffer)
         self.cache = {}
         self.plain = None  # the bound step of a kernel that is not a builder
@@ -325,7 +330,7 @@ class _DynamicStep:
             # step, bound once, allocates its output itself (no meta re-run per shape).
             if self.plain is None:
                 self.plain = self.bind(self.ctx)
-            return self.plain(*args)
+            return self._detach(self.plain(*args))
         # Small integer inputs (shapes, axes, starts) steer output shapes: part of the key.
         key = tuple(((a.shape, a.dtype.str, a.tobytes() if a.dtype.kind in "iu" and a.size <= 64 else None)
                      if isinstance(a, np.ndarray) else type(a).__name__) for a in args)
@@ -343,14 +348,22 @@ class _DynamicStep:
             empties = tuple(np.empty(shape, dt) for shape, dt in alloc)  # nothing to compute
             return empties if self.kern.multi else empties[0]
         if not self.kern.out:
-            return fn(*args)
+            return self._detach(fn(*args))
         bufs = [self._buffer(shape, dt, k) if shape is not None else None for k, (shape, dt) in enumerate(alloc)]
-        r = fn(*args, out=tuple(bufs) if self.kern.multi else bufs[0])
+        r = self._detach(fn(*args, out=tuple(bufs) if self.kern.multi else bufs[0]))
         if self.pool is not None:
             for buf, res in zip(bufs, r if self.kern.multi else (r,)):
                 if buf is not None and res is not buf:  # the kernel answered elsewhere
                     self.pool.hand_over(buf, res)
         return r
+
+    def _detach(self, r):
+        arena = self.arena
+        if arena is None or not arena.size:
+            return r
+        if self.kern.multi:
+            return tuple(x.copy() if isinstance(x, np.ndarray) and np.may_share_memory(x, arena) else x for x in r)
+        return r.copy() if isinstance(r, np.ndarray) and np.may_share_memory(r, arena) else r
 
     def _buffer(self, shape, dt, k):
         if self.pool is None or (k < len(self.to_caller) and self.to_caller[k]):
