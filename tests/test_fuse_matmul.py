@@ -108,21 +108,24 @@ def test_a_mask_that_broadcasts_is_fused_and_read_as_it_lies(z_shape):
 
 
 def test_the_fusion_does_not_fire_where_it_must_not():
-    w, b = init("W", RNG.standard_normal((8, 6)).astype(np.float32)), init("b", np.ones(6, np.float32))
+    # four products of different weights (the same product twice would be one node: cse.py)
+    ws = [RNG.standard_normal((8, 6)).astype(np.float32) for _ in range(4)]
+    b = init("b", np.ones(6, np.float32))
     col = init("col", np.ones((5, 1), np.float32))  # varies along rows: not a bias, but a Z
     # the product is also a graph output; its sum is read twice; a column; a Z that enlarges the product
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["p"], name="mm1"),
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["p"], name="mm1"),
              helper.make_node("Add", ["p", "b"], ["q"], name="add1"),
-             helper.make_node("MatMul", ["x", "W"], ["p2"], name="mm2"),
+             helper.make_node("MatMul", ["x", "W2"], ["p2"], name="mm2"),
              helper.make_node("Add", ["p2", "b"], ["q2"], name="add2"),
              helper.make_node("Relu", ["q2"], ["r2"], name="relu2"),
              helper.make_node("Sigmoid", ["q2"], ["s2"], name="sig2"),
-             helper.make_node("MatMul", ["x", "W"], ["p3"], name="mm3"),
+             helper.make_node("MatMul", ["x", "W3"], ["p3"], name="mm3"),
              helper.make_node("Add", ["p3", "col"], ["q3"], name="add3"),
-             helper.make_node("MatMul", ["x", "W"], ["p4"], name="mm4"),
+             helper.make_node("MatMul", ["x", "W4"], ["p4"], name="mm4"),
              helper.make_node("Add", ["p4", "big"], ["q4"], name="add4")]
     m = model(nodes, [tensor("x", [5, 8]), tensor("big", [3, 5, 6])],
-              [tensor(v, None) for v in ("p", "q", "r2", "s2", "q3", "q4")], [w, b, col], opset=17)
+              [tensor(v, None) for v in ("p", "q", "r2", "s2", "q3", "q4")],
+              [init(f"W{k + 1}", w) for k, w in enumerate(ws)] + [b, col], opset=17)
     s = _session(m, ["cpu"])
     k = _kernels(s)
     assert k["mm1"][0] == "MatMul" and k["add1"][0] == "Add"      # p is a graph output
@@ -133,8 +136,8 @@ def test_the_fusion_does_not_fire_where_it_must_not():
     assert k["mm4"][0] == "MatMul" and k["add4"][0] == "Add"      # (3, 5, 6) would enlarge the product
     x, big = RNG.standard_normal((5, 8)).astype(np.float32), RNG.standard_normal((3, 5, 6)).astype(np.float32)
     got = s.run(None, {"x": x, "big": big})
-    p = x @ w_value(w)
-    for g, r in zip(got, [p, p + 1, np.maximum(p + 1, 0), 1 / (1 + np.exp(-(p + 1))), p + 1, p + big]):
+    p1, p2, p3, p4 = (x @ w for w in ws)
+    for g, r in zip(got, [p1, p1 + 1, np.maximum(p2 + 1, 0), 1 / (1 + np.exp(-(p2 + 1))), p3 + 1, p4 + big]):
         np.testing.assert_allclose(g, r, rtol=2e-5, atol=2e-5)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .constant_folding import fold_constants
 from .conv_folding import fold_affine_into_conv, fold_batchnorm_into_conv
+from .cse import eliminate_common_subexpressions
 from .dead_code import remove_dead_code
 from .expand import expand_composites
 from .fuse_attention import fuse_attention
@@ -42,6 +43,9 @@ PIPELINE = [
     Pass("fuse_attention", "extended", fuse_attention, frozenset({TYPES}), option="fusion",
          doc="attention over a KV cache (Q·Kᵀ, scale, mask, Softmax, ·V) becomes one "
              "glassrt::ScaledDotProductAttention"),
+    # after fuse_attention: a fused attention's mask does not shape its output (see cse.py)
+    Pass("eliminate_common_subexpressions", "basic", eliminate_common_subexpressions, frozenset({TYPES}),
+         doc="a node computing what an earlier one does (same op and inputs, or inputs proved equal) is dropped"),
     Pass("fuse_matmul", "extended", fuse_matmul, frozenset({TYPES}), option="fusion",
          doc="MatMul + scale + bias Add + residual/mask Add + activation become one glassrt::FusedMatMul"),
 ]
