@@ -23,6 +23,24 @@ class Readers:
         return found[0] if len(found) == 1 and value not in self.outputs else None
 
 
+# The dtypes glassrt's fused float kernels take (FusedMatMul, ScaledDotProductAttention).
+FUSED_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def known_shape(types, name):
+    """The value's shape as a tuple (dims may be symbolic), or None when unknown."""
+    from ..ir import TensorType
+
+    t = types.get(name)
+    return tuple(t.shape) if isinstance(t, TensorType) and t.shape is not None else None
+
+
+def scalar_constant(consts, name, dtype):
+    """A one-element constant of `dtype` (rank 0 or 1) as a float, else None."""
+    c = consts.get(name) if name else None
+    return float(c.reshape(-1)[0]) if c is not None and c.size == 1 and c.ndim <= 1 and c.dtype == dtype else None
+
+
 def producers(nodes) -> dict:
     return {o: n for n in nodes for o in n.outputs if o}
 

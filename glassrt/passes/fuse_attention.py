@@ -29,9 +29,7 @@ import numpy as np
 
 from ..ir import Node, TensorType
 from ..ops.fused import may_fit_into
-from ._rewrite import Readers, origin, producers
-
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+from ._rewrite import FUSED_FLOATS, Readers, known_shape, origin, producers, scalar_constant
 
 
 def fuse_attention(graph, ctx):
@@ -43,16 +41,6 @@ def fuse_attention(graph, ctx):
 def _plain(n, op, arity=None):
     return n is not None and n.op_type == op and not n.domain and (arity is None or len(n.inputs) == arity) \
         and len(n.outputs) == 1 and "broadcast" not in n.attrs
-
-
-def _shape(types, name):
-    t = types.get(name)
-    return tuple(t.shape) if isinstance(t, TensorType) and t.shape is not None else None
-
-
-def _scalar(consts, name, dtype):
-    c = consts.get(name) if name else None
-    return float(c.reshape(-1)[0]) if c is not None and c.size == 1 and c.ndim <= 1 and c.dtype == dtype else None
 
 
 def _last_axis_softmax(sm, rank) -> bool:
@@ -87,7 +75,7 @@ def _fuse(graph, nodes, consts, types, log):
         if readers.single(cur) is not sm:
             continue
         t = types.get(cur)
-        if not isinstance(t, TensorType) or t.dtype not in _FLOATS or t.shape is None:
+        if not isinstance(t, TensorType) or t.dtype not in FUSED_FLOATS or t.shape is None:
             continue
         dt, scores = t.dtype, tuple(t.shape)
         if _plain(node, "Add", 2):
@@ -102,14 +90,14 @@ def _fuse(graph, nodes, consts, types, log):
                     break
         if _plain(node, "Where", 3) and node.inputs[1] != node.inputs[0]:
             c, x, f = node.inputs
-            tc, v = types.get(c), _scalar(consts, f, dt)
+            tc, v = types.get(c), scalar_constant(consts, f, dt)
             if (isinstance(tc, TensorType) and tc.dtype == np.bool_ and tc.shape is not None
                     and may_fit_into(tc.shape, scores) and v is not None and readers.single(x) is node):
                 keep, fill, chain, cur, node = c, v, [node] + chain, x, producer.get(x)
         if _plain(node, "Mul", 2) or _plain(node, "Div", 2):
             a, b = node.inputs
             for x, c in ([(a, b)] if node.op_type == "Div" else [(a, b), (b, a)]):
-                v = _scalar(consts, c, dt)
+                v = scalar_constant(consts, c, dt)
                 if v is not None and x != c and (node.op_type == "Mul" or v != 0.0) and readers.single(x) is node:
                     scale = v if node.op_type == "Mul" else 1.0 / v
                     chain, cur, node = [node] + chain, x, producer.get(x)
@@ -120,7 +108,7 @@ def _fuse(graph, nodes, consts, types, log):
         q, kt = qk.inputs
         tr = producer.get(kt)
         k = tr.inputs[0] if _plain(tr, "Transpose", 1) else None
-        qs, ks, vs = _shape(types, q), _shape(types, k) if k else None, _shape(types, pv.inputs[1])
+        qs, ks, vs = known_shape(types, q), known_shape(types, k) if k else None, known_shape(types, pv.inputs[1])
         if k is None or qs is None or ks is None or vs is None or readers.single(kt) is not qk:
             continue
         rank = len(ks)

@@ -17,13 +17,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from ..ir import Node, TensorType
 from ..ops.fused import bias_fits, fits_into
-from ._rewrite import Readers, activation_of, origin
+from ._rewrite import FUSED_FLOATS, Readers, activation_of, origin, scalar_constant
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Gelu", "GeluTanh")
 
 
@@ -43,11 +40,6 @@ def _other(node, value):
     return b if a == value else a if b == value else None
 
 
-def _scalar(consts, name, dtype):
-    c = consts.get(name)
-    return float(c.reshape(-1)[0]) if c is not None and c.size == 1 and c.ndim <= 1 and c.dtype == dtype else None
-
-
 def _fuse(graph, nodes, consts, types, log):
     readers = Readers(graph, nodes)
     replaced, dropped = {}, set()
@@ -55,7 +47,7 @@ def _fuse(graph, nodes, consts, types, log):
         if not _plain(mm, "MatMul") or mm.name in dropped:
             continue
         t = types.get(mm.outputs[0])
-        if not isinstance(t, TensorType) or t.shape is None or t.dtype not in _FLOATS or len(t.shape) < 1:
+        if not isinstance(t, TensorType) or t.shape is None or t.dtype not in FUSED_FLOATS or len(t.shape) < 1:
             continue
         y, dt = tuple(t.shape), t.dtype
         cur, chain = mm.outputs[0], []
@@ -64,7 +56,7 @@ def _fuse(graph, nodes, consts, types, log):
         # a scale: Mul by a scalar constant (either side) or Div by one
         if _plain(nxt, "Mul") or (_plain(nxt, "Div") and nxt.inputs[0] == cur):
             c = _other(nxt, cur)
-            v = _scalar(consts, c, dt) if c is not None and c != cur else None
+            v = scalar_constant(consts, c, dt) if c is not None and c != cur else None
             if v is not None and (nxt.op_type == "Mul" or v != 0.0):
                 alpha = v if nxt.op_type == "Mul" else 1.0 / v
                 chain.append(nxt)

@@ -14,19 +14,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Node, TensorType
-from ._rewrite import Readers, origin, producers
+from ..ir import Node
+from ._rewrite import Readers, known_shape, origin, producers
 
 
 def fuse_channel_shuffle(graph, ctx):
     changes = []
     nodes = _fuse(graph, list(graph.nodes), ctx.types, changes)
     return (replace(graph, nodes=nodes), changes) if changes else (graph, [])
-
-
-def _shape(types, name):
-    t = types.get(name)
-    return tuple(t.shape) if isinstance(t, TensorType) and t.shape is not None else None
 
 
 def _plain(n, op):
@@ -44,7 +39,7 @@ def _fuse(graph, nodes, types, log):
         if not (_plain(split, "Reshape") and _plain(merge, "Reshape")) or readers.single(split.outputs[0]) is not t:
             continue
         x = split.inputs[0]
-        xs, gs, ys = _shape(types, x), _shape(types, split.outputs[0]), _shape(types, merge.outputs[0])
+        xs, gs, ys = known_shape(types, x), known_shape(types, split.outputs[0]), known_shape(types, merge.outputs[0])
         if xs is None or gs is None or ys is None or len(xs) != 4 or len(gs) != 5:
             continue
         n, c, h, w = xs

@@ -306,7 +306,7 @@ class _DynamicStep:
         # copied out, as the memory plan frees that value's bytes after its last reader
         # and does not know of views a dynamic step makes (they would be overwritten while
         # still read: a causal mask sliced per decode step, then a fused attention's output)
-        self.arena = arena
+        self.arena = arena if arena is not None and arena.size else None
         self.to_caller = to_caller  # per output: handed to the caller (never a pool buffer)
         self.cache = {}
         self.plain = None  # the bound step of a kernel that is not a builder
@@ -359,7 +359,7 @@ class _DynamicStep:
 
     def _detach(self, r):
         arena = self.arena
-        if arena is None or not arena.size:
+        if arena is None:
             return r
         if self.kern.multi:
             return tuple(x.copy() if isinstance(x, np.ndarray) and np.may_share_memory(x, arena) else x for x in r)

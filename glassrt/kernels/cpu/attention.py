@@ -530,7 +530,7 @@ def scaled_dot_product_attention(q, k, v, keep=None, mask=None, *, out=None, sca
     y = out if out is not None else np.empty(q.shape[:-1] + (v.shape[-1],), dt)
     if rows <= SDPA_ROW_LOOP_ROWS and q.ndim == 4 and numba_missing() is None:
         scores = q.shape[:-1] + (k.shape[-2],)
-        keep4, mask4 = (_as_4d(a, scores, dflt) for a, dflt in ((keep, _NO_KEEP), (mask, _no_mask(dt))))
+        keep4, mask4 = _as_4d(keep, scores, _NO_KEEP), _as_4d(mask, scores, _NO_MASK[dt])
         y4 = y if y.flags.c_contiguous else np.empty(y.shape, dt)
         _sdpa_rows(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), dt.type(scale),
                    keep4, keep is not None, dt.type(fill), mask4, mask is not None, dt.type(0), dt.type(1), y4,
@@ -564,8 +564,6 @@ def _as_4d(a, scores, default):
     return a4
 
 
+# What the row loop reads where a node has no keep or mask (never read: use_keep/use_mask False)
 _NO_KEEP = np.ones((1, 1, 1, 1), np.bool_)
-
-
-def _no_mask(dt):
-    return np.zeros((1, 1, 1, 1), dt)
+_NO_MASK = {np.dtype(t): np.zeros((1, 1, 1, 1), t) for t in (np.float32, np.float64)}
