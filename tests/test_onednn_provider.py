@@ -83,6 +83,56 @@ def test_symbolic_shapes_are_placed_on_onednn_and_each_plan_binds_its_shapes():
         assert node["provider"] == "onednn" and node["kernel"] == "onednn.Conv"
 
 
+@pytest.mark.parametrize("op", ["MatMul", "Gemm", "FusedMatMul"])
+def test_one_row_against_weights_too_large_to_pack_runs_on_sgemm(op, monkeypatch):
+    """A decode step's vocabulary projection: one row, weights above the packing limit (made
+    small here) read where they lie by sgemm's matrix-vector path, the bias and the scale
+    included; the same node with more rows keeps the matmul primitive. The rows are a
+    symbolic dim, so placement must keep the one-row kernel as a candidate."""
+    from glassrt.kernels.onednn import matmul as onednn_matmul
+
+    monkeypatch.setattr(onednn_matmul, "_PACK_LIMIT", 1024)
+    rng = np.random.default_rng(11)
+    k, n = 37, 53  # a geometry no other test makes (primitive descriptors are shared by geometry)
+    w = rng.standard_normal((n, k) if op == "Gemm" else (k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    if op == "Gemm":
+        node = helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="p", transB=1, alpha=0.5, beta=2.0)
+        ref = lambda x: 0.5 * x @ w.T + 2.0 * bias  # noqa: E731
+        x_shape, domains = ["n", k], None
+    elif op == "MatMul":
+        node = helper.make_node("MatMul", ["x", "w"], ["y"], name="p")
+        ref = lambda x: x @ w  # noqa: E731
+        x_shape, domains = ["n", 1, k], None
+    else:
+        node = helper.make_node("FusedMatMul", ["x", "w", "b"], ["y"], name="p", domain="glassrt", alpha=1.5)
+        ref = lambda x: 1.5 * (x @ w) + bias  # noqa: E731
+        x_shape, domains = ["n", k], {"glassrt": 1}
+    m = model([node], [tensor("x", x_shape)], [tensor("y", None)], [init("w", w), init("b", bias)], opset=17,
+              domains=domains)
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    primitive = "onednn.MatMul" if op == "MatMul" else f"onednn.{op}.matmul"
+    for rows, kernel in ((1, f"onednn.{op}.gemv"), (3, primitive)):
+        x = rng.standard_normal([rows] + [int(d) for d in x_shape[1:]]).astype(np.float32)
+        for _ in range(2):  # the bias is written anew each run, not accumulated
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref(x), rtol=1e-5, atol=1e-5)
+        assert sess.explain({"n": rows})["nodes"][0]["kernel"] == kernel
+
+
+def test_the_one_row_kernel_leaves_products_with_an_activation_to_the_primitive(monkeypatch):
+    from glassrt.kernels.onednn import matmul as onednn_matmul
+
+    monkeypatch.setattr(onednn_matmul, "_PACK_LIMIT", 1024)
+    w = np.random.default_rng(12).standard_normal((41, 43)).astype(np.float32)
+    m = model([helper.make_node("FusedMatMul", ["x", "w"], ["y"], name="p", domain="glassrt", activation="Relu")],
+              [tensor("x", [1, 41])], [tensor("y", None)], [init("w", w)], opset=17, domains={"glassrt": 1})
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    node = sess.explain()["nodes"][0]
+    assert node["kernel"] == "onednn.FusedMatMul.matmul" and "post-ops" in node["reason"]
+    x = np.random.default_rng(13).standard_normal((1, 41)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+
+
 def test_a_symbolic_conv_onednn_has_only_generic_code_for_goes_to_cpu_at_placement():
     """The batch is symbolic; oneDNN's choice is judged on a stand-in binding of it. 16 groups
     of 6 channels: no jit kernel grouped, and 16x the work as a dense conv."""
@@ -90,6 +140,11 @@ def test_a_symbolic_conv_onednn_has_only_generic_code_for_goes_to_cpu_at_placeme
     m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", group=16)],
               [tensor("x", ["n", 96, 8, 8])], [tensor("y", None)], [init("w", w)], opset=17)
     node = glassrt.InferenceSession(m, providers=["onednn", "cpu"]).explain()["nodes"][0]
+    from glassrt.runtime.select import STAND_IN_DIM
+
+    if _jit_for_grouped_conv((STAND_IN_DIM, 96, 8, 8), (64, 6, 1, 1), 16, bias=False):
+        assert node["provider"] == "onednn"
+        return
     assert node["provider"] == "cpu" and "generic implementation" in node["reason"]
     assert "16x the work" in node["reason"]
 
@@ -179,6 +234,18 @@ def test_passing_the_partial_onednn_provider_is_not_a_fallback():
     assert [f.node for f in sess.fallbacks] == ["reshape"]
 
 
+def _jit_for_grouped_conv(x_shape, w_shape, group, bias) -> bool:
+    """Whether this CPU's oneDNN has a jit kernel for the grouped conv itself (on AVX-512
+    oneDNN 3.2 has kernels for groups that on AVX2 get only its generic implementation)."""
+    from glassrt.kernels.onednn import dnnl
+    from glassrt.kernels.onednn.kernels import _SLOW_IMPLS
+
+    pads = [0] * 2 * (len(x_shape) - 2)
+    impl = dnnl.conv(x_shape, w_shape, group=group, strides=[1, 1], dilations=[1, 1], pads=pads, bias=bias,
+                     src_format="acdb", dst_format="acdb").impl
+    return not impl.startswith(_SLOW_IMPLS)
+
+
 @pytest.mark.parametrize("activation", [None, "Relu"])
 def test_a_grouped_conv_without_a_jit_kernel_runs_dense_with_block_diagonal_weights(activation):
     """24 input channels in 4 groups (6 per group, ShuffleNet's first 1x1): oneDNN 3.2 has
@@ -192,7 +259,10 @@ def test_a_grouped_conv_without_a_jit_kernel_runs_dense_with_block_diagonal_weig
     m = model(nodes, [tensor("x", [1, 24, 8, 8])], [tensor("y", None)], [init("w", w), init("b", b)], opset=17)
     fast, cpu = _sessions(m)
     node = fast.explain()["nodes"][0]
-    assert node["kernel"].endswith(".dense_groups"), node
+    if _jit_for_grouped_conv((1, 24, 8, 8), (112, 6, 1, 1), 4, bias=True):
+        assert node["provider"] == "onednn" and "dense_groups" not in node["kernel"], node
+    else:
+        assert node["kernel"].endswith(".dense_groups"), node
     x = rng.standard_normal((1, 24, 8, 8)).astype(np.float32)
     for _ in range(2):
         np.testing.assert_allclose(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)

@@ -97,6 +97,9 @@ class Kernel:
     # constants only) and also without `out` (then it allocates): a plan whose shapes change
     # per run (a decode step's growing KV cache) binds it once instead of once per shape.
     any_shape: bool = False
+    # A static_only kernel for dims of 1 (a decode step's one-row products): placement judges
+    # it with the symbolic dims bound to 1, where other kernels are judged at a larger stand-in.
+    one_row: bool = False
     doc: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -168,7 +171,7 @@ def _dtype_set(dtypes) -> frozenset:
 def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), dtypes=None,
            out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
            accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None, layouts=(),
-           static_only: bool = False, any_shape: bool = False):
+           static_only: bool = False, any_shape: bool = False, one_row: bool = False):
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
@@ -182,7 +185,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
                 dtypes=kdtypes,
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
                 workspace=workspace, priority=priority, layouts=frozenset(layouts), static_only=static_only,
-                any_shape=any_shape,
+                any_shape=any_shape, one_row=one_row,
                 attrs=kattrs,
                 doc=(fn.__doc__ or "").strip().split("\n")[0],
             ))

@@ -20,6 +20,8 @@ import weakref
 
 import numpy as np
 
+from ..pages import os_buffer
+
 ALIGN = 64
 
 
@@ -258,12 +260,11 @@ def _lower_bound(groups: list[_Group], n_steps: int) -> int:
 def allocate_arena(nbytes: int) -> np.ndarray:
     """The arena's memory, mapped straight from the OS (anonymous mmap) rather than from
     malloc: when a plan is evicted its arena goes back to the OS at once, whatever malloc's
-    heuristics (glibc keeps freed blocks below its sliding mmap threshold in the heap)."""
+    heuristics (glibc keeps freed blocks below its sliding mmap threshold in the heap), and
+    on transparent huge pages where Linux offers them (glassrt.pages)."""
     if nbytes < (1 << 20):
         return np.empty(nbytes, np.uint8)
-    import mmap
-
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+    return os_buffer(nbytes)
 
 
 class _Handed(weakref.ref):

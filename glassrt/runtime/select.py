@@ -105,7 +105,7 @@ def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
             # A kernel bound per concrete shape judges a stand-in binding of the symbolic
             # dims (ranks, channels and kernel sizes are what its predicate looks at); each
             # plan re-checks its own shapes and moves the node on if it refuses them.
-            r = kernel_reason(k, _stand_in(ctx))
+            r = kernel_reason(k, _stand_in(ctx, 1 if k.one_row else STAND_IN_DIM))
             if r:
                 why.append(r)
                 continue
@@ -122,23 +122,23 @@ STAND_IN_DIM = 32  # what a symbolic dim is taken to be when judging a static_on
 
 
 @functools.lru_cache(maxsize=4096)
-def _stand_in_dim(d) -> int:
-    """A symbolic dim with every symbol bound to STAND_IN_DIM (a dim the binding leaves
-    non-positive or undefined becomes STAND_IN_DIM too). Cached: a model's nodes share a
-    few dims (batch, sequence, batch*sequence)."""
+def _stand_in_dim(d, value: int = STAND_IN_DIM) -> int:
+    """A symbolic dim with every symbol bound to `value` (a dim the binding leaves
+    non-positive or undefined becomes `value` too). Cached: a model's nodes share a few dims
+    (batch, sequence, batch*sequence)."""
     try:
-        v = symbolic.evaluate(d, {n: STAND_IN_DIM for n in symbolic.free_names(d)})
-        return v if isinstance(v, int) and v > 0 else STAND_IN_DIM
+        v = symbolic.evaluate(d, {n: value for n in symbolic.free_names(d)})
+        return v if isinstance(v, int) and v > 0 else value
     except (TypeError, ValueError, ZeroDivisionError):
-        return STAND_IN_DIM
+        return value
 
 
-def _stand_in(ctx):
-    """ctx with every symbolic dim bound to STAND_IN_DIM (see _stand_in_dim)."""
+def _stand_in(ctx, value: int = STAND_IN_DIM):
+    """ctx with every symbolic dim bound to `value` (see _stand_in_dim)."""
     def bind(t):
         if not isinstance(t, TensorType) or t.shape is None or t.is_static:
             return t
-        return TensorType(t.dtype, tuple(d if isinstance(d, int) else _stand_in_dim(d) for d in t.shape))
+        return TensorType(t.dtype, tuple(d if isinstance(d, int) else _stand_in_dim(d, value) for d in t.shape))
     return replace(ctx, input_types=[bind(t) for t in ctx.input_types], output_types=[bind(t) for t in ctx.output_types])
 
 

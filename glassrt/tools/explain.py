@@ -7,7 +7,7 @@ The JSON form (`--json`) holds the same data; see README "explain JSON".
 """
 from __future__ import annotations
 
-from .. import dtypes, symbolic, weights
+from .. import dtypes, pages, symbolic, weights
 from ..ir import OptionalType, SequenceType, TensorType
 from ..ops.flops import node_flops
 from ..ops.registry import get_contract
@@ -168,6 +168,10 @@ def explain(sess, dims: dict | None = None) -> dict:
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         # weight bytes mapped from their file / copied into memory / computed from weights (weights.py)
         "weights": weights.account(placement.graph, getattr(sess, "_loaded_weights", None)),
+        # large buffers (packed weights, arenas) of this process, and the huge pages asked for them (pages.py)
+        "pages": {"transparent_huge_pages": pages.thp_mode(), "advice": pages.advice_enabled(),
+                  "buffers": pages.stats.buffers, "mapped_bytes": pages.stats.mapped_bytes,
+                  "advised_bytes": pages.stats.advised_bytes},
         **summary_mem,
     }
     return {
@@ -308,6 +312,11 @@ def render(report: dict, console, max_reason: int = 70) -> None:
     console.print(f"weights: {fmt_bytes(w['mapped_bytes'])} mapped from the file ({w['mapped_tensors']} tensors), "
                   f"{fmt_bytes(w['copied_bytes'])} copied into memory, {fmt_bytes(w['transformed_bytes'])} "
                   "transformed (folded by passes; reordered by oneDNN, which happens on a plan's first run)", highlight=False, markup=False)
+    p = s["pages"]
+    console.print(f"large buffers (this process): {p['buffers']} of {fmt_bytes(p['mapped_bytes'])}, "
+                  f"{fmt_bytes(p['advised_bytes'])} on huge pages asked for (transparent huge pages: "
+                  f"{p['transparent_huge_pages']}" + ("" if p["advice"] else ", advice off") + ")",
+                  highlight=False, markup=False)
     if s["unsupported"]:
         console.print("memory: no plan (a node no provider runs)", highlight=False, markup=False)
     elif s["arena_bytes"] is not None:

@@ -25,6 +25,7 @@ the count the run asked for (runtime/threads.py sets it per run).
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 
 import numpy as np
@@ -222,8 +223,22 @@ def run_alone(step, buffers, alone: bool = True):
         capi.set_num_threads(n)
 
 
+# Elements of one tensor beyond which a node stays off oneDNN: its kernels index with 32-bit
+# ints in places, and a descriptor for a declared batch of 2**40 (a hostile model) ended
+# the process with SIGFPE inside dnnl_matmul_primitive_desc_create (brgemm, AVX-512).
+MAX_ELEMENTS = (1 << 31) - 1
+
+
 def _unavailable(ctx):
-    return f"oneDNN is unavailable: {capi.UNAVAILABLE}" if capi.UNAVAILABLE else None
+    """Why no oneDNN kernel can take the node whatever its op: the library is missing, or
+    a tensor of the node is larger than oneDNN's kernels index. Every kernel asks this first."""
+    if capi.UNAVAILABLE:
+        return f"oneDNN is unavailable: {capi.UNAVAILABLE}"
+    for t in (*ctx.input_types, *ctx.output_types):
+        shape = getattr(t, "shape", None)
+        if shape is not None and all(isinstance(d, int) for d in shape) and math.prod(shape) > MAX_ELEMENTS:
+            return f"a tensor of {math.prod(shape):,} elements ({list(shape)}): more than oneDNN's kernels index"
+    return None
 
 
 def _static_4d(ctx, inputs=(0,)):

@@ -1,0 +1,58 @@
+"""Large buffers from the OS on transparent huge pages (glassrt/pages.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glassrt import pages
+
+
+def _advised_kib(start: int, nbytes: int) -> int | None:
+    """KiB of AnonHugePages the kernel reports for the mapping holding `start`, or None."""
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= start < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return None
+
+
+@pytest.mark.parametrize("nbytes", [1, 4096, pages.HUGE_PAGE - 1, pages.HUGE_PAGE, 5 * pages.HUGE_PAGE + 12345])
+def test_buffers_are_zeroed_aligned_and_exactly_sized(nbytes):
+    buf = pages.os_buffer(nbytes)
+    assert buf.dtype == np.uint8 and buf.nbytes == nbytes and not buf.any()
+    assert buf.ctypes.data % 64 == 0
+    if nbytes >= pages.HUGE_PAGE:
+        assert buf.ctypes.data % pages.HUGE_PAGE == 0
+    buf[...] = 7  # writable to its last byte
+    assert int(buf[-1]) == 7
+
+
+def test_whole_huge_pages_are_advised_and_the_tail_is_not(monkeypatch):
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    before = pages.stats.advised_bytes
+    buf = pages.os_buffer(3 * pages.HUGE_PAGE + 100)
+    if not pages.advice_enabled():
+        assert pages.stats.advised_bytes == before
+        pytest.skip(f"transparent huge pages: {pages.thp_mode()}")
+    assert pages.stats.advised_bytes - before == 3 * pages.HUGE_PAGE
+    buf[...] = 1
+    huge = _advised_kib(buf.ctypes.data, buf.nbytes)
+    # the kernel may decline (no free huge page); it must never back more than the whole pages
+    assert huge is None or huge <= 3 * pages.HUGE_PAGE // 1024
+
+
+def test_the_advice_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "0")
+    before = pages.stats.advised_bytes
+    buf = pages.os_buffer(2 * pages.HUGE_PAGE)
+    assert not pages.advice_enabled() and pages.stats.advised_bytes == before
+    assert buf.ctypes.data % pages.HUGE_PAGE == 0 and not buf.any()
