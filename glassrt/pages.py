@@ -1,18 +1,20 @@
-"""Large buffers straight from the OS, backed by transparent huge pages where Linux offers them.
+"""Large buffers straight from the OS, private, and on transparent huge pages where Linux offers them.
 
 Packed weights and plan arenas are the memory a run streams through: a GPT-2-sized decode
-step reads ~340 MB of layer weights once per token. With 4 KiB pages that is ~85,000 TLB
-entries per token, and the page walks show: on this project's 2-core AMD machine, twelve
-GPT-2 layers' matrix-vector products (NumPy, 2 threads) took 15.1-15.6 ms per pass over
-4 KiB pages and 11.7-13.1 ms over 2 MiB pages (benchmarks/huge_pages.py).
+step reads ~340 MB of layer weights once per token, ~85,000 pages of 4 KiB. Most
+distributions set transparent huge pages to `madvise`: a process gets 2 MiB pages only for
+memory it asks for with madvise(MADV_HUGEPAGE). NumPy asks for its own allocations of 4 MiB
+and more; glassrt's arenas were anonymous maps (so that an evicted plan's arena goes back to
+the OS at once) that asked for nothing, and were MAP_SHARED (Python's mmap default): a
+forked child running the session wrote into its parent's arena.
 
-Most distributions set transparent huge pages to `madvise`: a process gets them only for
-memory it asks for with madvise(MADV_HUGEPAGE), which malloc never does. So buffers of at
-least one huge page are mapped here (anonymous mmap: zeroed, and given back to the OS as
-soon as the array dies), aligned to 2 MiB, and the whole huge pages inside the buffer are
-advised; the partial page at its end stays on small pages, so no buffer grows in resident
-memory by more than its own size. GLASSRT_HUGE_PAGES=0 turns the advice off (the buffers
-are still mapped the same way); `explain` shows what the kernel does with it.
+So buffers of at least one huge page are mapped here private, aligned to 2 MiB, and the
+whole huge pages inside them are advised; the partial page at the end stays on small
+pages, so no buffer grows in resident memory beyond its own size. Measured on the 2-core
+AVX-512 machine (benchmarks/huge_pages.py: twelve GPT-2 layers' one-row products, NumPy's
+BLAS, alternating passes in one process), ms per pass over 4 KiB / huge pages: 17.8 / 16.0,
+15.5 / 15.1, 17.2 / 16.3. GLASSRT_HUGE_PAGES=0 turns the advice off (the buffers are still
+mapped the same way); `explain` shows the kernel's setting and what was advised.
 """
 from __future__ import annotations
 
@@ -54,14 +56,21 @@ def advice_enabled() -> bool:
         and thp_mode() in ("always", "madvise")
 
 
+def _private_map(nbytes: int) -> mmap.mmap:
+    """Anonymous private memory. Python's mmap maps MAP_SHARED unless told otherwise, and
+    shared anonymous memory is shmem: a forked child would write into its parent's buffers,
+    and Linux gives shmem huge pages only where shmem_enabled says so (usually never)."""
+    return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
 def os_buffer(nbytes: int) -> np.ndarray:
     """A zeroed uint8 array of nbytes, mapped from the OS; from one huge page up its start
     is 2 MiB aligned and its whole huge pages are advised (see the module's doc)."""
     nbytes = max(int(nbytes), 1)
     if nbytes < HUGE_PAGE:
-        return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+        return np.frombuffer(_private_map(nbytes), dtype=np.uint8)
     # (the slack mapped before the aligned start is never touched, so never resident)
-    region = mmap.mmap(-1, nbytes + HUGE_PAGE)
+    region = _private_map(nbytes + HUGE_PAGE)
     whole = np.frombuffer(region, dtype=np.uint8)
     start = (-whole.ctypes.data) % HUGE_PAGE
     advised = nbytes // HUGE_PAGE * HUGE_PAGE

@@ -1,6 +1,8 @@
 """Large buffers from the OS on transparent huge pages (glassrt/pages.py)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -56,3 +58,22 @@ def test_the_advice_can_be_turned_off(monkeypatch):
     buf = pages.os_buffer(2 * pages.HUGE_PAGE)
     assert not pages.advice_enabled() and pages.stats.advised_bytes == before
     assert buf.ctypes.data % pages.HUGE_PAGE == 0 and not buf.any()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+@pytest.mark.parametrize("nbytes", [1 << 20, 3 * pages.HUGE_PAGE])
+def test_a_forked_child_writes_its_own_copy_of_an_arena(nbytes):
+    """A server that creates a session and then forks workers (gunicorn's preload, a
+    multiprocessing pool) must not have the workers' runs write into each other's arenas:
+    the maps are private (copy on write), not MAP_SHARED as Python's mmap defaults to."""
+    from glassrt.runtime.memory import allocate_arena
+
+    arena = allocate_arena(nbytes)
+    arena[...] = 1
+    pid = os.fork()
+    if pid == 0:  # the child: write all of it, then leave without running pytest's exit
+        arena[...] = 2
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert (arena == 1).all()
