@@ -131,6 +131,8 @@ def _graph(buf, pos: int, end: int) -> tuple[bytes, dict]:
     raw = {}
 
     def initializer(tag, at, end_, out):
+        if end_ - at < MIN_BYTES:  # too short to hold a raw_data read apart: copied whole, unwalked
+            return _field(tag, buf[at:end_])
         body, name, found = _tensor(buf, at, end_)
         if found:
             if name is None or name in raw:

@@ -23,6 +23,7 @@ from .ir import MapType, OptionalType, SequenceType, TensorType
 from .passes import run_passes
 from .runtime import providers as providers_mod
 from .runtime.infer import infer_symbolic
+from .runtime.gc_pause import gc_paused
 from .io_binding import IOBinding
 from .runtime import run_guard
 from .runtime.options import RunOptions, SessionOptions
@@ -117,6 +118,7 @@ class Session:
     reason, and running the session raises the error instead).
     """
 
+    @gc_paused()  # (see runtime/gc_pause.py)
     def __init__(self, model, options_or_providers=None, providers=None, *, fallback: str = "warn",
                  sess_options: SessionOptions | None = None, base_dir: str | None = None,
                  unsupported: str = "error", provider_options: list | None = None):

@@ -77,3 +77,13 @@ def test_a_forked_child_writes_its_own_copy_of_an_arena(nbytes):
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert (arena == 1).all()
+
+
+def test_carved_buffers_are_zeroed_aligned_and_never_overlap():
+    pieces = [pages.carve(n, align) for n, align in [(1, 64), (100, 64), (300_000, 4096), (70, 128)] * 20]
+    spans = sorted((p.ctypes.data, p.ctypes.data + p.nbytes) for p in pieces)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    for p, (_, align) in zip(pieces, [(1, 64), (100, 64), (300_000, 4096), (70, 128)] * 20):
+        assert not p.any() and p.ctypes.data % align == 0
+    with pytest.raises(ValueError):
+        pages.carve(pages.HUGE_PAGE)

@@ -14,7 +14,9 @@ device-side provider, counted and listed (`Placement.transfers`).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from ..errors import UnsupportedOperatorError, describe_node
 from ..ir import Graph, Node, TensorType
@@ -35,9 +37,16 @@ class Decision:
     reason: str  # why this provider
     rejected: list = field(default_factory=list)  # [(provider, reason)] for providers skipped
     fallback: bool = False
-    # What the later providers would do: a plan takes it when this provider's kernels refuse
-    # the plan's shapes (placement decides on symbolic ones; see runtime/plan.py).
-    alternative: Decision | None = None
+    # Decides what the later providers would do (see `alternative`), or None.
+    later: Callable | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def alternative(self) -> Decision | None:
+        """What the later providers would do: a plan takes it when this provider's kernels
+        refuse the plan's shapes (placement decides on symbolic ones; see runtime/plan.py).
+        Decided when a plan first asks: most never do, and deciding it for every node of a
+        model with a symbolic batch was a third of placing it (MobileNetV2)."""
+        return self.later() if self.later is not None else None
 
     def skipped(self) -> str:
         """Why the providers before this one did not take the node ("" when none did not)."""
@@ -177,16 +186,21 @@ def decide(node, types, values, providers, expansion_failure=None, in_subgraph=F
                                               or (in_subgraph and p.partial)):
                 # taken on shapes it cannot judge yet (symbolic): the next providers' choice,
                 # for plans whose shapes its kernels refuse
-                alt, _ = decide(node, types, values, providers[rank + 1:])
-                if alt is not None:
-                    alt.rejected = list(rejected) + [(p.name, "refused the plan's shapes")] + alt.rejected
-                    alt.fallback = alt.fallback or passed_complete or not p.partial
-                    d.alternative = alt
+                d.later = functools.partial(_later_providers, node, types, values, providers[rank + 1:],
+                                            list(rejected), p, passed_complete)
             return d, ""
         rejected.append((p.name, why))
         if rank == 0 and expansion_failure:
             rejected.append(("decomposition", expansion_failure))
     return None, "; ".join(f"{p}: {r}" for p, r in rejected)
+
+
+def _later_providers(node, types, values, later, rejected, provider, passed_complete) -> Decision | None:
+    alt, _ = decide(node, types, values, later)
+    if alt is not None:
+        alt.rejected = rejected + [(provider.name, "refused the plan's shapes")] + alt.rejected
+        alt.fallback = alt.fallback or passed_complete or not provider.partial
+    return alt
 
 
 def node_context(node, contract, types, values) -> BindContext:

@@ -21,6 +21,7 @@ from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
 from . import folding, run_guard, straight
 from .infer import infer
+from .gc_pause import gc_paused
 from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
 from .select import bind_kernel, choose_kernel, is_static
 from .shape_formula import ShapeFormula
@@ -77,6 +78,7 @@ class Plan:
     straight: object = None  # the steps as one compiled function (straight.py), after STRAIGHT_AFTER runs
 
 
+@gc_paused()
 def compile_plan(placement, input_types: dict, options, make_runner, pool=None, retain: bool = False) -> Plan:
     """retain=True keeps every intermediate value alive and readable after the run (no
     arena reuse, nothing freed): what gradients and `compare` need."""

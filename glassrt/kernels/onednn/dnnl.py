@@ -34,7 +34,7 @@ from ctypes import byref, c_char_p, c_int, c_int32, c_void_p
 
 import numpy as np
 
-from ...pages import HUGE_PAGE, os_buffer
+from ...pages import HUGE_PAGE, carve, os_buffer
 from . import capi
 from .capi import (  # noqa: F401
     ALG,
@@ -118,8 +118,8 @@ def empty_aligned(nbytes: int, align: int = ALIGN, zero: bool = True) -> np.ndar
     """A uint8 array of nbytes whose data pointer is aligned; zeroed (blocked layouts
     with padded channels assume the padding holds zeros). From a huge page up the buffer
     is mapped from the OS (glassrt.pages: 2 MiB aligned, on huge pages where offered)."""
-    if nbytes >= HUGE_PAGE and align <= HUGE_PAGE:
-        return os_buffer(nbytes)
+    if align <= HUGE_PAGE and zero:
+        return os_buffer(nbytes) if nbytes >= HUGE_PAGE else carve(nbytes, align)
     raw = (np.zeros if zero else np.empty)(max(int(nbytes), 1) + align, np.uint8)
     off = (-raw.ctypes.data) % align
     return raw[off:off + int(nbytes)]
