@@ -19,6 +19,7 @@ passes folded, BatchNormalization folded into conv weights, oneDNN's reordered c
 """
 from __future__ import annotations
 
+import mmap
 import os
 import weakref
 
@@ -50,6 +51,29 @@ def is_mapped(arr) -> bool:
     """A view of a file mapping (a memmap's slices and reshapes stay memmaps sharing its _mmap;
     arithmetic on one gives a plain array)."""
     return isinstance(arr, np.memmap) and getattr(arr, "_mmap", None) is not None
+
+
+def release_pages(arr) -> int:
+    """Drop this process's hold on the file pages under a mapped weight (madvise
+    MADV_DONTNEED on the whole pages inside it); bytes released, 0 for an array that is not
+    a file mapping. For a weight a plan copied into a layout of its own (oneDNN's packed
+    weights), whose file pages would otherwise stay resident beside the copy: the pages
+    stay in the page cache (clean, reclaimable), and a later read faults them back in from
+    it, unchanged (the mapping is read-only)."""
+    if not is_mapped(arr) or not arr.flags.c_contiguous or arr.nbytes == 0:
+        return 0
+    region = arr._mmap
+    base = np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data
+    start = arr.ctypes.data - base
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (start + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end <= first or not hasattr(mmap, "MADV_DONTNEED"):
+        return 0
+    try:
+        region.madvise(mmap.MADV_DONTNEED, first, end - first)
+    except (OSError, ValueError):
+        return 0
+    return end - first
 
 
 def _initializers(graph):

@@ -31,6 +31,7 @@ import weakref
 import numpy as np
 
 from ...ops.geometry import spatial_pads
+from ...weights import release_pages
 from ..registry import kernel
 from . import capi, dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_FROM, ARG_MEAN, ARG_MULTIPLE_SRC, ARG_SCALE, ARG_SHIFT, ARG_SRC, \
@@ -193,6 +194,9 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
     if hit is None or hit.source is not source:
         hit = _Packed(source, dnnl.prepack(source, user, target, make_reorder=shared_reorder))
         _PACKED[key] = hit
+        # weights mapped from their file: the copy is what runs read, so the file's pages
+        # need not stay resident beside it (they stay in the page cache; weights.py)
+        release_pages(source)
     return hit
 
 
