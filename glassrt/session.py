@@ -190,6 +190,11 @@ class Session:
         else:
             self.runner = GraphRunner(self.placement, self.options, adapt_threads=True, openmp_pool=openmp_pool)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
+        # what each run checks its feeds against, worked out once (a decode step feeds 25
+        # tensors: per dim, a fixed size, a named symbol or nothing to check)
+        self._declared = {v.name: v for v in self._inputs}
+        self._overridable = self.graph.overridable()
+        self._dims = {v.name: _dim_checks(v.type) for v in self._inputs}
         self._lowered = None
         self._profile = Profile()
 
@@ -303,8 +308,7 @@ class Session:
     def _check_feeds(self, input_feed) -> dict:
         if not isinstance(input_feed, dict):
             raise InputTypeError(f"feeds must be a dict of input name to array, got {type(input_feed).__name__}")
-        declared = {v.name: v for v in self._inputs}
-        overridable = self.graph.overridable()
+        declared, overridable = self._declared, self._overridable
         unknown = [n for n in input_feed if n not in declared and n not in overridable]
         if unknown:
             raise UnknownInputError(f"unexpected input name(s) {unknown}; the model's inputs are {list(declared)}")
@@ -317,11 +321,23 @@ class Session:
         for name, value in input_feed.items():
             t = declared[name].type if name in declared else TensorType(self.graph.initializers[name].dtype,
                                                                         self.graph.initializers[name].shape)
-            feeds[name] = _check_value(name, value, t, bound)
+            feeds[name] = _check_value(name, value, t, bound, self._dims.get(name))
         return feeds
 
 
-def _check_value(name, value, t, bound):
+def _dim_checks(t) -> tuple | None:
+    """Per dim of a tensor type's shape: its size (an int), the name of the symbol it is
+    (inputs sharing one must agree), or None (an expression or an unnamed dim: unchecked)."""
+    if not isinstance(t, TensorType) or t.shape is None:
+        return None
+    out = []
+    for d in t.shape:
+        sym = None if isinstance(d, int) else symbolic.symbol_name(d)
+        out.append(d if isinstance(d, int) else (sym if sym is not None and not sym.startswith("unk__") else None))
+    return tuple(out)
+
+
+def _check_value(name, value, t, bound, dims=None):
     if isinstance(t, TensorType):
         if not isinstance(value, np.ndarray):
             if isinstance(value, (list, tuple, int, float, bool, np.generic)):
@@ -344,18 +360,20 @@ def _check_value(name, value, t, bound):
             if value.ndim != len(t.shape):
                 raise InputShapeError(f"input '{name}': expected rank {len(t.shape)} {symbolic.shape_str(t.shape)}, "
                                       f"got rank {value.ndim} {list(value.shape)}")
-            for axis, (want, got) in enumerate(zip(t.shape, value.shape)):
-                if isinstance(want, int):
+            for axis, (want, got) in enumerate(zip(dims or _dim_checks(t), value.shape)):
+                if want is None:
+                    continue
+                if type(want) is int:
                     if want != got:
                         raise InputShapeError(f"input '{name}': dim {axis} must be {want} "
                                               f"({symbolic.shape_str(t.shape)}), got {list(value.shape)}")
-                elif (sym := symbolic.symbol_name(want)) is not None and not sym.startswith("unk__"):
-                    prev = bound.get(sym)
+                else:  # a named symbol: every input that has it must agree
+                    prev = bound.get(want)
                     if prev is not None and prev[0] != got:
                         raise InputShapeError(
-                            f"input '{name}': dim {axis} is '{sym}', which input '{prev[1]}' set to "
+                            f"input '{name}': dim {axis} is '{want}', which input '{prev[1]}' set to "
                             f"{prev[0]}; got {got}")
-                    bound[sym] = (got, name)
+                    bound[want] = (got, name)
         if not value.flags.c_contiguous:
             value = value.copy(order="C")
         return value

@@ -213,6 +213,12 @@ class ShapePattern:
 
     def __init__(self, entries):
         self.entries = entries  # ((name, (int | Symbol, ...), dtype str), ...)
+        # The same with each symbol as ~k, k its index: `matches` runs per run of a shared
+        # plan (each decode step) and then binds small ints instead of hashing expressions.
+        index: dict = {}
+        self._coded = tuple((name, tuple(d if isinstance(d, int) else ~index.setdefault(d, len(index)) for d in dims),
+                             dt) for name, dims, dt in entries)
+        self._n_symbols = len(index)
 
     @classmethod
     def generalize(cls, sigs, graph):
@@ -236,18 +242,24 @@ class ShapePattern:
         return cls(tuple(entries))
 
     def matches(self, sig) -> bool:
-        if len(sig) != len(self.entries):
+        if len(sig) != len(self._coded):
             return False
-        bound = {}
-        for (name, shape, dt), (pname, pdims, pdt) in zip(sig, self.entries):
+        bound = [None] * self._n_symbols
+        for (name, shape, dt), (pname, pdims, pdt) in zip(sig, self._coded):
             if name != pname or dt != pdt or not isinstance(shape, tuple) or len(shape) != len(pdims):
                 return False
             for d, p in zip(shape, pdims):
-                if isinstance(p, int):
+                if p >= 0:
                     if d != p:
                         return False
-                elif d == 0 or bound.setdefault(p, d) != d:
+                elif d == 0:
                     return False
+                else:
+                    b = bound[~p]
+                    if b is None:
+                        bound[~p] = d
+                    elif b != d:
+                        return False
         return True
 
     def types(self) -> dict:
