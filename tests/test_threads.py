@@ -1,16 +1,24 @@
 """The per-plan thread choice (runtime/threads.py), on simulated latencies."""
 from __future__ import annotations
 
-import pytest
-
-from glassrt.runtime import threads
 from glassrt.runtime.threads import PROBE_MAX_EVERY, ThreadChoice
 
 
-@pytest.fixture(autouse=True)
-def _no_machine_readings(monkeypatch):
-    """The simulations below know nothing of this machine's real idle time."""
-    monkeypatch.setattr(threads, "_read_cpu_times", lambda: None)
+class _Clock:
+    """Simulated wall time: each run of _drive advances it by its latency."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _choice(*args, clock=None, **kwargs):
+    c = ThreadChoice(*args, **kwargs)
+    c.clock = clock or _Clock()
+    c._t_last_try = c.clock()
+    return c
 
 
 def _drive(choice, latency, runs, cpu_share=None):
@@ -20,13 +28,15 @@ def _drive(choice, latency, runs, cpu_share=None):
     for i in range(runs):
         n = choice.choose()
         ms = latency(i, n)
+        if isinstance(choice.clock, _Clock):
+            choice.clock.now += ms / 1e3
         choice.record(ms / 1e3, None if cpu_share is None else cpu_share(i, n) * ms / 1e3)
         used.append(n)
     return used
 
 
 def test_a_quiet_machine_keeps_the_requested_count_and_tries_one_thread_rarely():
-    used = _drive(ThreadChoice(2), lambda i, n: 10.0 if n == 2 else 18.0, 2000)
+    used = _drive(_choice(2), lambda i, n: 10.0 if n == 2 else 18.0, 2000)
     assert used[-1] == 2
     assert used[200:].count(1) / len(used[200:]) < 0.03  # tries back off to every 256 runs
 
@@ -36,7 +46,7 @@ def test_load_arriving_moves_to_one_thread_soon_and_back_when_it_leaves():
         busy = 500 <= i < 1500
         return (40.0 if n == 2 else 20.0) if busy else (10.0 if n == 2 else 18.0)
 
-    used = _drive(ThreadChoice(2), latency, 2500)
+    used = _drive(_choice(2), latency, 2500)
     assert used[499] == 2
     assert all(n == 1 for n in used[510:520])  # the slowdown brought the next try forward
     assert used[510:1500].count(1) > 0.9 * len(used[510:1500])
@@ -44,7 +54,7 @@ def test_load_arriving_moves_to_one_thread_soon_and_back_when_it_leaves():
 
 
 def test_not_adaptive_is_one_count():
-    assert set(_drive(ThreadChoice(2, adaptive=False), lambda i, n: 1.0, 100)) == {2}
+    assert set(_drive(_choice(2, adaptive=False), lambda i, n: 1.0, 100)) == {2}
 
 
 def test_one_slow_run_now_and_then_does_not_move_a_quiet_plan_to_one_thread():
@@ -55,27 +65,27 @@ def test_one_slow_run_now_and_then_does_not_move_a_quiet_plan_to_one_thread():
             return 18.0
         return 30.0 if i % 6 == 0 else 10.0
 
-    used = _drive(ThreadChoice(2), latency, 600)
+    used = _drive(_choice(2), latency, 600)
     assert used[30:].count(2) > 0.95 * len(used[30:])
 
 
 def test_the_first_runs_of_a_plan_warming_up_do_not_decide():
     """The first run (not measured) and the first measured run of a count may still be
     touching new memory or making primitives: they do not count."""
-    used = _drive(ThreadChoice(2), lambda i, n: (60.0 if i < 2 else 10.0) if n == 2 else 18.0, 300)
+    used = _drive(_choice(2), lambda i, n: (60.0 if i < 2 else 10.0) if n == 2 else 18.0, 300)
     assert used[:3] == [2, 2, 2] and used[10:].count(2) > 0.95 * len(used[10:])
 
 
 def test_a_process_busy_from_its_start_is_noticed_by_its_cpu_share():
     """Loaded from the first run: no faster past to slow down from, but the runs get less
     than one core between their two threads, so one thread is tried long before FIRST_TRY."""
-    used = _drive(ThreadChoice(2), lambda i, n: 40.0 if n == 2 else 25.0, 60,
+    used = _drive(_choice(2), lambda i, n: 40.0 if n == 2 else 25.0, 60,
                   cpu_share=lambda i, n: 0.7 if n == 2 else 0.9)
     assert used[5:10] == [1] * 5 and used[10:].count(1) > 0.85 * 50  # tried after 3 measured runs, kept
 
 
 def test_a_quiet_plan_does_not_try_one_thread_early():
-    used = _drive(ThreadChoice(2), lambda i, n: 10.0 if n == 2 else 18.0, 60,
+    used = _drive(_choice(2), lambda i, n: 10.0 if n == 2 else 18.0, 60,
                   cpu_share=lambda i, n: 1.9 if n == 2 else 1.0)
     assert used == [2] * 60
 
@@ -114,50 +124,33 @@ def test_the_session_runner_hands_its_latest_choice_to_new_plans():
         assert newest.threads.current == 1
 
 
-def test_an_idle_machine_brings_the_try_of_the_requested_count_forward(monkeypatch):
-    """A moment of load put the plan on one thread; the load left (a core stands idle): the
-    requested count is tried within a few runs, not after PROBE_EVERY or more, and kept."""
-    ticks = {"idle": 0, "total": 0}
-    monkeypatch.setattr(threads, "_read_cpu_times", lambda: (ticks["idle"], ticks["total"]))
-    monkeypatch.setattr(threads, "IDLE_SAMPLE_S", 0.0)
-
+def test_on_one_thread_the_requested_count_is_retried_by_the_clock():
+    """A moment of load put the plan on one thread; it left. The requested count is tried
+    again TRY_AFTER_S later, not PROBE_EVERY runs later or more, and kept."""
     def latency(i, n):
         busy = 100 <= i < 130
-        ticks["total"] += 10
-        ticks["idle"] += 0 if busy else (5 if n == 1 else 1)  # one core idle while on one thread
-        return (40.0 if n == 2 else 20.0) if busy else (10.0 if n == 2 else 18.0)
+        return (400.0 if n == 2 else 200.0) if busy else (10.0 if n == 2 else 18.0)
 
-    used = _drive(ThreadChoice(2), latency, 200)
-    assert all(n == 1 for n in used[120:130])  # the load moved it to one thread
-    back = next(i for i in range(130, 200) if used[i] == 2)
-    assert back < 130 + 8 and used[back + 5:].count(2) > 0.9 * len(used[back + 5:])
+    used = _drive(_choice(2), latency, 300)
+    assert used[116:130].count(1) >= 10  # the load moved it to one thread (a clock try lost meanwhile)
+    back = next(i for i in range(130, 300) if used[i] == 2)
+    assert back < 130 + 30  # a second after that lost try (its wait doubled), not 32 runs or more
+    assert used[back + 5:].count(2) > 0.9 * len(used[back + 5:])
 
 
-def test_a_busy_machine_does_not_bring_tries_forward(monkeypatch):
-    """Under load that stays (no idle time), tries come as before: every PROBE_EVERY runs at most."""
-    ticks = {"idle": 0, "total": 0}
-    monkeypatch.setattr(threads, "_read_cpu_times", lambda: (ticks["idle"], ticks["total"]))
-    monkeypatch.setattr(threads, "IDLE_SAMPLE_S", 0.0)
+def test_under_steady_load_clock_tries_back_off():
+    """Load that stays: each clock try loses clearly and doubles the wait, up to TRY_MAX_AFTER_S."""
+    used = _drive(_choice(2), lambda i, n: 40.0 if n == 2 else 20.0, 3000,
+                  cpu_share=lambda i, n: 0.7 if n == 2 else 0.9)
+    assert used[100:].count(2) / len(used[100:]) < 0.03
 
+
+def test_where_one_thread_is_simply_faster_the_clock_adds_few_tries():
     def latency(i, n):
-        ticks["total"] += 10
-        return 40.0 if n == 2 else 20.0
-
-    used = _drive(ThreadChoice(2), latency, 300, cpu_share=lambda i, n: 0.7 if n == 2 else 0.9)
-    assert used[100:].count(2) <= 3 * (200 // 16 + 1)
-
-
-def test_where_one_thread_is_simply_faster_idle_cores_bring_one_try_only(monkeypatch):
-    ticks = {"idle": 0, "total": 0}
-    monkeypatch.setattr(threads, "_read_cpu_times", lambda: (ticks["idle"], ticks["total"]))
-    monkeypatch.setattr(threads, "IDLE_SAMPLE_S", 0.0)
-
-    def latency(i, n):
-        ticks["total"] += 10
-        ticks["idle"] += 5 if n == 1 else 1
         return 12.0 if n == 2 else 10.0  # a tiny model: one thread wins, not clearly
 
-    used = _drive(ThreadChoice(2), latency, 600)
-    monkeypatch.setattr(threads, "_read_cpu_times", lambda: None)
-    without = _drive(ThreadChoice(2), latency, 600)
-    assert used.count(2) <= without.count(2) + 3  # one try of three runs more, not one per switch back
+    clock = _drive(_choice(2), latency, 3000)
+    runs = _choice(2)
+    runs.clock = lambda: 0.0  # a clock that never moves: the run-based tries alone
+    without = _drive(runs, latency, 3000)
+    assert clock.count(2) <= 1.5 * without.count(2)

@@ -36,8 +36,8 @@ WINS_BY = 1.1  # a try must be this much faster than the count in use to replace
 LOST_BY = 1.25  # a try this much slower than the count in use doubles the wait before the next
 SLOWER = 1.5  # the count in use this much slower than its best so far: try the other now
 RECENT = 5  # measured runs per count whose median is its latency
-IDLE_TRY = 0.35  # the machine's idle share that brings a try of the requested count forward
-IDLE_SAMPLE_S = 0.1  # wall seconds between two readings of the machine's CPU times
+TRY_AFTER_S = 0.5  # on fewer threads than requested: wall seconds before the requested count is
+TRY_MAX_AFTER_S = 16.0  # tried again, whatever the runs; doubled by each such try that loses clearly
 
 
 def available_cpus() -> int:
@@ -45,38 +45,6 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def _read_cpu_times():
-    """(idle, total) clock ticks of all CPUs since boot (/proc/stat), or None off Linux."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = f.readline().split()[1:9]  # user nice system idle iowait irq softirq steal
-        ticks = [int(x) for x in fields]
-    except (OSError, ValueError):
-        return None
-    return ticks[3] + ticks[4], sum(ticks)
-
-
-class IdleMeter:
-    """The share of the machine's CPU time that went idle between two readings at least
-    IDLE_SAMPLE_S apart (the counters tick every 10 ms): while a plan runs on one thread
-    because other processes held the cores, a second core standing idle says they left."""
-
-    def __init__(self):
-        self.mark = None  # (monotonic seconds, idle ticks, total ticks)
-
-    def share(self) -> float | None:
-        now = time.monotonic()
-        if self.mark is not None and now - self.mark[0] < IDLE_SAMPLE_S:
-            return None
-        ticks = _read_cpu_times()
-        if ticks is None:
-            return None
-        prev, self.mark = self.mark, (now, *ticks)
-        if prev is None or ticks[1] <= prev[2]:
-            return None
-        return (ticks[0] - prev[1]) / (ticks[1] - prev[2])
 
 
 class ThreadChoice:
@@ -92,11 +60,12 @@ class ThreadChoice:
     costs its runs' latency, which showed in p90). A sign of load brings the next try
     forward: the count in use slowing to SLOWER times its best, or its runs getting less
     than STARVED CPU seconds per second between all their threads (the main thread alone
-    is always runnable, so a process under that did not get even one core). A sign that
-    the load left brings a try of the requested count forward: running on fewer threads,
-    the machine's CPU time was IDLE_TRY idle a few runs after the switch (once per switch;
-    measured: a benchmark turn that met a moment of load ran its next 16 runs on one
-    thread, 7.8 ms against 5.3 on two, with the second core idle)."""
+    is always runnable, so a process under that did not get even one core). Load comes
+    and goes by the clock, not by runs: on fewer threads than requested, the requested
+    count is also tried TRY_AFTER_S after the last try, that time doubling (up to
+    TRY_MAX_AFTER_S) while such tries lose clearly (measured: a benchmark that met a moment
+    of load as its turns began ran every timed run of a small model on one thread,
+    squeezenet 8.7-11 ms against ~5 on two, the next try 16 runs away)."""
 
     def __init__(self, requested: int, adaptive: bool = True, start: int | None = None):
         """start: the count to begin with (default the requested one): a session's new plan
@@ -113,8 +82,8 @@ class ThreadChoice:
         self._probing, self._probe_left = None, 0
         self.cpu: dict[int, list] = {a: [] for a in self.arms}  # CPU seconds per second of recent runs
         self.wait, self._next_try, self._last_try = PROBE_EVERY, FIRST_TRY, -PROBE_EVERY
-        self.idle = IdleMeter()
-        self._idle_tried = False  # whether idleness brought a try forward since the last switch
+        self.clock = time.monotonic
+        self._t_last_try, self.wait_s = self.clock(), TRY_AFTER_S
 
     def latency(self, arm: int) -> float | None:
         r = self.recent[arm]
@@ -131,7 +100,7 @@ class ThreadChoice:
             if self._probing is not None:
                 self._judge_try()
             if self.runs >= self._next_try or (self._loaded() and self.runs - self._last_try >= PROBE_EVERY) \
-                    or self._load_left():
+                    or self._time_to_retry():
                 n = next(a for a in self.arms if a != self.current)
                 self._probing, self._probe_left = n, PROBE_RUNS - 1
                 if n != self.current:
@@ -142,14 +111,10 @@ class ThreadChoice:
         self.previous, self.last = self.last, n
         return n
 
-    def _load_left(self) -> bool:
-        """On fewer threads than requested, a few runs after the switch, and the machine
-        idle: once per switch (where one thread is simply faster, idle cores say nothing)."""
-        if self._idle_tried or self.current >= self.requested or self.runs - self._last_try <= PROBE_RUNS:
-            return False
-        share = self.idle.share()
-        self._idle_tried = share is not None and share >= IDLE_TRY
-        return self._idle_tried
+    def _time_to_retry(self) -> bool:
+        """On fewer threads than requested, and wait_s since the last try (see the class doc)."""
+        return self.current < self.requested and self.runs - self._last_try > PROBE_RUNS \
+            and self.clock() - self._t_last_try >= self.wait_s
 
     def _loaded(self) -> bool:
         """Signs that other processes hold the cores the count in use needs."""
@@ -166,10 +131,15 @@ class ThreadChoice:
         lost = False
         if tried != self.current and mine is not None and now is not None:
             if mine * WINS_BY < now:
-                self.current, self._idle_tried = tried, False
+                self.current = tried
+                if tried < self.requested:  # a new spell on fewer threads: retried soon
+                    self.wait_s = TRY_AFTER_S
             lost = mine > LOST_BY * now
+            if lost and tried == self.requested:
+                self.wait_s = min(2 * self.wait_s, TRY_MAX_AFTER_S)
         self.wait = min(2 * self.wait, PROBE_MAX_EVERY) if lost else PROBE_EVERY
         self._last_try, self._next_try = self.runs, self.runs + self.wait
+        self._t_last_try = self.clock()
 
     def record(self, seconds: float, cpu_seconds: float | None = None) -> None:
         """The latency (and the process's CPU time) of the run `choose` was last asked for;
