@@ -68,6 +68,9 @@ def test_bench_against_onnxruntime_writes_every_measure(tmp_path):
         assert r["create_s"] > 0 and r["create_and_first_run_s"] >= r["create_s"]
         assert r["peak_rss_bytes"] > 10 * 2**20 and r["blas"] and isinstance(r["threadpools"], list)
     assert any(p["user_api"] == "blas" for p in m["runtimes"]["glassrt"]["threadpools"])
+    # which thread count glassrt's plan ended on, and what each count ran in lately
+    (choice,) = m["runtimes"]["glassrt"]["thread_choice"]
+    assert choice["now"] in (1, 2) and choice["runs"] >= 3 and m["runtimes"]["onnxruntime"]["thread_choice"] == []
     medians = {rt: r["median_ms"] for rt, r in m["runtimes"].items()}
     assert m["ratio"] == pytest.approx(medians["glassrt"] / medians["onnxruntime"])
     agreement = m["agreement"]

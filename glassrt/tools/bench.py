@@ -347,7 +347,8 @@ def _runtime_report(worker: Worker, seconds: list[float]) -> dict:
             "first_run_s": s["first_run_s"], "create_and_first_run_s": s["create_s"] + s["first_run_s"],
             "fallbacks": s["fallbacks"], "peak_rss_bytes": info["peak_rss_bytes"],
             "rss_after_start_bytes": s["rss_after_start_bytes"], "threadpools": info["threadpools"],
-            "blas": blas_summary(worker.runtime, info["threadpools"]), "openblas_coretype": info["openblas_coretype"]}
+            "blas": blas_summary(worker.runtime, info["threadpools"]), "openblas_coretype": info["openblas_coretype"],
+            "thread_choice": info.get("thread_choice", [])}
 
 
 def blas_summary(runtime: str, threadpools: list) -> str:

@@ -127,13 +127,21 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def info() -> dict:
+def info(sess=None) -> dict:
     from threadpoolctl import threadpool_info
 
     keep = ("user_api", "internal_api", "version", "architecture", "num_threads", "threading_layer", "prefix")
     return {"peak_rss_bytes": _peak_rss(),
             "threadpools": [{k: p.get(k) for k in keep} for p in threadpool_info()],
-            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}
+            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+            "thread_choice": _thread_choice(sess)}
+
+
+def _thread_choice(sess) -> list:
+    """glassrt's per-plan thread choice as it stands (threads in use, recent latency per
+    count, runs): a run that ended on one thread shows here. [] for onnxruntime."""
+    plans = getattr(getattr(sess, "runner", None), "plans", None) or {}
+    return [p.threads.to_json() for p in plans.values() if getattr(p, "threads", None) is not None]
 
 
 def _one_line(e: BaseException) -> str:
@@ -164,7 +172,7 @@ def serve(inbox: Connection, outbox: Connection) -> int:
             elif msg[0] == "generate":
                 reply = generate(run, started["output_names"], *msg[1:])
             elif msg[0] == "info":
-                reply = info()
+                reply = info(sess)
             elif msg[0] == "stop":
                 return 0
             else:
