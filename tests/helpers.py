@@ -95,3 +95,22 @@ def transformer_encoder(d_model=64, heads=4, d_ff=128, layers=2, seed=0, opset=1
     node("Identity", [x], ["y"])
     return model(nodes, [tensor("x", ["batch", "seq", d_model])], [tensor("y", ["batch", "seq", d_model])],
                  inits, opset=opset)
+
+
+def smaps_kib(address: int, field: str) -> int | None:
+    """KiB that /proc/self/smaps reports under `field` ("Rss:", "AnonHugePages:") for the
+    mapping holding `address`, or None where there is no such file or mapping."""
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == field:
+            return int(line.split()[1])
+    return None

@@ -20,7 +20,7 @@ from glassrt.export import ALIGN, OptimizeError, write_model
 from glassrt.onnx_io import load
 from glassrt.tools import optimize as tool
 from glassrt.tools.explain import explain, fmt_bytes, render
-from tests.helpers import init, model, tensor
+from tests.helpers import init, model, smaps_kib, tensor
 
 RNG = np.random.default_rng(0)
 
@@ -372,23 +372,6 @@ def test_writing_an_optimized_file_replaces_it_rather_than_rewriting_it(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.opt.onnx"]  # no temporary left
 
 
-def _resident_kib(arr) -> int | None:
-    """KiB of the mapping holding arr that this process has resident (/proc/self/smaps)."""
-    try:
-        lines = open("/proc/self/smaps").read().splitlines()
-    except OSError:
-        return None
-    addr, inside = arr.ctypes.data, False
-    for line in lines:
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and head == "Rss:":
-            return int(line.split()[1])
-    return None
-
-
 def test_a_packed_weights_file_pages_are_released_and_read_again_unchanged(tmp_path):
     """Once a plan has its own copy of a mapped weight (oneDNN's packed layout) the file's
     pages need not stay resident beside it: released, they come back from the page cache,
@@ -398,10 +381,10 @@ def test_a_packed_weights_file_pages_are_released_and_read_again_unchanged(tmp_p
     data.tofile(path)
     arr = weights.map_file(str(path))[4096:].view(np.float32)  # starts mid-file, on a page
     assert float(arr.sum(dtype=np.float64)) == pytest.approx(float(data[1024:].sum(dtype=np.float64)))
-    before = _resident_kib(arr)
+    before = smaps_kib(arr.ctypes.data, "Rss:")
     released = weights.release_pages(arr)
     assert released == arr.nbytes  # whole pages: the view starts and ends on page boundaries
-    after = _resident_kib(arr)
+    after = smaps_kib(arr.ctypes.data, "Rss:")
     if before is not None:
         assert after < before - 7 * 1024  # ~8 MiB fewer resident
     np.testing.assert_array_equal(arr, data[1024:])

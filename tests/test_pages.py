@@ -8,23 +8,7 @@ import pytest
 
 from glassrt import pages
 
-
-def _advised_kib(start: int, nbytes: int) -> int | None:
-    """KiB of AnonHugePages the kernel reports for the mapping holding `start`, or None."""
-    try:
-        with open("/proc/self/smaps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    inside = False
-    for line in lines:
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= start < hi
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1])
-    return None
+from .helpers import smaps_kib
 
 
 @pytest.mark.parametrize("nbytes", [1, 4096, pages.HUGE_PAGE - 1, pages.HUGE_PAGE, 5 * pages.HUGE_PAGE + 12345])
@@ -47,7 +31,7 @@ def test_whole_huge_pages_are_advised_and_the_tail_is_not(monkeypatch):
         pytest.skip(f"transparent huge pages: {pages.thp_mode()}")
     assert pages.stats.advised_bytes - before == 3 * pages.HUGE_PAGE
     buf[...] = 1
-    huge = _advised_kib(buf.ctypes.data, buf.nbytes)
+    huge = smaps_kib(buf.ctypes.data, "AnonHugePages:")
     # the kernel may decline (no free huge page); it must never back more than the whole pages
     assert huge is None or huge <= 3 * pages.HUGE_PAGE // 1024
 
