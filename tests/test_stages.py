@@ -529,3 +529,40 @@ def test_values_inference_proves_are_folded_whatever_the_symbolic_dims():
         y, b = sess.run(None, {"x": x})
         np.testing.assert_allclose(y, x / 8.0, rtol=1e-6)
         assert b.tolist() == [batch]
+
+
+def test_values_folding_computes_make_the_plans_shapes_static():
+    """PyTorch writes F.pad's pads as Concat, Reshape, Slice (step -1), Transpose, Reshape
+    and Cast of constants; inference has no value rule for some of them, so the Pad's output
+    shape stayed symbolic and every step after it bound per run (silero-vad's If branches:
+    38 of 43 steps). The plan folds those values anyway: it infers again with them."""
+    from glassrt.runtime.plan import _DynamicStep
+
+    I64 = onnx.TensorProto.INT64
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=helper.make_tensor("c", I64, [2], [2, 3])),
+        helper.make_node("Constant", [], ["n"], value=helper.make_tensor("n", I64, [1], [2])),
+        helper.make_node("ConstantOfShape", ["n"], ["z"], value=helper.make_tensor("v", I64, [1], [0])),
+        helper.make_node("Concat", ["c", "z"], ["cat"], axis=0),
+        helper.make_node("Constant", [], ["s22"], value=helper.make_tensor("s22", I64, [2], [-1, 2])),
+        helper.make_node("Reshape", ["cat", "s22"], ["r"]),
+        helper.make_node("Constant", [], ["st"], value=helper.make_tensor("st", I64, [1], [-1])),
+        helper.make_node("Constant", [], ["en"], value=helper.make_tensor("en", I64, [1], [-(2**63)])),
+        helper.make_node("Constant", [], ["ax"], value=helper.make_tensor("ax", I64, [1], [0])),
+        helper.make_node("Slice", ["r", "st", "en", "ax", "st"], ["flip"]),
+        helper.make_node("Transpose", ["flip"], ["t"], perm=[1, 0]),
+        helper.make_node("Constant", [], ["m1"], value=helper.make_tensor("m1", I64, [1], [-1])),
+        helper.make_node("Reshape", ["t", "m1"], ["flat"]),
+        helper.make_node("Cast", ["flat"], ["pads"], to=I64),
+        helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+        helper.make_node("Relu", ["p"], ["y"]),
+    ]
+    m = model(nodes, [tensor("x", [1, 8])], [tensor("y", None)], opset=17)
+    options = glassrt.SessionOptions(graph_optimization_level="none")  # no folding pass: the plan folds
+    sess = glassrt.InferenceSession(m, options, providers=["cpu"])
+    x = np.arange(-4, 4, dtype=np.float32).reshape(1, 8)
+    # pads [0, 2, 0, 3] (the flipped rows, transposed): 2 before and 3 after on axis 1
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.maximum(np.pad(x, [(0, 0), (2, 3)], "reflect"), 0))
+    plan = next(iter(sess.runner.plans.values()))
+    assert plan.types["y"].shape == (1, 13)
+    assert not [st.node.op_type for st in plan.steps if isinstance(st.fn, _DynamicStep)]

@@ -93,6 +93,19 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     layouts, known = placement.layouts, dict(consts)  # folding adds to known
     executed, folded, selections, moved = _select_or_fold(placement, layouts, inf.types, known, set(input_types),
                                                           options, make_runner)
+    for _ in range(3):  # each round may fold what makes the next round's values (rarely more than one)
+        learned = _learned_by_folding(known, inf, executed)
+        if not learned:
+            break
+        # Folding computed small values inference had no rule for (a Pad's pads made by
+        # Concat, Slice and Transpose of constants, as exporters write them): shapes that
+        # depend on them were left symbolic, and every step downstream would bind per run.
+        # Infer once more knowing them, then select again (what was folded stays folded).
+        inf = infer(graph, input_types, strict=True, outer_values={**inf.values, **learned}, reuse=inf)
+        inf.values.update(learned)
+        executed, folded_again, selections, moved = _select_or_fold(placement, layouts, inf.types, known,
+                                                                    set(input_types), options, make_runner)
+        folded = folded + [n for n in folded_again if n not in folded]
     if moved and layouts:
         # A node went to a later provider for these shapes: its values stay plain NCHW, and
         # so, simply, do all of this plan's (the NHWC choice assumed the placed providers).
@@ -135,6 +148,16 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
                 layouts=layouts)
     plan.build_seconds = time.perf_counter() - t0
     return plan
+
+
+def _learned_by_folding(known: dict, inf, executed) -> dict:
+    """Small values folding computed that inference did not know, when some step's output
+    shape is still symbolic (else there is nothing to learn from them)."""
+    if all(isinstance(t, TensorType) and t.is_static or not isinstance(t, TensorType)
+           for _, _, ctx, _ in executed for t in ctx.output_types):
+        return {}
+    return {k: v for k, v in known.items() if k not in inf.values and isinstance(v, np.ndarray)
+            and v.dtype.kind in "iub" and v.size <= 64}
 
 
 def _nbytes(t) -> int:
