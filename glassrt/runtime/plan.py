@@ -93,15 +93,17 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     layouts, known = placement.layouts, dict(consts)  # folding adds to known
     executed, folded, selections, moved = _select_or_fold(placement, layouts, inf.types, known, set(input_types),
                                                           options, make_runner)
+    learned = {}
     for _ in range(3):  # each round may fold what makes the next round's values (rarely more than one)
-        learned = _learned_by_folding(known, inf, executed)
-        if not learned:
+        new = _learned_by_folding(known, inf, executed)
+        if not new:
             break
+        learned.update(new)
         # Folding computed small values inference had no rule for (a Pad's pads made by
         # Concat, Slice and Transpose of constants, as exporters write them): shapes that
         # depend on them were left symbolic, and every step downstream would bind per run.
         # Infer once more knowing them, then select again (what was folded stays folded).
-        inf = infer(graph, input_types, strict=True, outer_values={**inf.values, **learned}, reuse=inf)
+        inf = infer(graph, input_types, strict=True, outer_values=learned, reuse=inf)
         inf.values.update(learned)
         executed, folded_again, selections, moved = _select_or_fold(placement, layouts, inf.types, known,
                                                                     set(input_types), options, make_runner)
