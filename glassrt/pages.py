@@ -18,6 +18,7 @@ mapped the same way); `explain` shows the kernel's setting and what was advised.
 """
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import threading
@@ -41,8 +42,10 @@ class PageStats:
 stats = PageStats()
 
 
+@functools.lru_cache(maxsize=1)
 def thp_mode() -> str:
-    """The kernel's transparent huge page setting: always, madvise, never or unavailable."""
+    """The kernel's transparent huge page setting: always, madvise, never or unavailable
+    (read once: every large buffer asks)."""
     try:
         with open(_THP_SETTING) as f:
             text = f.read()

@@ -71,3 +71,25 @@ def test_carved_buffers_are_zeroed_aligned_and_never_overlap():
         assert not p.any() and p.ctypes.data % align == 0
     with pytest.raises(ValueError):
         pages.carve(pages.HUGE_PAGE)
+
+
+def test_the_gc_is_paused_only_while_a_session_is_made_and_back_on_after_a_failure():
+    import gc
+
+    import glassrt
+    from glassrt.runtime.gc_pause import gc_paused
+
+    from .helpers import add_model
+
+    seen = []
+    with gc_paused():
+        seen.append(gc.isenabled())
+        with gc_paused():  # nested: the inner exit must not switch it back on
+            pass
+        seen.append(gc.isenabled())
+    assert seen == [False, False] and gc.isenabled()
+    glassrt.InferenceSession(add_model().SerializeToString(), providers=["cpu"])
+    assert gc.isenabled()
+    with pytest.raises(glassrt.GlassrtError):
+        glassrt.InferenceSession(b"not a model", providers=["cpu"])
+    assert gc.isenabled()
