@@ -53,20 +53,21 @@ def is_mapped(arr) -> bool:
     return isinstance(arr, np.memmap) and getattr(arr, "_mmap", None) is not None
 
 
-def release_pages(arr) -> int:
+def release_pages(arr, start: int = 0, stop: int | None = None) -> int:
     """Drop this process's hold on the file pages under a mapped weight (madvise
-    MADV_DONTNEED on the whole pages inside it); bytes released, 0 for an array that is not
-    a file mapping. For a weight a plan copied into a layout of its own (oneDNN's packed
-    weights), whose file pages would otherwise stay resident beside the copy: the pages
-    stay in the page cache (clean, reclaimable), and a later read faults them back in from
-    it, unchanged (the mapping is read-only)."""
+    MADV_DONTNEED on the whole pages inside its bytes [start, stop), default all of them);
+    bytes released, 0 for an array that is not a file mapping. For a weight a plan copied
+    into a layout of its own (oneDNN's packed weights), whose file pages would otherwise
+    stay resident beside the copy: the pages stay in the page cache (clean, reclaimable),
+    and a later read faults them back in from it, unchanged (the mapping is read-only)."""
     if not is_mapped(arr) or not arr.flags.c_contiguous or arr.nbytes == 0:
         return 0
+    stop = arr.nbytes if stop is None else min(int(stop), arr.nbytes)
     region = arr._mmap
     base = np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data
-    start = arr.ctypes.data - base
-    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-    end = (start + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    offset = arr.ctypes.data - base
+    first = -(-(offset + max(int(start), 0)) // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (offset + stop) // mmap.PAGESIZE * mmap.PAGESIZE
     if end <= first or not hasattr(mmap, "MADV_DONTNEED"):
         return 0
     try:

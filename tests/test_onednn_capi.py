@@ -335,6 +335,29 @@ def test_matmul_with_packed_weights(post):
     close(y, np.maximum(a2 @ w.astype(np.float64) + b, 0) if post else a2 @ w.astype(np.float64) + b)
 
 
+@pytest.mark.parametrize("shape,trans", [((768, 1024), False), ((1000, 130), False), ((3072, 96), True),
+                                         ((256, 3072), True), ((40, 4096), False)])
+def test_prepack_in_slabs_writes_the_same_bytes_as_one_reorder(shape, trans):
+    """A large weight packed a slab at a time (each slab's source bytes reported done, so a
+    mapped weight's pages can be dropped as it goes) is byte for byte the one-reorder copy:
+    row counts that split the layout's blocks, a source read transposed (Gemm's transB: its
+    outermost dimension in memory is N) and a slab size larger than the weight included."""
+    k, n = shape
+    w = rand(n, k) if trans else rand(k, n)  # transposed: stored (N, K), read as (K, N)
+    user = D.MemoryDesc.with_strides((k, n), F32, (1, k)) if trans else D.MemoryDesc.from_array(w)
+    pd = D.matmul(D.md((32, k), F32, "ab"), D.md((k, n), F32, "any"), D.md((32, n), F32, "ab"))
+    whole = D.prepack(w, user, pd.weights_md())
+    seen = []
+    sliced = D.prepack(w, user, pd.weights_md(), slab_bytes=64 << 10, done=lambda lo, hi: seen.append((lo, hi)))
+    np.testing.assert_array_equal(sliced.array, whole.array)
+    if seen:  # the slabs cover the source once, in order
+        assert seen[0][0] == 0 and seen[-1][1] == w.nbytes
+        assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))
+    np.testing.assert_array_equal(D.to_numpy(sliced), w.T if trans else w)
+    if k % 64 == 0 and n % 64 == 0 and pd.weights_md() != user:  # no slab splits a block: no fallback
+        assert len(seen) > 2
+
+
 def test_matmul_batched_broadcast_weights():
     a, w = rand(3, 4, 16), rand(1, 16, 8)
     y = np.empty((3, 4, 8), F32)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import math
 import threading
 from ctypes import byref, c_char_p, c_int, c_int32, c_void_p
 
@@ -338,6 +339,12 @@ class MemoryDesc(_Owned):
     def reshape(self, shape) -> MemoryDesc:
         shape = tuple(int(s) for s in shape)
         return MemoryDesc(_new_handle(_lib().dnnl_memory_desc_reshape, self.handle, len(shape), dims(shape)))
+
+    def submemory(self, shape, offsets) -> MemoryDesc:
+        """The part of this layout that starts at `offsets` and spans `shape` (a memory over
+        the whole buffer with this descriptor reads and writes only that part)."""
+        shape, offsets = tuple(int(s) for s in shape), tuple(int(o) for o in offsets)
+        return MemoryDesc(_new_handle(_lib().dnnl_memory_desc_create_submemory, self.handle, dims(shape), dims(offsets)))
 
     def permute_axes(self, perm) -> MemoryDesc:
         arr = (c_int * len(perm))(*perm)
@@ -789,10 +796,17 @@ def reorder(src: MemoryDesc, dst: MemoryDesc, attr=None) -> PrimitiveDesc:
     return _pd("reorder", _lib().dnnl_reorder_primitive_desc_create, a, src.handle, e, dst.handle, e, a.handle)
 
 
-def prepack(a: np.ndarray, user: MemoryDesc | None, target: MemoryDesc, make_reorder=None) -> Memory:
+def prepack(a: np.ndarray, user: MemoryDesc | None, target: MemoryDesc, make_reorder=None, *,
+            slab_bytes: int = 0, done=None) -> Memory:
     """Copy `a` (laid out as `user`, default: its own plain layout) into a new buffer laid
     out as `target` (e.g. the weights format a convolution chose): one reorder, done once
-    (`make_reorder(src, dst)` makes its descriptor: a provider may share them)."""
+    (`make_reorder(src, dst)` makes its descriptor: a provider may share them).
+
+    With `done(start, stop)`, a source larger than two `slab_bytes` is reordered in slabs of
+    about that size along its outermost dimension in memory, `done` told the byte range of
+    `a` each slab has finished reading: a caller that can drop those pages (weights mapped
+    from a file) then never holds a large weight twice, only a slab of it. Where oneDNN
+    cannot cut the layouts there (a slab that splits its blocks), one reorder does it all."""
     a = np.ascontiguousarray(a)
     user = user or MemoryDesc.from_array(a)
     if user.dims != target.dims:  # e.g. grouped weights: same bytes, 5-D view
@@ -801,8 +815,54 @@ def prepack(a: np.ndarray, user: MemoryDesc | None, target: MemoryDesc, make_reo
     if user == target:
         out.array[:] = a.reshape(-1).view(np.uint8)[: out.nbytes]
         return out
-    (make_reorder or reorder)(user, target).primitive().execute({ARG_FROM: Memory(user, a), ARG_TO: out})
+    make_reorder = make_reorder or reorder
+    if done is not None and slab_bytes and a.nbytes > 2 * slab_bytes and _reorder_in_slabs(
+            a, user, target, out, make_reorder, slab_bytes, done):
+        return out
+    make_reorder(user, target).primitive().execute({ARG_FROM: Memory(user, a), ARG_TO: out})
     return out
+
+
+def _reorder_in_slabs(a, user: MemoryDesc, target: MemoryDesc, out: Memory, make_reorder, slab_bytes: int,
+                      done) -> bool:
+    """prepack's reorder as a series of reorders of slabs along the source's outermost
+    dimension; False (having written nothing `out` keeps) where the layouts do not allow it.
+
+    Every slab of one size is the same reorder: the first slab's part of each layout
+    (submemory at offset 0), run with both memories pointed at the slab's first element
+    (the offset oneDNN gives the slab's submemory), so that a weight is one or two
+    descriptors, shared by the weights of its shape, not one per slab. The source's slab
+    starts at its rows' first byte: its layout is plain, that dimension outermost."""
+    strides = user.strides
+    if len(strides) != user.ndims or user.inner_blocks or a.nbytes != user.size:
+        return False  # not a dense plain source
+    axis = max(range(len(strides)), key=lambda i: strides[i])
+    shape, row_bytes = list(user.dims), strides[axis] * a.itemsize
+    align = math.prod(size for size, dim in target.inner_blocks if dim == axis)
+    step = max(align, slab_bytes // row_bytes // align * align)
+    if step >= shape[axis]:
+        return False
+    slabs = [(lo, min(step, shape[axis] - lo)) for lo in range(0, shape[axis], step)]
+    reorders = {}  # slab rows -> (reorder, source memory, destination memory)
+    try:
+        for rows in {rows for _, rows in slabs}:  # all made before any runs: a refusal leaves nothing half done
+            part = list(shape)
+            part[axis] = rows
+            src, dst = user.submemory(part, [0] * len(shape)), target.submemory(part, [0] * len(shape))
+            reorders[rows] = (make_reorder(src, dst).primitive(), Memory(src, allocate=False),
+                              Memory(dst, allocate=False))
+    except DnnlError:
+        return False  # e.g. a last slab that ends inside a block of the packed layout
+    for lo, rows in slabs:
+        prim, src_mem, dst_mem = reorders[rows]
+        part, at = list(shape), [0] * len(shape)
+        part[axis], at[axis] = rows, lo
+        first = target.submemory(part, at)._q("submemory_offset_s64", ctypes.c_int64) * a.itemsize
+        for mem, address in ((src_mem, a.ctypes.data + lo * row_bytes), (dst_mem, out.data_ptr + first)):
+            capi.check("dnnl_memory_set_data_handle", capi._set_handle(mem.handle, address))
+        prim.execute({ARG_FROM: src_mem, ARG_TO: dst_mem})
+        done(lo * row_bytes, (lo + rows) * row_bytes)
+    return True
 
 
 def to_numpy(mem: Memory) -> np.ndarray:

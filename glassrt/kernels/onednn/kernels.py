@@ -31,7 +31,7 @@ import weakref
 import numpy as np
 
 from ...ops.geometry import spatial_pads
-from ...weights import release_pages
+from ...weights import is_mapped, release_pages
 from ..registry import kernel
 from . import capi, dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_FROM, ARG_MEAN, ARG_MULTIPLE_SRC, ARG_SCALE, ARG_SHIFT, ARG_SRC, \
@@ -192,12 +192,21 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
     key = (id(source), target, user)
     hit = _PACKED.get(key)
     if hit is None or hit.source is not source:
-        hit = _Packed(source, dnnl.prepack(source, user, target, make_reorder=shared_reorder))
-        _PACKED[key] = hit
         # weights mapped from their file: the copy is what runs read, so the file's pages
-        # need not stay resident beside it (they stay in the page cache; weights.py)
+        # need not stay resident beside it (they stay in the page cache; weights.py), and
+        # a large one is reordered a slab at a time, each slab's pages dropped once read,
+        # so that creating a session never holds it twice (a process's peak memory)
+        done = (lambda start, stop: release_pages(source, start, stop)) if is_mapped(source) else None
+        hit = _Packed(source, dnnl.prepack(source, user, target, make_reorder=shared_reorder,
+                                           slab_bytes=PACK_SLAB, done=done))
+        _PACKED[key] = hit
         release_pages(source)
     return hit
+
+
+# Bytes of a mapped weight reordered at a time (packed_weights): the most a weight is held
+# twice while packed. Each slab is one more (cached) reorder descriptor to make.
+PACK_SLAB = 1 << 20
 
 
 # Work below which a primitive runs on the calling thread alone. oneDNN splits a primitive's
