@@ -7,7 +7,8 @@ fresh process (so that peak RSS is one session's, not the sum of all before it).
    after its imports, after a warm-up (a one-layer, hidden-64 BERT created and run: the
    libraries and compiled kernels a first session loads, which are not the model's), its
    peak RSS (VmHWM) after creating the session and running once, the creation time, and
-   glassrt's arena.
+   glassrt's arena; and the peak RSS of another process that only creates the session and
+   runs it once (no warm-up: the whole cost of serving this one model).
 2. optimized files: session creation + first run of the original and of `glassrt optimize`'s
    output, for the nine light models (random weights) and BERT-base (sequence 128).
 
@@ -98,29 +99,30 @@ def memory(folder: Path, repeats: int, console):
     warm = (tiny, folder / "bert_tiny.npz")
     rows = {}
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("memory: fresh processes", total=4 * repeats)
+        task = bar.add_task("memory: fresh processes", total=8 * repeats)
         for _ in range(repeats):
-            for rt in ("glassrt", "onnxruntime"):
-                rows.setdefault(rt, []).append(measure(rt, ext, folder / "bert3.npz", warm))
-                bar.advance(task)
-            for rt in ("glassrt", "onnxruntime"):  # the same weights inside the model file (raw_data)
-                rows.setdefault(f"{rt}, weights inside the model", []).append(
-                    measure(rt, src, folder / "bert3.npz", warm))
-                bar.advance(task)
+            for label, path in (("", ext), (", weights inside the model", src)):  # (raw_data in the model file)
+                for rt in ("glassrt", "onnxruntime"):
+                    run = measure(rt, path, folder / "bert3.npz", warm)
+                    bar.advance(task)
+                    # the same, in a process that creates and runs only this model
+                    run["alone_peak_rss"] = measure(rt, path, folder / "bert3.npz")["peak_rss"]
+                    bar.advance(task)
+                    rows.setdefault(rt + label, []).append(run)
     table = Table(title=f"BERT-shaped encoder, 3 layers, {mb(weights)} MiB of weights in aligned external data "
                         f"({report.written.external_tensors} tensors), batch 1 x 128; median of {repeats} processes",
                   title_justify="left")
     for col in ("runtime", "RSS after import MiB", "after warm-up MiB", "peak RSS MiB", "peak - warm MiB",
-                "(peak - warm) / weights", "arena MiB", "create s", "first run s"):
+                "(peak - warm) / weights", "peak RSS alone MiB", "arena MiB", "create s", "first run s"):
         table.add_column(col, justify="right" if col != "runtime" else "left")
     result = {"weights_bytes": weights}
     for rt, runs in rows.items():
         med = {k: statistics.median(r[k] for r in runs)
-               for k in ("base_rss", "warm_rss", "peak_rss", "create_s", "first_run_s")}
+               for k in ("base_rss", "warm_rss", "peak_rss", "alone_peak_rss", "create_s", "first_run_s")}
         arena = runs[0]["arena"]
         grown = med["peak_rss"] - med["warm_rss"]
         table.add_row(rt, mb(med["base_rss"]), mb(med["warm_rss"]), mb(med["peak_rss"]), mb(grown),
-                      f"{grown / weights:.2f}",
+                      f"{grown / weights:.2f}", mb(med["alone_peak_rss"]),
                       mb(arena) if arena is not None else "-", f"{med['create_s']:.3f}", f"{med['first_run_s']:.3f}")
         result[rt] = {**med, "arena": arena, "runs": runs}
     console.print(table)

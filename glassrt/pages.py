@@ -70,9 +70,16 @@ def _private_map(nbytes: int) -> mmap.mmap:
 def os_buffer(nbytes: int) -> np.ndarray:
     """A zeroed uint8 array of nbytes, mapped from the OS; from one huge page up its start
     is 2 MiB aligned and its whole huge pages are advised (see the module's doc)."""
+    return _os_mapping(nbytes)[0]
+
+
+def _os_mapping(nbytes: int, advise: bool = True) -> tuple[np.ndarray, mmap.mmap, int]:
+    """os_buffer's array, the mapping it lies in and its offset there (`advise`: ask for
+    huge pages)."""
     nbytes = max(int(nbytes), 1)
     if nbytes < HUGE_PAGE:
-        return np.frombuffer(_private_map(nbytes), dtype=np.uint8)
+        region = _private_map(nbytes)
+        return np.frombuffer(region, dtype=np.uint8), region, 0
     # (the slack mapped before the aligned start is never touched, so never resident)
     region = _private_map(nbytes + HUGE_PAGE)
     whole = np.frombuffer(region, dtype=np.uint8)
@@ -80,39 +87,73 @@ def os_buffer(nbytes: int) -> np.ndarray:
     advised = nbytes // HUGE_PAGE * HUGE_PAGE
     stats.buffers += 1
     stats.mapped_bytes += nbytes
-    if advice_enabled():
+    if advise and advice_enabled():
         try:
             region.madvise(mmap.MADV_HUGEPAGE, start, advised)
             stats.advised_bytes += advised
         except OSError:  # a kernel without THP for anonymous memory: small pages, as malloc's
             pass
-    return whole[start:start + nbytes]
+    return whole[start:start + nbytes], region, start
 
 
 # ---------------------------------------------------------------- small buffers from shared slabs
 
 SLAB = 2 * HUGE_PAGE
 _slab_lock = threading.Lock()
-_slab: list = [None, 0]  # the slab being carved, and the offset of its first free byte
+_slab: list = [None, 0, None, 0]  # the slab being carved, the offset of its first free byte, its mapping and offset there
+_slabs_made = [0]
 
 
 def carve(nbytes: int, align: int = 64) -> np.ndarray:
     """A zeroed uint8 array of nbytes (< one huge page) cut from a shared slab on huge pages.
-
     A model's packed weights and its primitives' scratchpads are many buffers of tens to
     hundreds of KiB, each allocated once for the session's life. Allocated one by one they
     are separate maps of small pages (malloc maps anything over 128 KiB), and their first
     touches fault page by page: 53 buffers of 277 KiB, written once, took 8-11 ms here
     where one 14 MiB buffer took 2-3.5 ms. Carved pieces are never handed out twice (a
     slab is only cut forward, so each piece is still zero), and a slab goes back to the
-    OS when the last array cut from it dies; at most the unused end of one slab is wasted."""
+    OS when the last array cut from it dies.
+
+    On huge pages the first piece cut from a slab's half makes all 2 MiB of it resident,
+    so the process's first slab stays on small pages: a transformer's few small buffers
+    (biases, scratchpads: a tenth of a slab) would otherwise hold 1.9 MiB more at the peak
+    (a BERT-shaped 3-layer model), while a CNN's many small weights fill the slabs after
+    it, on huge pages. The unused end of the slab being cut is released once a plan's
+    first run has made its buffers (release_slab_tail)."""
     nbytes = max(int(nbytes), 1)
     if nbytes >= HUGE_PAGE or align > HUGE_PAGE:
         raise ValueError(f"carve is for buffers below {HUGE_PAGE} bytes aligned to at most that")
     with _slab_lock:
-        slab, offset = _slab
+        slab, offset = _slab[:2]
         start = -(-offset // align) * align
         if slab is None or start + nbytes > slab.nbytes:
-            slab, start = os_buffer(SLAB), 0
-        _slab[:] = slab, start + nbytes
+            _slab[:] = _new_slab()
+            slab, start = _slab[0], 0
+        _slab[1] = start + nbytes
     return slab[start:start + nbytes]
+
+
+def _new_slab() -> list:
+    slab, region, at = _os_mapping(SLAB, advise=_slabs_made[0] > 0)
+    _slabs_made[0] += 1
+    return [slab, 0, region, at]
+
+
+def release_slab_tail() -> int:
+    """Give the OS back the pages of the slab being carved that no piece uses yet (madvise
+    MADV_DONTNEED; bytes released): on huge pages a half-used slab holds all of its touched
+    halves. The released pages read as zeros when touched again, so later pieces are still
+    zero. Called once a plan's first run has made its kernels' buffers."""
+    with _slab_lock:
+        slab, offset, region, at = _slab
+        if slab is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return 0
+        first = at + -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        n = at + slab.nbytes - first
+        if n <= 0:
+            return 0
+        try:
+            region.madvise(mmap.MADV_DONTNEED, first, n)
+        except (OSError, ValueError):
+            return 0
+        return n

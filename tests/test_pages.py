@@ -73,6 +73,16 @@ def test_carved_buffers_are_zeroed_aligned_and_never_overlap():
         pages.carve(pages.HUGE_PAGE)
 
 
+def test_the_unused_end_of_a_slab_is_given_back_and_later_pieces_are_still_zero():
+    piece = pages.carve(100_000)
+    piece[...] = 1
+    released = pages.release_slab_tail()
+    assert released > 0 and released % 4096 == 0
+    assert int(piece.sum()) == 100_000  # what was handed out is untouched
+    later = [pages.carve(300_000) for _ in range(3)]  # from the released part, and then a new slab
+    assert not any(p.any() for p in later)
+
+
 def test_the_gc_is_paused_only_while_a_session_is_made_and_back_on_after_a_failure():
     import gc
 

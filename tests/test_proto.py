@@ -28,6 +28,25 @@ def test_element_types_match_onnx_helper():
         dtypes.elem_type(np.longdouble)
 
 
+def test_dtype_sets_answer_for_numpy_types_without_ml_dtypes_and_hold_its_types():
+    """The kernels' dtype sets (DTypeSet) name ml_dtypes' types rather than hold them, so a
+    float32 model never imports ml_dtypes; asked for them, they hold exactly onnx's types."""
+    bf16 = np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16))
+    e4m3 = np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.FLOAT8E4M3FN))
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    assert f32 in dtypes.FLOATS_BF16 and np.float32 in dtypes.NUMERIC and i64 not in dtypes.FLOATS_BF16
+    assert bf16 in dtypes.FLOATS_BF16 and bf16 in dtypes.NUMERIC and e4m3 in dtypes.FLOAT8 and e4m3 not in dtypes.NUMERIC
+    assert "not a dtype" not in dtypes.ALL and dtypes.STRING in dtypes.ALL
+    assert set(dtypes.FLOATS_BF16) == {np.dtype(np.float16), f32, np.dtype(np.float64), bf16}
+    mixed = (dtypes.FLOATS_BF16 | dtypes.FLOAT8) - {f32, bf16}
+    assert f32 not in mixed and bf16 not in mixed and e4m3 in mixed and np.float16 in mixed
+    assert (dtypes.NUMERIC & {bf16, i64, np.dtype(np.bool_)}) == {bf16, i64}
+    assert dtypes.FLOATS_BF16 == dtypes.DTypeSet([np.float16, np.float32, np.float64], ["BFLOAT16"])
+    every = {np.dtype(helper.tensor_dtype_to_np_dtype(e)) for n, e in TensorProto.DataType.items()
+             if e not in (TensorProto.UNDEFINED, TensorProto.STRING)} | {dtypes.STRING}
+    assert set(dtypes.ALL) == every
+
+
 def _model_with(*attributes):
     node = helper.make_node("Identity", ["x"], ["y"])
     node.attribute.extend(attributes)
@@ -80,6 +99,7 @@ s = glassrt.InferenceSession({str(path)!r})
 y = s.run(None, {{"x": np.ones((2, 3), np.float32)}})[0]
 assert np.allclose(y.sum(-1), 1)
 print("onnx imported:", sorted(m for m in sys.modules if m == "onnx" or m.startswith("onnx.")))
+print("ml_dtypes imported:", "ml_dtypes" in sys.modules)
 import onnx, onnx.onnx_data_pb2
 from glassrt import proto
 assert onnx.ModelProto is proto.ModelProto and onnx.onnx_ml_pb2 is sys.modules["onnx.onnx_ml_pb2"]
@@ -93,4 +113,5 @@ print(glassrt.InferenceSession(model).run(None, {{"x": np.ones((1, 3), np.float3
             for _ in range(2)]  # the first writes the schema table (that reads onnx's registry)
     assert runs[1].returncode == 0, runs[1].stderr
     assert "onnx imported: ['onnx.onnx_ml_pb2']" in runs[1].stdout
+    assert "ml_dtypes imported: False" in runs[1].stdout  # a float32 model needs none of its types
     assert "(1, 3)" in runs[1].stdout

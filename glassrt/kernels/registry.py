@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..dtypes import DTypeSet
 from ..ir import TensorType
 
 
@@ -161,6 +162,8 @@ _DTYPE_SETS: dict = {}
 def _dtype_set(dtypes) -> frozenset:
     """np.dtype of each, as a frozenset; the kernel modules pass a few shared sets (FLOATS,
     NUMERIC...) to ~260 kernels, and converting each anew was a third of their import."""
+    if isinstance(dtypes, DTypeSet):  # already dtypes; iterating it would import ml_dtypes
+        return dtypes
     key = id(dtypes)
     hit = _DTYPE_SETS.get(key)
     if hit is None or hit[0] is not dtypes:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import dtypes, symbolic
+from .. import dtypes, pages, symbolic
 from ..errors import (GlassrtError, InvalidArgumentError, KernelContractError, MemoryLimitError,
                       NodeExecutionError, describe_node)
 from ..ir import TensorType
@@ -464,6 +464,8 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
                 plan.straight = straight.compile_steps(plan.steps, pool, execute_step, node_error)
         for st in plan.steps:
             execute_step(st, env, pool, guard, profile)
+        if plan.runs == 1:  # its kernels have made their buffers (packed weights, scratchpads)
+            pages.release_slab_tail()
     res = []
     for name, s, copy in plan.outputs:
         v = env[s]

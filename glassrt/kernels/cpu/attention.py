@@ -18,7 +18,7 @@ from ..registry import kernel
 from ._jit import jit, numba_missing
 from ._util import FLOATS_BF16, as_out, new_out, write_elementwise
 
-_HALF = frozenset(FLOATS_BF16 - {np.dtype(np.float32), np.dtype(np.float64)})
+_HALF = FLOATS_BF16 - {np.dtype(np.float32), np.dtype(np.float64)}
 
 
 def _work(dt):

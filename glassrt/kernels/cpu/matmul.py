@@ -14,7 +14,7 @@ from .erf import gelu as gelu32
 from ..buffers import tiles
 
 MATMUL_TYPES = [np.float32, np.float64] + list(INTS)
-HALF_TYPES = [np.float16] + [d for d in dtypes.FLOATS_BF16 if d.name == "bfloat16"]
+HALF_TYPES = dtypes.DTypeSet([np.float16], ["BFLOAT16"])
 
 
 def _bcast_rhs(ctx):

@@ -5,12 +5,12 @@ import math
 
 import numpy as np
 
+from ... import dtypes
 from ...ops.meta.shape import clamped_slice, constant_value, reshape_dims, uneven_split
 from ..registry import kernel
 from ._util import ALL, as_out, contiguous, new_out, norm_axis
 
 INT_MAX = 2**63 - 1
-HALF = [d for d in ALL if d.name == "bfloat16"]
 
 
 def _view_of(x, shape):
@@ -272,7 +272,8 @@ def constant_of_shape(shape, *, out=None, value=None):
     return out
 
 
-@kernel("Range", dtypes=[np.float16, np.float32, np.float64, np.int16, np.int32, np.int64] + HALF, out=True)
+@kernel("Range", dtypes=dtypes.DTypeSet([np.float16, np.float32, np.float64, np.int16, np.int32, np.int64], ["BFLOAT16"]),
+        out=True)
 def range_(start, limit, delta, *, out=None):
     s, l, d = (float(v.reshape(-1)[0].astype(np.float64)) if v.dtype.kind in "fV" else int(v.reshape(-1)[0])
                for v in (start, limit, delta))

@@ -206,7 +206,7 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
 
 # Bytes of a mapped weight reordered at a time (packed_weights): the most a weight is held
 # twice while packed. Each slab is one more (cached) reorder descriptor to make.
-PACK_SLAB = 1 << 20
+PACK_SLAB = 256 << 10
 
 
 # Work below which a primitive runs on the calling thread alone. oneDNN splits a primitive's
