@@ -7,6 +7,8 @@ The JSON form (`--json`) holds the same data; see README "explain JSON".
 """
 from __future__ import annotations
 
+import sys
+
 from .. import dtypes, pages, symbolic, weights
 from ..ir import OptionalType, SequenceType, TensorType
 from ..ops.flops import node_flops
@@ -172,6 +174,8 @@ def explain(sess, dims: dict | None = None) -> dict:
         "pages": {"transparent_huge_pages": pages.thp_mode(), "advice": pages.advice_enabled(),
                   "buffers": pages.stats.buffers, "mapped_bytes": pages.stats.mapped_bytes,
                   "advised_bytes": pages.stats.advised_bytes},
+        # one-row products (decode steps) streamed by row_panels' loop in this process, and why others were not
+        "row_products": _row_products(),
         **summary_mem,
     }
     return {
@@ -179,6 +183,12 @@ def explain(sess, dims: dict | None = None) -> dict:
         "dims": dims, "passes": [r.to_json() for r in sess.passes], "nodes": nodes, "values": values,
         "summary": summary,
     }
+
+
+def _row_products() -> dict:
+    rp = sys.modules.get("glassrt.kernels.onednn.row_panels")  # (not loaded: no oneDNN product ran)
+    stats = dict(rp.stats) if rp is not None else {}
+    return {"streamed": stats.pop("streamed", 0), "not_streamed": stats}
 
 
 def fmt_bytes(n) -> str:
@@ -317,6 +327,11 @@ def render(report: dict, console, max_reason: int = 70) -> None:
                   f"{fmt_bytes(p['advised_bytes'])} on huge pages asked for (transparent huge pages: "
                   f"{p['transparent_huge_pages']}" + ("" if p["advice"] else ", advice off") + ")",
                   highlight=False, markup=False)
+    r = s["row_products"]
+    if r["streamed"] or r["not_streamed"]:
+        console.print(f"one-row products (this process): {r['streamed']} streamed over their packed weights "
+                      "(row_panels, once a plan has run 16 times)" + "".join(
+                          f"; {n} not: {why}" for why, n in r["not_streamed"].items()), highlight=False, markup=False)
     if s["unsupported"]:
         console.print("memory: no plan (a node no provider runs)", highlight=False, markup=False)
     elif s["arena_bytes"] is not None:

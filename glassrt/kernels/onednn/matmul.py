@@ -30,7 +30,7 @@ import numpy as np
 
 from ...ops.fused import MATMUL_ACTIVATIONS
 from ..registry import kernel
-from . import capi, dnnl
+from . import capi, dnnl, row_panels
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
 from .kernels import F32, SMALL_PRODUCT, _PerThreads, _unavailable, packed_weights, run_alone, shared_pd
 
@@ -210,9 +210,18 @@ def matmul(ctx):
     z_dims = p.z_dims(y) if p.z_shape is not None else None
     z_view = [None, None]  # the last Z and its 2-D view: the same view object keeps the memory's pointer
     alone = p.rows * p.k * p.n <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
+    # one row, in a plan that keeps running: the weights streamed by row_panels' loop
+    row = [0 if p.rows == 1 and not alone else None]  # runs so far, then the loop (or False)
 
     def step(a, b_=None, c=None, z=None, *, out):
         prim, z_arg = prims.get()
+        if row[0] is not None:
+            if row[0].__class__ is int:
+                row[0] += 1
+                if row[0] >= row_panels.AFTER_RUNS:
+                    row[0] = row_panels.stream(prim, p) or None
+            elif row[0](a, z, out) is not None:
+                return out
         buffers = {ARG_SRC: a if a.flags.c_contiguous else np.ascontiguousarray(a), ARG_DST: out}
         if z_arg is not None:
             if z_view[0] is not z:

@@ -1,0 +1,175 @@
+"""One row against packed weights, streamed by a compiled loop: a decode step's products.
+
+At one row a product reads each weight once for one multiply-add: memory bound. oneDNN's
+brgemm kernel reads its own packed layout (`BA16a64b` on AVX-512: 64-column panels, each
+panel's rows one after another) slower than the panels allow. Measured on the 2-core
+AVX-512 machine, GPT-2's 48 layer products (340 MB) at one row, one thread: the matmul
+primitive 22.2-23.3 ms, onnxruntime's MLAS 18.2-19.9, this loop 16.6; two threads, four
+alternating rounds: primitive 12.5-18.1 ms, MLAS 12.0-14.6, this loop 8.5-12.6; a whole
+GPT-2 decode step 21.1-26.8 -> 17.0-20.2 ms (onnxruntime 16.0-23.0).
+
+The loop reads the same packed copy the primitive does (no second copy of the weights),
+one 64-column panel per iteration, the panels shared out among OpenMP's threads: Numba's
+`omp` threading layer runs on the same GNU OpenMP pool as oneDNN's primitives, so no
+second pool spins beside it. FusedMatMul's epilogue (scale, bias, residual, activation)
+is applied to a panel's sums before they are stored.
+
+When a product takes it: a one-row product (rows == 1, not small enough to run alone) whose
+plan has run AFTER_RUNS times (a plan that keeps running: a decoding loop, a served model)
+and only where Numba is already loaded by the process (importing it costs ~0.2 s, more than
+a classifier's one-row layer would ever gain); not in a forked child (Numba's OpenMP layer
+ends a process forked after it ran), and not with another Numba threading layer (its own
+threads would spin against OpenMP's). `stats` counts the products that took it and why
+the others did not; explain prints them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections import Counter
+
+import numpy as np
+
+from ..cpu._jit import compiled, jit
+from . import capi
+from .dnnl import ARG_WEIGHTS
+
+AFTER_RUNS = 16  # as runtime/plan.py's STRAIGHT_AFTER: a plan that has run this often keeps running
+PANEL = 64  # the column block of the packed layout this loop reads (BA{k}a64b)
+
+# activation codes of the loop, by FusedMatMul's activation names
+_ACT = {"": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "Tanh": 5, "Gelu": 6, "GeluTanh": 7}
+
+stats: Counter = Counter()  # "streamed" and the reasons products kept the primitive
+
+prange = range  # numba.prange once Numba is imported (_compile)
+
+
+@jit(parallel=True, fastmath={"contract"}, boundscheck=False)
+def _row_panels(a, w, k, y, alpha, bias, z, act, p0, p1):  # pragma: no cover - compiled
+    """y = act(alpha·(a @ W) + bias + z) for W packed as (panels, K padded, 64)."""
+    panels, _, p = w.shape
+    n = y.shape[0]
+    nb, nz = bias.shape[0], z.shape[0]
+    for q in prange(panels):
+        acc = np.zeros(p, np.float32)
+        for i in range(k):
+            ai = a[i]
+            for j in range(p):
+                acc[j] += ai * w[q, i, j]
+        for j in range(p):
+            c = q * p + j
+            if c >= n:
+                break
+            v = acc[j] * alpha
+            if nb:
+                v += bias[c]
+            if nz == n:
+                v += z[c]
+            elif nz == 1:
+                v += z[0]
+            if act == 1:
+                v = 0.0 if v < 0 else v
+            elif act == 2:
+                v = v if v >= 0 else v * p0
+            elif act == 3:
+                v = p0 if v < p0 else (p1 if v > p1 else v)
+            elif act == 4:
+                v = 1.0 / (1.0 + math.exp(-v))
+            elif act == 5:
+                v = math.tanh(v)
+            elif act == 6:
+                v = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
+            elif act == 7:
+                v = 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+            y[c] = v
+
+
+def _compile():
+    """Numba imported (already loaded: see the module's doc), the OpenMP layer asked for where
+    nobody chose one, and the loop compiled (from the disk cache after the first time);
+    None, or why not."""
+    numba = sys.modules["numba"]
+    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+        try:
+            numba.threading_layer()  # raises until the first parallel launch picks one
+        except ValueError:
+            numba.config.THREADING_LAYER = "omp"
+    globals()["prange"] = numba.prange
+    fn = compiled(_row_panels)
+    one = np.zeros((1, 1, PANEL), np.float32)
+    fn(np.zeros(1, np.float32), one, 1, np.zeros(1, np.float32), 1.0, np.zeros(0, np.float32),
+       np.zeros(0, np.float32), 0, 0.0, 0.0)
+    layer = numba.threading_layer()
+    return None if layer == "omp" else f"Numba's threading layer is {layer}, not omp (OpenMP's pool)"
+
+
+_READY: list = []  # [None] once compiled, [reason] when it cannot be
+_forked = [False]  # this process is a fork's child
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _forked.__setitem__(0, True))
+
+
+def why_not_here() -> str | None:
+    """Why this process cannot stream products (None: it can)."""
+    if _forked[0]:
+        return "a forked process (Numba's OpenMP layer ends a child forked after it ran)"
+    if "numba" not in sys.modules:
+        return "Numba is not loaded (importing it for this costs more than it gains)"
+    if not _READY:
+        try:
+            _READY.append(_compile())
+        except Exception as e:  # noqa: BLE001 - a Numba that cannot do this: the primitive runs
+            _READY.append(f"the loop failed to compile: {type(e).__name__}: {e}")
+    return _READY[0]
+
+
+def panel_view(memory, md) -> np.ndarray | None:
+    """The packed weights as (panels, K padded, 64) float32, when their layout is oneDNN's
+    BA{k}a64b (64-column panels of whole padded columns), else None."""
+    if md.format_kind != "blocked" or len(md.dims) != 2:
+        return None
+    (kb, d0), (pb, d1) = md.inner_blocks if len(md.inner_blocks) == 2 else ((0, -1), (0, -1))
+    kp, np_ = md.padded_dims
+    if (d0, d1, pb) != (0, 1, PANEL) or md.strides != (kb * PANEL, kp * PANEL) or kp % kb or np_ % PANEL:
+        return None
+    return memory.array.view(np.float32)[: kp * np_].reshape(np_ // PANEL, kp, PANEL)
+
+
+def stream(prim, product):
+    """A function (a, z, out) -> out running `product` (matmul.py's _Product) on the loop over
+    the primitive's packed weights (None from it in a forked child), or None (stats says why)."""
+    why = why_not_here()
+    w = None if why else panel_view(prim[ARG_WEIGHTS], prim.pd.weights_md())
+    if why is None and w is None:
+        why = f"the packed layout is not 64-column panels ({prim.pd.weights_md()})"
+    if why is None and (product.trans_a or product.act not in _ACT):
+        why = "A read transposed" if product.trans_a else f"activation {product.act}"
+    if why:
+        stats[why] += 1
+        return None
+    numba = sys.modules["numba"]
+    fn = compiled(_row_panels)
+    k, alpha = product.k, np.float32(product.alpha)
+    bias = np.zeros(0, np.float32) if product.bias is None else np.ascontiguousarray(product.bias, np.float32).reshape(-1)
+    act = _ACT[product.act]
+    params = list(product.params) + [0.0, 0.0]
+    p0 = params[0] if product.act != "LeakyRelu" or product.params else 0.01
+    p1 = params[1]
+    none = np.zeros(0, np.float32)
+    stats["streamed"] += 1
+
+    def run(a, z, out):
+        """out, or None in a forked child (the caller runs its primitive there)."""
+        if _forked[0]:
+            return None
+        n = capi.get_max_threads()
+        if numba.get_num_threads() != n:
+            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        zz = none if z is None else np.ascontiguousarray(z, np.float32).reshape(-1)
+        fn(np.ascontiguousarray(a).reshape(-1), w, k, out.reshape(-1), alpha, bias, zz, act, p0, p1)
+        return out
+
+    return run

@@ -1,0 +1,141 @@
+"""One-row products streamed over oneDNN's packed weights by a compiled loop
+(glassrt/kernels/onednn/row_panels.py): a decode step's layer products."""
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import glassrt
+from glassrt.kernels.onednn import capi
+
+pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason=str(capi.UNAVAILABLE))
+pytest.importorskip("numba")  # loaded in this process, as a decoder's other kernels load it
+
+from glassrt.kernels.onednn import row_panels  # noqa: E402
+
+from .helpers import init, model, tensor  # noqa: E402
+
+GELU_TANH = lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))  # noqa: E731
+ERF = np.vectorize(__import__("math").erf)
+ACTS = {"": lambda v: v, "Relu": lambda v: np.maximum(v, 0), "LeakyRelu": lambda v: np.where(v >= 0, v, 0.2 * v),
+        "Clip": lambda v: np.clip(v, -0.5, 0.7), "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Tanh": np.tanh,
+        "Gelu": lambda v: 0.5 * v * (1 + ERF(v / np.sqrt(2))), "GeluTanh": GELU_TANH}
+PARAMS = {"LeakyRelu": [0.2], "Clip": [-0.5, 0.7]}
+
+
+def _streams(sess, feeds, ref, runs=4):
+    """Run past AFTER_RUNS, checking every run; True if the product was streamed."""
+    before = row_panels.stats["streamed"]
+    for _ in range(runs):
+        np.testing.assert_allclose(sess.run(None, feeds)[0], ref, rtol=2e-5, atol=2e-5)
+    return row_panels.stats["streamed"] > before
+
+
+def _panels_here(k, n) -> bool:
+    """Whether oneDNN packs a (k, n) weight in 64-column panels on this machine (AVX-512: yes;
+    AVX2's oneDNN 3.2 reads them as they lie, and the primitive keeps running them)."""
+    from glassrt.kernels.onednn import dnnl as D
+
+    pd = D.matmul(D.md((1, k), np.float32, "ab"), D.md((k, n), np.float32, "any"), D.md((1, n), np.float32, "ab"))
+    return row_panels.panel_view(D.Memory(pd.weights_md()), pd.weights_md()) is not None
+
+
+@pytest.mark.parametrize("activation", list(ACTS))
+@pytest.mark.parametrize("k,n,z", [(256, 1100, "row"), (300, 1024, "scalar"), (512, 640, None)])
+def test_one_row_fused_products_are_streamed_and_equal_numpy(activation, k, n, z, monkeypatch):
+    """act(alpha·(x @ W) + bias + Z) at one row once the plan has run AFTER_RUNS times: K and
+    N that are not whole blocks (padded in the packed layout), Z a row or a scalar."""
+    monkeypatch.setattr(row_panels, "AFTER_RUNS", 2)
+    rng = np.random.default_rng(k + n)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    x = rng.standard_normal((1, 1, k)).astype(np.float32)
+    inputs, inits, feeds = ["x", "w", "b"], [init("w", w), init("b", bias)], {"x": x}
+    zv = 0.0
+    if z:
+        zv = rng.standard_normal((1, 1, n) if z == "row" else (1,)).astype(np.float32)
+        inputs.append("z")
+        feeds["z"] = zv
+    extra = {"activation_params": PARAMS[activation]} if activation in PARAMS else {}
+    node = helper.make_node("FusedMatMul", inputs, ["y"], name="p", domain="glassrt", alpha=0.75,
+                            activation=activation, **extra)
+    graph_inputs = [tensor("x", ["batch", "seq", k])] + ([tensor("z", list(zv.shape))] if z else [])
+    m = model([node], graph_inputs, [tensor("y", None)], inits, opset=17, domains={"glassrt": 1})
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    ref = ACTS[activation](0.75 * (x.astype(np.float64) @ w) + bias + zv).astype(np.float32)
+    assert _streams(sess, feeds, ref) == _panels_here(k, n)
+    more = rng.standard_normal((1, 3, k)).astype(np.float32)  # three rows: the primitive, as before
+    feeds["x"] = more
+    np.testing.assert_allclose(sess.run(None, feeds)[0],
+                               ACTS[activation](0.75 * (more.astype(np.float64) @ w) + bias + zv), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_one_row_matmul_and_gemm_with_transposed_weights_are_streamed(op, monkeypatch):
+    monkeypatch.setattr(row_panels, "AFTER_RUNS", 3)
+    rng = np.random.default_rng(5)
+    k, n = 384, 768
+    w = rng.standard_normal((n, k) if op == "Gemm" else (k, n)).astype(np.float32)
+    if op == "Gemm":
+        c = rng.standard_normal(n).astype(np.float32)
+        node = helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="p", transB=1, alpha=2.0, beta=0.5)
+        inits, x_shape = [init("w", w), init("c", c)], [1, k]
+        ref = lambda x: 2.0 * (x.astype(np.float64) @ w.T) + 0.5 * c  # noqa: E731
+    else:
+        node = helper.make_node("MatMul", ["x", "w"], ["y"], name="p")
+        inits, x_shape = [init("w", w)], [1, 1, k]
+        ref = lambda x: x.astype(np.float64) @ w  # noqa: E731
+    m = model([node], [tensor("x", x_shape)], [tensor("y", None)], inits, opset=17)
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    for _ in range(2):  # new inputs each time: nothing is kept from a previous run
+        x = rng.standard_normal(x_shape).astype(np.float32)
+        assert _streams(sess, {"x": x}, ref(x), runs=5) == (_panels_here(k, n) and _ == 0)
+
+
+def test_where_products_are_not_streamed_it_says_why(monkeypatch):
+    monkeypatch.setattr(row_panels, "_READY", [])
+    monkeypatch.setattr(row_panels, "_forked", [True])
+    assert "forked" in row_panels.why_not_here()
+    monkeypatch.setattr(row_panels, "_forked", [False])
+    monkeypatch.delitem(__import__("sys").modules, "numba")
+    assert "Numba is not loaded" in row_panels.why_not_here()
+
+
+def test_a_forked_child_runs_a_streamed_product_on_the_primitive(monkeypatch):
+    """Numba's OpenMP layer ends a child forked after it ran a parallel loop; a product the
+    parent streams runs on its oneDNN primitive in the child (one OpenMP thread there)."""
+    monkeypatch.setattr(row_panels, "AFTER_RUNS", 1)
+    rng = np.random.default_rng(9)
+    k, n = 256, 1536
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="p")], [tensor("x", [1, k])], [tensor("y", None)],
+              [init("w", w)], opset=17)
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    before = row_panels.stats["streamed"]
+    for _ in range(3):
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ w, rtol=2e-5, atol=2e-5)
+    assert row_panels.stats["streamed"] == before + _panels_here(k, n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (forking a process with threads: the point)
+        pid = os.fork()
+    if pid == 0:  # the child: exit 0 when it ran and agreed
+        try:
+            os._exit(0 if np.allclose(sess.run(None, {"x": x})[0], x @ w, rtol=2e-5, atol=2e-5) else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung in its run")
