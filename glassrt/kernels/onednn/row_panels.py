@@ -99,7 +99,8 @@ def _compile():
     globals()["prange"] = numba.prange
     fn = compiled(_row_panels)
     one = np.zeros((1, 1, PANEL), np.float32)
-    fn(np.zeros(1, np.float32), one, 1, np.zeros(1, np.float32), 1.0, np.zeros(0, np.float32),
+    # (the argument types `stream` passes: one compiled signature, cached on disk)
+    fn(np.zeros(1, np.float32), one, 1, np.zeros(1, np.float32), np.float32(1.0), np.zeros(0, np.float32),
        np.zeros(0, np.float32), 0, 0.0, 0.0)
     layer = numba.threading_layer()
     return None if layer == "omp" else f"Numba's threading layer is {layer}, not omp (OpenMP's pool)"
@@ -156,14 +157,15 @@ def stream(prim, product):
     bias = np.zeros(0, np.float32) if product.bias is None else np.ascontiguousarray(product.bias, np.float32).reshape(-1)
     act = _ACT[product.act]
     params = list(product.params) + [0.0, 0.0]
-    p0 = params[0] if product.act != "LeakyRelu" or product.params else 0.01
-    p1 = params[1]
+    p0 = float(params[0] if product.act != "LeakyRelu" or product.params else 0.01)
+    p1 = float(params[1])
     none = np.zeros(0, np.float32)
     stats["streamed"] += 1
 
     def run(a, z, out):
-        """out, or None in a forked child (the caller runs its primitive there)."""
-        if _forked[0]:
+        """out, or None in a forked child or for an output that is a strided view (the caller
+        runs its primitive there)."""
+        if _forked[0] or not out.flags.c_contiguous:
             return None
         n = capi.get_max_threads()
         if numba.get_num_threads() != n:
