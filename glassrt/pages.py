@@ -106,6 +106,7 @@ _slabs_made = [0]
 
 def carve(nbytes: int, align: int = 64) -> np.ndarray:
     """A zeroed uint8 array of nbytes (< one huge page) cut from a shared slab on huge pages.
+
     A model's packed weights and its primitives' scratchpads are many buffers of tens to
     hundreds of KiB, each allocated once for the session's life. Allocated one by one they
     are separate maps of small pages (malloc maps anything over 128 KiB), and their first

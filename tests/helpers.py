@@ -114,3 +114,33 @@ def smaps_kib(address: int, field: str) -> int | None:
         elif inside and head == field:
             return int(line.split()[1])
     return None
+
+
+def passes_in_a_forked_child(check, timeout: float = 60.0) -> None:
+    """Fork; the child exits 0 when check() is true, 1 when false, 2 when it raised; fail the
+    test on any other exit, or when the child is still running after `timeout` seconds (a
+    child that hangs, as GNU OpenMP's workers do after a fork)."""
+    import os
+    import time
+    import warnings
+
+    import pytest
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (forking a process with threads: the point)
+        pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if check() else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung in its run")

@@ -4,7 +4,6 @@ glassrt's cpu kernels and to onnxruntime. Skipped where the oneDNN library is mi
 from __future__ import annotations
 
 import os
-import time
 import warnings
 
 import numpy as np
@@ -16,7 +15,7 @@ import glassrt
 from glassrt.kernels.onednn import capi
 from glassrt.tools import light_models as lm
 
-from .helpers import init, model, tensor
+from .helpers import init, model, passes_in_a_forked_child, tensor
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason=f"oneDNN: {capi.UNAVAILABLE}")
 
@@ -291,22 +290,7 @@ def test_a_forked_child_runs_instead_of_hanging_in_openmp():
     sess = glassrt.InferenceSession(m, so, providers=["onednn", "cpu"])
     x = np.ones((1, 4, 16, 16), np.float32)
     expected = sess.run(None, {"x": x})[0]
-    pid = os.fork()
-    if pid == 0:  # the child: exit 0 when it ran and agreed
-        try:
-            os._exit(0 if np.allclose(sess.run(None, {"x": x})[0], expected) else 1)
-        finally:
-            os._exit(2)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail("the forked child hung in its run")
+    passes_in_a_forked_child(lambda: np.allclose(sess.run(None, {"x": x})[0], expected))
 
 
 def test_a_branch_node_reading_an_outer_weight_falls_back_when_its_plan_sees_a_runtime_input():

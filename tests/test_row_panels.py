@@ -2,10 +2,6 @@
 (glassrt/kernels/onednn/row_panels.py): a decode step's layer products."""
 from __future__ import annotations
 
-import os
-import time
-import warnings
-
 import numpy as np
 import pytest
 from onnx import helper
@@ -18,7 +14,7 @@ pytest.importorskip("numba")  # loaded in this process, as a decoder's other ker
 
 from glassrt.kernels.onednn import row_panels  # noqa: E402
 
-from .helpers import init, model, tensor  # noqa: E402
+from .helpers import init, model, passes_in_a_forked_child, tensor  # noqa: E402
 
 GELU_TANH = lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))  # noqa: E731
 ERF = np.vectorize(__import__("math").erf)
@@ -121,21 +117,4 @@ def test_a_forked_child_runs_a_streamed_product_on_the_primitive(monkeypatch):
     for _ in range(3):
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ w, rtol=2e-5, atol=2e-5)
     assert row_panels.stats["streamed"] == before + _panels_here(k, n)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # (forking a process with threads: the point)
-        pid = os.fork()
-    if pid == 0:  # the child: exit 0 when it ran and agreed
-        try:
-            os._exit(0 if np.allclose(sess.run(None, {"x": x})[0], x @ w, rtol=2e-5, atol=2e-5) else 1)
-        finally:
-            os._exit(2)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail("the forked child hung in its run")
+    passes_in_a_forked_child(lambda: np.allclose(sess.run(None, {"x": x})[0], x @ w, rtol=2e-5, atol=2e-5))

@@ -9,7 +9,8 @@
 imports no Numba (a quarter of a second) and compiles nothing. The first call compiles it
 with numba.njit(cache=True, nogil=True, **options) — machine code cached on disk beside the
 module, so a later process only loads it; single-threaded on purpose: the threads belong to
-BLAS (see conv.py). Compiled functions may call each other: Numba reads a callee from the
+BLAS (see conv.py). The exception is onednn/row_panels.py's loop (parallel=True), which runs
+on OpenMP's pool through Numba's omp threading layer. Compiled functions may call each other: Numba reads a callee from the
 caller's module globals when it compiles the caller, so the first compilation in a module
 puts the dispatchers of all of that module's lazy functions in those globals (dispatchers
 compile their own code only when first called, so this costs nothing). Functions must be

@@ -15,6 +15,9 @@ post-ops. Both kernels are bound to a plan's concrete shapes: in a plan whose di
 symbolic (decoding with a growing cache, once shapes are generalized) the plan hands
 these nodes to cpu rather than make primitives (tens of microseconds each) every run.
 
+At one row (a decode step), once the plan has run a few times, the primitive's packed
+weights are read by row_panels.py's compiled loop instead, which streams them faster.
+
 Weights larger than `_PACK_LIMIT` are read where they lie (plain layout) rather than
 copied: a packed copy doubles what a 400 MB classifier layer holds in memory. At one row
 (batch-1 classifiers, a decode step's vocabulary projection) such a product runs on a third
@@ -211,7 +214,7 @@ def matmul(ctx):
     z_view = [None, None]  # the last Z and its 2-D view: the same view object keeps the memory's pointer
     alone = p.rows * p.k * p.n <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
     # one row, in a plan that keeps running: the weights streamed by row_panels' loop
-    row = [0 if p.rows == 1 and not alone else None]  # runs so far, then the loop (or False)
+    row = [0 if p.rows == 1 and not alone else None]  # runs so far, then the loop; None: the primitive
 
     def step(a, b_=None, c=None, z=None, *, out):
         prim, z_arg = prims.get()
