@@ -118,6 +118,31 @@ def test_one_row_against_weights_too_large_to_pack_runs_on_sgemm(op, monkeypatch
         assert sess.explain({"n": rows})["nodes"][0]["kernel"] == kernel
 
 
+def test_weights_too_large_to_hold_twice_are_packed_when_mapped_from_their_file(tmp_path, monkeypatch):
+    """Above the packing limit in-memory weights are read as they lie (a packed copy would hold
+    them twice), but weights mapped from their file are packed like any other (the file's
+    pages are released as the copy is made): a mapped vocabulary projection runs on the
+    matmul primitive (and so on row_panels' loop in a decode loop), not on sgemm."""
+    from glassrt.kernels.onednn import matmul as onednn_matmul
+    from glassrt.tools import optimize as tool
+
+    monkeypatch.setattr(onednn_matmul, "_PACK_LIMIT", 1024)
+    rng = np.random.default_rng(13)
+    k, n = 39, 57
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"], name="p")], [tensor("x", ["n", k])], [tensor("y", None)],
+              [init("w", w)], opset=17)
+    src, out = tmp_path / "m.onnx", tmp_path / "m.ext.onnx"
+    onnx.save(m, src)
+    tool.optimize(src, out, level="none", external_data=True, size_threshold=0)
+    for path, kernel in ((src, "onednn.MatMul.gemv"), (out, "onednn.MatMul")):
+        sess = glassrt.InferenceSession(str(path), providers=["onednn", "cpu"])
+        x = rng.standard_normal((1, k)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ w, rtol=1e-5, atol=1e-5)
+        node = sess.explain({"n": 1})["nodes"][0]
+        assert node["kernel"] == kernel, node
+
+
 def test_the_one_row_kernel_leaves_products_with_an_activation_to_the_primitive(monkeypatch):
     from glassrt.kernels.onednn import matmul as onednn_matmul
 

@@ -19,7 +19,9 @@ At one row (a decode step), once the plan has run a few times, the primitive's p
 weights are read by row_panels.py's compiled loop instead, which streams them faster.
 
 Weights larger than `_PACK_LIMIT` are read where they lie (plain layout) rather than
-copied: a packed copy doubles what a 400 MB classifier layer holds in memory. At one row
+copied: a packed copy doubles what a 400 MB classifier layer holds in memory (unless they
+are mapped from their file: the file's pages are released as the copy is made, so those
+are packed whatever their size). At one row
 (batch-1 classifiers, a decode step's vocabulary projection) such a product runs on a third
 kernel, `gemv`: oneDNN's sgemm, whose matrix-vector path reads plain weights at close to
 memory bandwidth where the matmul primitive does not (measured on the 2-core AVX-512
@@ -32,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.fused import MATMUL_ACTIVATIONS
+from ...weights import is_mapped
 from ..registry import kernel
 from . import capi, dnnl, row_panels
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
@@ -59,6 +62,8 @@ class _Product:
         self.k = a[-2] if self.trans_a else a[-1]
         self.rows = a[-1] if self.trans_a else int(np.prod(a[:-1], dtype=np.int64))
         self.n = b[0] if self.trans_b else b[1]
+        # too large to hold twice: read as they lie (mapped weights are not held twice)
+        self.unpacked = self.k * self.n * 4 > _PACK_LIMIT and not is_mapped(ctx.const(1))
         self.alpha = float(ctx.attrs.get("alpha", 1.0))
         self.bias = self.z = None  # constant (N,) bias / a value added into the product
         self.z_shape = None
@@ -159,7 +164,7 @@ def _product_pd(ctx, p):
     epilogue (kernels.shared_pd): expanding composites, placing nodes and binding each ask
     for it, and one takes ~0.3 ms to make."""
     y = [int(d) for d in ctx.out_shape(0)]
-    key = ("weights", p.rows, p.k, p.n, p.trans_a, p.trans_b, p.alpha, p.bias is not None,
+    key = ("weights", p.rows, p.k, p.n, p.trans_a, p.trans_b, p.unpacked, p.alpha, p.bias is not None,
            p.z_dims(y) if p.z_shape is not None else None, p.act, tuple(p.params))
     return shared_pd(key, lambda: _primitive(ctx, p))
 
@@ -179,7 +184,7 @@ def _primitive(ctx, product=None):
     post, bias_arg, _ = p.post_ops(y)
     src = MemoryDesc.create((p.k, p.rows), np.float32, "ab").permute_axes((1, 0)) if p.trans_a \
         else MemoryDesc.create((p.rows, p.k), np.float32, "ab")
-    weights = _weights_md(p) if p.k * p.n * 4 > _PACK_LIMIT else MemoryDesc.any((p.k, p.n))
+    weights = _weights_md(p) if p.unpacked else MemoryDesc.any((p.k, p.n))
     bias = MemoryDesc.create((1, p.n), np.float32, "ab") if p.bias is not None and bias_arg is None else None
     return dnnl.matmul(src, weights, MemoryDesc.create((p.rows, p.n), np.float32, "ab"), bias, attr=post)
 
@@ -247,8 +252,9 @@ def _gemv_reason(ctx):
     p = _Product(ctx)
     if p.rows != 1:
         return f"A has {p.rows} rows (from a few rows on the matmul primitive is as fast or faster)"
-    if p.k * p.n * 4 <= _PACK_LIMIT:
-        return "B is small enough to pack (the packed matmul primitive is as fast at one row)"
+    if not p.unpacked:
+        return ("B is packed (small enough, or mapped from its file, whose pages are released as it is): "
+                "the matmul primitive takes it")
     if p.trans_a:
         return "A is read transposed"
     if p.z_shape is not None or p.act:
