@@ -167,9 +167,9 @@ def stream(prim, product):
         runs its primitive there)."""
         if _forked[0] or not out.flags.c_contiguous:
             return None
-        n = capi.get_max_threads()
+        n = min(capi.get_max_threads(), numba.config.NUMBA_NUM_THREADS)  # the plan's count (threads.py)
         if numba.get_num_threads() != n:
-            numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+            numba.set_num_threads(n)
         zz = none if z is None else np.ascontiguousarray(z, np.float32).reshape(-1)
         fn(np.ascontiguousarray(a).reshape(-1), w, k, out.reshape(-1), alpha, bias, zz, act, p0, p1)
         return out
