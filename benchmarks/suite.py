@@ -3,7 +3,9 @@
 The suite (glassrt/tools/bench_models.py, random weights, nothing downloaded): the nine
 light models of the onnx package at batch 1 and 8, MobileNetV2 at batch 1, a BERT-base
 encoder at batch 1 and 8 (sequence 128), and greedy decoding on a GPT-2-sized model with
-a KV cache (a 16-token prompt, then 32 tokens; both runtimes must produce the same ones).
+a KV cache (a 16-token prompt, then 32 tokens; both runtimes must produce the same ones;
+with --warmup, one untimed generation per runtime first, its steps shown apart as the
+first round: a process's first generation makes its plans).
 Measured with `glassrt bench`'s machinery (glassrt.tools.bench): one worker process per
 model and runtime, timed runs in alternating turns, the same inputs and thread count.
 
@@ -136,8 +138,8 @@ def _one_line(r: dict) -> str:
 
 
 def _pair(r: dict, key: str, fmt: str, scale: float = 1.0) -> str:
-    vals = [r["runtimes"][rt][key] for rt in r["runtimes"]]
-    return " / ".join(format(v * scale, fmt) for v in vals)
+    vals = [r["runtimes"][rt].get(key) for rt in r["runtimes"]]
+    return " / ".join("-" if v is None else format(v * scale, fmt) for v in vals)
 
 
 def _agree(r: dict) -> str:
@@ -154,7 +156,7 @@ def latency_table(results: list) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         if r["error"]:
-            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | |")
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | | |")
             continue
         med = {rt: x["median_ms"] for rt, x in r["runtimes"].items()}
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
@@ -166,7 +168,8 @@ def latency_table(results: list) -> list[str]:
 
 def decode_table(decoding: list) -> list[str]:
     lines = ["| model | glassrt ms/token | onnxruntime ms/token | glassrt / ort | tokens/s (g / o) | prompt ms (g / o) "
-             "| peak RSS MiB (g / o) | same tokens |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| first round ms/token (g / o) | peak RSS MiB (g / o) | same tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in decoding:
         if r["error"]:
             lines.append(f"| {r['model']} | error: {r['error']} | | | | | | |")
@@ -178,7 +181,7 @@ def decode_table(decoding: list) -> list[str]:
             same += " (a runtime changed its tokens between rounds)"
         lines.append(f"| {r['model']} | {med.get('glassrt', nan):.1f} | {med.get('onnxruntime', nan):.1f} | {ratio} "
                      f"| {_pair(r, 'tokens_per_s', '.1f')} | {_pair(r, 'prefill_ms', '.0f')} "
-                     f"| {_pair(r, 'peak_rss_bytes', ',.0f', 1 / 2**20)} | {same} |")
+                     f"| {_pair(r, 'cold_median_ms', '.1f')} | {_pair(r, 'peak_rss_bytes', ',.0f', 1 / 2**20)} | {same} |")
     return lines
 
 

@@ -228,6 +228,13 @@ def test_decoding_loop_produces_the_same_tokens(tmp_path):
     assert r["error"] is None and r["same_tokens"]
     for x in r["runtimes"].values():
         assert len(x["tokens"][0]) == 6 and len(x["latencies_ms"]) == 5 and x["tokens_per_s"] > 0
+        assert x["cold_median_ms"] is None  # no warm-up round asked for
+    # with warm-up: one untimed round each first, reported apart; the timed rounds as many
+    r = bench.bench_generation(case, bench.Settings(runtimes=bench.RUNTIMES, warmup=1, settle_s=0.0),
+                               new_tokens=6, cache=cache, rounds=1)
+    assert r["error"] is None and r["same_tokens"]
+    for x in r["runtimes"].values():
+        assert len(x["latencies_ms"]) == 5 and x["cold_median_ms"] > 0
 
 
 def test_builtin_names_resolve(tmp_path):

@@ -394,7 +394,10 @@ def bench_generation(case: Case, settings: Settings, new_tokens: int, cache: dic
     """Greedy decoding with a KV cache: case.feeds is the prompt (its past inputs empty),
     `cache` maps each present output to the past input it feeds. Each round decodes
     new_tokens tokens on every runtime in turn; reports ms per one-token step and tokens/s,
-    the prompt's time, and whether every runtime produced the same tokens."""
+    the prompt's time, and whether every runtime produced the same tokens. With
+    settings.warmup, each runtime first decodes one untimed round (as the latency runs
+    have untimed runs: a process's first generation makes its plans, the steady state is
+    what a long decode sees); its steps are reported apart ("cold_median_ms")."""
     result = {"model": case.label, "path": case.path, "new_tokens": new_tokens, "rounds": rounds,
               "runtimes": {}, "ratio": None, "same_tokens": None, "busy_pids": [], "error": None}
     batch = next(iter(case.feeds.values())).shape[0]
@@ -403,6 +406,8 @@ def bench_generation(case: Case, settings: Settings, new_tokens: int, cache: dic
             status(f"{case.label}: decoding")
             generations = {rt: [] for rt in workers}
             order = list(workers)
+            cold = {rt: (workers[rt].generate(case.feeds, new_tokens - 1, cache) if settings.warmup else None)
+                    for rt in order}
             with busy_processes(settings.busy) as pids:
                 result["busy_pids"] = pids
                 for _ in range(rounds):
@@ -413,6 +418,8 @@ def bench_generation(case: Case, settings: Settings, new_tokens: int, cache: dic
                     order.reverse()
             for rt, w in workers.items():
                 result["runtimes"][rt] = _decode_report(w, generations[rt], batch)
+                result["runtimes"][rt]["cold_median_ms"] = (
+                    float(np.median(cold[rt]["step_s"]) * 1e3) if cold[rt] is not None else None)
         tokens = [r["tokens"] for r in result["runtimes"].values()]
         result["same_tokens"] = all(t == tokens[0] for t in tokens)
         result["ratio"] = _ratio(result["runtimes"])
