@@ -91,6 +91,8 @@ def test_one_row_matmul_and_gemm_with_transposed_weights_are_streamed(op, monkey
     for _ in range(2):  # new inputs each time: nothing is kept from a previous run
         x = rng.standard_normal(x_shape).astype(np.float32)
         assert _streams(sess, {"x": x}, ref(x), runs=5) == (_panels_here(k, n) and _ == 0)
+    said = sess.explain()["summary"]["row_products"]  # explain counts them (this process's)
+    assert said["after_runs"] == 3 and said["streamed"] == row_panels.stats["streamed"]
 
 
 def test_where_products_are_not_streamed_it_says_why(monkeypatch):

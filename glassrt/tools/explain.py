@@ -188,7 +188,8 @@ def explain(sess, dims: dict | None = None) -> dict:
 def _row_products() -> dict:
     rp = sys.modules.get("glassrt.kernels.onednn.row_panels")  # (not loaded: no oneDNN product ran)
     stats = dict(rp.stats) if rp is not None else {}
-    return {"streamed": stats.pop("streamed", 0), "not_streamed": stats}
+    return {"streamed": stats.pop("streamed", 0), "not_streamed": stats,
+            "after_runs": rp.AFTER_RUNS if rp is not None else None}
 
 
 def fmt_bytes(n) -> str:
@@ -330,7 +331,7 @@ def render(report: dict, console, max_reason: int = 70) -> None:
     r = s["row_products"]
     if r["streamed"] or r["not_streamed"]:
         console.print(f"one-row products (this process): {r['streamed']} streamed over their packed weights "
-                      "(row_panels, once a plan has run 16 times)" + "".join(
+                      f"(row_panels, once a plan has run {r['after_runs']} times)" + "".join(
                           f"; {n} not: {why}" for why, n in r["not_streamed"].items()), highlight=False, markup=False)
     if s["unsupported"]:
         console.print("memory: no plan (a node no provider runs)", highlight=False, markup=False)
