@@ -4,9 +4,12 @@ At one row a product reads each weight once for one multiply-add: memory bound. 
 brgemm kernel reads its own packed layout (`BA16a64b` on AVX-512: 64-column panels, each
 panel's rows one after another) slower than the panels allow. Measured on the 2-core
 AVX-512 machine, GPT-2's 48 layer products (340 MB) at one row, one thread: the matmul
-primitive 22.2-23.3 ms, onnxruntime's MLAS 18.2-19.9, this loop 16.6; two threads, four
-alternating rounds: primitive 12.5-18.1 ms, MLAS 12.0-14.6, this loop 8.5-12.6; a whole
-GPT-2 decode step 21.1-26.8 -> 17.0-20.2 ms (onnxruntime 16.0-23.0).
+primitive 22.2-23.3 ms, onnxruntime's MLAS 18.2-19.9, a prototype of this loop 16.6; two
+threads, four alternating rounds: primitive 12.5-18.1 ms, MLAS 12.0-14.6, the prototype
+8.5-12.6. In a GPT-2 decode step, per product (c_attn, attn c_proj, c_fc, mlp c_proj):
+246 / 93 / 347 / 320 us against the primitive's 325 / 147 / 427 / 431 and onnxruntime's
+243 / 92 / 322 / 327; whole steps, alternating processes, 22.3 -> 21.0, 22.1 -> 20.4,
+24.7 -> 21.9 ms (onnxruntime 19.3, 18.0, 20.4).
 
 The loop reads the same packed copy the primitive does (no second copy of the weights),
 one 64-column panel per iteration, the panels shared out among OpenMP's threads: Numba's
