@@ -20,6 +20,8 @@ user's own) use them alike, and importing them costs nothing but NumPy.
 """
 from __future__ import annotations
 
+import math
+
 import functools
 
 import numpy as np
@@ -59,7 +61,7 @@ def tiles(shape, limit: int = TILE_ELEMENTS):
     elements (one block, `...`, when the whole array fits). A block is whole inner axes
     and a run of one outer axis, so it is contiguous in a C-ordered array."""
     shape = tuple(int(d) for d in shape)
-    if int(np.prod(shape, dtype=np.int64)) <= limit:
+    if math.prod(shape) <= limit:
         yield (Ellipsis,)
         return
     k, inner = len(shape) - 1, 1

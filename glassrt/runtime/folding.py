@@ -8,6 +8,8 @@ control flow, and no value above `SessionOptions.fold_limit_bytes`.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import GlassrtError, NodeExecutionError, describe_node
@@ -38,7 +40,7 @@ def within_limit(types, options) -> bool | None:
             continue
         if not isinstance(t, TensorType) or not t.is_static:
             return None
-        total += int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+        total += math.prod(t.shape) * t.dtype.itemsize
     return total <= fold_limit(options)
 
 

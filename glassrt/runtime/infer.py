@@ -53,8 +53,11 @@ def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=Non
     because a node's rule is a function of the node and its inputs alone, and nodes are
     never changed in place (passes make new ones); nodes with subgraphs (which read the
     outer scope) and nodes whose rule failed there are inferred again."""
-    types = ChainMap({}, outer_types or {})
-    vals = ChainMap({}, outer_values or {})
+    # a subgraph also sees its outer scope's values; the top graph (no outer scope) gets
+    # plain dicts: a ChainMap lookup costs several times a dict's, and inference looks up
+    # every input of every node (a fifth of a small model's first inference)
+    types = ChainMap({}, outer_types) if outer_types else {}
+    vals = ChainMap({}, outer_values) if outer_values else {}
     problems = {}
     for name, arr in graph.initializers.items():
         types[name] = TensorType(arr.dtype, tuple(arr.shape))
@@ -73,7 +76,8 @@ def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=Non
         if reuse is None or not _take_over(reuse, node, in_types, in_values, types, vals):
             infer_node(graph, node, types, vals, problems, strict, in_types, in_values)
         seen[id(node)] = (node, in_types, in_values)
-    return Inference(dict(types.maps[0]), dict(vals.maps[0]), problems, seen)
+    own = lambda m: dict(m.maps[0]) if isinstance(m, ChainMap) else m  # noqa: E731
+    return Inference(own(types), own(vals), problems, seen)
 
 
 def _take_over(reuse: Inference, node, in_types, in_values, types, vals) -> bool:

@@ -165,7 +165,7 @@ def _learned_by_folding(known: dict, inf, executed) -> dict:
 def _nbytes(t) -> int:
     """Bytes of a static, non-string tensor type; 0 for anything else."""
     if isinstance(t, TensorType) and t.is_static and t.dtype != object:
-        return int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+        return math.prod(t.shape) * t.dtype.itemsize
     return 0
 
 

@@ -433,7 +433,7 @@ class Memory(_Owned):
         """The buffer as an array of the logical shape (plain layouts only)."""
         if not self.desc.is_plain:
             raise ValueError(f"{self.desc.format} is not a plain layout; reorder it first (to_numpy)")
-        n = int(np.prod(self.desc.dims))
+        n = math.prod(self.desc.dims)
         return self.array.reshape(-1).view(np.uint8)[: n * self.desc.dtype.itemsize].view(self.desc.dtype) \
             .reshape(self.desc.dims)
 

@@ -99,13 +99,13 @@ class _LayoutChange:
         self.needed = in_layout != out_layout and not _same_memory(y_shape)
         self.dst_format = _fmt(in_layout) if self.needed or _same_memory(y_shape) else _fmt(out_layout)
         self.y, self.in_layout, self.out_layout = [int(d) for d in y_shape], in_layout, out_layout
-        n = int(np.prod(self.y))
+        n = math.prod(self.y)
         self.buffer = _workspace_views(ctx.workspace, n)[0] if self.needed else None
         self.staged_view = self.staged() if self.needed else None
 
     @staticmethod
     def workspace(ctx, in_layout, out_layout, y_shape) -> int:
-        return _ws_bytes(int(np.prod(y_shape))) if in_layout != out_layout and not _same_memory(y_shape) else 0
+        return _ws_bytes(math.prod(y_shape)) if in_layout != out_layout and not _same_memory(y_shape) else 0
 
     def dst(self, out, views):
         """The array the primitive writes."""
@@ -356,7 +356,7 @@ def _dense_groups_reason(ctx):
     if group > DENSE_GROUPS_MAX:
         return f"group {group}: as a dense conv it would do {group}x the work (at most {DENSE_GROUPS_MAX}x here)"
     w = ctx.shape(1)
-    dense_bytes = 4 * int(np.prod(w)) * group
+    dense_bytes = 4 * math.prod(w) * group
     if dense_bytes > DENSE_WEIGHT_BYTES_MAX:
         return f"its block-diagonal weights would take {dense_bytes} bytes (at most {DENSE_WEIGHT_BYTES_MAX} here)"
     impl = _grouped_impl(ctx, 1)
@@ -391,7 +391,7 @@ def _conv_workspace(ctx):
         return 0
     x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
     in_layout, reorder_in, out_layout = _conv_layouts(ctx)
-    return _ws_bytes(int(np.prod(x)) if reorder_in else 0, int(np.prod(y)) if out_layout != NHWC else 0)
+    return _ws_bytes(math.prod(x) if reorder_in else 0, math.prod(y) if out_layout != NHWC else 0)
 
 
 def _post_spec(ctx, z_layout=None) -> tuple:
@@ -443,8 +443,8 @@ def _conv(ctx, dense_groups: bool):
         weights, group = _block_diagonal(np.asarray(weights, np.float32), group), 1
     bias = np.ascontiguousarray(ctx.const(2), np.float32) if ctx.has(2) else None
     z_layout = ctx.layout(ctx.node.inputs[3]) if _residual(ctx) else None
-    src_ws, dst_ws = _workspace_views(ctx.workspace, int(np.prod(x)) if reorder_in else 0,
-                                      int(np.prod(y)) if out_layout != NHWC else 0)
+    src_ws, dst_ws = _workspace_views(ctx.workspace, math.prod(x) if reorder_in else 0,
+                                      math.prod(y) if out_layout != NHWC else 0)
     packed = {}  # weights reordered once per layout a primitive chose
 
     def build():

@@ -31,6 +31,8 @@ is as fast or faster: 4 rows 12.4 vs 16.0 ms, 8 rows 23.2 vs 46.1 ms).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...ops.fused import MATMUL_ACTIVATIONS
@@ -60,7 +62,7 @@ class _Product:
         self.trans_a = op == "Gemm" and bool(ctx.attrs.get("transA", 0))
         self.trans_b = op == "Gemm" and bool(ctx.attrs.get("transB", 0))
         self.k = a[-2] if self.trans_a else a[-1]
-        self.rows = a[-1] if self.trans_a else int(np.prod(a[:-1], dtype=np.int64))
+        self.rows = a[-1] if self.trans_a else math.prod(a[:-1])
         self.n = b[0] if self.trans_b else b[1]
         # too large to hold twice: read as they lie (mapped weights are not held twice)
         self.unpacked = self.k * self.n * 4 > _PACK_LIMIT and not is_mapped(ctx.const(1))
@@ -86,7 +88,7 @@ class _Product:
     def z_dims(self, y_shape):
         """Z as the 2-D operand oneDNN reads: (rows, N), (1, N), (rows, 1) or (1, 1)."""
         z = [1] * (len(y_shape) - len(self.z_shape)) + self.z_shape
-        lead = int(np.prod(z[:-1], dtype=np.int64))
+        lead = math.prod(z[:-1])
         return (self.rows if lead == self.rows else 1, z[-1])
 
     def post_ops(self, y_shape):
@@ -111,8 +113,8 @@ class _Product:
 def _z_reason(z_shape, y_shape):
     """None if Z broadcasts into (rows, N) in a way oneDNN reads: whole, one row, or one column."""
     z = [1] * (len(y_shape) - len(z_shape)) + list(z_shape)
-    lead = int(np.prod(z[:-1], dtype=np.int64))
-    rows = int(np.prod(y_shape[:-1], dtype=np.int64))
+    lead = math.prod(z[:-1])
+    rows = math.prod(y_shape[:-1])
     if lead not in (1, rows) or (lead == rows and z[:-1] != list(y_shape[:-1])):
         return f"Z of shape {list(z_shape)} broadcasts over some leading dims of {list(y_shape)} only"
     return None
@@ -379,7 +381,7 @@ def batched_matmul(ctx):
     prims = _PerThreads(build)
     last = {}  # slot -> (array, its contiguous view in the padded rank): the same object each run
     y = [int(d) for d in ctx.out_shape(0)]
-    alone = int(np.prod(y)) * int(ctx.shape(0)[-1]) <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
+    alone = math.prod(y) * int(ctx.shape(0)[-1]) <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
 
     def view(slot, v):
         hit = last.get(slot)

@@ -7,6 +7,8 @@ the cpu kernels by rounding only (oneDNN's own exp; its sums in another order).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ...ops.geometry import normalize_axis
@@ -28,7 +30,7 @@ def _ln_geometry(ctx):
     """(rows, width): the dims before `axis` flattened, and those from it on."""
     x = _static(ctx)
     a = normalize_axis(int(ctx.attrs.get("axis", -1)), len(x))
-    return int(np.prod(x[:a], dtype=np.int64)), int(np.prod(x[a:], dtype=np.int64))
+    return math.prod(x[:a]), math.prod(x[a:])
 
 
 def _basic_reason(ctx):
@@ -49,7 +51,7 @@ def _ln_reason(ctx):
         return "an empty input"
     for i, what in ((1, "Scale"), (2, "B")):
         s = _static(ctx, i) if ctx.has(i) else []
-        if ctx.has(i) and (s is None or int(np.prod(s, dtype=np.int64)) != width or len(s) > len(x)
+        if ctx.has(i) and (s is None or math.prod(s) != width or len(s) > len(x)
                            or s != x[len(x) - len(s):]):
             return f"{what} does not cover the normalized dims exactly (no broadcasting here)"
     return None
@@ -104,7 +106,7 @@ def _softmax_geometry(ctx):
     a = normalize_axis(int(ctx.attrs.get("axis", default)), len(x))
     if ctx.node.opset >= 13:
         return x, a
-    return [int(np.prod(x[:a], dtype=np.int64)), int(np.prod(x[a:], dtype=np.int64))], 1
+    return [math.prod(x[:a]), math.prod(x[a:])], 1
 
 
 def _softmax_reason(ctx):
@@ -125,7 +127,7 @@ def softmax(ctx):
     log = ctx.node.op_type == "LogSoftmax"
     prims = _PerThreads(lambda: dnnl.softmax(md, md, axis, log=log).primitive().bind({ARG_SRC: None, ARG_DST: None}))
 
-    alone = int(np.prod(shape)) <= SMALL_ELEMENTS  # see kernels.SMALL_ELEMENTS
+    alone = math.prod(shape) <= SMALL_ELEMENTS  # see kernels.SMALL_ELEMENTS
 
     def step(x, *, out):
         run_alone(prims.get(), {ARG_SRC: x if x.flags.c_contiguous else np.ascontiguousarray(x), ARG_DST: out}, alone)
