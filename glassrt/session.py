@@ -20,6 +20,7 @@ from . import dtypes, onnx_io, symbolic, weights
 from .errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, InvalidArgumentError,
                       MissingInputError, UnknownInputError, UnknownOutputError, UnsupportedOperatorError)
 from .ir import MapType, OptionalType, SequenceType, TensorType
+from .kernels.onednn import preload as onednn_preload
 from .passes import run_passes
 from .runtime import providers as providers_mod
 from .runtime.infer import infer_symbolic
@@ -147,12 +148,14 @@ class Session:
         self.options = sess_options or SessionOptions()
         self.notes: list[str] = []  # what explain should say about this session's setup
         _apply_threads(self.options.intra_op_num_threads, self.notes)
-        self.providers = providers_mod.make(providers, self.notes)
+        if providers_mod.wants_onednn(providers):
+            onednn_preload.start()  # oneDNN's library loads on another core while the model is read
         t0 = time.perf_counter()
         self.graph = onnx_io.load(model, base_dir)
         self._loaded_weights = weights.as_loaded(self.graph)  # for explain: mapped / copied / transformed
         self._source = (model, base_dir)
         self.timings = {"load": time.perf_counter() - t0}
+        self.providers = providers_mod.make(providers, self.notes)
         # passes → infer → place: each stage a function of the one before (see DESIGN.md).
         t0 = time.perf_counter()
         self.graph, found, self.passes = run_passes(self.graph, self.options, self.providers, infer_symbolic)

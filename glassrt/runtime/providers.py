@@ -208,6 +208,15 @@ ORT_ONLY = {"CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecution
 DEFAULT = ["onednn", "cpu", "reference"]
 
 
+def wants_onednn(names) -> bool:
+    """Whether a priority list (None: DEFAULT) names the onednn provider."""
+    for entry in names or DEFAULT:
+        n = entry[0] if isinstance(entry, tuple) and entry else entry
+        if isinstance(entry, OnednnProvider) or (isinstance(n, str) and ALIASES.get(n, n) == "onednn"):
+            return True
+    return False
+
+
 def make(names, notes: list | None = None) -> list[Provider]:
     """Provider objects for a priority list (None: DEFAULT). An entry is a name (glassrt's
     or onnxruntime's), a (name, options) pair as onnxruntime takes them, or a Provider

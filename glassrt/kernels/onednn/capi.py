@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 from ctypes import (
     POINTER,
     c_char,
@@ -42,6 +41,8 @@ from ctypes import (
     c_void_p,
 )
 from pathlib import Path
+
+from . import preload
 
 UNAVAILABLE: str | None = None
 lib: ctypes.CDLL | None = None
@@ -271,12 +272,7 @@ def _wheel_candidates():
     """The library paths a pip install leaves, best first; lazily, so that the package
     metadata (a scan of site-packages: milliseconds) is read only when the library is not
     where the onednn-cpu-gomp wheel puts it."""
-    env = os.environ.get("GLASSRT_ONEDNN_LIBRARY")
-    if env:
-        yield env
-    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix, sys.exec_prefix)):
-        for name in ("libdnnl.so.3", "libdnnl.so"):
-            yield str(Path(prefix) / "lib" / name)
+    yield from preload.wheel_paths()
     found = []
     try:
         from importlib import metadata
@@ -449,9 +445,10 @@ def _check_names(handle: ctypes.CDLL) -> list[str]:
 
 def _load() -> None:
     global UNAVAILABLE, lib, path, version, git_hash, _execute, _wait, _set_handle
-    if os.environ.get("GLASSRT_ONEDNN", "1").lower() in ("0", "off", "no", "false"):
+    if preload.turned_off():
         UNAVAILABLE = "oneDNN turned off by GLASSRT_ONEDNN=0"
         return
+    preload.wait()  # a session may have begun loading it on another thread (preload.py)
     errors = []
     for cand in _candidates():
         if os.sep in cand and not os.path.exists(cand):
