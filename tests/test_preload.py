@@ -94,3 +94,70 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+_SPIN_PROBE = r"""
+import ctypes, json, os, sys, time
+import numpy as np
+from onnx import TensorProto, helper
+if sys.argv[1] == "libgomp-first":
+    ctypes.CDLL("libgomp.so.1")
+import glassrt
+from glassrt.kernels.onednn import preload
+
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+w = helper.make_tensor("w", TensorProto.FLOAT, [32, 16, 3, 3], np.full(32 * 16 * 9, 0.01, np.float32))
+model = helper.make_model(helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g", [x], [y], [w]),
+                          opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+sess = glassrt.InferenceSession(model, sess_options=glassrt.SessionOptions(intra_op_num_threads=2))
+feed = {"x": np.ones((1, 16, 32, 32), np.float32)}
+sess.run(None, feed)
+
+def cpu_ticks():
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+burned = 0
+for _ in range(20):  # a run, then 50 ms idle: what do OpenMP's idle workers burn meanwhile?
+    sess.run(None, feed)
+    before = cpu_ticks()
+    time.sleep(0.05)
+    burned += cpu_ticks() - before
+print(json.dumps({"policy": preload.spin_policy, "env": os.environ.get("GOMP_SPINCOUNT"),
+                  "wait_policy": os.environ.get("OMP_WAIT_POLICY"), "burned": burned}))
+"""
+
+
+def _spin_probe(mode="", **env):
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    run = subprocess.run([sys.executable, "-c", _SPIN_PROBE, mode], capture_output=True, text=True, timeout=120,
+                         env={**clean, **env})
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_openmp_workers_stop_spinning_soon_after_a_run():
+    """glassrt loads libgomp with GOMP_SPINCOUNT where nobody chose how OpenMP waits, and
+    takes the variable out of the environment again (children do not inherit it)."""
+    ours = _spin_probe()
+    assert "10,000" in ours["policy"] and ours["env"] is None
+    default = _spin_probe(GOMP_SPINCOUNT="300000")  # libgomp's own default, made explicit
+    assert "environment" in default["policy"] and default["env"] == "300000"
+    if default["burned"] < 5:  # (one core, or a worker never scheduled: nothing to compare)
+        pytest.skip(f"libgomp's default burned only {default['burned']} ticks here")
+    assert ours["burned"] < default["burned"] / 2, (ours, default)
+
+
+def test_the_users_openmp_settings_are_kept():
+    got = _spin_probe(OMP_WAIT_POLICY="passive")
+    assert "OMP_WAIT_POLICY=passive" in got["policy"] and got["wait_policy"] == "passive" and got["env"] is None
+
+
+def test_libgomp_loaded_before_glassrt_is_left_as_it_is():
+    got = _spin_probe("libgomp-first")
+    assert "loaded before glassrt" in got["policy"] and got["env"] is None

@@ -444,11 +444,20 @@ def _check_names(handle: ctypes.CDLL) -> list[str]:
 
 
 def _load() -> None:
-    global UNAVAILABLE, lib, path, version, git_hash, _execute, _wait, _set_handle
+    global UNAVAILABLE
     if preload.turned_off():
         UNAVAILABLE = "oneDNN turned off by GLASSRT_ONEDNN=0"
         return
     preload.wait()  # a session may have begun loading it on another thread (preload.py)
+    preload.spin_env_for_load()  # (how OpenMP's workers wait: preload.py)
+    try:
+        _load_first_that_fits()
+    finally:
+        preload.restore_env()
+
+
+def _load_first_that_fits() -> None:
+    global UNAVAILABLE, lib, path, version, git_hash, _execute, _wait, _set_handle
     errors = []
     for cand in _candidates():
         if os.sep in cand and not os.path.exists(cand):

@@ -11,6 +11,16 @@ checks the library's version and names, and one it refuses merely stays mapped.
 
 A fork waits for the load to end: a child forked while another thread holds the dynamic
 loader's lock would hang in its own first dlopen.
+
+The library brings GNU OpenMP (libgomp), whose idle workers spin GOMP_SPINCOUNT times
+before they sleep, 300,000 by default: milliseconds after every parallel region, in which
+a machine busy with other processes loses a core to the spinning (`glassrt bench --busy 3`
+on the nine light models, batch 1 and 8, two alternating rounds each way: geometric means
+1.02 and 0.94 with libgomp's default, 0.85 and 0.83 with SPINCOUNT). Where the user set
+neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY and libgomp is not loaded yet, the load runs
+with GOMP_SPINCOUNT=SPINCOUNT in the environment (libgomp reads it once, as it loads), and
+the variable is taken out again afterwards, so that child processes do not inherit it;
+`spin_policy` says which of these happened (explain prints it).
 """
 from __future__ import annotations
 
@@ -21,6 +31,10 @@ import threading
 
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
+
+SPINCOUNT = 10_000  # ~0.3 ms of spinning on the 2-core AMD machine, then a futex sleep
+spin_policy: str | None = None  # how OpenMP's workers wait, once glassrt has loaded the library
+_spin_set = False  # GOMP_SPINCOUNT is in the environment for the load and must come out after it
 
 
 def turned_off() -> bool:
@@ -35,6 +49,42 @@ def wheel_paths():
     for prefix in dict.fromkeys((sys.prefix, sys.base_prefix, sys.exec_prefix)):
         for name in ("libdnnl.so.3", "libdnnl.so"):
             yield os.path.join(prefix, "lib", name)
+
+
+def _libgomp_loaded() -> bool:
+    try:
+        ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return False
+    return True
+
+
+def spin_env_for_load() -> None:
+    """Before the library (and with it libgomp) loads: GOMP_SPINCOUNT where nobody chose
+    how OpenMP waits (see the module's doc); `spin_policy` says what holds."""
+    global spin_policy, _spin_set
+    if spin_policy is not None:
+        return
+    chosen = [f"{v}={os.environ[v]}" for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if v in os.environ]
+    if chosen:
+        spin_policy = f"OpenMP's workers wait as the environment says ({', '.join(chosen)})"
+    elif _libgomp_loaded():
+        spin_policy = ("GNU OpenMP was loaded before glassrt: its workers wait as it was set up then (its "
+                       "default: 300,000 spins, milliseconds, after each parallel region)")
+    else:
+        os.environ["GOMP_SPINCOUNT"] = str(SPINCOUNT)
+        _spin_set = True
+        spin_policy = (f"OpenMP's workers spin {SPINCOUNT:,} times, then sleep (GOMP_SPINCOUNT for libgomp's "
+                       "load, set by glassrt: its default 300,000 spins held a busy machine's cores for "
+                       "milliseconds after each parallel region)")
+
+
+def restore_env() -> None:
+    """After the load: GOMP_SPINCOUNT out of the environment again, if glassrt put it there."""
+    global _spin_set
+    if _spin_set:
+        os.environ.pop("GOMP_SPINCOUNT", None)
+        _spin_set = False
 
 
 def start() -> None:
@@ -55,6 +105,7 @@ def start() -> None:
         if path is None:
             _thread = threading.Thread(target=lambda: None)  # (nothing to load: capi will say why)
         else:
+            spin_env_for_load()
             dlopen.argtypes, dlopen.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_void_p
             # the flags ctypes.CDLL uses, so that its dlopen finds this load as it would its own
             _thread = threading.Thread(target=dlopen, args=(os.fsencode(path), os.RTLD_NOW | os.RTLD_LOCAL),
@@ -68,3 +119,5 @@ def wait() -> None:
     t = _thread
     if t is not None and t.is_alive() and t is not threading.current_thread():
         t.join()
+    if t is not None and not t.is_alive():
+        restore_env()
