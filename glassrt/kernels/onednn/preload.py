@@ -14,9 +14,11 @@ loader's lock would hang in its own first dlopen.
 
 The library brings GNU OpenMP (libgomp), whose idle workers spin GOMP_SPINCOUNT times
 before they sleep, 300,000 by default: milliseconds after every parallel region, in which
-a machine busy with other processes loses a core to the spinning (`glassrt bench --busy 3`
-on the nine light models, batch 1 and 8, two alternating rounds each way: geometric means
-1.02 and 0.94 with libgomp's default, 0.85 and 0.83 with SPINCOUNT). Where the user set
+a machine busy with other processes loses a core to the spinning (`benchmarks/suite.py
+--busy 3`, glassrt / onnxruntime: densenet121, inception_v1, shufflenet and squeezenet at
+batch 1 and 8, two alternating rounds each way, geometric means 1.02 and 0.94 with libgomp's
+default, 0.85 and 0.83 with SPINCOUNT; the nine light models at both batches, one run each,
+1.09 and 0.85). Where the user set
 neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY and libgomp is not loaded yet, the load runs
 with GOMP_SPINCOUNT=SPINCOUNT in the environment (libgomp reads it once, as it loads), and
 the variable is taken out again afterwards, so that child processes do not inherit it;
