@@ -156,7 +156,7 @@ def latency_table(results: list) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         if r["error"]:
-            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | |")
             continue
         med = {rt: x["median_ms"] for rt, x in r["runtimes"].items()}
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
@@ -172,7 +172,7 @@ def decode_table(decoding: list) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in decoding:
         if r["error"]:
-            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | |")
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | | |")
             continue
         med = {rt: x["median_ms"] for rt, x in r["runtimes"].items()}
         ratio = f"{r['ratio']:.2f}x" if r.get("ratio") else "-"

@@ -243,3 +243,19 @@ def test_builtin_names_resolve(tmp_path):
     assert os.path.exists(case.path)
     assert bm.lookup("bert") is bm.SUITE["bert-base"] and bm.lookup("resnet50") is bm.SUITE["light:resnet50"]
     assert bm.lookup("nothing.onnx") is None
+
+
+def test_suite_tables_give_an_error_row_as_many_cells_as_the_header():
+    import importlib.util
+    from pathlib import Path
+
+    import sys
+
+    spec = importlib.util.spec_from_file_location("benchmark_suite", Path(__file__).parents[1] / "benchmarks" / "suite.py")
+    suite = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = suite  # (its dataclasses look their module up)
+    spec.loader.exec_module(suite)
+    failed = {"model": "m", "error": "boom", "runtimes": {}, "ratio": None}
+    for table in (suite.latency_table, suite.decode_table):
+        header, rule, row = table([failed])
+        assert header.count("|") == rule.count("|") == row.count("|"), table.__name__

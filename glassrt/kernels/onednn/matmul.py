@@ -220,18 +220,19 @@ def matmul(ctx):
     z_dims = p.z_dims(y) if p.z_shape is not None else None
     z_view = [None, None]  # the last Z and its 2-D view: the same view object keeps the memory's pointer
     alone = p.rows * p.k * p.n <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
-    # one row, in a plan that keeps running: the weights streamed by row_panels' loop
-    row = [0 if p.rows == 1 and not alone else None]  # runs so far, then the loop; None: the primitive
+    # one row, in a plan that keeps running: after AFTER_RUNS runs the weights are streamed
+    # by row_panels' loop (runs: None once decided; streamed: None where it cannot)
+    runs, streamed = [0 if p.rows == 1 and not alone else None], [None]
 
     def step(a, b_=None, c=None, z=None, *, out):
         prim, z_arg = prims.get()
-        if row[0] is not None:
-            if row[0].__class__ is int:
-                row[0] += 1
-                if row[0] >= row_panels.AFTER_RUNS:
-                    row[0] = row_panels.stream(prim, p) or None
-            elif row[0](a, z, out) is not None:
+        if streamed[0] is not None:
+            if streamed[0](a, z, out) is not None:
                 return out
+        elif runs[0] is not None:
+            runs[0] += 1
+            if runs[0] >= row_panels.AFTER_RUNS:
+                streamed[0], runs[0] = row_panels.stream(prim, p), None
         buffers = {ARG_SRC: a if a.flags.c_contiguous else np.ascontiguousarray(a), ARG_DST: out}
         if z_arg is not None:
             if z_view[0] is not z:

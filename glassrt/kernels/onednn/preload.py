@@ -1,7 +1,7 @@
 """oneDNN's library loaded on another core while a session reads its model.
 
 The first session of a process loads libdnnl, a 40 MB C++ library: its relocations and
-page faults took 3-5 ms here (more with a cold page cache), charged to that session's
+page faults took 4 ms here with the file in the page cache, 12 without, charged to that session's
 creation. ctypes.CDLL holds the GIL through dlopen, so `start` asks libc's dlopen as a
 plain foreign call instead (ctypes releases the GIL around those), on a thread, and the
 session reads and parses its model meanwhile; capi's own CDLL of the same path then finds
@@ -34,7 +34,7 @@ import threading
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
 
-SPINCOUNT = 10_000  # ~0.3 ms of spinning on the 2-core AMD machine, then a futex sleep
+SPINCOUNT = 10_000  # ~0.3 ms of spinning here (the default's 300,000: 8-9 ms measured), then a futex sleep
 spin_policy: str | None = None  # how OpenMP's workers wait, once glassrt has loaded the library
 _spin_set = False  # GOMP_SPINCOUNT is in the environment for the load and must come out after it
 
