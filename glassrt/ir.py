@@ -7,6 +7,7 @@ missing optional input is the empty string, as in ONNX.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ class TensorType:
     def rank(self):
         return None if self.shape is None else len(self.shape)
 
-    @property
+    @cached_property  # (asked thousands of times while a model is placed and planned)
     def is_static(self) -> bool:
         return symbolic.all_static(self.shape)
 

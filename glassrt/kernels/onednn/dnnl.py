@@ -383,14 +383,16 @@ class Memory(_Owned):
     _destroy = "dnnl_memory_destroy"
 
     def __init__(self, desc: MemoryDesc | int, buffer: np.ndarray | None = None, *, allocate: bool | None = None,
-                 eng: Engine | None = None):
+                 eng: Engine | None = None, nbytes: int | None = None):
         """desc: a MemoryDesc, or the address of a descriptor oneDNN owns (a primitive
-        descriptor's query: the memory copies it, so binding makes no MemoryDesc of its own)."""
+        descriptor's query: the memory copies it, so binding makes no MemoryDesc of its own;
+        `nbytes`, its size, where the caller knows it)."""
         lib = _lib()
         if isinstance(desc, MemoryDesc):
             self._desc, md, self.nbytes = desc, desc.handle, desc.size
         else:
-            self._desc, md, self.nbytes = None, desc, lib.dnnl_memory_desc_get_size(desc)
+            self._desc, md = None, desc
+            self.nbytes = lib.dnnl_memory_desc_get_size(desc) if nbytes is None else nbytes
             if isinstance(buffer, np.ndarray) and not buffer.flags.c_contiguous:
                 self._desc = MemoryDesc.clone_of(desc)  # _check asks a strided buffer's layout now
         self._engine = eng or engine()
@@ -561,6 +563,9 @@ class PrimitiveDesc(_Owned):
         self.handle, self.kind, self.attr = handle, kind, attr
         self._keep = keep  # descs/attrs that built it (oneDNN copied them; kept for repr/debugging)
         self._prim = None
+        # (query, index) -> (descriptor address or None, its bytes): every binding of a shared
+        # descriptor asks the same handful (two foreign calls each, and one for the size)
+        self._mds: dict = {}
 
     def query_md(self, what: int | str, index: int = 0) -> MemoryDesc | None:
         """An owned clone of a queried memory descriptor; None when the argument is unused."""
@@ -570,14 +575,22 @@ class PrimitiveDesc(_Owned):
     def _query_ptr(self, what: int | str, index: int = 0) -> int | None:
         """The address of a queried descriptor (the primitive descriptor owns it), or None
         where the argument is unused (a zero descriptor)."""
+        return self._query_sized(what, index)[0]
+
+    def _query_sized(self, what: int | str, index: int = 0) -> tuple[int | None, int]:
+        """(_query_ptr, the descriptor's size in bytes), asked of oneDNN once."""
+        hit = self._mds.get((what, index))
+        if hit is not None:
+            return hit
         w = capi.QUERY[what + "_md" if not what.endswith("_md") else what] if isinstance(what, str) else what
         lib = _lib()
         ptr = lib.dnnl_primitive_desc_query_md(self.handle, w, index)
-        if not ptr:
-            return None
-        n = c_int32()
-        lib.dnnl_memory_desc_query(ptr, capi.QUERY["ndims_s32"], byref(n))
-        return ptr if n.value else None
+        if ptr:
+            n = c_int32()
+            lib.dnnl_memory_desc_query(ptr, capi.QUERY["ndims_s32"], byref(n))
+            ptr = ptr if n.value else None
+        hit = self._mds[(what, index)] = (ptr, lib.dnnl_memory_desc_get_size(ptr) if ptr else 0)
+        return hit
 
     def src_md(self, i: int = 0) -> MemoryDesc | None:
         return self.query_md(capi.query_src_md, i)
@@ -613,6 +626,7 @@ class PrimitiveDesc(_Owned):
             return False
         capi.check("dnnl_primitive_desc_next_impl", st)
         self._prim = None
+        self._mds.clear()  # another implementation: other layouts
         return True
 
     def primitive(self) -> Primitive:
@@ -665,19 +679,19 @@ class Step:
             if isinstance(v, Memory):
                 mems[arg] = v
                 continue
-            d = self.pd._query_ptr(capi.query_exec_arg_md, arg)
+            d, size = self.pd._query_sized(capi.query_exec_arg_md, arg)
             if d is None:
                 raise ValueError(f"{self.pd.kind} ({self.pd.impl}) takes no argument {arg}")
-            mems[arg] = Memory(d, v, allocate=False)
+            mems[arg] = Memory(d, v, allocate=False, nbytes=size)
         attr = self.pd.attr
         if ARG_SCRATCHPAD not in mems and attr is not None and attr.scratchpad == "user":
-            d = self.pd._query_ptr(capi.query_scratchpad_md)
+            d, size = self.pd._query_sized(capi.query_scratchpad_md)
             if d is not None:
-                mems[ARG_SCRATCHPAD] = Memory(d, allocate=True)
+                mems[ARG_SCRATCHPAD] = Memory(d, allocate=True, nbytes=size)
         if ARG_WORKSPACE not in mems:
-            d = self.pd._query_ptr(capi.query_workspace_md)
+            d, size = self.pd._query_sized(capi.query_workspace_md)
             if d is not None:
-                mems[ARG_WORKSPACE] = Memory(d, allocate=True)
+                mems[ARG_WORKSPACE] = Memory(d, allocate=True, nbytes=size)
         self.mems = mems
         self._args = (ExecArg * len(mems))(*[ExecArg(a, m.handle.value) for a, m in mems.items()])
         self._nargs = len(mems)

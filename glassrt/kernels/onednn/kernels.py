@@ -249,7 +249,7 @@ def _unavailable(ctx):
         return f"oneDNN is unavailable: {capi.UNAVAILABLE}"
     for t in (*ctx.input_types, *ctx.output_types):
         shape = getattr(t, "shape", None)
-        if shape is not None and all(isinstance(d, int) for d in shape) and math.prod(shape) > MAX_ELEMENTS:
+        if shape is not None and t.is_static and math.prod(shape) > MAX_ELEMENTS:
             return f"a tensor of {math.prod(shape):,} elements ({list(shape)}): more than oneDNN's kernels index"
     return None
 
