@@ -136,6 +136,9 @@ def _text(value, where: str) -> str:
 
 
 def _texts(values, where: str) -> list[str]:
+    values = list(values)
+    if all(type(v) is str for v in values):  # (the common case, without a call per value)
+        return values
     return [_text(v, where) for v in values]
 
 
@@ -146,17 +149,16 @@ class _Parser:
         self.raw_path, self.raw, self.map_raw = raw if raw else (None, {}, False)
 
     def graph(self, g: GraphProto, outer: frozenset[str]) -> Graph:
-        for vi in [*g.input, *g.output, *g.value_info]:
-            _text(vi.name, f"graph '{g.name}' value name")
-        for t in g.initializer:
-            _text(t.name, f"graph '{g.name}' initializer name")
+        _texts([vi.name for vi in [*g.input, *g.output, *g.value_info]], f"graph '{g.name}' value name")
+        initializers = list(g.initializer)  # (each pass over a repeated field makes its wrappers again)
+        names = _texts([t.name for t in initializers], f"graph '{g.name}' initializer name")
         inits = {}
-        top = not outer
-        for t in g.initializer:
-            if top and t.name in self.raw and not t.HasField("raw_data") and t.data_location != TensorProto.EXTERNAL:
-                inits[t.name] = self._read_raw(t, f"initializer '{t.name}'")
+        stripped = self.raw if not outer else {}  # (model_file.strip walks the top graph only)
+        for name, t in zip(names, initializers):
+            if name in stripped and not t.HasField("raw_data") and t.data_location != TensorProto.EXTERNAL:
+                inits[name] = self._read_raw(t, f"initializer '{name}'")
             else:
-                inits[t.name] = self.tensor(t, f"initializer '{t.name}'")
+                inits[name] = self.tensor(t, f"initializer '{name}'")
         for st in g.sparse_initializer:
             inits[st.values.name] = self.sparse_tensor(st, f"sparse initializer '{st.values.name}'")
         types = {vi.name: parse_type(vi.type, vi.name) for vi in g.value_info}
@@ -168,18 +170,26 @@ class _Parser:
         for name, arr in inits.items():
             types.setdefault(name, _type_of_array(arr))
 
-        defined = set(outer) | {v.name for v in inputs} | set(inits)
+        node_protos = list(g.node)
         nodes = []
         used_names: set[str] = set()
-        visible = defined | {o for m in g.node for o in m.output}  # what subgraphs may read from here
-        for i, n in enumerate(g.node):
+        scope = []
+
+        def visible() -> frozenset:
+            """What subgraphs may read from here (worked out for the first subgraph only)."""
+            if not scope:
+                scope.append(frozenset(set(outer) | {v.name for v in inputs} | set(inits)
+                                       | {o for m in node_protos for o in m.output}))
+            return scope[0]
+
+        for i, n in enumerate(node_protos):
             nodes.append(self.node(n, i, used_names, visible))
         graph = Graph(name=g.name, nodes=nodes, inputs=inputs, outputs=outputs,
                       initializers=inits, types=types, opsets=dict(self.opsets))
         _check_and_sort(graph, outer)
         return graph
 
-    def node(self, n: NodeProto, index: int, used_names: set[str], visible: set[str]) -> Node:
+    def node(self, n: NodeProto, index: int, used_names: set[str], visible) -> Node:
         where = f"node {index}"
         op_type, raw_domain, raw_name = _text(n.op_type, where), _text(n.domain, where), _text(n.name, where)
         inputs, outputs = _texts(n.input, where), _texts(n.output, where)
@@ -202,7 +212,7 @@ class _Parser:
                 raise InvalidModelError(f"{where} refers to a function attribute outside a function")
             if a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
                 subs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)
-                parsed = [self.graph(sg, frozenset(visible)) for sg in subs]
+                parsed = [self.graph(sg, visible()) for sg in subs]
                 for sg in parsed:
                     implicit += [x for x in sg.outer_names if x not in implicit]
                 attrs[a.name] = parsed[0] if a.type == AttributeProto.GRAPH else parsed
@@ -249,15 +259,16 @@ class _Parser:
             if mapped is not None:
                 return mapped
             t = self._with_external_data(t, where)
-        if t.data_type == TensorProto.UNDEFINED or t.data_type not in _ELEMENT_TYPES:
-            raise InvalidModelError(f"{where}: unknown element type {t.data_type}")
-        if any(d < 0 for d in t.dims):
-            raise InvalidModelError(f"{where}: negative dimension in {list(t.dims)}")
-        dtype = _mappable_dtype(t.data_type)
+        data_type, shape = t.data_type, tuple(t.dims)
+        if data_type == TensorProto.UNDEFINED or data_type not in _ELEMENT_TYPES:
+            raise InvalidModelError(f"{where}: unknown element type {data_type}")
+        if shape and min(shape) < 0:
+            raise InvalidModelError(f"{where}: negative dimension in {list(shape)}")
+        dtype = _mappable_dtype(data_type)
         if dtype is not None and t.HasField("raw_data"):
             # The bytes are the array's (as for a mapped or read weight): a read-only view of
             # them, not numpy_helper's copy (a dense model has hundreds of small initializers).
-            raw, shape = t.raw_data, tuple(int(d) for d in t.dims)
+            raw = t.raw_data
             nbytes = math.prod(shape) * dtype.itemsize  # (Python ints: no wrap-around on hostile dims)
             if len(raw) != nbytes:
                 raise InvalidModelError(f"{where}: tensor data does not match its declared type "
@@ -514,7 +525,7 @@ def to_type_proto(t) -> TypeProto | None:
 
 
 def _type_of_array(arr: np.ndarray) -> TensorType:
-    return TensorType(arr.dtype if arr.dtype.kind not in "US" else np.dtype(object), tuple(int(d) for d in arr.shape))
+    return TensorType(arr.dtype if arr.dtype.kind not in "US" else np.dtype(object), arr.shape)
 
 
 # ---------------------------------------------------------------- structure
@@ -522,7 +533,7 @@ def _type_of_array(arr: np.ndarray) -> TensorType:
 
 def _check_and_sort(graph: Graph, outer: frozenset[str]) -> None:
     """Every input defined once, no cycles; nodes put in a valid order (ORT sorts too)."""
-    defined_by: dict[str, str] = {}
+    defined_by: dict = {}  # value -> "graph input", "initializer" or its node
     for v in graph.inputs:
         defined_by[v.name] = "graph input"
     for name in graph.initializers:
@@ -532,9 +543,10 @@ def _check_and_sort(graph: Graph, outer: frozenset[str]) -> None:
             if not o:
                 continue
             if o in defined_by:
-                raise InvalidModelError(
-                    f"{n.op_type} node '{n.name}' output '{o}' is already defined by {defined_by[o]}")
-            defined_by[o] = f"{n.op_type} node '{n.name}'"
+                first = defined_by[o]
+                first = first if isinstance(first, str) else f"{first.op_type} node '{first.name}'"
+                raise InvalidModelError(f"{n.op_type} node '{n.name}' output '{o}' is already defined by {first}")
+            defined_by[o] = n
     available = set(outer) | {v.name for v in graph.inputs} | set(graph.initializers)
     for n in graph.nodes:
         for idx, i in enumerate(n.inputs):
@@ -586,11 +598,11 @@ def _check_and_sort(graph: Graph, outer: frozenset[str]) -> None:
 def nodes_from_protos(protos, opsets: dict, visible, origin: str = "") -> list:
     """NodeProtos a pass or a decomposition built → glassrt Nodes (subgraphs parsed too)."""
     parser = _Parser(opsets, None)
-    scope = set(visible) | {o for p in protos for o in p.output}
+    scope = frozenset(set(visible) | {o for p in protos for o in p.output})
     used: set[str] = set()
     out = []
     for i, p in enumerate(protos):
-        node = parser.node(p, i, used, scope)
+        node = parser.node(p, i, used, lambda: scope)
         node.origin = origin
         out.append(node)
     return out
