@@ -192,7 +192,8 @@ class Session:
         if self.placement.unsupported:  # unsupported="mark": explainable, not runnable
             self.runner = _Unrunnable(unsupported_error(self.placement.unsupported, self.providers))
         else:
-            self.runner = GraphRunner(self.placement, self.options, adapt_threads=True, openmp_pool=openmp_pool)
+            self.runner = GraphRunner(self.placement, self.options, adapt_threads=True, openmp_pool=openmp_pool,
+                                      blas_providers=frozenset(p.name for p in self.providers if p.numpy_blas))
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
         # what each run checks its feeds against, worked out once (a decode step feeds 25
         # tensors: per dim, a fixed size, a named symbol or nothing to check)

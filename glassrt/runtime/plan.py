@@ -76,6 +76,7 @@ class Plan:
     layouts: dict = field(default_factory=dict)  # value -> "nhwc" in this plan ({} when a node moved providers)
     runs: int = 0  # plain runs (no guard, no profile) so far
     executed: bool = False  # has run once: its kernels have made their primitives and buffers
+    uses_blas: bool | None = None  # a step may call NumPy's BLAS (runner.py; None: not worked out yet)
     straight: object = None  # the steps as one compiled function (straight.py), after STRAIGHT_AFTER runs
 
 

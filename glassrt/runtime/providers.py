@@ -24,6 +24,7 @@ class Provider:
     name = "?"
     device = "cpu"  # where this provider's tensors live; "cpu" is the host (NumPy arrays)
     openmp_pool = False  # its kernels run on OpenMP's threads: runs then use that pool alone (threads.py)
+    numpy_blas = True  # its kernels may call NumPy's BLAS, whose thread count a run then sets (threads.py)
     partial = False  # takes only some nodes by design: passing it is not a fallback (placement.py)
     # Options every provider takes (as onnxruntime's (name, {options}) pairs): op types it
     # may take ("ops": only these) or must leave to the next provider ("exclude_ops").
@@ -121,6 +122,7 @@ class OnednnProvider(Provider):
 
     name = "onednn"
     partial = True
+    numpy_blas = False  # (its products are oneDNN's)
 
     def __init__(self):
         from ..kernels.onednn import capi

@@ -23,13 +23,15 @@ from .plan import compile_plan, run_plan
 
 
 class GraphRunner:
-    def __init__(self, placement, options, outer_names=(), adapt_threads=False, openmp_pool=False):
+    def __init__(self, placement, options, outer_names=(), adapt_threads=False, openmp_pool=False,
+                 blas_providers=frozenset({"cpu", "reference"})):
         self.placement = placement
         self.options = options
         # The session's own runner picks each run's thread count and pool (threads.py);
         # subgraph runners (loop bodies) run inside it and keep what it chose.
         self.adapt_threads = adapt_threads
         self.openmp_pool = openmp_pool
+        self.blas_providers = blas_providers  # whose kernels may call NumPy's BLAS (Provider.numpy_blas)
         self.threads_hint = None  # the count the latest plan run settled on: where a new plan starts
         self.outer_names = [n for n in outer_names]
         self.plans: OrderedDict = OrderedDict()
@@ -186,7 +188,12 @@ class GraphRunner:
                 plan.threads = threads.ThreadChoice(self.options.intra_op_num_threads or threads.available_cpus(),
                                                     self.options.adaptive_threads, start=self.threads_hint)
             n = plan.threads.choose()
-            threads.use_threads(n, self.openmp_pool)
+            if plan.uses_blas is None:
+                # a step that may call NumPy's BLAS: a kernel of such a provider that computes
+                # (an alias, a Reshape's view, does not); a plan of oneDNN's kernels alone needs
+                # no BLAS count set (threadpoolctl's import and scan: ~4 ms of a first run)
+                plan.uses_blas = any(st.provider in self.blas_providers and not st.kernel.alias for st in plan.steps)
+            threads.use_threads(n, self.openmp_pool, blas=plan.uses_blas)
             t0, c0 = time.perf_counter(), time.process_time()
             out = run_plan(plan, feeds, profile=profile, into=into)
             plan.threads.record(time.perf_counter() - t0, time.process_time() - c0)

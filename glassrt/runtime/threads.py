@@ -178,6 +178,7 @@ class ThreadChoice:
 _lock = threading.Lock()
 _controllers = None
 _current = None
+_pools_set = None  # the (n, openmp) threadpoolctl last set the libraries' pools for
 _forked = False  # this process is a fork's child: its OpenMP runs one thread (see _after_fork)
 _per_thread = threading.local()  # .omp: the OpenMP count this thread last set
 
@@ -203,9 +204,9 @@ def fork_note() -> str | None:
 
 def refresh() -> None:
     """Look for thread pools again (a provider loaded a library with one of its own)."""
-    global _controllers, _current
+    global _controllers, _current, _pools_set
     with _lock:
-        _controllers, _current = None, None
+        _controllers, _current, _pools_set = None, None, None
 
 
 def _find_controllers() -> list:
@@ -217,22 +218,29 @@ def _find_controllers() -> list:
         return []
 
 
-def use_threads(n: int, openmp: bool = False) -> None:
+def use_threads(n: int, openmp: bool = False, blas: bool = True) -> None:
     """The libraries' thread counts from now on. openmp=False: BLAS and any OpenMP library
     run n threads. openmp=True (a session with the onednn provider): OpenMP runs n threads,
     BLAS one, and the cpu kernels' float32 products go to oneDNN's sgemm on OpenMP's
     threads (kernels/gemm.py): one pool of spinning workers, not two. BLAS's count and the
     products' route are process-wide; OpenMP's count belongs to the calling thread (GNU
-    OpenMP keeps it per thread), so each thread that runs a session sets its own."""
-    global _controllers, _current
+    OpenMP keeps it per thread), so each thread that runs a session sets its own.
+
+    blas=False: the run calls no BLAS (a plan of oneDNN's kernels alone): the libraries are
+    set through threadpoolctl only once some run needs it (its import and its scan of the
+    loaded libraries took ~4 ms of a small model's first run); OpenMP's count is set here
+    directly in any case."""
+    global _controllers, _current, _pools_set
     omp = 1 if _forked else n
-    if (n, openmp) == _current and getattr(_per_thread, "omp", None) == omp:
+    if (n, openmp) == _current and getattr(_per_thread, "omp", None) == omp and (not blas or _pools_set == _current):
         return
     with _lock:
-        if _controllers is None:
-            _controllers = _find_controllers()
-        for c in _controllers:
-            c.set_num_threads(omp if c.user_api == "openmp" else (1 if openmp else n))
+        if blas or _controllers is not None:
+            if _controllers is None:
+                _controllers = _find_controllers()
+            for c in _controllers:
+                c.set_num_threads(omp if c.user_api == "openmp" else (1 if openmp else n))
+            _pools_set = (n, openmp)
         capi = sys.modules.get("glassrt.kernels.onednn.capi")
         if capi is not None and capi.lib is not None:
             capi.set_num_threads(omp)  # whether or not threadpoolctl found this libgomp

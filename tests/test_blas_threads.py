@@ -1,0 +1,70 @@
+"""NumPy's BLAS thread count is set for the runs that may call BLAS, and only for those
+(runtime/threads.py use_threads, runner.py: a plan of oneDNN's kernels alone leaves
+threadpoolctl unimported). Each case runs in a fresh interpreter: the libraries' thread
+counts are process state."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from glassrt.kernels.onednn import capi
+
+_PROBE = r"""
+import json, sys
+import numpy as np
+from onnx import TensorProto, helper
+import glassrt
+
+def blas_threads():
+    from threadpoolctl import threadpool_info
+    return sorted({p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"})
+
+kind, providers, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+if kind == "conv":  # oneDNN's kernels alone (a Conv, and a Reshape: a view on the cpu provider)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [3, 2, 1, 1], np.ones(6, np.float32))
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [1, 48])
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Reshape", ["c", "shape"], ["y"])]
+    inits, feed = [w, shape], {"x": np.ones((1, 2, 4, 4), np.float32)}
+else:  # a float64 product: NumPy's matmul on the cpu provider
+    x = helper.make_tensor_value_info("x", TensorProto.DOUBLE, [4, 4])
+    w = helper.make_tensor("w", TensorProto.DOUBLE, [4, 4], np.ones(16))
+    nodes, inits, feed = [helper.make_node("MatMul", ["x", "w"], ["y"])], [w], {"x": np.ones((4, 4))}
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT if kind == "conv" else TensorProto.DOUBLE, None)
+model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
+                          opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+opts = glassrt.SessionOptions()
+opts.intra_op_num_threads = threads
+sess = glassrt.InferenceSession(model, providers=providers, sess_options=opts)
+out = sess.run(None, feed)[0]
+result = {"imported": "threadpoolctl" in sys.modules, "sum": float(out.sum())}
+result["blas"] = blas_threads()
+print(json.dumps(result))
+"""
+
+
+def _probe(kind, providers, threads=2):
+    run = subprocess.run([sys.executable, "-c", _PROBE, kind, json.dumps(providers), str(threads)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(capi.lib is None, reason=f"oneDNN unavailable: {capi.UNAVAILABLE}")
+def test_a_plan_of_onednn_kernels_leaves_blas_alone():
+    out = _probe("conv", ["onednn", "cpu"])
+    assert out["sum"] == 2.0 * 48
+    assert not out["imported"]  # no scan of the loaded libraries for a run that calls no BLAS
+
+
+@pytest.mark.skipif(capi.lib is None, reason=f"oneDNN unavailable: {capi.UNAVAILABLE}")
+def test_a_plan_that_may_call_blas_holds_it_at_one_thread_beside_openmp():
+    out = _probe("matmul", ["onednn", "cpu"])
+    assert out["sum"] == 64.0
+    assert out["imported"] and out["blas"] == [1]
+
+
+def test_a_cpu_session_sets_blas_to_its_thread_count():
+    out = _probe("matmul", ["cpu"], threads=1)
+    assert out["imported"] and out["blas"] == [1]
