@@ -134,16 +134,29 @@ def all_onnx_contracts() -> list[OpContract]:
 
 
 _loaded = False
+_backward_loaded = False
 
 
 def _ensure_loaded():
-    """Import the modules whose decorators fill the meta/values/backward tables."""
+    """Import the modules whose decorators fill the meta and values tables."""
     global _loaded
     if not _loaded:
         _loaded = True
-        from . import backward as _backward  # noqa: F401
         from . import fused as _fused  # noqa: F401
         from . import meta as _meta  # noqa: F401
+
+
+def load_backward() -> None:
+    """Import the backward formulas (ops/backward/), once. Only gradients and `glassrt check`
+    ask contracts for them, and importing them took ~1.6 ms of every process's first session
+    creation; the contracts made before they were loaded are made again (the cache is
+    cleared), so ask get_contract after calling this."""
+    global _backward_loaded
+    if not _backward_loaded:
+        _backward_loaded = True
+        from . import backward as _backward  # noqa: F401
+
+        get_contract.cache_clear()
 
 
 __all__ = ["meta", "values", "backward", "get_contract", "register_custom", "CUSTOM", "COMPOSITE", "PRIMITIVE"]

@@ -13,12 +13,13 @@ import numpy as np
 
 from ..errors import GlassrtError, describe_node
 from ..ops.backward import GradContext
-from ..ops.registry import get_contract
+from ..ops.registry import get_contract, load_backward
 from .plan import compile_plan, run_plan
 from ..ir import type_of_value
 
 
 def gradients(sess, feeds: dict, output: str, wrt: list, grad_output=None) -> list:
+    load_backward()  # (the formulas are imported when first needed: ops/registry.py)
     lowered = sess.lowered_placement()
     graph = lowered.graph
     if output not in graph.output_names():

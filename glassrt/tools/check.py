@@ -593,6 +593,9 @@ def run_checks(op_filter=None, *, builtins=True, progress=None) -> list[Row]:
     # The samples are edge cases on purpose (ONNX's node tests feed NaN, inf and values
     # outside an op's domain), so NumPy's "invalid value" warnings say nothing here and
     # would only bury the table. errstate is scoped to this call: user code keeps its warnings.
+    from ..ops.registry import load_backward
+
+    load_backward()  # (the formulas the backward rows check are imported when first needed)
     with np.errstate(all="ignore"):
         return _run_checks(op_filter, builtins, progress)
 

@@ -38,7 +38,7 @@ import numpy as np
 from ...ops.fused import MATMUL_ACTIVATIONS
 from ...weights import is_mapped
 from ..registry import kernel
-from . import capi, dnnl, row_panels
+from . import capi, dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
 from .kernels import F32, SMALL_PRODUCT, _PerThreads, _unavailable, packed_weights, run_alone, shared_pd
 
@@ -231,6 +231,8 @@ def matmul(ctx):
                 return out
         elif runs[0] is not None:
             runs[0] += 1
+            from . import row_panels  # (imported by one-row products, a decoding loop's, not by every model)
+
             if runs[0] >= row_panels.AFTER_RUNS:
                 streamed[0], runs[0] = row_panels.stream(prim, p), None
         buffers = {ARG_SRC: a if a.flags.c_contiguous else np.ascontiguousarray(a), ARG_DST: out}
