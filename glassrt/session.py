@@ -187,7 +187,8 @@ class Session:
         if openmp_pool:
             self.notes.append("threads: OpenMP's pool alone (oneDNN's kernels, and the cpu kernels' float32 "
                               "matrix products through oneDNN's sgemm); NumPy's BLAS is held at 1 thread "
-                              "during runs so that two pools of spinning workers do not share the cores"
+                              "during runs of plans that may call it, so that two pools of spinning workers "
+                              "do not share the cores (a plan of oneDNN's kernels alone leaves it as it is)"
                               + (f"; {onednn_preload.spin_policy}" if onednn_preload.spin_policy else ""))
         if self.placement.unsupported:  # unsupported="mark": explainable, not runnable
             self.runner = _Unrunnable(unsupported_error(self.placement.unsupported, self.providers))
