@@ -24,7 +24,7 @@ from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
 from .infer import Inference, infer
 from .layout import choose_layouts
-from .select import kernel_reason, provider_verdict
+from .select import provider_verdict_checked
 
 HOST = "cpu"  # the device whose arrays are NumPy arrays: graph inputs and outputs live here
 
@@ -178,12 +178,11 @@ def decide(node, types, values, providers, expansion_failure=None, in_subgraph=F
     ctx = node_context(node, contract, types, values)
     rejected = []
     for rank, p in enumerate(providers):
-        ks, why = provider_verdict(p, node, contract, ctx)
+        ks, why, accepted = provider_verdict_checked(p, node, contract, ctx)
         if ks:
             passed_complete = any(not q.partial for q in providers[:rank])
             d = Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete)
-            if rank + 1 < len(providers) and (not any(kernel_reason(k, ctx) is None for k in ks)
-                                              or (in_subgraph and p.partial)):
+            if rank + 1 < len(providers) and (not accepted or (in_subgraph and p.partial)):
                 # taken on shapes it cannot judge yet (symbolic): the next providers' choice,
                 # for plans whose shapes its kernels refuse
                 d.later = functools.partial(_later_providers, node, types, values, providers[rank + 1:],

@@ -85,15 +85,24 @@ def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
     """(candidate kernels best first, reason). The provider can run the node when at
     least one kernel passes every check on the symbolic shapes; the candidates are all
     kernels that pass the shape-independent checks, for selection to choose from per plan."""
+    candidates, why, _ = provider_verdict_checked(provider, node, contract, ctx)
+    return candidates, why
+
+
+def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, bool]:
+    """provider_verdict, and whether a candidate passed every check on these very types
+    (not only on a stand-in binding of symbolic dims): placement asks, and the checks
+    were made here already."""
     why_not = provider.excluded(node.op_type) if hasattr(provider, "excluded") else None
     if why_not:
-        return [], why_not
+        return [], why_not, False
     ks = provider.kernels(node.domain, node.op_type, node.opset)
     if not ks:
         why_not = getattr(provider, "unavailable", None)
         if why_not:
-            return [], f"{provider.name} is unavailable: {why_not}"
-        return [], f"no {provider.name} kernel for {node.op_type}" + (f" (domain {node.domain})" if node.domain else "")
+            return [], f"{provider.name} is unavailable: {why_not}", False
+        return [], (f"no {provider.name} kernel for {node.op_type}" + (f" (domain {node.domain})" if node.domain else "")), \
+            False
     candidates, ok, why = [], [], []
     for k in ks:
         r = kernel_reason(k, ctx, shapes=False)
@@ -114,8 +123,9 @@ def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
         (why.append(r) if r else ok.append(k))
     if ok or (candidates and not _all_static(ctx)):
         candidates.sort(key=lambda k: -k.priority)
-        return candidates, f"{provider.name} has {node.op_type} kernel(s): {', '.join(k.name for k in candidates)}"
-    return [], "; ".join(dict.fromkeys(why))
+        return candidates, f"{provider.name} has {node.op_type} kernel(s): {', '.join(k.name for k in candidates)}", \
+            bool(ok)
+    return [], "; ".join(dict.fromkeys(why)), False
 
 
 STAND_IN_DIM = 32  # what a symbolic dim is taken to be when judging a static_only kernel
