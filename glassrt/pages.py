@@ -73,9 +73,9 @@ def os_buffer(nbytes: int) -> np.ndarray:
     return _os_mapping(nbytes)[0]
 
 
-def _os_mapping(nbytes: int, advise: bool = True) -> tuple[np.ndarray, mmap.mmap, int]:
-    """os_buffer's array, the mapping it lies in and its offset there (`advise`: ask for
-    huge pages)."""
+def _os_mapping(nbytes: int, advise_from: int | None = 0) -> tuple[np.ndarray, mmap.mmap, int]:
+    """os_buffer's array, the mapping it lies in and its offset there. Huge pages are asked
+    for from byte `advise_from` of the buffer on (a multiple of HUGE_PAGE; None: not at all)."""
     nbytes = max(int(nbytes), 1)
     if nbytes < HUGE_PAGE:
         region = _private_map(nbytes)
@@ -84,12 +84,12 @@ def _os_mapping(nbytes: int, advise: bool = True) -> tuple[np.ndarray, mmap.mmap
     region = _private_map(nbytes + HUGE_PAGE)
     whole = np.frombuffer(region, dtype=np.uint8)
     start = (-whole.ctypes.data) % HUGE_PAGE
-    advised = nbytes // HUGE_PAGE * HUGE_PAGE
+    advised = nbytes // HUGE_PAGE * HUGE_PAGE - (advise_from or 0)
     stats.buffers += 1
     stats.mapped_bytes += nbytes
-    if advise and advice_enabled():
+    if advise_from is not None and advised > 0 and advice_enabled():
         try:
-            region.madvise(mmap.MADV_HUGEPAGE, start, advised)
+            region.madvise(mmap.MADV_HUGEPAGE, start + advise_from, advised)
             stats.advised_bytes += advised
         except OSError:  # a kernel without THP for anonymous memory: small pages, as malloc's
             pass
@@ -136,15 +136,9 @@ def carve(nbytes: int, align: int = 64) -> np.ndarray:
 
 
 def _new_slab() -> list:
-    first = _slabs_made[0] == 0
-    slab, region, at = _os_mapping(SLAB, advise=not first)
+    # the process's first slab keeps its first huge page's worth on small pages (see carve)
+    slab, region, at = _os_mapping(SLAB, advise_from=HUGE_PAGE if _slabs_made[0] == 0 else 0)
     _slabs_made[0] += 1
-    if first and advice_enabled():  # its first huge page's worth on small pages (see carve), the rest advised
-        try:
-            region.madvise(mmap.MADV_HUGEPAGE, at + HUGE_PAGE, SLAB - HUGE_PAGE)
-            stats.advised_bytes += SLAB - HUGE_PAGE
-        except OSError:
-            pass
     return [slab, 0, region, at]
 
 

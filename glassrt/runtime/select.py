@@ -101,8 +101,8 @@ def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, 
         why_not = getattr(provider, "unavailable", None)
         if why_not:
             return [], f"{provider.name} is unavailable: {why_not}", False
-        return [], (f"no {provider.name} kernel for {node.op_type}" + (f" (domain {node.domain})" if node.domain else "")), \
-            False
+        where = f" (domain {node.domain})" if node.domain else ""
+        return [], f"no {provider.name} kernel for {node.op_type}{where}", False
     candidates, ok, why = [], [], []
     for k in ks:
         r = kernel_reason(k, ctx, shapes=False)
@@ -123,8 +123,8 @@ def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, 
         (why.append(r) if r else ok.append(k))
     if ok or (candidates and not _all_static(ctx)):
         candidates.sort(key=lambda k: -k.priority)
-        return candidates, f"{provider.name} has {node.op_type} kernel(s): {', '.join(k.name for k in candidates)}", \
-            bool(ok)
+        names = ", ".join(k.name for k in candidates)
+        return candidates, f"{provider.name} has {node.op_type} kernel(s): {names}", bool(ok)
     return [], "; ".join(dict.fromkeys(why)), False
 
 
