@@ -98,10 +98,10 @@ def _packed_bytes(constants: list) -> int:
     kernels = sys.modules.get("glassrt.kernels.onednn.kernels")
     if kernels is None:
         return 0
-    ids = {id(a) for a in constants}
+    where = {a.__array_interface__["data"][0] for a in constants}  # (packed_weights knows weights so too)
     seen, total = set(), 0
     for entry in list(kernels._PACKED.values()):
-        if id(entry.source) in ids and id(entry) not in seen:
+        if entry.source.__array_interface__["data"][0] in where and id(entry) not in seen:
             seen.add(id(entry))
             total += int(entry.memory.nbytes)
     return total
@@ -113,9 +113,11 @@ def account(graph, loaded) -> dict:
     out = {"mapped_bytes": 0, "copied_bytes": 0, "transformed_bytes": 0, "mapped_tensors": 0}
     seen, constants = set(), []
     for arr in _initializers(graph):
-        if not isinstance(arr, np.ndarray) or id(arr) in seen:
+        # known by where its bytes lie: a view of another initializer (a tied twin) holds nothing more
+        key = (arr.__array_interface__["data"][0], arr.nbytes) if isinstance(arr, np.ndarray) else None
+        if key is None or key in seen:
             continue
-        seen.add(id(arr))
+        seen.add(key)
         constants.append(arr)
         if is_mapped(arr):
             out["mapped_bytes"] += int(arr.nbytes)

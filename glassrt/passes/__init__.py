@@ -17,6 +17,7 @@ from .fuse_gelu import fuse_gelu
 from .fuse_matmul import fuse_matmul
 from .fuse_shuffle import fuse_channel_shuffle
 from .identity import remove_identities
+from .tied_weights import tie_transposed_weights
 from .manager import LEVELS, Pass, PassContext, PassRecord, level_rank, run_pipeline, selected  # noqa: F401
 
 TYPES, PROVIDERS = "types", "providers"
@@ -25,6 +26,8 @@ PIPELINE = [
     Pass("remove_dead_code", "basic", remove_dead_code, doc="nodes and initializers nothing reads"),
     Pass("remove_identities", "basic", remove_identities,
          doc="Identity and inference Dropout: their readers read the input"),
+    Pass("tie_transposed_weights", "basic", tie_transposed_weights,
+         doc="a weight that is another's transpose (a tied embedding's copy) becomes a view of it"),
     Pass("expand_composites", "required", expand_composites, frozenset({TYPES, PROVIDERS}),
          doc="composite ops no provider runs whole become their decompositions"),
     Pass("fold_constants", "basic", fold_constants, frozenset({TYPES, PROVIDERS}), option="constant_folding",

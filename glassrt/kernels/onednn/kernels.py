@@ -188,10 +188,12 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
     """`source` (laid out as `user`) reordered into `target`, shared by every kernel that
     asks for the same constant in the same layout: each plan of a session binds its own
     kernels (a prompt plan and a decode plan; one plan per batch size), and a copy per
-    plan would hold the model's weights once more each. Kept while a kernel holds it."""
-    key = (id(source), target, user)
+    plan would hold the model's weights once more each. Kept while a kernel holds it.
+    Weights are known by where they lie (a tied weight's view, made again by each kernel,
+    is the same weights); the entry keeps them alive, so no other array can take their place."""
+    key = (source.__array_interface__["data"][0], source.shape, source.strides, source.dtype.str, target, user)
     hit = _PACKED.get(key)
-    if hit is None or hit.source is not source:
+    if hit is None:
         # weights mapped from their file: the copy is what runs read, so the file's pages
         # need not stay resident beside it (they stay in the page cache; weights.py), and
         # a large one is reordered a slab at a time, each slab's pages dropped once read,

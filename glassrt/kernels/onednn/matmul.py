@@ -60,12 +60,14 @@ class _Product:
         op = ctx.node.op_type
         a, b = [int(d) for d in ctx.shape(0)], [int(d) for d in ctx.shape(1)]
         self.trans_a = op == "Gemm" and bool(ctx.attrs.get("transA", 0))
-        self.trans_b = op == "Gemm" and bool(ctx.attrs.get("transB", 0))
+        gemm_trans_b = op == "Gemm" and bool(ctx.attrs.get("transB", 0))
         self.k = a[-2] if self.trans_a else a[-1]
         self.rows = a[-1] if self.trans_a else math.prod(a[:-1])
-        self.n = b[0] if self.trans_b else b[1]
+        self.n = b[0] if gemm_trans_b else b[1]
+        # the weights as they lie: b (C-contiguous), trans_b where it holds them (N, K)
+        self.b, self.trans_b = _storage(ctx.const(1), gemm_trans_b)
         # too large to hold twice: read as they lie (mapped weights are not held twice)
-        self.unpacked = self.k * self.n * 4 > _PACK_LIMIT and not is_mapped(ctx.const(1))
+        self.unpacked = self.k * self.n * 4 > _PACK_LIMIT and not is_mapped(self.b)
         self.alpha = float(ctx.attrs.get("alpha", 1.0))
         self.bias = self.z = None  # constant (N,) bias / a value added into the product
         self.z_shape = None
@@ -108,6 +110,17 @@ class _Product:
             name, params = _POST[self.act]
             post.eltwise(name, *params(self.params))
         return post, bias_arg, z_arg
+
+
+def _storage(b: np.ndarray, transposed: bool) -> tuple[np.ndarray, bool]:
+    """(B's storage as a C-contiguous float32 array, whether it holds the product's K x N
+    matrix transposed). A constant laid out in Fortran order (a view of its transposed
+    twin: passes/tied_weights.py) is read where it lies, transposed, not copied."""
+    if not b.flags.c_contiguous and b.ndim == 2 and b.T.flags.c_contiguous:
+        b, transposed = b.T, not transposed
+    if b.dtype != np.float32 or not b.flags.c_contiguous:
+        b = np.ascontiguousarray(b, np.float32)  # (asarray would also turn a file mapping into a plain array)
+    return b, transposed
 
 
 def _z_reason(z_shape, y_shape):
@@ -197,7 +210,7 @@ def matmul(ctx):
     """oneDNN matmul over A's rows, B reordered once; FusedMatMul's epilogue as post-ops."""
     p = _Product(ctx)
     y = [int(d) for d in ctx.out_shape(0)]
-    b = ctx.const(1)
+    b = p.b
     packed = {}
 
     def build():
@@ -274,13 +287,25 @@ def gemv(ctx):
     (its matrix-vector path; see the module's doc); a constant bias is written into the
     output first and accumulated onto (beta = 1)."""
     p = _Product(ctx)
-    b = np.ascontiguousarray(ctx.const(1), np.float32)  # mapped float32 weights: no copy
+    b = p.b  # mapped float32 weights, or a view of a tied twin: no copy
     sgemm = capi.require().dnnl_sgemm
     trans_b, ldb = (b"T", p.k) if p.trans_b else (b"N", p.n)
     bias = None if p.bias is None else p.bias.reshape(-1)
     beta = 0.0 if bias is None else 1.0
+    # weights lying (N, K), in a plan that keeps running: after AFTER_RUNS runs they are read
+    # by row_panels' dot-product loop (runs: None once decided; rows: None where it cannot)
+    runs, rows = [0 if p.trans_b else None], [None]
 
     def step(a, b_=None, c=None, *, out):
+        if rows[0] is not None:
+            if rows[0](a, out) is not None:
+                return out
+        elif runs[0] is not None:
+            runs[0] += 1
+            from . import row_panels
+
+            if runs[0] >= row_panels.AFTER_RUNS:
+                rows[0], runs[0] = row_panels.stream_rows(b, p), None
         a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         flat = out.reshape(-1)
         if bias is not None:
