@@ -36,6 +36,23 @@ def test_whole_huge_pages_are_advised_and_the_tail_is_not(monkeypatch):
     assert huge is None or huge <= 3 * pages.HUGE_PAGE // 1024
 
 
+@pytest.mark.parametrize("nbytes", [3 * pages.HUGE_PAGE + 100, 4 * pages.HUGE_PAGE])
+def test_an_arena_asks_for_its_tail_page_too(nbytes, monkeypatch):
+    """whole_pages (a plan's arena, written at once): the partial page at the end is advised
+    as well, the buffer still exactly its size and zeroed; the rounded-up page lies inside
+    the mapping (writing the buffer's last byte faults it in without touching anything else)."""
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    before = pages.stats.advised_bytes
+    buf = pages.os_buffer(nbytes, whole_pages=True)
+    assert buf.nbytes == nbytes and not buf.any() and buf.ctypes.data % pages.HUGE_PAGE == 0
+    if not pages.advice_enabled():
+        pytest.skip(f"transparent huge pages: {pages.thp_mode()}")
+    assert pages.stats.advised_bytes - before == -(-nbytes // pages.HUGE_PAGE) * pages.HUGE_PAGE
+    buf[...] = 3
+    huge = smaps_kib(buf.ctypes.data, "AnonHugePages:")
+    assert huge is None or huge <= 4 * pages.HUGE_PAGE // 1024
+
+
 def test_the_advice_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("GLASSRT_HUGE_PAGES", "0")
     before = pages.stats.advised_bytes

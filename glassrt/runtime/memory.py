@@ -264,7 +264,7 @@ def allocate_arena(nbytes: int) -> np.ndarray:
     on transparent huge pages where Linux offers them (glassrt.pages)."""
     if nbytes < (1 << 20):
         return np.empty(nbytes, np.uint8)
-    return os_buffer(nbytes)
+    return os_buffer(nbytes, whole_pages=True)
 
 
 class _Handed(weakref.ref):
