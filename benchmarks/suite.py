@@ -142,6 +142,13 @@ def _pair(r: dict, key: str, fmt: str, scale: float = 1.0) -> str:
     return " / ".join("-" if v is None else format(v * scale, fmt) for v in vals)
 
 
+def _creation(r: dict) -> str:
+    """Creation + first run, glassrt / onnxruntime (medians over the starts), and their ratio."""
+    x = {rt: v.get("create_and_first_run_s") for rt, v in r["runtimes"].items()}
+    g, o = x.get("glassrt"), x.get("onnxruntime")
+    return _pair(r, "create_and_first_run_s", ".2f") + (f" ({g / o:.1f}x)" if g and o else "")
+
+
 def _agree(r: dict) -> str:
     a = r["agreement"]
     if a is None:
@@ -161,18 +168,18 @@ def latency_table(results: list) -> list[str]:
         med = {rt: x["median_ms"] for rt, x in r["runtimes"].items()}
         ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
         lines.append(f"| {r['model']} | {med.get('glassrt', nan):.2f} | {med.get('onnxruntime', nan):.2f} | {ratio} "
-                     f"| {_pair(r, 'p90_ms', '.1f')} | {_pair(r, 'create_and_first_run_s', '.2f')} "
+                     f"| {_pair(r, 'p90_ms', '.1f')} | {_creation(r)} "
                      f"| {_pair(r, 'peak_rss_bytes', ',.0f', 1 / 2**20)} | {_agree(r)} |")
     return lines
 
 
 def decode_table(decoding: list) -> list[str]:
     lines = ["| model | glassrt ms/token | onnxruntime ms/token | glassrt / ort | tokens/s (g / o) | prompt ms (g / o) "
-             "| first round ms/token (g / o) | peak RSS MiB (g / o) | same tokens |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| first round ms/token (g / o) | create + 1st run s (g / o) | peak RSS MiB (g / o) | same tokens |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in decoding:
         if r["error"]:
-            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | | |")
+            lines.append(f"| {r['model']} | error: {r['error']} | | | | | | | | |")
             continue
         med = {rt: x["median_ms"] for rt, x in r["runtimes"].items()}
         ratio = f"{r['ratio']:.2f}x" if r.get("ratio") else "-"
@@ -181,7 +188,8 @@ def decode_table(decoding: list) -> list[str]:
             same += " (a runtime changed its tokens between rounds)"
         lines.append(f"| {r['model']} | {med.get('glassrt', nan):.1f} | {med.get('onnxruntime', nan):.1f} | {ratio} "
                      f"| {_pair(r, 'tokens_per_s', '.1f')} | {_pair(r, 'prefill_ms', '.0f')} "
-                     f"| {_pair(r, 'cold_median_ms', '.1f')} | {_pair(r, 'peak_rss_bytes', ',.0f', 1 / 2**20)} | {same} |")
+                     f"| {_pair(r, 'cold_median_ms', '.1f')} | {_creation(r)} "
+                     f"| {_pair(r, 'peak_rss_bytes', ',.0f', 1 / 2**20)} | {same} |")
     return lines
 
 
@@ -231,6 +239,8 @@ def main(argv=None):
     ap.add_argument("--busy", type=int, default=0, help="CPU-bound processes running during the timed runs")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="generations per runtime for the GPT-2 decoding loop")
+    ap.add_argument("--starts", type=int, default=5,
+                    help="fresh processes per model and runtime timed for session creation + first run (median)")
     ap.add_argument("--only", nargs="+", metavar="NAME",
                     help="only the entries whose label contains one of these (light:, resnet50, batch=8, bert, gpt2)")
     ap.add_argument("--json", help="write everything, per-run latencies too, to this file")
@@ -253,7 +263,7 @@ def main(argv=None):
             console.print(f"[bold red]error:[/] {e}")
             return 1
         settings = bench.Settings(runtimes=bench.RUNTIMES, runs=a.runs, warmup=a.warmup, threads=a.threads,
-                                  busy=a.busy)
+                                  busy=a.busy, starts=max(1, a.starts))
         env = bench.environment()
         results, decoding = run_suite(selected, settings, a.rounds, console)
     full = bench.report(results, settings, env, decoding)

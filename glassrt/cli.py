@@ -428,18 +428,21 @@ def nan(model, inputs, dims, providers):
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim for generated inputs.")
 @click.option("--threads", default=2, show_default=True, help="intra_op_num_threads for every runtime.")
 @click.option("--busy", default=0, show_default=True, help="Run K CPU-bound processes during the timed runs.")
+@click.option("--starts", default=1, show_default=True,
+              help="Fresh processes per runtime timed for session creation + first run (the median is reported).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write everything, per-run latencies too.")
 @click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True, help="glassrt's provider priority list.")
-def bench(models, versus, runs, warmup, dims, threads, busy, json_file, providers):
+def bench(models, versus, runs, warmup, dims, threads, busy, starts, json_file, providers):
     """Time MODEL... (.onnx files or built-in names: light:resnet50, mobilenet, bert-base,
     gpt2-step), each runtime in its own process, against onnxruntime with --vs."""
     from .tools import bench as benchmark
 
-    if runs < 1 or warmup < 0 or threads < 1 or busy < 0:
-        console.print("[bold red]error:[/] --runs and --threads must be at least 1, --warmup and --busy at least 0")
+    if runs < 1 or warmup < 0 or threads < 1 or busy < 0 or starts < 1:
+        console.print("[bold red]error:[/] --runs, --threads and --starts must be at least 1, --warmup and --busy "
+                      "at least 0")
         sys.exit(2)
     settings = benchmark.Settings(runtimes=("glassrt", versus) if versus else ("glassrt",), runs=runs, warmup=warmup,
-                                  threads=threads, busy=busy, providers=tuple(providers.split(",")))
+                                  threads=threads, busy=busy, providers=tuple(providers.split(",")), starts=starts)
     try:
         code = benchmark.run_command(models, _parse_dims(dims), settings, json_file, console)
     except benchmark.BenchError as e:

@@ -82,6 +82,24 @@ def test_bench_against_onnxruntime_writes_every_measure(tmp_path):
     assert not _alive(m["busy_pids"][0])  # stopped once the timed runs were over
 
 
+def test_creation_is_the_median_of_the_starts_asked_for(tmp_path):
+    """--starts N: N fresh processes per runtime time the session's creation and first run
+    (the timed runs' worker and N - 1 more, one at a time); the report gives each start's
+    sum and the medians."""
+    onnx.save(_tiny_model(), tmp_path / "tiny.onnx")
+    out = tmp_path / "starts.json"
+    res = _bench(str(tmp_path / "tiny.onnx"), "--vs", "onnxruntime", "--runs", "2", "--warmup", "0",
+                 "--dim", "batch=2", "--starts", "3", "--json", str(out))
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["settings"]["starts"] == 3
+    for rt, r in report["models"][0]["runtimes"].items():
+        every = r["create_and_first_run_all_s"]
+        assert len(every) == 3 and all(s > 0 for s in every), rt
+        assert r["create_and_first_run_s"] == pytest.approx(sorted(every)[1])
+    assert _bench(str(tmp_path / "tiny.onnx"), "--starts", "0").exit_code == 2
+
+
 def test_busy_processes_run_inside_the_block_only():
     with bench.busy_processes(2) as pids:
         assert len(pids) == 2 and all(_alive(p) for p in pids)
@@ -235,6 +253,10 @@ def test_decoding_loop_produces_the_same_tokens(tmp_path):
     assert r["error"] is None and r["same_tokens"]
     for x in r["runtimes"].values():
         assert len(x["latencies_ms"]) == 5 and x["cold_median_ms"] > 0
+    # creation + first run over two starts per runtime
+    r = bench.bench_generation(case, bench.Settings(runtimes=bench.RUNTIMES, warmup=0, settle_s=0.0, starts=2),
+                               new_tokens=3, cache=cache, rounds=1)
+    assert r["error"] is None and all(len(x["create_and_first_run_all_s"]) == 2 for x in r["runtimes"].values())
 
 
 def test_builtin_names_resolve(tmp_path):

@@ -53,6 +53,11 @@ class Settings:
     # Before each turn: a pause, and one untimed run. The other worker's threads spin for up
     # to ~0.1 s after its turn (onnxruntime's pool, OpenBLAS's) and would take this one's cores.
     settle_s: float = 0.2
+    # Fresh processes per runtime whose session creation + first run are timed (the timed
+    # runs' workers are the first; the others start one after the other, alternating
+    # runtimes, once those are gone): the report gives their median. On a VM whose first
+    # touches of memory cost 2-9 us a page, one start per runtime swings by 2-5x.
+    starts: int = 1
 
 
 @dataclass
@@ -341,10 +346,40 @@ def _compare_output(name: str, a: np.ndarray, b: np.ndarray) -> dict:
             "agree": bool(np.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True))}
 
 
+def more_starts(case: Case, settings: Settings, runtimes, status=lambda text: None) -> dict[str, list[dict]]:
+    """settings.starts - 1 more fresh workers per runtime, one at a time, the runtimes'
+    order flipping each round: each one's timings of its session creation and first run."""
+    quiet = Settings(**{**asdict(settings), "warmup": 0})
+    order, starts = list(runtimes), {rt: [] for rt in runtimes}
+    for i in range(settings.starts - 1):
+        for rt in order:
+            status(f"{case.label}: {rt} start {i + 2} of {settings.starts}")
+            read_through(case.path)
+            worker = Worker(rt, case, quiet)
+            worker.close()
+            starts[rt].append(_start_times(worker.started))
+        order.reverse()
+    return starts
+
+
+def _start_times(started: dict) -> dict:
+    return {k: started[k] for k in ("import_s", "create_s", "first_run_s")}
+
+
+def _with_starts(report: dict, starts: list[dict]) -> dict:
+    """The report's creation figures as medians over every start (its own worker's first)."""
+    every = [_start_times(report)] + starts
+    sums = [s["create_s"] + s["first_run_s"] for s in every]
+    return {**report, "create_s": statistics.median(s["create_s"] for s in every),
+            "first_run_s": statistics.median(s["first_run_s"] for s in every),
+            "create_and_first_run_s": statistics.median(sums), "create_and_first_run_all_s": sums}
+
+
 def _runtime_report(worker: Worker, seconds: list[float]) -> dict:
     s, info = worker.started, worker.info()
     return {**latency_stats(seconds), "import_s": s["import_s"], "create_s": s["create_s"],
             "first_run_s": s["first_run_s"], "create_and_first_run_s": s["create_s"] + s["first_run_s"],
+            "create_and_first_run_all_s": [s["create_s"] + s["first_run_s"]],
             "fallbacks": s["fallbacks"], "peak_rss_bytes": info["peak_rss_bytes"],
             "rss_after_start_bytes": s["rss_after_start_bytes"], "threadpools": info["threadpools"],
             "blas": blas_summary(worker.runtime, info["threadpools"]), "openblas_coretype": info["openblas_coretype"],
@@ -378,6 +413,8 @@ def bench_case(case: Case, settings: Settings, status=lambda text: None, progres
                 g, o = workers["glassrt"].started, workers["onnxruntime"].started
                 result["agreement"] = agreement(o["output_names"], g["outputs"], o["outputs"])
                 result["ratio"] = _ratio(result["runtimes"])
+        for rt, starts in more_starts(case, settings, result["runtimes"], status).items():
+            result["runtimes"][rt] = _with_starts(result["runtimes"][rt], starts)
     except BenchError as e:
         result["error"] = str(e)
     return result
@@ -420,6 +457,8 @@ def bench_generation(case: Case, settings: Settings, new_tokens: int, cache: dic
                 result["runtimes"][rt] = _decode_report(w, generations[rt], batch)
                 result["runtimes"][rt]["cold_median_ms"] = (
                     float(np.median(cold[rt]["step_s"]) * 1e3) if cold[rt] is not None else None)
+        for rt, starts in more_starts(case, settings, result["runtimes"], status).items():
+            result["runtimes"][rt] = _with_starts(result["runtimes"][rt], starts)
         tokens = [r["tokens"] for r in result["runtimes"].values()]
         result["same_tokens"] = all(t == tokens[0] for t in tokens)
         result["ratio"] = _ratio(result["runtimes"])
@@ -433,7 +472,9 @@ def _decode_report(worker: Worker, generations: list, batch: int) -> dict:
     info = worker.info()
     return {**stats, "tokens_per_s": batch / (stats["median_ms"] / 1e3),
             "prefill_ms": float(np.median([g["prefill_s"] for g in generations]) * 1e3),
+            **_start_times(worker.started),
             "create_and_first_run_s": worker.started["create_s"] + worker.started["first_run_s"],
+            "create_and_first_run_all_s": [worker.started["create_s"] + worker.started["first_run_s"]],
             "peak_rss_bytes": info["peak_rss_bytes"], "blas": blas_summary(worker.runtime, info["threadpools"]),
             "threadpools": info["threadpools"], "tokens": generations[0]["tokens"],
             "deterministic": all(g["tokens"] == generations[0]["tokens"] for g in generations)}
@@ -503,7 +544,8 @@ def _agreement_cell(agr) -> str:
 def title(settings: Settings) -> str:
     t = (f"median latency, {settings.threads} thread(s), {settings.runs} timed runs per runtime "
          f"in alternating turns of {settings.block}")
-    return t + (f", with {settings.busy} busy process(es) running" if settings.busy else "")
+    t += f", with {settings.busy} busy process(es) running" if settings.busy else ""
+    return t + (f"; creation + first run: median of {settings.starts} fresh processes each" if settings.starts > 1 else "")
 
 
 def machine_line(env: dict) -> str:
