@@ -133,3 +133,23 @@ def test_a_classifiers_transposed_gemm_weights_are_read_by_rows(monkeypatch):
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], 0.5 * (x.astype(np.float64) @ w.T) + 2.0 * c,
                                    rtol=2e-5, atol=2e-5)
     assert row_panels.stats["streamed"] == before + 1
+
+
+def test_a_file_glassrt_optimized_is_tied_again_when_loaded(tmp_path):
+    """`glassrt optimize` writes both initializers (a file cannot say that one is a view of
+    the other); its passes are skipped when the file is loaded, this one is not."""
+    wte = _weights(7)
+    src, out = tmp_path / "lm.onnx", tmp_path / "lm.opt.onnx"
+    import onnx
+
+    onnx.save(_tied_lm(wte, wte.T.copy()), src)
+    options = glassrt.SessionOptions()
+    options.optimized_model_filepath = str(out)
+    glassrt.InferenceSession(str(src), options, providers=["cpu"])
+    sess = glassrt.InferenceSession(str(out), providers=["cpu"])
+    ran = {r.name: r for r in sess.passes}
+    assert ran["remove_dead_code"].skipped and not ran["tie_transposed_weights"].skipped
+    assert ran["tie_transposed_weights"].changes
+    assert np.shares_memory(sess.graph.initializers["head"], sess.graph.initializers["wte"])
+    ids = np.array([[1, 2]], np.int64)
+    np.testing.assert_allclose(sess.run(None, {"ids": ids})[0], _reference(wte, wte.T, ids), rtol=1e-5, atol=1e-5)

@@ -26,7 +26,7 @@ PIPELINE = [
     Pass("remove_dead_code", "basic", remove_dead_code, doc="nodes and initializers nothing reads"),
     Pass("remove_identities", "basic", remove_identities,
          doc="Identity and inference Dropout: their readers read the input"),
-    Pass("tie_transposed_weights", "basic", tie_transposed_weights,
+    Pass("tie_transposed_weights", "basic", tie_transposed_weights, persists=False,
          doc="a weight that is another's transpose (a tied embedding's copy) becomes a view of it"),
     Pass("expand_composites", "required", expand_composites, frozenset({TYPES, PROVIDERS}),
          doc="composite ops no provider runs whole become their decompositions"),
@@ -59,7 +59,8 @@ def run_passes(graph, options, providers, infer_types):
     ctx = PassContext(options, providers)
     chosen = selected(PIPELINE, options)
     done = already_applied(graph)
-    skipped = [p for p in chosen if done and p.level != "required" and level_rank(p.level) <= level_rank(done)]
+    skipped = [p for p in chosen if done and p.persists and p.level != "required"
+               and level_rank(p.level) <= level_rank(done)]
     graph, records = run_pipeline(graph, [p for p in chosen if p not in skipped], ctx, infer_types)
     n, ran = len(graph.nodes), iter(records)
     why = f"already applied (glassrt optimize, level {done})"

@@ -37,6 +37,10 @@ class Pass:
     needs: frozenset = frozenset()  # of "types", "providers"
     option: str | None = None  # a SessionOptions flag that must be true for it to run
     doc: str = ""
+    # Whether a model file keeps what it did (`glassrt optimize` writes the graph after the
+    # passes): a pass whose effect a file cannot hold (two initializers sharing memory) runs
+    # again on a file that says its level was applied.
+    persists: bool = True
 
 
 @dataclass
