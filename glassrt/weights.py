@@ -111,10 +111,13 @@ def account(graph, loaded) -> dict:
     """{"mapped_bytes", "copied_bytes", "transformed_bytes", "mapped_tensors"} for a graph
     after its passes; `loaded` is as_loaded() of the graph as it was read."""
     out = {"mapped_bytes": 0, "copied_bytes": 0, "transformed_bytes": 0, "mapped_tensors": 0}
+    # arrays are known by where their bytes lie: a view of another initializer (a tied twin)
+    # holds nothing more, and is as read when the bytes it views were read
+    where = lambda a: (a.__array_interface__["data"][0], a.nbytes)  # noqa: E731
+    read = {where(a) for a in (loaded.values() if loaded is not None else ())}
     seen, constants = set(), []
     for arr in _initializers(graph):
-        # known by where its bytes lie: a view of another initializer (a tied twin) holds nothing more
-        key = (arr.__array_interface__["data"][0], arr.nbytes) if isinstance(arr, np.ndarray) else None
+        key = where(arr) if isinstance(arr, np.ndarray) else None
         if key is None or key in seen:
             continue
         seen.add(key)
@@ -122,7 +125,7 @@ def account(graph, loaded) -> dict:
         if is_mapped(arr):
             out["mapped_bytes"] += int(arr.nbytes)
             out["mapped_tensors"] += 1
-        elif loaded is not None and loaded.get(id(arr)) is arr:
+        elif key in read:
             out["copied_bytes"] += int(arr.nbytes)
         else:
             out["transformed_bytes"] += int(arr.nbytes)
