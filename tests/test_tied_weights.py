@@ -158,3 +158,15 @@ def test_a_file_glassrt_optimized_is_tied_again_when_loaded(tmp_path):
     assert np.shares_memory(sess.graph.initializers["head"], sess.graph.initializers["wte"])
     ids = np.array([[1, 2]], np.int64)
     np.testing.assert_allclose(sess.run(None, {"ids": ids})[0], _reference(wte, wte.T, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_a_copy_read_by_other_ops_than_matmul_is_left_alone():
+    """The view would reach kernels that may not expect one (a custom op's): only a weight
+    read as nothing but MatMul's B becomes a view."""
+    wte = _weights(8)
+    nodes = [helper.make_node("Gather", ["wte", "ids"], ["h"], name="embed"),
+             helper.make_node("MatMul", ["h", "head"], ["logits"], name="lm_head"),
+             helper.make_node("ReduceSum", ["head"], ["total"], name="other", keepdims=0)]
+    m = model(nodes, [tensor("ids", [1, 2], TensorProto.INT64)], [tensor("logits", None), tensor("total", None)],
+              [init("wte", wte), init("head", wte.T.copy())], opset=17)
+    assert tie_transposed_weights(glassrt.onnx_io.load(m))[1] == []

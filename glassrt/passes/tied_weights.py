@@ -10,8 +10,10 @@ one row streams faster than the (K, N) copy did.
 
 Only 2-D float initializers of at least MIN_BYTES are compared, and only pairs whose first
 row and first column already match (each array's are read once); a pair is tied only when
-every element is equal (bitwise, so NaNs and signed zeros too). Initializers a caller may
-feed instead (graph inputs) are left alone, and a symmetric matrix is not its own twin.
+every element is equal (bitwise, so NaNs and signed zeros too). The one that becomes a view
+is read by nothing but MatMuls, as their B (whose kernels read a transposed view where it
+lies; any other kernel, a custom op's, gets its arrays as they were); initializers a caller
+may feed instead (graph inputs) are left alone, and a symmetric matrix is not its own twin.
 """
 from __future__ import annotations
 
@@ -46,22 +48,27 @@ def tie_transposed_weights(graph, ctx=None):
     over = graph.overridable()
     big = {name: a for name, a in graph.initializers.items()
            if name not in over and isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype.kind == "f"
+           and a.dtype.itemsize in (2, 4, 8)
            and a.nbytes >= MIN_BYTES and a.flags.c_contiguous and min(a.shape) > 0}
     if len(big) < 2:
         return graph, []
-    # Which of a pair keeps its storage: one read as a MatMul's B (K, N) becomes the view,
-    # so that the product reads the (N, K) storage by rows.
-    as_weight = {n.inputs[1] for n in graph.nodes if n.op_type == "MatMul" and not n.domain and len(n.inputs) > 1}
+    # The view is a weight read only as a MatMul's B (K, N), whose kernels read it where it
+    # lies; its twin keeps the storage, which the product then reads by rows (N, K).
+    readers = graph.consumers()
+    outputs = set(graph.output_names())
+    as_weight = [name for name in big if name not in outputs and readers.get(name) and all(
+        n.op_type == "MatMul" and not n.domain and list(n.inputs).index(name) == 1 and name not in n.implicit_inputs
+        and n.inputs.count(name) == 1 for n in readers[name])]
     by_edges: dict = {}
     for name, a in big.items():
         by_edges.setdefault(_edges(a), []).append(name)
     inits, changes, tied = dict(graph.initializers), [], set()
-    for name in sorted(big, key=lambda k: k not in as_weight):
+    for name in as_weight:
         if name in tied:
             continue
         a = big[name]
         for twin in by_edges.get(_transposed_edges(a), []):
-            if twin == name or twin in tied or name in tied or not _same_transposed(big[twin], a):
+            if twin == name or twin in tied or not _same_transposed(big[twin], a):
                 continue
             inits[name] = big[twin].T
             tied.update((name, twin))
