@@ -17,8 +17,8 @@ from .fuse_gelu import fuse_gelu
 from .fuse_matmul import fuse_matmul
 from .fuse_shuffle import fuse_channel_shuffle
 from .identity import remove_identities
-from .tied_weights import tie_transposed_weights
 from .manager import LEVELS, Pass, PassContext, PassRecord, level_rank, run_pipeline, selected  # noqa: F401
+from .tied_weights import tie_transposed_weights
 
 TYPES, PROVIDERS = "types", "providers"
 

@@ -57,8 +57,8 @@ def tie_transposed_weights(graph, ctx=None):
     readers = graph.consumers()
     outputs = set(graph.output_names())
     as_weight = [name for name in big if name not in outputs and readers.get(name) and all(
-        n.op_type == "MatMul" and not n.domain and list(n.inputs).index(name) == 1 and name not in n.implicit_inputs
-        and n.inputs.count(name) == 1 for n in readers[name])]
+        n.op_type == "MatMul" and not n.domain and len(n.inputs) == 2 and n.inputs[1] == name and n.inputs[0] != name
+        for n in readers[name])]
     by_edges: dict = {}
     for name, a in big.items():
         by_edges.setdefault(_edges(a), []).append(name)
