@@ -21,6 +21,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..weights import release_pages
+
 MIN_BYTES = 1 << 20
 _BLOCK_ROWS = 256  # rows of the (N, K) twin compared at a time: both sides stay in cache
 
@@ -71,6 +73,7 @@ def tie_transposed_weights(graph, ctx=None):
             if twin == name or twin in tied or not _same_transposed(big[twin], a):
                 continue
             inits[name] = big[twin].T
+            release_pages(a)  # a copy mapped from its file: the pages the comparison read go back
             tied.update((name, twin))
             changes.append(f"'{name}' {list(a.shape)} is '{twin}' transposed: read as a view of it "
                            f"({a.nbytes / 2**20:,.1f} MiB not held twice)")
