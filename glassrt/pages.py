@@ -121,7 +121,8 @@ def carve(nbytes: int, align: int = 64) -> np.ndarray:
     1.9 MiB more than they use (GPT-2 decoding: +0.3 MiB peak measured), while a CNN's many
     small weights fill the slab and fault it in two faults instead of ~500 (squeezenet's
     first run 1,556 -> 601 page faults with the arena's whole pages, shufflenet's 1,135 ->
-    379; first touches cost 2-9 us per small page here). The unused end of the slab being
+    379; its time moved within the noise on the development VM, whose fresh memory costs
+    per byte touched in slow spells and per fault in quick ones). The unused end of the slab being
     cut is released once a plan's first run has made its buffers (release_slab_tail)."""
     nbytes = max(int(nbytes), 1)
     if nbytes >= HUGE_PAGE or align > HUGE_PAGE:

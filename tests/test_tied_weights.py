@@ -172,13 +172,17 @@ def test_a_copy_read_by_other_ops_than_matmul_is_left_alone():
     assert tie_transposed_weights(glassrt.onnx_io.load(m))[1] == []
 
 
-def test_tied_weights_mapped_from_external_data(tmp_path):
+def test_tied_weights_mapped_from_external_data(tmp_path, monkeypatch):
     """Weights in external data are views of the file's mapping; the copy's view is then a
     view of its twin's mapped bytes (the pages the comparison read are given back)."""
     import onnx
 
+    from glassrt.passes import tied_weights
     from glassrt.weights import is_mapped
 
+    released = []
+    real = tied_weights.release_pages
+    monkeypatch.setattr(tied_weights, "release_pages", lambda a: released.append(real(a)) or released[-1])
     wte = _weights(9)
     path = tmp_path / "lm.onnx"
     onnx.save(_tied_lm(wte, wte.T.copy()), path, save_as_external_data=True, all_tensors_to_one_file=True,
@@ -186,5 +190,6 @@ def test_tied_weights_mapped_from_external_data(tmp_path):
     sess = glassrt.InferenceSession(str(path), providers=["cpu"])
     head, emb = sess.graph.initializers["head"], sess.graph.initializers["wte"]
     assert is_mapped(emb) and np.shares_memory(head, emb)
+    assert released and released[0] >= wte.nbytes - 2 * 4096  # the copy's whole pages
     ids = np.array([[4, 40]], np.int64)
     np.testing.assert_allclose(sess.run(None, {"ids": ids})[0], _reference(wte, wte.T, ids), rtol=1e-5, atol=1e-5)

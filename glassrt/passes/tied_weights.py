@@ -61,6 +61,8 @@ def tie_transposed_weights(graph, ctx=None):
     as_weight = [name for name in big if name not in outputs and readers.get(name) and all(
         n.op_type == "MatMul" and not n.domain and len(n.inputs) == 2 and n.inputs[1] == name and n.inputs[0] != name
         for n in readers[name])]
+    if not as_weight:  # (a CNN's large weights are Gemm's: no column of theirs is read)
+        return graph, []
     by_edges: dict = {}
     for name, a in big.items():
         by_edges.setdefault(_edges(a), []).append(name)

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -349,7 +349,7 @@ def _compare_output(name: str, a: np.ndarray, b: np.ndarray) -> dict:
 def more_starts(case: Case, settings: Settings, runtimes, status=lambda text: None) -> dict[str, list[dict]]:
     """settings.starts - 1 more fresh workers per runtime, one at a time, the runtimes'
     order flipping each round: each one's timings of its session creation and first run."""
-    quiet = Settings(**{**asdict(settings), "warmup": 0})
+    quiet = replace(settings, warmup=0)
     order, starts = list(runtimes), {rt: [] for rt in runtimes}
     for i in range(settings.starts - 1):
         for rt in order:

@@ -163,6 +163,13 @@ def panel_view(memory, md) -> np.ndarray | None:
     return memory.array.view(np.float32)[: kp * np_].reshape(np_ // PANEL, kp, PANEL)
 
 
+def _plan_threads(numba) -> None:
+    """Numba's loops on as many threads as OpenMP's count for the plan (threads.py)."""
+    n = min(capi.get_max_threads(), numba.config.NUMBA_NUM_THREADS)
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+
+
 def stream(prim, product):
     """A function (a, z, out) -> out running `product` (matmul.py's _Product) on the loop over
     the primitive's packed weights (None from it in a forked child), or None (stats says why)."""
@@ -191,9 +198,7 @@ def stream(prim, product):
         runs its primitive there)."""
         if _forked[0] or not out.flags.c_contiguous:
             return None
-        n = min(capi.get_max_threads(), numba.config.NUMBA_NUM_THREADS)  # the plan's count (threads.py)
-        if numba.get_num_threads() != n:
-            numba.set_num_threads(n)
+        _plan_threads(numba)
         zz = none if z is None else np.ascontiguousarray(z, np.float32).reshape(-1)
         fn(np.ascontiguousarray(a).reshape(-1), w, k, out.reshape(-1), alpha, bias, zz, act, p0, p1)
         return out
@@ -206,9 +211,10 @@ def stream_rows(w, product):
     epilogue) whose weights `w` lie (N, K), C-contiguous, on the dot-product loop; None
     where the loop cannot run here (stats says why). Each row of W is read once, in order,
     one stream per thread: measured on the 2-core AVX-512 machine, 1 x 768 @ (50257 x 768)ᵀ
-    (GPT-2's vocabulary projection over its tied embedding), medians of 60 calls in three
-    processes: this loop 4.4-4.6 ms, oneDNN's sgemm over the same rows 5.9-6.4, sgemm over
-    the (768, 50257) copy 5.9-6.0."""
+    (GPT-2's vocabulary projection over its tied embedding), medians of 60 calls in eight
+    alternating processes (OpenBLAS pinned and not): this loop 3.5-4.9 ms, oneDNN's sgemm
+    over the (768, 50257) copy 4.5-6.3, sgemm over the same rows 5.7-7.2; the loop was the
+    fastest in every process."""
     why = why_not_here()
     if why is None and (product.trans_a or product.act or product.z_shape is not None):
         why = "an epilogue or A read transposed (the rows loop has neither)"
@@ -225,9 +231,7 @@ def stream_rows(w, product):
     def run(a, out):
         if _forked[0] or not out.flags.c_contiguous:
             return None
-        n = min(capi.get_max_threads(), numba.config.NUMBA_NUM_THREADS)  # the plan's count (threads.py)
-        if numba.get_num_threads() != n:
-            numba.set_num_threads(n)
+        _plan_threads(numba)
         fn(np.ascontiguousarray(a).reshape(-1), w, out.reshape(-1), alpha, bias)
         return out
 
