@@ -1,27 +1,42 @@
-"""Large buffers straight from the OS, private, and on transparent huge pages where Linux offers them.
+"""Large buffers straight from the OS, private, and moved onto transparent huge pages once a plan keeps running.
 
 Packed weights and plan arenas are the memory a run streams through: a GPT-2-sized decode
 step reads ~340 MB of layer weights once per token, ~85,000 pages of 4 KiB. Most
 distributions set transparent huge pages to `madvise`: a process gets 2 MiB pages only for
-memory it asks for with madvise(MADV_HUGEPAGE). NumPy asks for its own allocations of 4 MiB
-and more; glassrt's arenas were anonymous maps (so that an evicted plan's arena goes back to
-the OS at once) that asked for nothing, and were MAP_SHARED (Python's mmap default): a
-forked child running the session wrote into its parent's arena.
+memory it asks for with madvise(MADV_HUGEPAGE). glassrt's arenas were anonymous maps (so
+that an evicted plan's arena goes back to the OS at once) that asked for nothing, and were
+MAP_SHARED (Python's mmap default): a forked child running the session wrote into its
+parent's arena. So buffers of at least one huge page are mapped here private and aligned
+to 2 MiB.
 
-So buffers of at least one huge page are mapped here private, aligned to 2 MiB, and the
-whole huge pages inside them are advised; the partial page at the end stays on small
-pages, so no buffer grows in resident memory beyond its own size. Measured on the 2-core
-AVX-512 machine (benchmarks/huge_pages.py: twelve GPT-2 layers' one-row products, NumPy's
-BLAS, alternating passes in one process), ms per pass over 4 KiB / huge pages: 17.8 / 16.0,
-15.5 / 15.1, 17.2 / 16.3. GLASSRT_HUGE_PAGES=0 turns the advice off (the buffers are still
-mapped the same way); `explain` shows the kernel's setting and what was advised.
+They start on small pages, and move onto huge pages when a plan has run STRAIGHT_AFTER
+times (runtime/plan.py: a plan that keeps running, a served model or a decoding loop):
+`promote` then advises the whole huge pages of every buffer mapped since (the partial page
+at a buffer's end stays small, so no buffer grows beyond its size, but for an arena, which
+is written whole) and has the kernel collapse them at once (MADV_COLLAPSE, Linux 6.1; on an
+older kernel the advice alone lets khugepaged do it over time). Why not on huge pages from
+the start: a first touch of fresh memory costs more on a huge page wherever the host takes
+back what a guest frees (free page reporting: Firecracker, WSL2, cloud microVMs): the guest
+hands a huge page out of the 2 MiB blocks it has reported, which the host must fault in
+again, while small pages come from blocks it kept. Measured on the development VM, BERT-base
+batch 8's first run (its 340 MB of weights packed): 3.0-3.9 s on huge pages from the start,
+1.4-1.6 s on small pages (three rounds of alternating processes); GPT-2 decoding per token on
+small pages against huge pages: 0.98x, 1.07x, 1.07x (16 alternating 32-token rounds each).
+In steady runs the huge pages pay (`benchmarks/huge_pages.py`, twelve GPT-2 layers'
+one-row products through NumPy's BLAS, ms per pass over 4 KiB / huge pages: 17.8 / 16.0,
+15.5 / 15.1, 17.2 / 16.3), and by then the collapse is a cost paid once.
+GLASSRT_HUGE_PAGES=0 turns the advice off (the buffers are still mapped the same way);
+`explain` shows the kernel's setting, what was advised and what collapsed.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import mmap
 import os
 import threading
+import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +51,9 @@ class PageStats:
 
     buffers: int = 0
     mapped_bytes: int = 0
-    advised_bytes: int = 0
+    advised_bytes: int = 0  # moved onto huge pages by promote (advised, then collapsed where the kernel can)
+    collapsed_bytes: int = 0  # of those, collapsed at once (MADV_COLLAPSE)
+    promote_seconds: float = 0.0  # spent in promote, all calls
 
 
 stats = PageStats()
@@ -69,11 +86,18 @@ def _private_map(nbytes: int) -> mmap.mmap:
 
 def os_buffer(nbytes: int, whole_pages: bool = False) -> np.ndarray:
     """A zeroed uint8 array of nbytes, mapped from the OS; from one huge page up its start
-    is 2 MiB aligned and its whole huge pages are advised (see the module's doc). With
-    `whole_pages` the partial page at its end is advised too: a buffer that is all written
-    at once (a plan's arena) then faults in one huge page there instead of up to 511 small
-    ones, for at most one huge page more of resident memory."""
+    is 2 MiB aligned and its whole huge pages wait for `promote` (see the module's doc).
+    With `whole_pages` the partial page at its end is promoted too: a buffer that is all
+    written at each run (a plan's arena) then takes one huge page there, not up to 511
+    small ones, for at most one huge page more of resident memory."""
     return _os_mapping(nbytes, whole_pages)[0]
+
+
+# Whole huge pages of buffers mapped since the last promote: (the mapping, weakly, offset, length)
+_pending: list = []
+_pending_lock = threading.Lock()
+MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)  # Linux's value (Python 3.11's mmap does not name it)
+_collapse_works = [True]  # until a kernel without MADV_COLLAPSE says EINVAL to a huge-page-advised range
 
 
 def _os_mapping(nbytes: int, whole_pages: bool = False) -> tuple[np.ndarray, mmap.mmap, int]:
@@ -86,16 +110,57 @@ def _os_mapping(nbytes: int, whole_pages: bool = False) -> tuple[np.ndarray, mma
     region = _private_map(nbytes + 2 * HUGE_PAGE)
     whole = np.frombuffer(region, dtype=np.uint8)
     start = (-whole.ctypes.data) % HUGE_PAGE
-    advised = (-(-nbytes // HUGE_PAGE) if whole_pages else nbytes // HUGE_PAGE) * HUGE_PAGE
     stats.buffers += 1
     stats.mapped_bytes += nbytes
     if advice_enabled():
-        try:
-            region.madvise(mmap.MADV_HUGEPAGE, start, advised)
-            stats.advised_bytes += advised
-        except OSError:  # a kernel without THP for anonymous memory: small pages, as malloc's
-            pass
+        pages = (-(-nbytes // HUGE_PAGE) if whole_pages else nbytes // HUGE_PAGE) * HUGE_PAGE
+        with _pending_lock:
+            _pending.append((weakref.ref(region), start, pages))
     return whole[start:start + nbytes], region, start
+
+
+def pending_bytes() -> int:
+    """Bytes of live buffers still on small pages that promote would move."""
+    with _pending_lock:
+        return sum(n for ref, _, n in _pending if ref() is not None)
+
+
+def promote() -> int:
+    """Move the buffers mapped since the last call onto huge pages (bytes advised): advise
+    their whole huge pages and collapse them now (MADV_COLLAPSE copies each 2 MiB into a
+    huge page; on a kernel without it, or where it fails, khugepaged collapses the advised
+    ranges in its own time). Called when a plan keeps running (runtime/plan.py); the slab
+    being carved waits for the next call (its unused end would become resident)."""
+    if not advice_enabled():
+        return 0
+    t0 = time.perf_counter()
+    with _slab_lock:
+        carving = _slab[2]
+    with _pending_lock:
+        todo = [e for e in _pending if e[0]() is not None and e[0]() is not carving]
+        _pending[:] = [e for e in _pending if e[0]() is carving]
+    moved = 0
+    for ref, start, n in todo:
+        region = ref()
+        if region is None or region.closed:
+            continue
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE, start, n)
+        except (OSError, ValueError):  # a kernel without THP for anonymous memory: small pages stay
+            continue
+        moved += n
+        if _collapse_works[0]:
+            try:
+                region.madvise(MADV_COLLAPSE, start, n)
+                stats.collapsed_bytes += n
+            except OSError as e:
+                if e.errno == errno.EINVAL:  # not this kernel (before 6.1): khugepaged will
+                    _collapse_works[0] = False
+            except ValueError:
+                pass
+    stats.advised_bytes += moved
+    stats.promote_seconds += time.perf_counter() - t0
+    return moved
 
 
 # ---------------------------------------------------------------- small buffers from shared slabs
@@ -106,7 +171,8 @@ _slab: list = [None, 0, None, 0]  # the slab being carved, the offset of its fir
 
 
 def carve(nbytes: int, align: int = 64) -> np.ndarray:
-    """A zeroed uint8 array of nbytes (< one huge page) cut from a shared slab on huge pages.
+    """A zeroed uint8 array of nbytes (< one huge page) cut from a shared slab (which
+    `promote` moves onto huge pages with the other buffers, once it is full).
 
     A model's packed weights and its primitives' scratchpads are many buffers of tens to
     hundreds of KiB, each allocated once for the session's life. Allocated one by one they
@@ -116,14 +182,10 @@ def carve(nbytes: int, align: int = 64) -> np.ndarray:
     slab is only cut forward, so each piece is still zero), and a slab goes back to the
     OS when the last array cut from it dies.
 
-    On huge pages the first piece cut from a slab's half makes all 2 MiB of it resident: a
-    transformer's few small buffers (biases, scratchpads: a tenth of a slab) hold up to
-    1.9 MiB more than they use (GPT-2 decoding: +0.3 MiB peak measured), while a CNN's many
-    small weights fill the slab and fault it in two faults instead of ~500 (squeezenet's
-    first run 1,556 -> 601 page faults with the arena's whole pages, shufflenet's 1,135 ->
-    379; its time moved within the noise on the development VM, whose fresh memory costs
-    per byte touched in slow spells and per fault in quick ones). The unused end of the slab being
-    cut is released once a plan's first run has made its buffers (release_slab_tail)."""
+    The slab being cut stays on small pages: on huge pages the first piece cut from a
+    slab's half makes all 2 MiB of it resident (a transformer's few small buffers, biases
+    and scratchpads, a tenth of a slab). Its unused end is released once a plan's first
+    run has made its buffers (release_slab_tail)."""
     nbytes = max(int(nbytes), 1)
     if nbytes >= HUGE_PAGE or align > HUGE_PAGE:
         raise ValueError(f"carve is for buffers below {HUGE_PAGE} bytes aligned to at most that")
@@ -144,8 +206,8 @@ def _new_slab() -> list:
 
 def release_slab_tail() -> int:
     """Give the OS back the pages of the slab being carved that no piece uses yet (madvise
-    MADV_DONTNEED; bytes released): on huge pages a half-used slab holds all of its touched
-    halves. The released pages read as zeros when touched again, so later pieces are still
+    MADV_DONTNEED; bytes released): where the kernel put it on huge pages anyway
+    (transparent huge pages "always"), a half-used slab holds all of its touched halves. The released pages read as zeros when touched again, so later pieces are still
     zero. Called once a plan's first run has made its kernels' buffers."""
     with _slab_lock:
         slab, offset, region, at = _slab

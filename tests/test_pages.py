@@ -1,4 +1,4 @@
-"""Large buffers from the OS on transparent huge pages (glassrt/pages.py)."""
+"""Large buffers from the OS, moved onto transparent huge pages once a plan keeps running (glassrt/pages.py)."""
 from __future__ import annotations
 
 import os
@@ -22,33 +22,48 @@ def test_buffers_are_zeroed_aligned_and_exactly_sized(nbytes):
     assert int(buf[-1]) == 7
 
 
-def test_whole_huge_pages_are_advised_and_the_tail_is_not(monkeypatch):
-    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
-    before = pages.stats.advised_bytes
-    buf = pages.os_buffer(3 * pages.HUGE_PAGE + 100)
+def _promote_or_skip():
     if not pages.advice_enabled():
-        assert pages.stats.advised_bytes == before
         pytest.skip(f"transparent huge pages: {pages.thp_mode()}")
-    assert pages.stats.advised_bytes - before == 3 * pages.HUGE_PAGE
+    return pages.promote()
+
+
+def test_buffers_start_on_small_pages_and_promote_moves_their_whole_huge_pages(monkeypatch):
+    """Written before promote, a buffer is on small pages (unless the kernel puts every
+    mapping on huge pages); promote advises its whole huge pages, never the partial tail,
+    and collapses them where the kernel can; the contents stay."""
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    _promote_or_skip()  # what earlier tests left pending
+    buf = pages.os_buffer(3 * pages.HUGE_PAGE + 100)
     buf[...] = 1
+    if pages.thp_mode() == "madvise":
+        assert smaps_kib(buf.ctypes.data, "AnonHugePages:") in (None, 0)
+    assert pages.pending_bytes() >= 3 * pages.HUGE_PAGE
+    before, collapsed = pages.stats.advised_bytes, pages.stats.collapsed_bytes
+    assert _promote_or_skip() == 3 * pages.HUGE_PAGE
+    assert pages.stats.advised_bytes - before == 3 * pages.HUGE_PAGE
+    assert pages.pending_bytes() <= pages.SLAB  # (the slab being carved waits)
+    assert int(buf.sum()) == buf.nbytes  # unchanged by the collapse
     huge = smaps_kib(buf.ctypes.data, "AnonHugePages:")
-    # the kernel may decline (no free huge page); it must never back more than the whole pages
+    # the kernel may decline (no free huge page, no MADV_COLLAPSE); never more than the whole pages
     assert huge is None or huge <= 3 * pages.HUGE_PAGE // 1024
+    if pages.stats.collapsed_bytes - collapsed == 3 * pages.HUGE_PAGE and huge is not None:
+        assert huge == 3 * pages.HUGE_PAGE // 1024
+    assert pages.promote() == 0  # each buffer once
 
 
 @pytest.mark.parametrize("nbytes", [3 * pages.HUGE_PAGE + 100, 4 * pages.HUGE_PAGE])
-def test_an_arena_asks_for_its_tail_page_too(nbytes, monkeypatch):
-    """whole_pages (a plan's arena, written at once): the partial page at the end is advised
-    as well, the buffer still exactly its size and zeroed; the rounded-up page lies inside
-    the mapping (writing the buffer's last byte faults it in without touching anything else)."""
+def test_an_arena_is_promoted_with_its_tail_page(nbytes, monkeypatch):
+    """whole_pages (a plan's arena, written whole at each run): the partial page at the end
+    is promoted as well, the buffer still exactly its size and zeroed; the rounded-up page
+    lies inside the mapping."""
     monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
-    before = pages.stats.advised_bytes
+    _promote_or_skip()
     buf = pages.os_buffer(nbytes, whole_pages=True)
     assert buf.nbytes == nbytes and not buf.any() and buf.ctypes.data % pages.HUGE_PAGE == 0
-    if not pages.advice_enabled():
-        pytest.skip(f"transparent huge pages: {pages.thp_mode()}")
-    assert pages.stats.advised_bytes - before == -(-nbytes // pages.HUGE_PAGE) * pages.HUGE_PAGE
     buf[...] = 3
+    assert _promote_or_skip() == -(-nbytes // pages.HUGE_PAGE) * pages.HUGE_PAGE
+    assert int(buf[-1]) == 3 and int(buf[0]) == 3
     huge = smaps_kib(buf.ctypes.data, "AnonHugePages:")
     assert huge is None or huge <= 4 * pages.HUGE_PAGE // 1024
 
@@ -57,8 +72,40 @@ def test_the_advice_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("GLASSRT_HUGE_PAGES", "0")
     before = pages.stats.advised_bytes
     buf = pages.os_buffer(2 * pages.HUGE_PAGE)
-    assert not pages.advice_enabled() and pages.stats.advised_bytes == before
+    assert not pages.advice_enabled() and pages.promote() == 0 and pages.stats.advised_bytes == before
     assert buf.ctypes.data % pages.HUGE_PAGE == 0 and not buf.any()
+
+
+def test_a_dead_buffer_is_not_promoted(monkeypatch):
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    _promote_or_skip()
+    buf = pages.os_buffer(2 * pages.HUGE_PAGE)
+    del buf
+    assert pages.pending_bytes() <= pages.SLAB and _promote_or_skip() == 0  # (the slab being carved waits)
+
+
+def test_a_plan_that_keeps_running_moves_its_arena_onto_huge_pages(monkeypatch):
+    """runtime/plan.py calls promote when a plan has run STRAIGHT_AFTER times; its results
+    stay the same across the move."""
+    import glassrt
+    from glassrt.runtime.plan import STRAIGHT_AFTER
+    from onnx import TensorProto, helper
+
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    _promote_or_skip()
+    n = 1 << 20  # 4 MiB float32 values: the arena is mapped from the OS
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["n"]),
+                           helper.make_node("Abs", ["n"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n])])
+    sess = glassrt.InferenceSession(helper.make_model(g).SerializeToString(), providers=["cpu"])
+    x = np.linspace(-1, 1, n, dtype=np.float32)
+    first = sess.run(None, {"x": x})[0]
+    before = pages.stats.advised_bytes
+    for _ in range(STRAIGHT_AFTER + 1):
+        out = sess.run(None, {"x": x})[0]
+    np.testing.assert_array_equal(out, first)
+    assert pages.stats.advised_bytes > before and pages.pending_bytes() <= pages.SLAB  # (the slab being carved waits)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")

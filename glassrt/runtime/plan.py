@@ -464,6 +464,7 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
             plan.runs += 1
             if plan.runs == STRAIGHT_AFTER:  # a plan that is replayed: worth compiling its steps
                 plan.straight = straight.compile_steps(plan.steps, pool, execute_step, node_error)
+                pages.promote()  # and its arena and packed weights worth moving onto huge pages (pages.py)
         if plan.executed:
             for st in plan.steps:
                 execute_step(st, env, pool, guard, profile)
