@@ -84,23 +84,26 @@ def _private_map(nbytes: int) -> mmap.mmap:
     return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
-def os_buffer(nbytes: int, whole_pages: bool = False) -> np.ndarray:
+def os_buffer(nbytes: int, whole_pages: bool = False, *, promoted: bool = True) -> np.ndarray:
     """A zeroed uint8 array of nbytes, mapped from the OS; from one huge page up its start
     is 2 MiB aligned and its whole huge pages wait for `promote` (see the module's doc).
     With `whole_pages` the partial page at its end is promoted too: a buffer that is all
     written at each run (a plan's arena) then takes one huge page there, not up to 511
-    small ones, for at most one huge page more of resident memory."""
-    return _os_mapping(nbytes, whole_pages)[0]
+    small ones, for at most one huge page more of resident memory. With promoted=False
+    promote leaves it unless promote_with_the_rest asks (weights read from a model file:
+    most are packed and never read again; a kernel that reads one where it lies asks)."""
+    return _os_mapping(nbytes, whole_pages, promoted)[0]
 
 
-# Whole huge pages of buffers mapped since the last promote: (the mapping, weakly, offset, length)
+# Buffers of a huge page or more still on small pages: (the mapping, weakly, its address and
+# length, the offset and length of its whole huge pages there, whether promote takes it)
 _pending: list = []
 _pending_lock = threading.Lock()
 MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)  # Linux's value (Python 3.11's mmap does not name it)
 _collapse_works = [True]  # until a kernel without MADV_COLLAPSE says EINVAL to a huge-page-advised range
 
 
-def _os_mapping(nbytes: int, whole_pages: bool = False) -> tuple[np.ndarray, mmap.mmap, int]:
+def _os_mapping(nbytes: int, whole_pages: bool = False, promoted: bool = True) -> tuple[np.ndarray, mmap.mmap, int]:
     """os_buffer's array, the mapping it lies in and its offset there."""
     nbytes = max(int(nbytes), 1)
     if nbytes < HUGE_PAGE:
@@ -110,54 +113,83 @@ def _os_mapping(nbytes: int, whole_pages: bool = False) -> tuple[np.ndarray, mma
     region = _private_map(nbytes + 2 * HUGE_PAGE)
     whole = np.frombuffer(region, dtype=np.uint8)
     start = (-whole.ctypes.data) % HUGE_PAGE
-    stats.buffers += 1
-    stats.mapped_bytes += nbytes
+    if promoted:
+        stats.buffers += 1
+        stats.mapped_bytes += nbytes
     if advice_enabled():
         pages = (-(-nbytes // HUGE_PAGE) if whole_pages else nbytes // HUGE_PAGE) * HUGE_PAGE
         with _pending_lock:
-            _pending.append((weakref.ref(region), start, pages))
+            _pending.append([weakref.ref(region), whole.ctypes.data, whole.nbytes, start, pages, promoted])
     return whole[start:start + nbytes], region, start
 
 
 def pending_bytes() -> int:
     """Bytes of live buffers still on small pages that promote would move."""
     with _pending_lock:
-        return sum(n for ref, _, n in _pending if ref() is not None)
+        return sum(e[4] for e in _pending if e[5] and e[0]() is not None)
 
 
 def promote() -> int:
-    """Move the buffers mapped since the last call onto huge pages (bytes advised): advise
-    their whole huge pages and collapse them now (MADV_COLLAPSE copies each 2 MiB into a
-    huge page; on a kernel without it, or where it fails, khugepaged collapses the advised
-    ranges in its own time). Called when a plan keeps running (runtime/plan.py); the slab
-    being carved waits for the next call (its unused end would become resident)."""
+    """Move the buffers mapped since the last call onto huge pages (bytes advised): their
+    whole huge pages are advised and collapsed now (MADV_COLLAPSE copies each 2 MiB into a
+    huge page; on a kernel without it khugepaged collapses the advised ranges in its own
+    time). Called when a plan keeps running (runtime/plan.py), in that run: on the
+    development VM it cost 0.5-3.8 s for GPT-2's 300-450 MB, once (a collapse in a thread
+    of its own was no better: the runs meanwhile wait on the pages being copied, 30 ms
+    decode steps took 150-1,100 ms). The slab being carved waits for the next call (its
+    unused end would become resident)."""
     if not advice_enabled():
         return 0
-    t0 = time.perf_counter()
     with _slab_lock:
         carving = _slab[2]
+    return _move(lambda e: e[5] and e[0]() is not carving)
+
+
+def promote_with_the_rest(arr: np.ndarray) -> bool:
+    """Have the next promote move the os_buffer holding `arr` (a view of it, transposed or
+    not) though it was mapped with promoted=False: a kernel that reads a weight where it
+    lies at every run calls this as it binds. False where `arr` is not in such a buffer."""
+    if not isinstance(arr, np.ndarray) or arr.size == 0:
+        return False
+    addr = arr.__array_interface__["data"][0]
     with _pending_lock:
-        todo = [e for e in _pending if e[0]() is not None and e[0]() is not carving]
-        _pending[:] = [e for e in _pending if e[0]() is carving]
-    moved = 0
-    for ref, start, n in todo:
-        region = ref()
-        if region is None or region.closed:
-            continue
-        try:
-            region.madvise(mmap.MADV_HUGEPAGE, start, n)
-        except (OSError, ValueError):  # a kernel without THP for anonymous memory: small pages stay
-            continue
+        for e in _pending:
+            if e[1] <= addr < e[1] + e[2] and e[0]() is not None:
+                e[5] = True
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise():
+    """libc's madvise through ctypes, which lets go of the GIL during the call (Python's
+    mmap.madvise keeps it): other threads' runs go on while the kernel copies."""
+    import ctypes
+
+    fn = ctypes.CDLL(None, use_errno=True).madvise
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def _move(chosen) -> int:
+    import ctypes
+
+    t0 = time.perf_counter()
+    with _pending_lock:
+        live = [e for e in _pending if e[0]() is not None]
+        todo = [e for e in live if chosen(e)]
+        _pending[:] = [e for e in live if not chosen(e)]
+    madvise, moved = _madvise(), 0
+    for ref, address, _, start, n, _ in todo:
+        region = ref()  # (held until moved: its mapping cannot go away meanwhile)
+        if region is None or region.closed or n == 0 or madvise(address + start, n, mmap.MADV_HUGEPAGE) != 0:
+            continue  # (a kernel without THP for anonymous memory: small pages stay)
         moved += n
         if _collapse_works[0]:
-            try:
-                region.madvise(MADV_COLLAPSE, start, n)
+            if madvise(address + start, n, MADV_COLLAPSE) == 0:
                 stats.collapsed_bytes += n
-            except OSError as e:
-                if e.errno == errno.EINVAL:  # not this kernel (before 6.1): khugepaged will
-                    _collapse_works[0] = False
-            except ValueError:
-                pass
+            elif ctypes.get_errno() == errno.EINVAL:  # not this kernel (before 6.1): khugepaged will
+                _collapse_works[0] = False
     stats.advised_bytes += moved
     stats.promote_seconds += time.perf_counter() - t0
     return moved

@@ -52,6 +52,20 @@ def test_buffers_start_on_small_pages_and_promote_moves_their_whole_huge_pages(m
     assert pages.promote() == 0  # each buffer once
 
 
+def test_a_weight_buffer_waits_until_a_kernel_reads_it_where_it_lies(monkeypatch):
+    """A weight read from the model file (promoted=False) is left by promote until a kernel
+    that reads it where it lies says so (with a view of it, here transposed)."""
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    _promote_or_skip()
+    w = pages.os_buffer(2 * pages.HUGE_PAGE, promoted=False).view(np.float32).reshape(1024, 1024)
+    w[...] = 2
+    assert pages.pending_bytes() <= pages.SLAB and _promote_or_skip() == 0  # promote leaves it
+    assert pages.promote_with_the_rest(w.T) and not pages.promote_with_the_rest(np.zeros(3))
+    before = pages.stats.advised_bytes
+    assert _promote_or_skip() == 2 * pages.HUGE_PAGE and pages.stats.advised_bytes - before == 2 * pages.HUGE_PAGE
+    assert float(w.sum()) == 2.0 * w.size and not pages.promote_with_the_rest(w)  # moved: no longer waiting
+
+
 @pytest.mark.parametrize("nbytes", [3 * pages.HUGE_PAGE + 100, 4 * pages.HUGE_PAGE])
 def test_an_arena_is_promoted_with_its_tail_page(nbytes, monkeypatch):
     """whole_pages (a plan's arena, written whole at each run): the partial page at the end

@@ -35,6 +35,7 @@ import math
 
 import numpy as np
 
+from ... import pages
 from ...ops.fused import MATMUL_ACTIVATIONS
 from ...weights import is_mapped
 from ..registry import kernel
@@ -218,9 +219,13 @@ def matmul(ctx):
         post, bias_arg, z_arg = p.post_ops(y)
         wmd = pd.weights_md()
         if wmd not in packed:
-            # the holder of shared packed weights stays referenced here, or the sharing ends
-            packed[wmd] = np.ascontiguousarray(b, np.float32) if wmd == _weights_md(p) else \
-                packed_weights(b, _weights_md(p), wmd)
+            # the holder of shared packed weights stays referenced here, or the sharing ends;
+            # weights the primitive reads where they lie move onto huge pages with its buffers
+            if wmd == _weights_md(p):
+                packed[wmd] = np.ascontiguousarray(b, np.float32)
+                pages.promote_with_the_rest(packed[wmd])
+            else:
+                packed[wmd] = packed_weights(b, _weights_md(p), wmd)
         w = packed[wmd]
         args = {ARG_SRC: None, ARG_WEIGHTS: w if isinstance(w, np.ndarray) else w.memory, ARG_DST: None}
         if p.bias is not None:
@@ -292,6 +297,7 @@ def gemv(ctx):
     trans_b, ldb = (b"T", p.k) if p.trans_b else (b"N", p.n)
     bias = None if p.bias is None else p.bias.reshape(-1)
     beta = 0.0 if bias is None else 1.0
+    pages.promote_with_the_rest(b)  # read where it lies at every run: onto huge pages once the plan keeps running
     # weights lying (N, K), in a plan that keeps running: after AFTER_RUNS runs they are read
     # by row_panels' dot-product loop (runs: None once decided; rows: None where it cannot)
     runs, rows = [0 if p.trans_b else None], [None]
