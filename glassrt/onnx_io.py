@@ -401,10 +401,11 @@ _ELEMENT_TYPES = frozenset(TensorProto.DataType.values())
 
 def _weight_array(shape, dtype, nbytes: int) -> np.ndarray:
     """An array for weights read from the model file. A large one is mapped on small pages
-    (pages.os_buffer, left out of promote unless a kernel reads it where it lies), not NumPy's (which asks huge pages for 4 MiB
-    and more): most are packed on a plan's first run and never read again, and where the
-    host takes back freed guest memory a huge page costs more to touch first (pages.py;
-    GPT-2's 616 MB read in 2.8-4.7 s on huge pages, 0.5-0.7 s on small, alternating processes)."""
+    (pages.os_buffer; promote leaves it unless a kernel reads it where it lies), not by
+    NumPy, which asks huge pages for 4 MiB and more: most weights are packed on a plan's
+    first run and never read again, and where the host takes back freed guest memory a huge
+    page costs more to touch first (pages.py; GPT-2's 616 MB loaded in 2.8-4.7 s on huge
+    pages, 0.5-0.7 s on small, alternating processes)."""
     from .pages import HUGE_PAGE, os_buffer
 
     if nbytes < HUGE_PAGE:

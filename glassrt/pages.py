@@ -24,7 +24,11 @@ batch 8's first run (its 340 MB of weights packed): 3.0-3.9 s on huge pages from
 small pages against huge pages: 0.98x, 1.07x, 1.07x (16 alternating 32-token rounds each).
 In steady runs the huge pages pay (`benchmarks/huge_pages.py`, twelve GPT-2 layers'
 one-row products through NumPy's BLAS, ms per pass over 4 KiB / huge pages: 17.8 / 16.0,
-15.5 / 15.1, 17.2 / 16.3), and by then the collapse is a cost paid once.
+15.5 / 15.1, 17.2 / 16.3), and by then the collapse is a cost paid once, in the run that
+triggers it (GPT-2's 300-455 MB: 0.5-5.2 s on that VM, a tenth of that where a machine's
+memory is its own). Weights read from a model file are mapped here too (onnx_io), but
+promote leaves them unless a kernel reads one where it lies (promote_with_the_rest): most
+are packed on the first run and never read again.
 GLASSRT_HUGE_PAGES=0 turns the advice off (the buffers are still mapped the same way);
 `explain` shows the kernel's setting, what was advised and what collapsed.
 """

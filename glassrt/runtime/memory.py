@@ -261,7 +261,7 @@ def allocate_arena(nbytes: int) -> np.ndarray:
     """The arena's memory, mapped straight from the OS (anonymous mmap) rather than from
     malloc: when a plan is evicted its arena goes back to the OS at once, whatever malloc's
     heuristics (glibc keeps freed blocks below its sliding mmap threshold in the heap), and
-    on transparent huge pages where Linux offers them (glassrt.pages)."""
+    moved onto transparent huge pages once the plan keeps running (glassrt.pages)."""
     if nbytes < (1 << 20):
         return np.empty(nbytes, np.uint8)
     return os_buffer(nbytes, whole_pages=True)

@@ -118,7 +118,7 @@ def _new_handle(create, *args) -> c_void_p:
 def empty_aligned(nbytes: int, align: int = ALIGN, zero: bool = True) -> np.ndarray:
     """A uint8 array of nbytes whose data pointer is aligned; zeroed (blocked layouts
     with padded channels assume the padding holds zeros). From a huge page up the buffer
-    is mapped from the OS (glassrt.pages: 2 MiB aligned, on huge pages where offered)."""
+    is mapped from the OS (glassrt.pages: 2 MiB aligned, moved onto huge pages once a plan keeps running)."""
     if align <= HUGE_PAGE and zero:
         return os_buffer(nbytes) if nbytes >= HUGE_PAGE else carve(nbytes, align)
     raw = (np.zeros if zero else np.empty)(max(int(nbytes), 1) + align, np.uint8)
