@@ -103,6 +103,7 @@ def os_buffer(nbytes: int, whole_pages: bool = False, *, promoted: bool = True) 
 # length, the offset and length of its whole huge pages there, whether promote takes it)
 _pending: list = []
 _pending_lock = threading.Lock()
+_prune_at = [64]
 MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)  # Linux's value (Python 3.11's mmap does not name it)
 _collapse_works = [True]  # until a kernel without MADV_COLLAPSE says EINVAL to a huge-page-advised range
 
@@ -123,6 +124,9 @@ def _os_mapping(nbytes: int, whole_pages: bool = False, promoted: bool = True) -
     if advice_enabled():
         pages = (-(-nbytes // HUGE_PAGE) if whole_pages else nbytes // HUGE_PAGE) * HUGE_PAGE
         with _pending_lock:
+            if len(_pending) >= _prune_at[0]:  # buffers that died unmoved (sessions that never kept running)
+                _pending[:] = [e for e in _pending if e[0]() is not None]
+                _prune_at[0] = 2 * len(_pending) + 64
             _pending.append([weakref.ref(region), whole.ctypes.data, whole.nbytes, start, pages, promoted])
     return whole[start:start + nbytes], region, start
 
@@ -138,7 +142,7 @@ def promote() -> int:
     whole huge pages are advised and collapsed now (MADV_COLLAPSE copies each 2 MiB into a
     huge page; on a kernel without it khugepaged collapses the advised ranges in its own
     time). Called when a plan keeps running (runtime/plan.py), in that run: on the
-    development VM it cost 0.5-3.8 s for GPT-2's 300-450 MB, once (a collapse in a thread
+    development VM it cost 0.5-5.2 s for GPT-2's 300-455 MB, once (a collapse in a thread
     of its own was no better: the runs meanwhile wait on the pages being copied, 30 ms
     decode steps took 150-1,100 ms). The slab being carved waits for the next call (its
     unused end would become resident)."""
@@ -243,8 +247,9 @@ def _new_slab() -> list:
 def release_slab_tail() -> int:
     """Give the OS back the pages of the slab being carved that no piece uses yet (madvise
     MADV_DONTNEED; bytes released): where the kernel put it on huge pages anyway
-    (transparent huge pages "always"), a half-used slab holds all of its touched halves. The released pages read as zeros when touched again, so later pieces are still
-    zero. Called once a plan's first run has made its kernels' buffers."""
+    (transparent huge pages "always"), a half-used slab holds all of its touched halves.
+    The released pages read as zeros when touched again, so later pieces are still zero.
+    Called once a plan's first run has made its kernels' buffers."""
     with _slab_lock:
         slab, offset, region, at = _slab
         if slab is None or not hasattr(mmap, "MADV_DONTNEED"):
