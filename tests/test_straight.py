@@ -104,3 +104,56 @@ def test_a_plan_with_no_steps():
     for _ in range(STRAIGHT_AFTER + 2):
         np.testing.assert_array_equal(sess.run(None, {})[0], [4, 6])
     assert _compiled(sess) == [True]
+
+
+def test_an_output_that_breaks_the_meta_is_caught_in_the_replays_as_in_the_loop():
+    """A kernel that allocates its own output (a custom op without `out`) and returns the
+    wrong shape on one run: the compiled replay raises the loop's KernelContractError,
+    naming the node and both shapes; the runs around it are unaffected."""
+    op = glassrt.custom_op("ex::flaky(Tensor x) -> Tensor", dtypes=[np.float32])
+    calls = []
+
+    def kernel(x):
+        calls.append(1)
+        return x[:1].copy() if len(calls) in (3, STRAIGHT_AFTER + 3) else x * 2
+
+    try:
+        op.register_meta(lambda x: x)
+        op.register_kernel("cpu", kernel)
+        m = helper.make_model(helper.make_graph(
+            [helper.make_node("flaky", ["x"], ["f"], domain="ex", name="odd"), helper.make_node("Neg", ["f"], ["y"])],
+            "g", [_vi("x", [3])], [_vi("y", [3])]),
+            opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ex", 1)])
+        sess = glassrt.InferenceSession(m, providers=["cpu"])
+        x = {"x": np.array([1, 2, 3], np.float32)}
+        messages = []
+        for i in range(STRAIGHT_AFTER + 4):
+            if len(calls) + 1 in (3, STRAIGHT_AFTER + 3):
+                with pytest.raises(glassrt.errors.KernelContractError) as e:
+                    sess.run(None, x)
+                messages.append(str(e.value))
+            else:
+                np.testing.assert_array_equal(sess.run(None, x)[0], [-2, -4, -6])
+        assert _compiled(sess) == [True]
+        assert len(messages) == 2 and messages[0] == messages[1], messages
+        assert "'odd'" in messages[0] and "float[1]" in messages[0] and "float[3]" in messages[0]
+    finally:
+        op.unregister()
+
+
+def test_several_outputs_in_the_replays():
+    """Split into three (one output unused) and LayerNormalization's first output alone:
+    written out inline, the same results as the loop's first runs."""
+    nodes = [helper.make_node("Split", ["x"], ["a", "", "c"], axis=1, num_outputs=3),
+             helper.make_node("LayerNormalization", ["a", "s", "b"], ["n"], axis=-1),
+             helper.make_node("Add", ["n", "c"], ["y"])]
+    m = _model(nodes, [_vi("x", [2, 6])], [_vi("y", [2, 2])],
+               [helper.make_tensor("s", 1, [2], [1.0, 2.0]), helper.make_tensor("b", 1, [2], [0.5, -0.5])])
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    x = {"x": np.random.default_rng(0).standard_normal((2, 6)).astype(np.float32)}
+    runs = [sess.run(None, x)[0] for _ in range(STRAIGHT_AFTER + 3)]
+    assert _compiled(sess) == [True]
+    a, c = x["x"][:, :2], x["x"][:, 4:]
+    expected = (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5) * [1, 2] + [0.5, -0.5] + c
+    for r in runs:
+        np.testing.assert_allclose(r, expected, rtol=1e-5, atol=1e-5)

@@ -176,3 +176,35 @@ def test_layer_norm(x_shape, axis, scale_shape, with_bias):
     for g_, w in zip(got, want):
         assert g_.shape == w.shape and g_.dtype == w.dtype
         np.testing.assert_allclose(g_, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_onednn_layer_norm_of_a_row_moves_to_the_row_loop_once_the_plan_keeps_running(with_bias):
+    """A one-row LayerNormalization on the onednn provider: oneDNN's primitive first, the
+    compiled row loop from AFTER_RUNS runs on (Numba loaded); every run against onnxruntime,
+    with Scale (and B) graph inputs that change between runs, so the loop reads each run's."""
+    pytest.importorskip("numba")
+    from glassrt.kernels.onednn import capi
+    from glassrt.kernels.onednn.row_panels import AFTER_RUNS
+
+    if capi.UNAVAILABLE:
+        pytest.skip(capi.UNAVAILABLE)
+    inputs = [("x", [1, 1, 48]), ("s", [48])] + ([("b", [48])] if with_bias else [])
+    model = _model([helper.make_node("LayerNormalization", [n for n, _ in inputs], ["y"], axis=-1, epsilon=1e-3)],
+                   inputs, {})
+    sess = glassrt.InferenceSession(model, providers=["onednn", "cpu"])
+    assert sess.explain()["nodes"][0]["kernel"].startswith("onednn.")
+    rng = np.random.default_rng(3)
+    calls = []
+    from glassrt.kernels.cpu import rows as cpu_rows
+    from glassrt.kernels.cpu._jit import compiled
+
+    loop = compiled(cpu_rows._layer_norm)
+    cpu_rows._layer_norm = lambda *a: (calls.append(1), loop(*a))[1]  # the onednn kernel finds it here
+    try:
+        for _ in range(AFTER_RUNS + 4):
+            feeds = {n: (rng.standard_normal(s) * 2 + 0.5).astype(np.float32) for n, s in inputs}
+            np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds), rtol=1e-5, atol=1e-5)
+    finally:
+        cpu_rows._layer_norm = loop
+    assert len(calls) == 4

@@ -463,7 +463,7 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
         if guard is None and profile is None:
             plan.runs += 1
             if plan.runs == STRAIGHT_AFTER:  # a plan that is replayed: worth compiling its steps
-                plan.straight = straight.compile_steps(plan.steps, pool, execute_step, node_error)
+                plan.straight = straight.compile_steps(plan.steps, pool, execute_step, node_error, check_outputs)
                 pages.promote()  # and its arena and packed weights worth moving onto huge pages (pages.py)
         if plan.executed:
             for st in plan.steps:
@@ -522,17 +522,26 @@ def execute_step(st, env, pool, guard=None, profile=None):
                 env[s] = np.asarray(v) if isinstance(v, np.generic) else v
     else:
         env[st.outs[0]] = straight.as_value(r)
-    for s, shape, dt in st.expect:
-        v = env[s]
-        if isinstance(v, np.ndarray) and (v.shape != shape or v.dtype != dt):
-            raise KernelContractError(
-                f"{st.describe(args)}: output {st.node.outputs[st.outs.index(s)]!r} is "
-                f"{dtypes.name(v.dtype)}{list(v.shape)} but the op's meta says {dtypes.name(dt)}{list(shape)}")
+    if st.expect:
+        check_outputs(st, env, args)
     for s in st.free:
         v = env[s]
         env[s] = None
         if pool is not None and isinstance(v, np.ndarray):
             pool.release(v)
+
+
+def check_outputs(st, env, args=None) -> None:
+    """The step's outputs that its kernel allocated itself against the op's meta (shape and
+    dtype): a KernelContractError naming the first that differs."""
+    for s, shape, dt in st.expect:
+        v = env[s]
+        if isinstance(v, np.ndarray) and (v.shape != shape or v.dtype != dt):
+            if args is None:
+                args = [env[i] if i >= 0 else None for i in st.ins]
+            raise KernelContractError(
+                f"{st.describe(args)}: output {st.node.outputs[st.outs.index(s)]!r} is "
+                f"{dtypes.name(v.dtype)}{list(v.shape)} but the op's meta says {dtypes.name(dt)}{list(shape)}")
 
 
 def node_error(st, args, e) -> NodeExecutionError:

@@ -16,8 +16,9 @@ that keeps running gains) gets its steps written out once as Python source and c
 
 Only integers (slot indices) and names of this module's own making go into the source;
 the kernels, buffers and steps are bound as the function's globals, so nothing from the
-model is ever compiled. Steps with anything special (several outputs, outputs allocated
-per run, shape checks) run through `execute_step`, the loop's own body. A kernel's error
+model is ever compiled. Steps whose outputs are allocated per run (graph outputs of a
+dynamic shape) run through `execute_step`, the loop's own body; a kernel that allocates
+its own output (a Reshape's view) has it checked inline against the op's meta. A kernel's error
 is reported as the loop reports it (the node, its kernel and its inputs).
 """
 from __future__ import annotations
@@ -33,28 +34,46 @@ def as_value(r):
     return np.asarray(r) if isinstance(r, (np.generic, int, float, bool)) else r
 
 
-def _simple(st) -> bool:
-    return not st.multi and st.fresh is None and not st.expect and st.outs[0] >= 0
+def _inline(st) -> bool:
+    """Steps written out in full: all but those whose outputs are allocated per run (graph
+    outputs of a dynamic shape) and single-output steps whose output nobody keeps."""
+    return st.fresh is None and (st.multi or st.outs[0] >= 0)
 
 
-def compile_steps(steps, pool, execute_step, node_error):
+def compile_steps(steps, pool, execute_step, node_error, check_outputs):
     """run(env) executing `steps` in order, as run_plan's loop would without a guard or a
-    profile: `execute_step` is the loop's body, `node_error` how it reports a kernel's error."""
+    profile: `execute_step` is the loop's body, `node_error` how it reports a kernel's error,
+    `check_outputs(st, env)` its check of outputs a kernel allocated against the op's meta
+    (called here only when one differs in class, shape or dtype from what the meta says)."""
     scope = {"ndarray": np.ndarray, "as_value": as_value, "execute_step": execute_step, "pool": pool,
-             "steps": steps, "GlassrtError": GlassrtError, "release": _releaser(pool), "node_error": node_error}
+             "steps": steps, "GlassrtError": GlassrtError, "release": _releaser(pool), "node_error": node_error,
+             "check_outputs": check_outputs}
     lines = ["def run(env):", "    k = -1", "    try:", "        pass"]  # (a plan may have no steps)
     for k, st in enumerate(steps):
         lines.append(f"        k = {k}")
-        if not _simple(st):
+        if not _inline(st):
             lines.append(f"        execute_step(steps[{k}], env, pool)")
             continue
         scope[f"F{k}"] = st.fn
         args = [f"env[{i}]" if i >= 0 else "None" for i in st.ins]
         if st.uses_out:
-            scope[f"B{k}"] = st.bufs
+            scope[f"B{k}"] = tuple(st.bufs) if st.multi else st.bufs
             args.append(f"out=B{k}")
         lines.append(f"        r = F{k}({', '.join(args)})")
-        lines.append(f"        env[{st.outs[0]}] = r if r.__class__ is ndarray else as_value(r)")
+        # a multi-output kernel returns a sequence, one value per output (unused ones None)
+        results = [(f"r[{j}]", s) for j, s in enumerate(st.outs) if s >= 0] if st.multi else [("r", st.outs[0])]
+        for j, (value, s) in enumerate(results):
+            if st.multi:
+                lines.append(f"        v = {value}")
+                value = "v"
+            lines.append(f"        env[{s}] = {value} if {value}.__class__ is ndarray else as_value({value})")
+            expect = [e for e in st.expect if e[0] == s]
+            if expect:
+                _, shape, dt = expect[0]
+                scope[f"S{k}_{j}"], scope[f"D{k}_{j}"] = shape, dt
+                lines.append(f"        if {value}.__class__ is not ndarray or {value}.shape != S{k}_{j} "
+                             f"or {value}.dtype != D{k}_{j}:")
+                lines.append(f"            check_outputs(steps[{k}], env)")
         for s in st.free:
             lines.append(f"        release(env, {s})" if pool is not None else f"        env[{s}] = None")
     lines += ["    except GlassrtError:", "        raise",

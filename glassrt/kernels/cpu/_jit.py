@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import sys
+import threading
 
 _REASON: list = []  # [None] once Numba is found (or imported), [reason] when it cannot be
 _threads: list = []  # [n]: the thread limit to give Numba when it is imported
@@ -52,22 +54,33 @@ def _import_numba():
     except Exception as e:  # pragma: no cover - numba is a dependency
         raise RuntimeError(f"this kernel needs Numba, which failed to import: {type(e).__name__}: {e}") from e
     if _threads:
-        numba.set_num_threads(min(_threads.pop(), numba.config.NUMBA_NUM_THREADS))
+        numba_threads(_threads.pop())
     return numba
 
 
 def limit_threads(n: int) -> None:
-    """Numba's thread limit (process-wide, for parallel Numba code: glassrt's kernels are
-    single-threaded, a custom op's need not be). Applied now if Numba is imported (a custom
-    op's module did), else when the first compiled kernel imports it: a session whose nodes
-    need no Numba then never pays its import (0.3-0.5 s)."""
-    import sys
-
+    """Numba's thread limit (for parallel Numba code: glassrt's kernels are single-threaded
+    but for row_panels' loops, a custom op's need not be). Applied now if Numba is imported
+    (a custom op's module did), else when the first compiled kernel imports it: a session
+    whose nodes need no Numba then never pays its import (0.3-0.5 s)."""
     if "numba" in sys.modules:
-        numba = sys.modules["numba"]
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        numba_threads(n)
     else:
         _threads[:] = [n]
+
+
+_set_here = threading.local()  # per thread: the count numba_threads last gave Numba
+
+
+def numba_threads(n: int) -> None:
+    """Numba's thread count for the calling thread (Numba keeps one per thread), set only
+    when it differs from what this function last set here: numba.get_num_threads costs ~5 us
+    a call where a decode step's 48 products each ask (a count set by other code directly
+    through numba.set_num_threads is not seen)."""
+    if getattr(_set_here, "n", None) != n:
+        numba = sys.modules["numba"]
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        _set_here.n = n
 
 
 class _Lazy:

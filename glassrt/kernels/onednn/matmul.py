@@ -243,11 +243,10 @@ def matmul(ctx):
     runs, streamed = [0 if p.rows == 1 and not alone else None], [None]
 
     def step(a, b_=None, c=None, z=None, *, out):
+        if streamed[0] is not None and streamed[0](a, z, out) is not None:
+            return out
         prim, z_arg = prims.get()
-        if streamed[0] is not None:
-            if streamed[0](a, z, out) is not None:
-                return out
-        elif runs[0] is not None:
+        if streamed[0] is None and runs[0] is not None:
             runs[0] += 1
             from . import row_panels  # (imported by one-row products, a decoding loop's, not by every model)
 

@@ -34,7 +34,7 @@ from collections import Counter
 
 import numpy as np
 
-from ..cpu._jit import compiled, jit
+from ..cpu._jit import compiled, jit, numba_threads
 from . import capi
 from .dnnl import ARG_WEIGHTS
 
@@ -163,13 +163,6 @@ def panel_view(memory, md) -> np.ndarray | None:
     return memory.array.view(np.float32)[: kp * np_].reshape(np_ // PANEL, kp, PANEL)
 
 
-def _plan_threads(numba) -> None:
-    """Numba's loops on as many threads as OpenMP's count for the plan (threads.py)."""
-    n = min(capi.get_max_threads(), numba.config.NUMBA_NUM_THREADS)
-    if numba.get_num_threads() != n:
-        numba.set_num_threads(n)
-
-
 def stream(prim, product):
     """A function (a, z, out) -> out running `product` (matmul.py's _Product) on the loop over
     the primitive's packed weights (None from it in a forked child), or None (stats says why)."""
@@ -182,7 +175,6 @@ def stream(prim, product):
     if why:
         stats[why] += 1
         return None
-    numba = sys.modules["numba"]
     fn = compiled(_row_panels)
     k, alpha = product.k, np.float32(product.alpha)
     bias = np.zeros(0, np.float32) if product.bias is None else np.ascontiguousarray(product.bias, np.float32).reshape(-1)
@@ -198,7 +190,7 @@ def stream(prim, product):
         runs its primitive there)."""
         if _forked[0] or not out.flags.c_contiguous:
             return None
-        _plan_threads(numba)
+        numba_threads(capi.get_max_threads())  # as many as OpenMP's count for the plan (threads.py)
         zz = none if z is None else np.ascontiguousarray(z, np.float32).reshape(-1)
         fn(np.ascontiguousarray(a).reshape(-1), w, k, out.reshape(-1), alpha, bias, zz, act, p0, p1)
         return out
@@ -221,7 +213,6 @@ def stream_rows(w, product):
     if why:
         stats[why] += 1
         return None
-    numba = sys.modules["numba"]
     fn = compiled(_row_dots)
     alpha = np.float32(product.alpha)
     bias = np.zeros(0, np.float32) if product.bias is None else np.ascontiguousarray(product.bias, np.float32).reshape(-1)
@@ -231,7 +222,7 @@ def stream_rows(w, product):
     def run(a, out):
         if _forked[0] or not out.flags.c_contiguous:
             return None
-        _plan_threads(numba)
+        numba_threads(capi.get_max_threads())  # as many as OpenMP's count for the plan (threads.py)
         fn(np.ascontiguousarray(a).reshape(-1), w, out.reshape(-1), alpha, bias)
         return out
 

@@ -3,15 +3,19 @@ LogSoftmax, float32, on oneDNN's primitives (vectorized and run on the session's
 threads; glassrt's cpu kernels for these run on one thread).
 
 Values are plain C-order arrays here (these ops read no NHWC layouts). Results differ from
-the cpu kernels by rounding only (oneDNN's own exp; its sums in another order).
+the cpu kernels by rounding only (oneDNN's own exp; its sums in another order). A
+LayerNormalization of a few rows in a plan that keeps running moves to the cpu kernels'
+compiled row loop (see SMALL_ROWS).
 """
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
 from ...ops.geometry import normalize_axis
+from ..cpu._jit import compiled, numba_missing
 from ..registry import kernel
 from . import dnnl
 from .dnnl import ARG_DST, ARG_SCALE, ARG_SHIFT, ARG_SRC, MemoryDesc
@@ -63,6 +67,7 @@ def layer_norm(ctx):
     """oneDNN layer normalization over the rows of X (the dims from `axis` on)."""
     rows, width = _ln_geometry(ctx)
     eps = float(ctx.attrs.get("epsilon", 1e-5))
+    eps32 = np.float32(eps)  # the row loop's: float32 arithmetic throughout
     shift = ctx.has(2)
     md = MemoryDesc.create((rows, width), np.float32, "ab")
 
@@ -76,6 +81,9 @@ def layer_norm(ctx):
     prims = _PerThreads(build)
     alone = rows * width <= SMALL_ELEMENTS  # see kernels.SMALL_ELEMENTS
     flat = {}  # the last array of each argument and its 1-D view (same object: no re-pointing)
+    # a few rows (a decode step's one), in a plan that keeps running: the compiled row loop
+    # (runs: counted up to AFTER_RUNS, then None; loop: the loop's arguments but x and y)
+    runs, loop = [0 if rows <= SMALL_ROWS else None], [None]
 
     def view(slot, a):
         if flat.get(slot, (None,))[0] is not a:
@@ -85,6 +93,17 @@ def layer_norm(ctx):
     def step(x, scale, bias=None, *, out=(None,)):
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
         y = outs[0] if outs[0] is not None else np.empty(x.shape, np.float32)
+        if loop[0] is not None and y.flags.c_contiguous:
+            fn, zeros, mean, inv_std = loop[0]
+            fn(np.ascontiguousarray(x).reshape(rows, width), view("scale", scale),
+               zeros if bias is None else view("bias", bias), eps32, y.reshape(rows, width), mean, inv_std)
+            return (y,) + (None,) * (len(outs) - 1)
+        if runs[0] is not None:
+            runs[0] += 1
+            from .row_panels import AFTER_RUNS
+
+            if runs[0] >= AFTER_RUNS:
+                runs[0], loop[0] = None, _row_loop(rows, width)
         buffers = {ARG_SRC: x if x.flags.c_contiguous else np.ascontiguousarray(x), ARG_DST: y,
                    ARG_SCALE: view("scale", scale)}
         if shift:
@@ -93,6 +112,26 @@ def layer_norm(ctx):
         return (y,) + (None,) * (len(outs) - 1)
 
     return step
+
+
+# Rows up to which LayerNormalization runs on the compiled row loop of the cpu kernels once
+# its plan keeps running (a decode step's one row). oneDNN's primitive is as fast on data
+# in cache (3-4 us a row of 768) but reaches far more memory per call (the stream, its
+# arguments, the JIT kernel, OpenMP's thread count set and reset): after a one-row product
+# has streamed megabytes of weights through the caches, GPT-2's 768-wide rows took 29 us a
+# call there against 8-9 us on the loop (medians of 300 calls, the 2-core Xeon).
+SMALL_ROWS = 8
+
+
+def _row_loop(rows, width):
+    """(compiled loop, zeros for a missing B, mean and inv_std scratch) for rows × width, or
+    None where Numba is not loaded already (importing it costs more than the loop gains)."""
+    if "numba" not in sys.modules or numba_missing() is not None:
+        return None
+    from ..cpu import rows as cpu_rows
+
+    return (compiled(cpu_rows._layer_norm), np.zeros(width, np.float32), np.empty(rows, np.float32),
+            np.empty(rows, np.float32))
 
 
 # ---------------------------------------------------------------- Softmax, LogSoftmax
