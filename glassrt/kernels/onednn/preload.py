@@ -18,7 +18,12 @@ a machine busy with other processes loses a core to the spinning (`benchmarks/su
 --busy 3`, glassrt / onnxruntime: densenet121, inception_v1, shufflenet and squeezenet at
 batch 1 and 8, two alternating rounds each way, geometric means 1.02 and 0.94 with libgomp's
 default, 0.85 and 0.83 with SPINCOUNT; the nine light models at both batches, one run each,
-1.09 and 0.85). Where the user set
+1.09 and 0.85). SPINCOUNT is 30,000 since stop 28: on the 2-core Xeon a worker woke for
+free after a gap of up to ~100 us with 10,000 and ~250 us with 30,000 (48 one-row products
+with a busy-wait between: +3.3 ms at 150 us gaps with 10,000, none with 30,000), and a
+decode step's attention block is such a gap before every layer's next product (GPT-2, four
+alternating rotations: 22.2-23.5 ms a token against 23.0-25.1 with 10,000); with 3 busy
+processes the light suite stayed at 0.88x (batch 1) and 0.76x (batch 8). Where the user set
 neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY and libgomp is not loaded yet, the load runs
 with GOMP_SPINCOUNT=SPINCOUNT in the environment (libgomp reads it once, as it loads), and
 the variable is taken out again afterwards, so that child processes do not inherit it;
@@ -34,7 +39,7 @@ import threading
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
 
-SPINCOUNT = 10_000  # ~0.3 ms of spinning here (the default's 300,000: 8-9 ms measured), then a futex sleep
+SPINCOUNT = 30_000  # ~0.25-0.3 ms of spinning on the 2-core Xeon (the default 300,000: milliseconds), then a futex sleep
 spin_policy: str | None = None  # how OpenMP's workers wait, once glassrt has loaded the library
 _spin_set = False  # GOMP_SPINCOUNT is in the environment for the load and must come out after it
 
