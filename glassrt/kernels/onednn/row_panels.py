@@ -221,17 +221,35 @@ def stream(prim, product):
     none = np.zeros(0, np.float32)
     stats["streamed"] += 1
 
+    flat = _FlatViews()
+
     def run(a, z, out):
         """out, or None in a forked child or for an output that is a strided view (the caller
         runs its primitive there)."""
         if _forked[0] or not out.flags.c_contiguous:
             return None
         numba_threads(capi.get_max_threads())  # as many as OpenMP's count for the plan (threads.py)
-        zz = none if z is None else np.ascontiguousarray(z, np.float32).reshape(-1)
-        fn(np.ascontiguousarray(a).reshape(-1), w, k, out.reshape(-1), alpha, bias, zz, act, p0, p1)
+        fn(flat(0, a), w, k, flat(1, out), alpha, bias, none if z is None else flat(2, z), act, p0, p1)
         return out
 
     return run
+
+
+class _FlatViews:
+    """1-D float32 views of a product's arrays, kept per argument while the array stays the
+    same object (a plan's arena buffers: the same every run), so that a run makes none;
+    an array that is not C-contiguous float32 is copied each run (its values change)."""
+
+    def __init__(self):
+        self.arrays, self.views = [None] * 3, [None] * 3
+
+    def __call__(self, i, a):
+        if a is self.arrays[i]:
+            return self.views[i]
+        v = np.ascontiguousarray(a, np.float32).reshape(-1)
+        if a.flags.c_contiguous and a.dtype == np.float32:  # v is a view of a
+            self.arrays[i], self.views[i] = a, v
+        return v
 
 
 def stream_rows(w, product):
@@ -255,11 +273,13 @@ def stream_rows(w, product):
     fn(np.zeros(w.shape[1], np.float32), w[:1], np.zeros(1, np.float32), alpha, bias[:1])  # compiled (or loaded) now
     stats["streamed"] += 1
 
+    flat = _FlatViews()
+
     def run(a, out):
         if _forked[0] or not out.flags.c_contiguous:
             return None
         numba_threads(capi.get_max_threads())  # as many as OpenMP's count for the plan (threads.py)
-        fn(np.ascontiguousarray(a).reshape(-1), w, out.reshape(-1), alpha, bias)
+        fn(flat(0, a), w, flat(1, out), alpha, bias)
         return out
 
     return run
