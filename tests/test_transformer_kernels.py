@@ -208,3 +208,4 @@ def test_onednn_layer_norm_of_a_row_moves_to_the_row_loop_once_the_plan_keeps_ru
     finally:
         cpu_rows._layer_norm = loop
     assert len(calls) == 4
+    assert sess.explain()["summary"]["row_norms"]["row_loop"] >= 1  # explain counts them (this process's)

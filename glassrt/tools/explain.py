@@ -179,6 +179,7 @@ def explain(sess, dims: dict | None = None) -> dict:
                   "pending_bytes": pages.pending_bytes()},
         # one-row products (decode steps) streamed by row_panels' loop in this process, and why others were not
         "row_products": _row_products(),
+        "row_norms": _row_norms(),
         **summary_mem,
     }
     return {
@@ -193,6 +194,13 @@ def _row_products() -> dict:
     stats = dict(rp.stats) if rp is not None else {}
     return {"streamed": stats.pop("streamed", 0), "not_streamed": stats,
             "after_runs": rp.AFTER_RUNS if rp is not None else None}
+
+
+def _row_norms() -> dict:
+    """The onednn provider's one-row LayerNormalizations that moved to the cpu row loop."""
+    rows = sys.modules.get("glassrt.kernels.onednn.rows")
+    stats = dict(rows.stats) if rows is not None else {}
+    return {"row_loop": stats.pop("row loop", 0), "not_moved": stats}
 
 
 def fmt_bytes(n) -> str:
@@ -337,6 +345,11 @@ def render(report: dict, console, max_reason: int = 70) -> None:
         console.print(f"one-row products (this process): {r['streamed']} streamed over their packed weights "
                       f"(row_panels, once a plan has run {r['after_runs']} times)" + "".join(
                           f"; {n} not: {why}" for why, n in r["not_streamed"].items()), highlight=False, markup=False)
+    r = s["row_norms"]
+    if r["row_loop"] or r["not_moved"]:
+        console.print(f"one-row layer norms (this process): {r['row_loop']} on the cpu row loop (once a plan has "
+                      f"run {s['row_products']['after_runs']} times)" + "".join(
+                          f"; {n} {why}" for why, n in r["not_moved"].items()), highlight=False, markup=False)
     if s["unsupported"]:
         console.print("memory: no plan (a node no provider runs)", highlight=False, markup=False)
     elif s["arena_bytes"] is not None:

@@ -12,7 +12,7 @@ threads, four alternating rounds: primitive 12.5-18.1 ms, MLAS 12.0-14.6, the pr
 24.7 -> 21.9 ms (onnxruntime 19.3, 18.0, 20.4).
 
 The loop reads the same packed copy the primitive does (no second copy of the weights),
-one 64-column panel per iteration, the panels shared out among OpenMP's threads: Numba's
+two 64-column panels per iteration, shared out among OpenMP's threads: Numba's
 `omp` threading layer runs on the same GNU OpenMP pool as oneDNN's primitives, so no
 second pool spins beside it. FusedMatMul's epilogue (scale, bias, residual, activation)
 is applied to a panel's sums before they are stored.
