@@ -519,7 +519,7 @@ def execute_step(st, env, pool, guard=None, profile=None):
     if st.multi:
         for s, v in zip(st.outs, r):
             if s >= 0:
-                env[s] = np.asarray(v) if isinstance(v, np.generic) else v
+                env[s] = straight.as_value(v)
     else:
         env[st.outs[0]] = straight.as_value(r)
     if st.expect:
