@@ -46,9 +46,8 @@ def _panels_here(k, n) -> bool:
                                    (1027, 320, None)])
 def test_one_row_fused_products_are_streamed_and_equal_numpy(activation, k, n, z, monkeypatch):
     """act(alpha·(x @ W) + bias + Z) at one row once the plan has run AFTER_RUNS times: K and
-    N that are not whole blocks (padded in the packed layout), an odd number of panels (the
-    loop reads two at a time), K not a multiple of 8 (its rows eight at a time),
-    Z a row or a scalar."""
+    N that are not whole blocks (padded in the packed layout), an odd number of panels, K
+    not a multiple of 8, Z a row or a scalar."""
     monkeypatch.setattr(row_panels, "AFTER_RUNS", 2)
     rng = np.random.default_rng(k + n)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)

@@ -12,7 +12,7 @@ threads, four alternating rounds: primitive 12.5-18.1 ms, MLAS 12.0-14.6, the pr
 24.7 -> 21.9 ms (onnxruntime 19.3, 18.0, 20.4).
 
 The loop reads the same packed copy the primitive does (no second copy of the weights),
-two 64-column panels per iteration, shared out among OpenMP's threads: Numba's
+one 64-column panel per iteration, the panels shared out among OpenMP's threads: Numba's
 `omp` threading layer runs on the same GNU OpenMP pool as oneDNN's primitives, so no
 second pool spins beside it. FusedMatMul's epilogue (scale, bias, residual, activation)
 is applied to a panel's sums before they are stored.
@@ -49,101 +49,65 @@ stats: Counter = Counter()  # "streamed" and the reasons products kept the primi
 prange = range  # numba.prange once Numba is imported (_compile)
 
 
-@jit(fastmath={"contract"}, boundscheck=False)
-def _store(acc, q, y, alpha, bias, z, act, p0, p1):  # pragma: no cover - compiled
-    """y's columns of panel q = act(alpha·acc + bias + z) (the columns past N, padding, dropped)."""
-    p, n = acc.shape[0], y.shape[0]
-    nb, nz = bias.shape[0], z.shape[0]
-    for j in range(p):
-        c = q * p + j
-        if c >= n:
-            break
-        v = acc[j] * alpha
-        if nb:
-            v += bias[c]
-        if nz == n:
-            v += z[c]
-        elif nz == 1:
-            v += z[0]
-        if act == 1:
-            v = 0.0 if v < 0 else v
-        elif act == 2:
-            v = v if v >= 0 else v * p0
-        elif act == 3:
-            v = p0 if v < p0 else (p1 if v > p1 else v)
-        elif act == 4:
-            v = 1.0 / (1.0 + math.exp(-v))
-        elif act == 5:
-            v = math.tanh(v)
-        elif act == 6:
-            v = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
-        elif act == 7:
-            v = 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
-        y[c] = v
-
-
 @jit(parallel=True, fastmath={"contract"}, boundscheck=False)
 def _row_panels(a, w, k, y, alpha, bias, z, act, p0, p1):  # pragma: no cover - compiled
-    """y = act(alpha·(a @ W) + bias + z) for W packed as (panels, K padded, 64).
-
-    Two panels per iteration, read side by side: two streams from memory per thread, which
-    the 2-core Xeon serves faster than one (GPT-2's 48 layer products, 12 alternating sweeps
-    in one process: 12.4-13.5 ms against 14.0-15.5 one panel at a time); an odd last panel
-    is read twice and stored once. Eight of A's elements per pass over a panel's rows: the
-    sums kept in `acc` are loaded and stored once per eight rows, not once per row."""
+    """y = act(alpha·(a @ W) + bias + z) for W packed as (panels, K padded, 64)."""
     panels, _, p = w.shape
-    k8 = k - k % 8
-    for h in prange((panels + 1) // 2):
-        q0 = 2 * h
-        q1 = min(q0 + 1, panels - 1)
-        acc0 = np.zeros(p, np.float32)
-        acc1 = np.zeros(p, np.float32)
-        for i in range(0, k8, 8):
-            a0, a1, a2, a3 = a[i], a[i + 1], a[i + 2], a[i + 3]
-            a4, a5, a6, a7 = a[i + 4], a[i + 5], a[i + 6], a[i + 7]
-            for j in range(p):
-                acc0[j] += ((a0 * w[q0, i, j] + a1 * w[q0, i + 1, j] + a2 * w[q0, i + 2, j] + a3 * w[q0, i + 3, j])
-                            + (a4 * w[q0, i + 4, j] + a5 * w[q0, i + 5, j] + a6 * w[q0, i + 6, j]
-                               + a7 * w[q0, i + 7, j]))
-            for j in range(p):
-                acc1[j] += ((a0 * w[q1, i, j] + a1 * w[q1, i + 1, j] + a2 * w[q1, i + 2, j] + a3 * w[q1, i + 3, j])
-                            + (a4 * w[q1, i + 4, j] + a5 * w[q1, i + 5, j] + a6 * w[q1, i + 6, j]
-                               + a7 * w[q1, i + 7, j]))
-        for i in range(k8, k):
+    n = y.shape[0]
+    nb, nz = bias.shape[0], z.shape[0]
+    for q in prange(panels):
+        acc = np.zeros(p, np.float32)
+        for i in range(k):
             ai = a[i]
             for j in range(p):
-                acc0[j] += ai * w[q0, i, j]
-                acc1[j] += ai * w[q1, i, j]
-        _store(acc0, q0, y, alpha, bias, z, act, p0, p1)
-        if q1 != q0:
-            _store(acc1, q1, y, alpha, bias, z, act, p0, p1)
+                acc[j] += ai * w[q, i, j]
+        for j in range(p):
+            c = q * p + j
+            if c >= n:
+                break
+            v = acc[j] * alpha
+            if nb:
+                v += bias[c]
+            if nz == n:
+                v += z[c]
+            elif nz == 1:
+                v += z[0]
+            if act == 1:
+                v = 0.0 if v < 0 else v
+            elif act == 2:
+                v = v if v >= 0 else v * p0
+            elif act == 3:
+                v = p0 if v < p0 else (p1 if v > p1 else v)
+            elif act == 4:
+                v = 1.0 / (1.0 + math.exp(-v))
+            elif act == 5:
+                v = math.tanh(v)
+            elif act == 6:
+                v = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
+            elif act == 7:
+                v = 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+            y[c] = v
 
 
-ROWS = 16  # weight rows per iteration of the dot-product loop, from each half (48 KB each at K = 768)
+ROWS = 16  # weight rows per iteration of the dot-product loop (48 KB at K = 768)
 
 
 @jit(parallel=True, fastmath={"reassoc", "contract"}, boundscheck=False)
 def _row_dots(a, w, y, alpha, bias):  # pragma: no cover - compiled
     """y = alpha·(W @ a) + bias for weights laid out (N, K): each output the dot product of
-    one of W's rows (reassociation lets the dot product run on vector registers; no
-    fast-math assumptions about NaN or infinity). Row r and row r + half at once, the blocks
-    of ROWS shared out: two streams from memory per thread, as in _row_panels (GPT-2's
-    vocabulary projection, 1 x 768 @ (50257 x 768)ᵀ, on the 2-core Xeon: 4.2-4.3 ms against
-    4.9-5.1 one row at a time, medians of 15 alternating calls)."""
+    one of W's rows, the rows shared out in blocks of ROWS (reassociation lets the dot
+    product run on vector registers; no fast-math assumptions about NaN or infinity)."""
     n, k = w.shape
-    half = (n + 1) // 2
     nb = bias.shape[0]
-    for q in prange((half + ROWS - 1) // ROWS):
-        for r in range(q * ROWS, min(half, q * ROWS + ROWS)):
-            r2 = r + half if r + half < n else r  # n odd: the middle row has no partner, read twice
-            s0 = np.float32(0.0)
-            s1 = np.float32(0.0)
+    for q in prange((n + ROWS - 1) // ROWS):
+        for r in range(q * ROWS, min(n, q * ROWS + ROWS)):
+            s = np.float32(0.0)
             for i in range(k):
-                s0 += a[i] * w[r, i]
-                s1 += a[i] * w[r2, i]
-            y[r] = s0 * alpha + (bias[r] if nb else np.float32(0.0))
-            if r2 != r:
-                y[r2] = s1 * alpha + (bias[r2] if nb else np.float32(0.0))
+                s += a[i] * w[r, i]
+            v = s * alpha
+            if nb:
+                v += bias[r]
+            y[r] = v
 
 
 def _compile():
