@@ -249,3 +249,19 @@ def test_any_shape_kernels_bind_once_in_a_shared_plan(monkeypatch):
     # one bind each in the shared plan; the exact plans before it bind once per shape
     shared = sess.options.generalize_after
     assert binds.count("cpu.Softmax") == shared + 1 and binds.count("cpu.Slice") == shared + 1, binds
+
+
+def test_a_cache_that_outgrows_the_memory_limit_on_the_shared_plan_is_refused():
+    """The shared plan sizes the cache's Concat per run: a length whose output would pass
+    the session's memory limit is a MemoryLimitError naming the node, not an allocation,
+    and the lengths under it still run (the compiled replay included)."""
+    opts = glassrt.SessionOptions(memory_limit_bytes=1 << 13)  # 8 KiB: a cache of 255 rows of D floats
+    sess = glassrt.InferenceSession(_decoder_step(), providers=["cpu"], sess_options=opts)
+    oracle = ort.InferenceSession(_decoder_step(), providers=["CPUExecutionProvider"])
+    for past in list(range(1, 30)) + [250]:
+        feeds = _feeds(past)
+        for got, want in zip(sess.run(None, feeds), oracle.run(None, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert _patterns(sess)
+    with pytest.raises(glassrt.MemoryLimitError, match=r"Concat.*memory limit of 8,192 bytes"):
+        sess.run(None, _feeds(300))

@@ -345,14 +345,18 @@ class _DynamicStep:
         bound_once = not kern.builder or kern.any_shape
         self.formula = ShapeFormula.build(ctx.input_types[:n_in], ctx.output_types) if bound_once else None
         self.out_dtypes = [t.dtype for t in ctx.output_types] if self.formula is not None else None
+        # one output written into the buffer given (a KV cache's Concat, per decode step): _run_one
+        self.single = self.formula is not None and kern.out and not kern.multi and len(self.out_dtypes) == 1
 
     def __call__(self, *args, out=None):
         if self.formula is not None:
             shapes = self.formula.evaluate(args)
             if shapes is not None:
-                self._check_limit(args, zip(shapes, self.out_dtypes))
                 if self.plain is None:
                     self.plain = self.bind(self.ctx)
+                if self.single:
+                    return self._run_one(args, shapes[0])
+                self._check_limit(args, zip(shapes, self.out_dtypes))
                 return self._run(self.plain, args, list(zip(shapes, self.out_dtypes)))
         if self.kern.any_shape and not self.kern.multi:
             # Output shapes that follow from input values (a Slice's starts and ends): the
@@ -384,6 +388,24 @@ class _DynamicStep:
             for buf, res in zip(bufs, r if self.kern.multi else (r,)):
                 if buf is not None and res is not buf:  # the kernel answered elsewhere
                     self.pool.hand_over(buf, res)
+        return r
+
+    def _run_one(self, args, shape):
+        """_run for one output of a known shape, without its generality (a decode step runs
+        two dozen of these, each in caches a streamed product has just emptied): the buffer
+        handed out and returned as is needs no check against the arena (it is not in it)."""
+        dt = self.out_dtypes[0]
+        if math.prod(shape) * dt.itemsize > self.limit:
+            self._check_limit(args, [(shape, dt)])  # raises, naming the node
+        if 0 in shape:
+            return np.empty(shape, dt)  # nothing to compute
+        buf = self._buffer(shape, dt, 0)
+        r = self.plain(*args, out=buf)
+        if r is buf:
+            return r
+        r = self._detach(r)
+        if self.pool is not None:
+            self.pool.hand_over(buf, r)
         return r
 
     def _detach(self, r):
