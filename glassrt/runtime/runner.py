@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict
 
 import numpy as np
 
@@ -20,10 +20,6 @@ from ..ir import TensorType, type_of_value  # noqa: F401  (type_of_value re-expo
 from . import threads
 from .memory import BufferPool
 from .plan import compile_plan, run_plan
-
-
-RECENT_ASKS = 64  # the latest shape requests that decide whether a shape is hot
-HOT_SHARE = 1 / 8  # the share of them a shape needs to earn a plan of its own
 
 
 class GraphRunner:
@@ -48,8 +44,6 @@ class GraphRunner:
         self._busy: set[int] = set()  # ids of plans some thread is running now
         self._twins: dict = {}  # signature -> idle plans beside the cached one
         self._seen: OrderedDict = OrderedDict()  # recent signatures -> times asked for
-        self._recent: deque = deque()  # the latest RECENT_ASKS signatures asked of _general_plan
-        self._recent_counts: Counter = Counter()  # ... and how often each is among them
 
     def make_runner(self, sub_placement):
         key = id(sub_placement)
@@ -103,22 +97,11 @@ class GraphRunner:
         self._seen[sig] = count + 1
         while len(self._seen) > 64:
             self._seen.popitem(last=False)
-        self._recent.append(sig)
-        self._recent_counts[sig] += 1
-        if len(self._recent) > RECENT_ASKS:
-            old = self._recent.popleft()
-            self._recent_counts[old] -= 1
-            if not self._recent_counts[old]:
-                del self._recent_counts[old]
         # A hot shape earns a plan of its own, but only into a free cache slot: evicting for
-        # it would thrash when more shapes are hot than the cache holds. Hot: asked for
-        # often lately, not merely often: a decode loop run again and again asks for each
-        # of its token positions once a round, and a plan of a position's own would run once
-        # a round too, never reaching the runs after which a plan is compiled into one
-        # function and its one-row products stream their weights (GPT-2: those steps ran
-        # ~10% slower than the shared plan's, and each plan took ~150 ms to compile).
-        if count >= 3 and self._recent_counts[sig] >= HOT_SHARE * RECENT_ASKS \
-                and len(self.plans) < self.options.plan_cache_size:
+        # it would thrash when more shapes are hot than the cache holds (a decode loop run
+        # again and again: 33 token positions, each seen often, against 8 slots, compiled
+        # a plan per step, ~150 ms each for GPT-2). With the cache full they share the pattern.
+        if count >= 3 and len(self.plans) < self.options.plan_cache_size:
             return None
         for key, plan in reversed(self.plans.items()):
             if isinstance(key, ShapePattern) and key.matches(sig):
