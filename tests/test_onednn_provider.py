@@ -340,3 +340,23 @@ def test_a_branch_node_reading_an_outer_weight_falls_back_when_its_plan_sees_a_r
     for c in (True, False):
         feeds = {"x": x, "c": np.array(c)}
         np.testing.assert_allclose(s.run(None, feeds)[0], o.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_contiguous_views_keep_views_of_the_same_array_and_recopy_strided_ones():
+    """A kernel's operand as C-contiguous float32: a view of the same array object is kept
+    (no new view, a oneDNN memory keeps its pointer) and sees its new values; a strided
+    array is copied again every call, so a buffer reused with new values is never stale."""
+    from glassrt.kernels.onednn.kernels import ContiguousViews
+
+    views = ContiguousViews()
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    first = views(0, a)
+    a += 10
+    assert views(0, a) is first and first.base is not None
+    np.testing.assert_array_equal(first, np.arange(6) + 10)
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    copy = views(1, strided, (3, 2))
+    strided[...] = -1
+    again = views(1, strided, (3, 2))
+    assert again is not copy and copy.flags.c_contiguous
+    np.testing.assert_array_equal(again, -np.ones((3, 2)))

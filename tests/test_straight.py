@@ -9,6 +9,7 @@ import pytest
 from onnx import helper
 
 import glassrt
+from glassrt.runtime import plan as plan_module
 from glassrt.runtime.plan import STRAIGHT_AFTER
 from glassrt.tools import light_models
 
@@ -151,8 +152,16 @@ def test_several_outputs_in_the_replays():
                [helper.make_tensor("s", 1, [2], [1.0, 2.0]), helper.make_tensor("b", 1, [2], [0.5, -0.5])])
     sess = glassrt.InferenceSession(m.SerializeToString())
     x = {"x": np.random.default_rng(0).standard_normal((2, 6)).astype(np.float32)}
-    runs = [sess.run(None, x)[0] for _ in range(STRAIGHT_AFTER + 3)]
+    looped = []  # the steps handed to the loop's body (all of them in the 16 runs before the replay)
+    real = plan_module.execute_step
+    plan_module.execute_step = lambda st, *a, **k: (looped.append(st.node.op_type), real(st, *a, **k))[1]
+    try:
+        runs = [sess.run(None, x)[0] for _ in range(STRAIGHT_AFTER + 3)]
+    finally:
+        plan_module.execute_step = real
     assert _compiled(sess) == [True]
+    # the replays hand the loop's body only the Add, whose output (a graph output) is new each run
+    assert looped[3 * STRAIGHT_AFTER:] == ["Add"] * 3, looped[3 * STRAIGHT_AFTER:]
     a, c = x["x"][:, :2], x["x"][:, 4:]
     expected = (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5) * [1, 2] + [0.5, -0.5] + c
     for r in runs:

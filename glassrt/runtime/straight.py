@@ -16,8 +16,8 @@ that keeps running gains) gets its steps written out once as Python source and c
 
 Only integers (slot indices) and names of this module's own making go into the source;
 the kernels, buffers and steps are bound as the function's globals, so nothing from the
-model is ever compiled. Steps whose outputs are allocated per run (graph outputs of a
-dynamic shape) run through `execute_step`, the loop's own body; a kernel that allocates
+model is ever compiled. Steps whose outputs are allocated per run (graph outputs, new
+arrays for the caller each run) run through `execute_step`, the loop's own body; a kernel that allocates
 its own output (a Reshape's view) has it checked inline against the op's meta. A kernel's error
 is reported as the loop reports it (the node, its kernel and its inputs).
 """
@@ -36,7 +36,7 @@ def as_value(r):
 
 def _inline(st) -> bool:
     """Steps written out in full: all but those whose outputs are allocated per run (graph
-    outputs of a dynamic shape) and single-output steps whose output nobody keeps."""
+    outputs) and single-output steps whose output nobody keeps."""
     return st.fresh is None and (st.multi or st.outs[0] >= 0)
 
 

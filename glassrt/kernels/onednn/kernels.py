@@ -130,6 +130,26 @@ class _LayoutChange:
             reorder.run({ARG_TO: views("to", out, self.out_layout)})
 
 
+class ContiguousViews:
+    """Per argument slot, the array as C-contiguous float32 of a given shape, kept while the
+    same array object comes back (a plan's arena buffers are the same every run: a run then
+    makes no view, and a oneDNN memory bound to it keeps its pointer). Only a view of the
+    array is kept: one that had to be copied (strided, another dtype) is copied again every
+    run, since its values change between runs."""
+
+    def __init__(self):
+        self.last = {}
+
+    def __call__(self, slot, a, shape=(-1,)):
+        hit = self.last.get(slot)
+        if hit is not None and hit[0] is a:
+            return hit[1]
+        v = np.ascontiguousarray(a, np.float32).reshape(shape)
+        if a.flags.c_contiguous and a.dtype == np.float32:  # v is a view of a
+            self.last[slot] = a, v
+        return v
+
+
 class _PerThreads:
     """One set of bound primitives per OpenMP thread count, made on first use."""
 

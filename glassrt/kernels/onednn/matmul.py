@@ -41,7 +41,7 @@ from ...weights import is_mapped
 from ..registry import kernel
 from . import capi, dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
-from .kernels import F32, SMALL_PRODUCT, _PerThreads, _unavailable, packed_weights, run_alone, shared_pd
+from .kernels import F32, SMALL_PRODUCT, ContiguousViews, _PerThreads, _unavailable, packed_weights, run_alone, shared_pd
 
 _PACK_LIMIT = 64 << 20
 _SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
@@ -236,7 +236,7 @@ def matmul(ctx):
 
     prims = _PerThreads(build)
     z_dims = p.z_dims(y) if p.z_shape is not None else None
-    z_view = [None, None]  # the last Z and its 2-D view: the same view object keeps the memory's pointer
+    view = ContiguousViews()  # Z in the primitive's dims (the same object: no re-pointing)
     alone = p.rows * p.k * p.n <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
     # one row, in a plan that keeps running: after AFTER_RUNS runs the weights are streamed
     # by row_panels' loop (runs: None once decided; streamed: None where it cannot)
@@ -246,7 +246,7 @@ def matmul(ctx):
         if streamed[0] is not None and streamed[0](a, z, out) is not None:
             return out
         prim, z_arg = prims.get()
-        if streamed[0] is None and runs[0] is not None:
+        if runs[0] is not None:  # (None once streamed[0] is decided)
             runs[0] += 1
             from . import row_panels  # (imported by one-row products, a decoding loop's, not by every model)
 
@@ -254,9 +254,7 @@ def matmul(ctx):
                 streamed[0], runs[0] = row_panels.stream(prim, p), None
         buffers = {ARG_SRC: a if a.flags.c_contiguous else np.ascontiguousarray(a), ARG_DST: out}
         if z_arg is not None:
-            if z_view[0] is not z:
-                z_view[:] = z, (z if z.flags.c_contiguous else np.ascontiguousarray(z)).reshape(z_dims)
-            buffers[z_arg] = z_view[1]
+            buffers[z_arg] = view("z", z, z_dims)
         run_alone(prim, buffers, alone)
         return out
 
@@ -412,21 +410,15 @@ def batched_matmul(ctx):
         return pd.primitive().bind(args), z_arg
 
     prims = _PerThreads(build)
-    last = {}  # slot -> (array, its contiguous view in the padded rank): the same object each run
+    view = ContiguousViews()  # slot -> the operand in the padded rank (the same object: no re-pointing)
     y = [int(d) for d in ctx.out_shape(0)]
     alone = math.prod(y) * int(ctx.shape(0)[-1]) <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
 
-    def view(slot, v):
-        hit = last.get(slot)
-        if hit is None or hit[0] is not v:
-            hit = last[slot] = v, np.ascontiguousarray(v).reshape(shapes[slot])
-        return hit[1]
-
     def step(a, b, bias_=None, z=None, *, out):
         prim, z_arg = prims.get()
-        buffers = {ARG_SRC: view(0, a), ARG_WEIGHTS: view(1, b), ARG_DST: out}
+        buffers = {ARG_SRC: view(0, a, shapes[0]), ARG_WEIGHTS: view(1, b, shapes[1]), ARG_DST: out}
         if z_arg is not None:
-            buffers[z_arg] = view(3, z)
+            buffers[z_arg] = view(3, z, shapes[3])
         run_alone(prim, buffers, alone)
         return out
 

@@ -37,6 +37,7 @@ import numpy as np
 from ..cpu._jit import compiled, jit, numba_threads
 from . import capi
 from .dnnl import ARG_WEIGHTS
+from .kernels import ContiguousViews
 
 AFTER_RUNS = 16  # as runtime/plan.py's STRAIGHT_AFTER: a plan that has run this often keeps running
 PANEL = 64  # the column block of the packed layout this loop reads (BA{k}a64b)
@@ -185,7 +186,7 @@ def stream(prim, product):
     none = np.zeros(0, np.float32)
     stats["streamed"] += 1
 
-    flat = _FlatViews()
+    flat = ContiguousViews()
 
     def run(a, z, out):
         """out, or None in a forked child or for an output that is a strided view (the caller
@@ -197,23 +198,6 @@ def stream(prim, product):
         return out
 
     return run
-
-
-class _FlatViews:
-    """1-D float32 views of a product's arrays, kept per argument while the array stays the
-    same object (a plan's arena buffers: the same every run), so that a run makes none;
-    an array that is not C-contiguous float32 is copied each run (its values change)."""
-
-    def __init__(self):
-        self.arrays, self.views = [None] * 3, [None] * 3
-
-    def __call__(self, i, a):
-        if a is self.arrays[i]:
-            return self.views[i]
-        v = np.ascontiguousarray(a, np.float32).reshape(-1)
-        if a.flags.c_contiguous and a.dtype == np.float32:  # v is a view of a
-            self.arrays[i], self.views[i] = a, v
-        return v
 
 
 def stream_rows(w, product):
@@ -237,7 +221,7 @@ def stream_rows(w, product):
     fn(np.zeros(w.shape[1], np.float32), w[:1], np.zeros(1, np.float32), alpha, bias[:1])  # compiled (or loaded) now
     stats["streamed"] += 1
 
-    flat = _FlatViews()
+    flat = ContiguousViews()
 
     def run(a, out):
         if _forked[0] or not out.flags.c_contiguous:

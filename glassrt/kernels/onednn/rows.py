@@ -16,11 +16,11 @@ from collections import Counter
 import numpy as np
 
 from ...ops.geometry import normalize_axis
-from ..cpu._jit import compiled, numba_missing
+from ..cpu._jit import compiled
 from ..registry import kernel
 from . import dnnl
 from .dnnl import ARG_DST, ARG_SCALE, ARG_SHIFT, ARG_SRC, MemoryDesc
-from .kernels import F32, SMALL_ELEMENTS, _PerThreads, _unavailable, run_alone
+from .kernels import F32, SMALL_ELEMENTS, ContiguousViews, _PerThreads, _unavailable, run_alone
 
 
 def _static(ctx, i=0):
@@ -81,15 +81,10 @@ def layer_norm(ctx):
 
     prims = _PerThreads(build)
     alone = rows * width <= SMALL_ELEMENTS  # see kernels.SMALL_ELEMENTS
-    flat = {}  # the last array of each argument and its 1-D view (same object: no re-pointing)
+    view = ContiguousViews()  # 1-D views of the arguments (the same object: no re-pointing)
     # a few rows (a decode step's one), in a plan that keeps running: the compiled row loop
     # (runs: counted up to AFTER_RUNS, then None; loop: the loop's arguments but x and y)
     runs, loop = [0 if rows <= SMALL_ROWS else None], [None]
-
-    def view(slot, a):
-        if flat.get(slot, (None,))[0] is not a:
-            flat[slot] = a, (a if a.flags.c_contiguous else np.ascontiguousarray(a)).reshape(-1)
-        return flat[slot][1]
 
     def step(x, scale, bias=None, *, out=(None,)):
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
@@ -129,7 +124,7 @@ stats: Counter = Counter()  # "row loop": the LayerNormalizations that moved the
 def _row_loop(rows, width):
     """(compiled loop, zeros for a missing B, mean and inv_std scratch) for rows × width, or
     None where Numba is not loaded already (importing it costs more than the loop gains)."""
-    if "numba" not in sys.modules or numba_missing() is not None:
+    if "numba" not in sys.modules:
         return None
     from ..cpu import rows as cpu_rows
 
