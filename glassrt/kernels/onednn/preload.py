@@ -22,7 +22,8 @@ default, 0.85 and 0.83 with SPINCOUNT; the nine light models at both batches, on
 free after a gap of up to ~100 us with 10,000 and ~250 us with 30,000 (48 one-row products
 with a busy-wait between: +3.3 ms at 150 us gaps with 10,000, none with 30,000), and a
 decode step's attention block is such a gap before every layer's next product (GPT-2, four
-alternating rotations: 22.2-23.5 ms a token against 23.0-25.1 with 10,000); with 3 busy
+alternating rotations: 22.2-23.5 ms a token against 23.0-25.1 with 10,000; with OpenBLAS
+pinned, 21.6-23.0 against 23.1-23.5); with 3 busy
 processes the light suite stayed at 0.88x (batch 1) and 0.76x (batch 8). Where the user set
 neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY and libgomp is not loaded yet, the load runs
 with GOMP_SPINCOUNT=SPINCOUNT in the environment (libgomp reads it once, as it loads), and
