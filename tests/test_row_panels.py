@@ -122,3 +122,27 @@ def test_a_forked_child_runs_a_streamed_product_on_the_primitive(monkeypatch):
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ w, rtol=2e-5, atol=2e-5)
     assert row_panels.stats["streamed"] == before + _panels_here(k, n)
     passes_in_a_forked_child(lambda: np.allclose(sess.run(None, {"x": x})[0], x @ w, rtol=2e-5, atol=2e-5))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [40, 64, 200, 448])
+def test_the_loop_gives_each_thread_a_block_of_panels_any_count(threads, n):
+    """The loop splits the panels into `threads` blocks (more threads than panels, a partial
+    last panel, blocks of unequal length), each thread applying the epilogue to its block:
+    every output written once, bias + residual + activation applied once."""
+    from glassrt.kernels.cpu._jit import compiled
+
+    assert row_panels.why_not_here() is None
+    rng = np.random.default_rng(n * 10 + threads)
+    k = 24
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    panels = -(-n // row_panels.PANEL)
+    packed = np.zeros((panels, k, row_panels.PANEL), np.float32)  # (panels, K, 64), zero-padded columns
+    for q in range(panels):
+        cols = w[:, q * 64:(q + 1) * 64]
+        packed[q, :, :cols.shape[1]] = cols
+    a, bias, z = (rng.standard_normal(s).astype(np.float32) for s in (k, n, n))
+    y = np.full(n, np.nan, np.float32)
+    compiled(row_panels._row_panels)(a, packed, k, y, np.float32(0.5), bias, z, 7, 0.0, 0.0, threads)
+    ref = GELU_TANH(0.5 * (a.astype(np.float64) @ w) + bias + z)
+    np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5)
