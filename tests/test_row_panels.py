@@ -146,3 +146,25 @@ def test_the_loop_gives_each_thread_a_block_of_panels_any_count(threads, n):
     compiled(row_panels._row_panels)(a, packed, k, y, np.float32(0.5), bias, z, 7, 0.0, 0.0, threads)
     ref = GELU_TANH(0.5 * (a.astype(np.float64) @ w) + bias + z)
     np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_a_replayed_product_reads_new_values_from_the_same_buffers(monkeypatch):
+    """Inside a plan the product's operands are the same arena buffers every run (the loop's
+    arguments are then reused): each run must still read the values of that run, the
+    residual's too, also after the plan is compiled to a replay and over many runs."""
+    monkeypatch.setattr(row_panels, "AFTER_RUNS", 2)
+    rng = np.random.default_rng(11)
+    k, n = 512, 1100
+    w = (rng.standard_normal((k, n)) / 16).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["r"], ["zr"]),
+             helper.make_node("FusedMatMul", ["h", "w", "", "zr"], ["p"], name="p", domain="glassrt",
+                              activation="GeluTanh"), helper.make_node("Neg", ["p"], ["y"])]
+    m = model(nodes, [tensor("x", [1, 1, k]), tensor("r", [1, 1, n])], [tensor("y", None)], [init("w", w)],
+              opset=17, domains={"glassrt": 1})
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    before = row_panels.stats["streamed"]
+    for _ in range(24):
+        x, r = rng.standard_normal((1, 1, k)).astype(np.float32), rng.standard_normal((1, 1, n)).astype(np.float32)
+        ref = -GELU_TANH(np.maximum(x, 0).astype(np.float64) @ w - r)
+        np.testing.assert_allclose(sess.run(None, {"x": x, "r": r})[0], ref, rtol=2e-5, atol=2e-5)
+    assert (row_panels.stats["streamed"] > before) == _panels_here(k, n)
