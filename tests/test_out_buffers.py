@@ -133,3 +133,44 @@ def test_compiled_loops_call_each_other_once_compiled():
     ref = np.array([math.erf(float(v)) for v in x])
     assert np.max(np.abs(got - ref)) < 1e-6
     assert type(erf._erf_select).__name__ == "CPUDispatcher"  # the module's globals now hold dispatchers
+
+
+# ---------------------------------------------------------------- Transpose as a view
+
+
+def _transpose_model(shape, perm, dims=None):
+    """x -> Relu -> Transpose(perm) -> Mul by 2 (the Relu's buffer must live while the view is
+    read), with a second Relu of x computed after the Transpose (the planner must not hand
+    it the viewed buffer)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Transpose", ["r"], ["t"], perm=perm),
+             helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Relu", ["n"], ["r2"]),
+             helper.make_node("ReduceSum", ["r2"], ["s"], keepdims=0),
+             helper.make_node("Mul", ["t", "s"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims or list(shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return helper.make_model(helper.make_graph(nodes, "t", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("shape, perm, view", [((1, 1, 12, 64), [0, 2, 1, 3], True), ((2, 1, 3), [1, 0, 2], True),
+                                               ((1, 5, 1, 4), [2, 0, 3, 1], False), ((2, 3, 4), [0, 2, 1], False)])
+def test_a_transpose_that_moves_only_dims_of_one_is_a_view(shape, perm, view):
+    """Moving only dims of size 1 leaves the elements in order: the view kernel takes it and
+    explain says so; a transpose that reorders keeps the copying kernel and explain says why."""
+    sess = glassrt.InferenceSession(_transpose_model(shape, perm), providers=["cpu"])
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    ref = np.transpose(np.maximum(x, 0), perm) * np.maximum(-x, 0).sum()
+    for _ in range(20):  # past the compiled replay
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, rtol=1e-6)
+    chosen = [n for n in sess.explain()["nodes"] if n["op"] == "Transpose"][0]["kernel"]
+    assert (chosen == "cpu.Transpose.view") == view, chosen
+
+
+def test_a_transpose_view_on_symbolic_dims_copies_where_a_run_reorders():
+    """Bound before the shapes are known, the view kernel decides per run: a view where the
+    moved dims are 1, a copy of the right values where they are not."""
+    sess = glassrt.InferenceSession(_transpose_model(None, [0, 2, 1, 3], ["b", "s", 4, 8]), providers=["cpu"])
+    rng = np.random.default_rng(1)
+    for s in (1, 3, 1, 2, 1):
+        x = rng.standard_normal((1, s, 4, 8)).astype(np.float32)
+        ref = np.transpose(np.maximum(x, 0), [0, 2, 1, 3]) * np.maximum(-x, 0).sum()
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, rtol=1e-6)

@@ -101,6 +101,48 @@ def channel_shuffle(x, *, out=None, group=1):
     return y
 
 
+def _perm(perm, rank) -> list:
+    return list(range(rank))[::-1] if perm is None or len(perm) == 0 else [int(p) % rank for p in perm]
+
+
+def _keeps_order(shape, perm) -> bool:
+    """Whether transposing `shape` by `perm` leaves the elements in memory order: only
+    dims of size 1 move (a decode step's heads split from one row, (1, 1, 12, 64) ->
+    (1, 12, 1, 64))."""
+    moved = [p for p in perm if shape[p] != 1]
+    return moved == sorted(moved)
+
+
+def _view_reason(ctx):
+    shape = ctx.shape(0)
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None  # decided per run (the step copies where the shapes reorder)
+    if not _keeps_order(shape, _perm(ctx.attrs.get("perm"), len(shape))):
+        return f"it reorders dims larger than 1 of {list(shape)} (a copy)"
+    return None
+
+
+@kernel("Transpose", dtypes=ALL, alias=True, bind=True, accepts=_view_reason, priority=10, name="view")
+def transpose_view(ctx):
+    """A view of the input where only dims of size 1 move (the same elements in the same
+    order, reshaped); a copy where the run's shapes do reorder."""
+    static = _static_out(ctx)
+    if static is not None and ctx.shape(0) is not None and all(isinstance(d, int) for d in ctx.shape(0)):
+        # (x.reshape keeps the logical order: right whatever x's strides, a view when it can be)
+        return lambda x: x.reshape(static)
+    perm = ctx.attrs.get("perm")
+
+    def step(x):
+        p = _perm(perm, x.ndim)
+        if len(p) != x.ndim or sorted(p) != list(range(x.ndim)):
+            raise ValueError(f"perm {list(perm)} is not a permutation of the input's {x.ndim} axes")
+        if _keeps_order(x.shape, p):
+            return x.reshape(tuple(x.shape[i] for i in p))
+        return contiguous(np.transpose(x, p))
+
+    return step
+
+
 @kernel("Transpose", dtypes=ALL, out=True)
 def transpose(x, *, out=None, perm=None):
     t = np.transpose(x, perm)
