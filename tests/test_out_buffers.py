@@ -165,9 +165,9 @@ def test_a_transpose_that_moves_only_dims_of_one_is_a_view(shape, perm, view):
     assert (chosen == "cpu.Transpose.view") == view, chosen
 
 
-def test_a_transpose_view_on_symbolic_dims_copies_where_a_run_reorders():
-    """Bound before the shapes are known, the view kernel decides per run: a view where the
-    moved dims are 1, a copy of the right values where they are not."""
+def test_a_transpose_on_symbolic_dims_is_a_view_only_in_plans_whose_shapes_keep_the_order():
+    """Placement sees symbolic dims; each plan judges its own shapes: a view where the moved
+    dims are 1, the copying kernel where they are not (or stay symbolic), right values in both."""
     sess = glassrt.InferenceSession(_transpose_model(None, [0, 2, 1, 3], ["b", "s", 4, 8]), providers=["cpu"])
     rng = np.random.default_rng(1)
     for s in (1, 3, 1, 2, 1):

@@ -116,31 +116,23 @@ def _keeps_order(shape, perm) -> bool:
 def _view_reason(ctx):
     shape = ctx.shape(0)
     if shape is None or not all(isinstance(d, int) for d in shape):
-        return None  # decided per run (the step copies where the shapes reorder)
+        return "the input's shape is not known"
     if not _keeps_order(shape, _perm(ctx.attrs.get("perm"), len(shape))):
         return f"it reorders dims larger than 1 of {list(shape)} (a copy)"
     return None
 
 
-@kernel("Transpose", dtypes=ALL, alias=True, bind=True, accepts=_view_reason, priority=10, name="view")
+# static_only: each plan judges its own shapes (symbolic dims judged as 1 at placement,
+# one_row, so that a decode graph's heads transposes are candidates; a plan whose shapes
+# reorder, or stay symbolic, takes the copying kernel)
+@kernel("Transpose", dtypes=ALL, alias=True, bind=True, accepts=_view_reason, priority=10, name="view",
+        static_only=True, one_row=True)
 def transpose_view(ctx):
-    """A view of the input where only dims of size 1 move (the same elements in the same
-    order, reshaped); a copy where the run's shapes do reorder."""
-    static = _static_out(ctx)
-    if static is not None and ctx.shape(0) is not None and all(isinstance(d, int) for d in ctx.shape(0)):
-        # (x.reshape keeps the logical order: right whatever x's strides, a view when it can be)
-        return lambda x: x.reshape(static)
-    perm = ctx.attrs.get("perm")
-
-    def step(x):
-        p = _perm(perm, x.ndim)
-        if len(p) != x.ndim or sorted(p) != list(range(x.ndim)):
-            raise ValueError(f"perm {list(perm)} is not a permutation of the input's {x.ndim} axes")
-        if _keeps_order(x.shape, p):
-            return x.reshape(tuple(x.shape[i] for i in p))
-        return contiguous(np.transpose(x, p))
-
-    return step
+    """A view of the input where only dims of size 1 move: the same elements in the same
+    order, reshaped (x.reshape keeps the logical order: right whatever x's strides, a view
+    where it can be)."""
+    static = tuple(int(d) for d in ctx.out_shape(0))
+    return lambda x: x.reshape(static)
 
 
 @kernel("Transpose", dtypes=ALL, out=True)
