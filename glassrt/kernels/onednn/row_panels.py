@@ -67,40 +67,28 @@ _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -
 
 
 @jit(inline="always", fastmath={"contract"})
-def _tanh32(x):  # pragma: no cover - compiled
+def _rational32(x, bound, p, q):  # pragma: no cover - compiled
+    """x·P(x²)/Q(x²) in float32 (coefficients highest first), x clamped to ±bound."""
     f = np.float32
-    v = f(9.0) if x > f(9.0) else x
-    v = f(-9.0) if v < f(-9.0) else v
+    v = f(bound) if x > f(bound) else x
+    v = f(-bound) if v < f(-bound) else v
     s = v * v
-    p = f(_TANH_P[0]) * s + f(_TANH_P[1])
-    p = p * s + f(_TANH_P[2])
-    p = p * s + f(_TANH_P[3])
-    p = p * s + f(_TANH_P[4])
-    p = p * s + f(_TANH_P[5])
-    p = p * s + f(_TANH_P[6])
-    q = f(_TANH_Q[0]) * s + f(_TANH_Q[1])
-    q = q * s + f(_TANH_Q[2])
-    q = q * s + f(_TANH_Q[3])
-    return p * v / q
+    num, den = f(p[0]), f(q[0])
+    for i in range(1, len(p)):
+        num = num * s + f(p[i])
+    for i in range(1, len(q)):
+        den = den * s + f(q[i])
+    return num * v / den
+
+
+@jit(inline="always", fastmath={"contract"})
+def _tanh32(x):  # pragma: no cover - compiled
+    return _rational32(x, 9.0, _TANH_P, _TANH_Q)
 
 
 @jit(inline="always", fastmath={"contract"})
 def _erf32(x):  # pragma: no cover - compiled
-    f = np.float32
-    v = f(4.0) if x > f(4.0) else x
-    v = f(-4.0) if v < f(-4.0) else v
-    s = v * v
-    p = f(_ERF_P[0]) * s + f(_ERF_P[1])
-    p = p * s + f(_ERF_P[2])
-    p = p * s + f(_ERF_P[3])
-    p = p * s + f(_ERF_P[4])
-    p = p * s + f(_ERF_P[5])
-    p = p * s + f(_ERF_P[6])
-    q = f(_ERF_Q[0]) * s + f(_ERF_Q[1])
-    q = q * s + f(_ERF_Q[2])
-    q = q * s + f(_ERF_Q[3])
-    q = q * s + f(_ERF_Q[4])
-    return p * v / q
+    return _rational32(x, 4.0, _ERF_P, _ERF_Q)
 
 
 @jit(parallel=True, fastmath={"contract"}, boundscheck=False)
