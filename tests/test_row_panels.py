@@ -168,3 +168,30 @@ def test_a_replayed_product_reads_new_values_from_the_same_buffers(monkeypatch):
         ref = -GELU_TANH(np.maximum(x, 0).astype(np.float64) @ w - r)
         np.testing.assert_allclose(sess.run(None, {"x": x, "r": r})[0], ref, rtol=2e-5, atol=2e-5)
     assert (row_panels.stats["streamed"] > before) == _panels_here(k, n)
+
+
+def test_a_session_with_another_thread_count_does_not_change_a_streamed_products(monkeypatch):
+    """Numba's thread count is per thread and another session may set its own (intra_op 1)
+    on the same thread: a streamed product of a 2-thread session runs on 2 threads again."""
+    import numba
+
+    monkeypatch.setattr(row_panels, "AFTER_RUNS", 2)
+    rng = np.random.default_rng(12)
+    k, n = 512, 1100
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["p"]),
+             helper.make_node("Neg", ["p"], ["y"])]
+    m = model(nodes, [tensor("x", [1, k])], [tensor("y", None)], [init("w", w)], opset=17)
+    two = glassrt.InferenceSession(m, providers=["onednn", "cpu"],
+                                   sess_options=glassrt.SessionOptions(intra_op_num_threads=2, adaptive_threads=False))
+    one = glassrt.InferenceSession(m, providers=["onednn", "cpu"],
+                                   sess_options=glassrt.SessionOptions(intra_op_num_threads=1, adaptive_threads=False))
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    before = row_panels.stats["streamed"]
+    for i in range(20):
+        np.testing.assert_allclose(two.run(None, {"x": x})[0], -(np.maximum(x, 0) @ w), rtol=2e-5, atol=2e-4)
+        one.run(None, {"x": x})
+        np.testing.assert_allclose(two.run(None, {"x": x})[0], -(np.maximum(x, 0) @ w), rtol=2e-5, atol=2e-4)
+        if i >= 2:  # (both sessions' products streamed by now)
+            assert numba.get_num_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
+    assert (row_panels.stats["streamed"] - before == 2) == _panels_here(k, n)

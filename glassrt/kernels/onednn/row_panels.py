@@ -31,7 +31,6 @@ import math
 import os
 import sys
 from collections import Counter
-from threading import get_ident
 
 import numpy as np
 
@@ -266,27 +265,26 @@ def stream(prim, product):
     stats["streamed"] += 1
 
     flat = ContiguousViews()
-    last = [None]  # (a, z, out, threads, thread id, the loop's arguments) of the latest call
+    last = [None]  # (a, z, out, threads, the loop's arguments) of the latest call
 
     def run(a, z, out):
         """out, or None in a forked child or for an output that is a strided view (the caller
         runs its primitive there)."""
         threads = capi.get_max_threads()  # as many as OpenMP's count for the plan (threads.py)
+        numba_threads(threads)  # (per thread; another session may have set its own since)
         h = last[0]
         # A plan's replay passes the same arena buffers every run: the loop's arguments are
         # then those of the call before (each Python step skipped is ~1 us in a decode step,
         # whose caches the products keep emptying)
-        if h is not None and h[0] is a and h[1] is z and h[2] is out and h[3] == threads and h[4] == get_ident() \
-                and not _forked[0]:
-            fn(*h[5])
+        if h is not None and h[0] is a and h[1] is z and h[2] is out and h[3] == threads and not _forked[0]:
+            fn(*h[4])
             return out
         if _forked[0] or not out.flags.c_contiguous:
             return None
-        numba_threads(threads)
         args = (flat(0, a), w, k, flat(1, out), alpha, bias, none if z is None else flat(2, z), act, p0, p1, threads)
         fn(*args)
         # kept only where the arguments are views of the arrays (a copy would go stale)
-        last[0] = (a, z, out, threads, get_ident(), args) if all(
+        last[0] = (a, z, out, threads, args) if all(
             x is None or (x.flags.c_contiguous and x.dtype == np.float32) for x in (a, z)) else None
         return out
 
