@@ -270,7 +270,7 @@ def stream(prim, product):
     def run(a, z, out):
         """out, or None in a forked child or for an output that is a strided view (the caller
         runs its primitive there)."""
-        threads = capi.get_max_threads()  # as many as OpenMP's count for the plan (threads.py)
+        threads = max(1, capi.get_max_threads())  # as many as OpenMP's count for the plan (threads.py)
         numba_threads(threads)  # (per thread; another session may have set its own since)
         h = last[0]
         # A plan's replay passes the same arena buffers every run: the loop's arguments are
