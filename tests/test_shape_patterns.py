@@ -85,32 +85,77 @@ def test_generalize_after_zero_compiles_per_shape():
     assert sess.memory_stats()["plans_built"] == 9 and not _patterns(sess)
 
 
-def test_a_hot_shape_gets_its_own_plan():
+def _rows_product():
+    """x (b, s, D) @ W: on the onednn provider the product is bound to concrete shapes, so a
+    plan with the rows symbolic runs it on cpu instead (moved)."""
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((D, 64)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", D])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _rows_feeds(s):
+    return {"x": np.random.default_rng(s).standard_normal((1, s, D)).astype(np.float32)}
+
+
+def _onednn_or_skip():
+    from glassrt.kernels.onednn import capi
+
+    if capi.UNAVAILABLE is not None:
+        pytest.skip(str(capi.UNAVAILABLE))
+
+
+def test_a_hot_shape_gets_its_own_plan_where_the_shared_plan_moved_nodes():
+    _onednn_or_skip()
+    sess = glassrt.InferenceSession(_rows_product(), providers=["onednn", "cpu"])
+    for rows in range(1, 8):
+        sess.run(None, _rows_feeds(rows))
+    (pattern,) = _patterns(sess)
+    assert sess.runner.plans[pattern].moved  # the product runs on cpu on the shared plan
+    built = sess.memory_stats()["plans_built"]
+    for _ in range(4):  # asked for again and again: compiled for exactly this shape
+        sess.run(None, _rows_feeds(20))
+    assert sess.memory_stats()["plans_built"] == built + 1
+    own = [key for key in sess.runner.plans if not isinstance(key, ShapePattern)]
+    assert any(("x", (1, 20, D), "<f4") in key for key in own), own
+
+
+def test_a_hot_shape_keeps_a_shared_plan_that_runs_every_node_where_placed():
+    """A decode loop's positions, each asked once a generation: the shared plan runs all
+    its nodes on the providers placement chose, so a position asked often stays on it (a
+    plan of its own would start cold at every position)."""
     sess = glassrt.InferenceSession(_decoder_step(), providers=["cpu"])
     for past in range(1, 8):
         sess.run(None, _feeds(past))
-    built = sess.memory_stats()["plans_built"]
-    for _ in range(4):  # asked for again and again: compiled for exactly this shape
-        sess.run(None, _feeds(20))
-    assert sess.memory_stats()["plans_built"] == built + 1
-    own = [key for key in sess.runner.plans if not isinstance(key, ShapePattern)]
-    assert any(("past_k", (1, 20, D), "<f4") in key for key in own), own
-
-
-def test_more_hot_shapes_than_the_cache_holds_share_the_pattern():
-    """A decode loop run again and again: every cache length is seen often, more of them
-    than the plan cache holds. Hot shapes take free slots only; once the cache is full
-    they run on the shared plan instead of compiling (and evicting) a plan per step."""
-    opts = glassrt.SessionOptions(plan_cache_size=6)
-    sess = glassrt.InferenceSession(_decoder_step(), providers=["cpu"], sess_options=opts)
-    oracle = ort.InferenceSession(_decoder_step(), providers=["CPUExecutionProvider"])
+    (pattern,) = _patterns(sess)
+    assert not sess.runner.plans[pattern].moved
+    built, hits = sess.memory_stats()["plans_built"], sess.memory_stats()["plan_hits"]
     for _ in range(6):
-        for past in range(1, 21):
-            feeds = _feeds(past)
-            for got, want in zip(sess.run(None, feeds), oracle.run(None, feeds)):
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        sess.run(None, _feeds(20))
+    assert sess.memory_stats()["plans_built"] == built and sess.memory_stats()["plan_hits"] == hits + 6
+
+
+@pytest.mark.parametrize("case", ["moved", "kept"])
+def test_more_hot_shapes_than_the_cache_holds_share_the_pattern(case):
+    """A loop run again and again: every shape is seen often, more of them than the plan
+    cache holds. Hot shapes take free slots only (where they take any); once the cache is
+    full they run on the shared plan instead of compiling (and evicting) a plan per step."""
+    if case == "moved":
+        _onednn_or_skip()
+    model, feeds, providers = ((_rows_product(), _rows_feeds, ["onednn", "cpu"]) if case == "moved"
+                               else (_decoder_step(), _feeds, ["cpu"]))
+    opts = glassrt.SessionOptions(plan_cache_size=6)
+    sess = glassrt.InferenceSession(model, providers=providers, sess_options=opts)
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for _ in range(6):
+        for n in range(1, 21):
+            f = feeds(n)
+            for got, want in zip(sess.run(None, f), oracle.run(None, f)):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     stats = sess.memory_stats()
-    assert stats["plans_evicted"] == 0 and stats["plans_built"] == stats["plans_cached"] == 6, stats
+    assert stats["plans_evicted"] == 0 and stats["plans_built"] == stats["plans_cached"], stats
+    assert stats["plans_built"] == (6 if case == "moved" else sess.options.generalize_after + 1), stats
     assert len(_patterns(sess)) == 1
 
 

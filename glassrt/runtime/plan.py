@@ -78,6 +78,7 @@ class Plan:
     executed: bool = False  # has run once: its kernels have made their primitives and buffers
     uses_blas: bool | None = None  # a step may call NumPy's BLAS (runner.py; None: not worked out yet)
     straight: object = None  # the steps as one compiled function (straight.py), after STRAIGHT_AFTER runs
+    moved: tuple = ()  # nodes whose placed provider refused this plan's shapes (they run on the alternative)
 
 
 @gc_paused()
@@ -149,7 +150,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     plan = Plan(signature=(), steps=steps, slots=slots, template=template,
                 inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
                 types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end,
-                layouts=layouts)
+                layouts=layouts, moved=tuple(moved))
     plan.build_seconds = time.perf_counter() - t0
     return plan
 

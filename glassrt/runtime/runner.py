@@ -97,17 +97,24 @@ class GraphRunner:
         self._seen[sig] = count + 1
         while len(self._seen) > 64:
             self._seen.popitem(last=False)
-        # A hot shape earns a plan of its own, but only into a free cache slot: evicting for
-        # it would thrash when more shapes are hot than the cache holds (a decode loop run
-        # again and again: 33 token positions, each seen often, against 8 slots, compiled
-        # a plan per step, ~150 ms each for GPT-2). With the cache full they share the pattern.
-        if count >= 3 and len(self.plans) < self.options.plan_cache_size:
+        shared = next(((key, plan) for key, plan in reversed(self.plans.items())
+                       if isinstance(key, ShapePattern) and key.matches(sig)), None)
+        # A hot shape earns a plan of its own where the shared plan runs some nodes on another
+        # provider than placement chose (its kernels refused the symbolic dims: BERT-base's
+        # products on the shared plan ~1.5x slower than on a length's own), and only into a
+        # free cache slot: evicting for it would thrash when more shapes are hot than the
+        # cache holds (a decode loop run again and again: 33 token positions, each seen
+        # often, against 8 slots, compiled a plan per step, ~150 ms each for GPT-2). Where
+        # the shared plan runs every node where placement put it, a shape keeps it: a plan
+        # of its own would gain little and start cold (a decode loop's positions, each asked
+        # once a generation, ran 38-56 ms a token on plans not yet replayed or streamed,
+        # against 21-22 on the shared plan).
+        if count >= 3 and len(self.plans) < self.options.plan_cache_size and (shared is None or shared[1].moved):
             return None
-        for key, plan in reversed(self.plans.items()):
-            if isinstance(key, ShapePattern) and key.matches(sig):
-                self.plans.move_to_end(key)
-                self.plan_hits += 1
-                return plan
+        if shared is not None:
+            self.plans.move_to_end(shared[0])
+            self.plan_hits += 1
+            return shared[1]
         similar = [s for s in self._seen if _structure(s) == _structure(sig)]
         if len(similar) <= after:
             return None
