@@ -79,6 +79,7 @@ class Plan:
     uses_blas: bool | None = None  # a step may call NumPy's BLAS (runner.py; None: not worked out yet)
     straight: object = None  # the steps as one compiled function (straight.py), after STRAIGHT_AFTER runs
     moved: tuple = ()  # nodes whose placed provider refused this plan's shapes (they run on the alternative)
+    dynamic_steps: int = 0  # steps bound per run (shapes known only then: _DynamicStep)
 
 
 @gc_paused()
@@ -150,7 +151,8 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     plan = Plan(signature=(), steps=steps, slots=slots, template=template,
                 inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
                 types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end,
-                layouts=layouts, moved=tuple(moved))
+                layouts=layouts, moved=tuple(moved),
+                dynamic_steps=sum(isinstance(st.fn, _DynamicStep) for st in steps))
     plan.build_seconds = time.perf_counter() - t0
     return plan
 

@@ -99,17 +99,18 @@ class GraphRunner:
             self._seen.popitem(last=False)
         shared = next(((key, plan) for key, plan in reversed(self.plans.items())
                        if isinstance(key, ShapePattern) and key.matches(sig)), None)
-        # A hot shape earns a plan of its own where the shared plan runs some nodes on another
-        # provider than placement chose (its kernels refused the symbolic dims: BERT-base's
-        # products on the shared plan ~1.5x slower than on a length's own), and only into a
-        # free cache slot: evicting for it would thrash when more shapes are hot than the
-        # cache holds (a decode loop run again and again: 33 token positions, each seen
-        # often, against 8 slots, compiled a plan per step, ~150 ms each for GPT-2). Where
-        # the shared plan runs every node where placement put it, a shape keeps it: a plan
-        # of its own would gain little and start cold (a decode loop's positions, each asked
-        # once a generation, ran 38-56 ms a token on plans not yet replayed or streamed,
-        # against 21-22 on the shared plan).
-        if count >= 3 and len(self.plans) < self.options.plan_cache_size and (shared is None or shared[1].moved):
+        # A hot shape earns a plan of its own where the shared plan is the slower for it: some
+        # nodes run on another provider than placement chose (its kernels refused the
+        # symbolic dims: BERT-base's products there ~1.5x slower than on a length's own), or
+        # more than a quarter of its steps bind per run (a CNN's batch left symbolic on the
+        # cpu provider: all of them). And only into a free cache slot: evicting for it would
+        # thrash when more shapes are hot than the cache holds (a decode loop run again and
+        # again: 33 token positions, each seen often, against 8 slots, compiled a plan per
+        # step, ~150 ms each for GPT-2). Otherwise a shape keeps the shared plan: one of its
+        # own would gain little and start cold (GPT-2's shared decode plan binds 25 of 232
+        # steps per run; its positions, each asked once a generation, ran 38-56 ms a token on
+        # plans of their own not yet replayed or streamed, against 21-22 on the shared plan).
+        if count >= 3 and len(self.plans) < self.options.plan_cache_size and (shared is None or _slower(shared[1])):
             return None
         if shared is not None:
             self.plans.move_to_end(shared[0])
@@ -208,6 +209,12 @@ class GraphRunner:
             return out
         finally:
             self._checkin(plan)
+
+
+def _slower(plan) -> bool:
+    """Whether a shared plan runs a shape slower than a plan of its own would (see
+    _general_plan): nodes moved off their provider, or over a quarter of the steps bound per run."""
+    return bool(plan.moved) or plan.dynamic_steps * 4 > len(plan.steps)
 
 
 def _structure(sig) -> tuple:
