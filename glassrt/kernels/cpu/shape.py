@@ -102,7 +102,8 @@ def channel_shuffle(x, *, out=None, group=1):
 
 
 def _perm(perm, rank) -> list:
-    return list(range(rank))[::-1] if perm is None or len(perm) == 0 else [int(p) % rank for p in perm]
+    """Transpose's perm as its meta reads it (absent: the axes reversed)."""
+    return list(range(rank))[::-1] if perm is None else list(perm)
 
 
 def _keeps_order(shape, perm) -> bool:

@@ -81,7 +81,7 @@ def layer_norm(ctx):
 
     prims = _PerThreads(build)
     alone = rows * width <= SMALL_ELEMENTS  # see kernels.SMALL_ELEMENTS
-    view = ContiguousViews()  # 1-D views of the arguments (the same object: no re-pointing)
+    view = ContiguousViews()  # views of the arguments (the same object each run: no re-pointing, no new view)
     # a few rows (a decode step's one), in a plan that keeps running: the compiled row loop
     # (runs: counted up to AFTER_RUNS, then None; loop: the loop's arguments but x and y)
     runs, loop = [0 if rows <= SMALL_ROWS else None], [None]
@@ -91,8 +91,8 @@ def layer_norm(ctx):
         y = outs[0] if outs[0] is not None else np.empty(x.shape, np.float32)
         if loop[0] is not None and y.flags.c_contiguous:
             fn, zeros, mean, inv_std = loop[0]
-            fn(np.ascontiguousarray(x).reshape(rows, width), view("scale", scale),
-               zeros if bias is None else view("bias", bias), eps32, y.reshape(rows, width), mean, inv_std)
+            fn(view("x", x, (rows, width)), view("scale", scale), zeros if bias is None else view("bias", bias), eps32,
+               view("y", y, (rows, width)), mean, inv_std)
             return (y,) + (None,) * (len(outs) - 1)
         if runs[0] is not None:
             runs[0] += 1
