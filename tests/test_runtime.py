@@ -200,7 +200,7 @@ def test_profile_trace_is_chrome_trace_with_one_event_per_node_per_run(tmp_path)
     assert len([e for e in events if e["name"] == "model_run"]) == 3
     ops = {r["key"] for r in prof.by_op()}
     # Node times are parts of run times: together at most 100% of the runs.
-    assert "MatMul" in ops and 0 < sum(r["percent"] for r in prof.by_op()) <= 100.001
+    assert {"MatMul", "FusedMatMul"} & ops and 0 < sum(r["percent"] for r in prof.by_op()) <= 100.001
 
 
 def test_session_option_profiling_like_onnxruntime(tmp_path):

@@ -34,6 +34,8 @@ def node_flops(node, attrs, in_types, out_types):
             if a is None or y is None:
                 return None
             k = a[-2] if op == "FusedMatMul" and attrs.get("transA", 0) else a[-1]
+            if op == "FusedMatMul" and attrs.get("perm_a"):  # (glassrt's: A read through a permutation)
+                k = a[int(attrs["perm_a"][-1])]
             return 2 * symbolic.prod(y) * k
         if op == "Gemm":
             a, y = ins[0], outs[0]

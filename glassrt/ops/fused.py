@@ -10,7 +10,9 @@ kernels against it).
   glassrt::FusedMatMul(A, B, bias?, Z?) — act(alpha·(A @ B) + bias + Z): MatMul with what
   follows it in transformers (a scale, the bias Add, a residual or mask Add, an activation
   such as Gelu); written by passes/fuse_matmul.py. bias broadcasts along the last dim, Z
-  into the product's shape (never enlarging it).
+  into the product's shape (never enlarging it). perm_a / perm_b read A and B transposed,
+  perm_y writes the result transposed: attention's head Transposes folded in by
+  passes/fold_transposes.py.
   glassrt::ScaledDotProductAttention(Q, K, V, keep?, mask?) — softmax(where(keep,
   scale·Q·Kᵀ, fill) + mask)·V over the last two axes (keep and mask optional, each
   broadcast into the scores); written by passes/fuse_attention.py for attention over a
@@ -30,7 +32,7 @@ import numpy as np
 from .contract import COMPOSITE, PRIMITIVE, OpContract
 from .custom_schema import CustomSchema
 from .meta.nn import conv as conv_meta
-from .meta.nn import matmul as matmul_meta
+from .meta.nn import matmul_shape
 from .registry import register_custom
 
 DOMAIN = "glassrt"
@@ -52,9 +54,14 @@ FUSED_BATCH_NORM = CustomSchema(DOMAIN, "FusedBatchNormalization",
 
 
 FUSED_MATMUL = CustomSchema(DOMAIN, "FusedMatMul", [("A", False), ("B", False), ("bias", True), ("Z", True)],
-                             {"alpha": ("float", 1.0), "activation": ("str", ""), "activation_params": ("float[]", [])},
+                             {"alpha": ("float", 1.0), "activation": ("str", ""), "activation_params": ("float[]", []),
+                              "perm_a": ("int[]", []), "perm_b": ("int[]", []), "perm_y": ("int[]", [])},
                              ["Y"], "glassrt::FusedMatMul(Tensor A, Tensor B, Tensor? bias, Tensor? Z, float alpha, "
-                                    "str activation, float[] activation_params) -> Tensor")
+                                    "str activation, float[] activation_params, int[] perm_a, int[] perm_b, "
+                                    "int[] perm_y) -> Tensor")
+# perm_a / perm_b / perm_y: A and B read transposed by these perms, the result written
+# transposed by perm_y ([]: as they are), for Transposes folded in (passes/fold_transposes.py)
+PERM_ATTRS = ("perm_a", "perm_b", "perm_y")
 # The activations FusedMatMul applies (Gelu: the exact, erf form; GeluTanh: Gelu with
 # approximate="tanh").
 MATMUL_ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Gelu", "GeluTanh")
@@ -75,16 +82,23 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
 
     from ..onnx_io import nodes_from_protos
 
-    act = node.attrs.get("activation", "Relu")
+    act = node.attrs.get("activation", "" if op_type == "MatMul" else "Relu")  # (each schema's default)
     params = list(node.attrs.get("activation_params") or [])
     mid = f"{node.name}/{op_type.lower()}_out"
     inputs, residual = list(node.inputs), None
     if op_type == "Conv" and len(inputs) > 3:
         inputs, residual = inputs[:3], inputs[3] or None
-    protos = []
+    protos, outputs = [], list(node.outputs)
     if op_type == "MatMul":
         inputs, bias, residual = inputs[:2], (inputs + ["", ""])[2], (inputs + ["", ""])[3] or None
         alpha = float(node.attrs.get("alpha", 1.0))
+        for i, which in enumerate(("perm_a", "perm_b")):
+            if node.attrs.get(which):
+                protos.append(helper.make_node("Transpose", [inputs[i]], [f"{mid}/{which}"], name=f"{node.name}/{which}",
+                                               perm=list(node.attrs[which])))
+                inputs[i] = f"{mid}/{which}"
+        if node.attrs.get("perm_y"):
+            outputs = [f"{mid}/unpermuted"]
         protos.append(helper.make_node("MatMul", inputs, [mid], name=f"{node.name}/matmul"))
         if alpha != 1.0:
             dt = input_types[0].dtype if input_types and input_types[0] is not None else np.float32
@@ -101,19 +115,22 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
         protos.append(helper.make_node("Add", [mid, residual], [mid + "+z"], name=f"{node.name}/residual"))
         mid += "+z"
     if not act:
-        protos.append(helper.make_node("Identity", [mid], list(node.outputs), name=f"{node.name}/out"))
+        protos.append(helper.make_node("Identity", [mid], outputs, name=f"{node.name}/out"))
     elif act == "Clip":
         lo, hi = (f"{node.name}/clip_min", f"{node.name}/clip_max")
         dt = input_types[0].dtype if input_types and input_types[0] is not None else np.float32
         for name, v in ((lo, params[0]), (hi, params[1])):
             protos.append(helper.make_node("Constant", [], [name], name=name,
                                            value=numpy_helper.from_array(np.array(v, dtype=dt))))
-        protos.append(helper.make_node("Clip", [mid, lo, hi], list(node.outputs), name=f"{node.name}/act"))
+        protos.append(helper.make_node("Clip", [mid, lo, hi], outputs, name=f"{node.name}/act"))
     elif act == "GeluTanh":
-        protos.append(helper.make_node("Gelu", [mid], list(node.outputs), name=f"{node.name}/act", approximate="tanh"))
+        protos.append(helper.make_node("Gelu", [mid], outputs, name=f"{node.name}/act", approximate="tanh"))
     else:
         extra = {"alpha": params[0]} if act == "LeakyRelu" and params else {}
-        protos.append(helper.make_node(act, [mid], list(node.outputs), name=f"{node.name}/act", **extra))
+        protos.append(helper.make_node(act, [mid], outputs, name=f"{node.name}/act", **extra))
+    if outputs != list(node.outputs):
+        protos.append(helper.make_node("Transpose", outputs, list(node.outputs), name=f"{node.name}/perm_y",
+                                       perm=list(node.attrs["perm_y"])))
     return nodes_from_protos(protos, {"": opset}, visible, f"expanded from {node.op_type} '{node.name}'")
 
 
@@ -133,9 +150,11 @@ def _fused_conv_meta(ctx):
 
 
 def _fused_matmul_meta(ctx):
-    """MatMul's rule; bias broadcasts along the last dim only, Z into the product's shape."""
-    out = matmul_meta(ctx)
-    y = out[0].shape
+    """MatMul's rule on A and B as their perms read them; bias broadcasts along the last dim
+    only, Z into the product's shape; Y is the product transposed by perm_y."""
+    a, b = (_permuted(ctx, ctx.shape(i), ctx.attr(which, []), which) for i, which in ((0, "perm_a"), (1, "perm_b")))
+    y = matmul_shape(ctx, a, b)
+    out = [ctx.tensor(ctx.dtype(0), _permuted(ctx, y, ctx.attr("perm_y", []), "perm_y"))]
     act = ctx.attr("activation", "")
     if act not in MATMUL_ACTIVATIONS:
         ctx.fail(f"activation '{act}' is not one of {', '.join(a for a in MATMUL_ACTIVATIONS if a)}")
@@ -152,6 +171,15 @@ def _fused_matmul_meta(ctx):
         if not fits_into(s, y):
             ctx.fail(f"{what} of shape {list(s)} must broadcast into the product's shape {list(y)}")
     return out
+
+
+def _permuted(ctx, shape, perm, which):
+    """shape transposed by perm ([]: as it is); a perm that is not one of its dims fails."""
+    if not perm or shape is None:
+        return shape
+    if sorted(int(p) for p in perm) != list(range(len(shape))):
+        ctx.fail(f"{which} {list(perm)} is not a permutation of the {len(shape)} dims of {list(shape)}")
+    return tuple(shape[int(p)] for p in perm)
 
 
 def fits_into(s, y) -> bool:

@@ -11,6 +11,7 @@ from .conv_folding import fold_affine_into_conv, fold_batchnorm_into_conv
 from .cse import eliminate_common_subexpressions
 from .dead_code import remove_dead_code
 from .expand import expand_composites
+from .fold_transposes import fold_transposes
 from .fuse_attention import fuse_attention
 from .fuse_conv import fuse_conv_activation, fuse_conv_residual
 from .fuse_gelu import fuse_gelu
@@ -51,6 +52,9 @@ PIPELINE = [
          doc="a node computing what an earlier one does (same op and inputs, or inputs proved equal) is dropped"),
     Pass("fuse_matmul", "extended", fuse_matmul, frozenset({TYPES}), option="fusion",
          doc="MatMul + scale + bias Add + residual/mask Add + activation become one glassrt::FusedMatMul"),
+    Pass("fold_transposes", "extended", fold_transposes, frozenset({TYPES}), option="fusion",
+         doc="Transposes into and out of a product of two computed values (attention's heads) are read "
+             "and written through permuted strides by a glassrt::FusedMatMul"),
 ]
 
 

@@ -686,6 +686,16 @@ def _internal_samples():
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
         mm_samples.append((SimpleNamespace(name=f"fused_matmul_{act.lower() or 'none'}_{len(ins)}in_a{alpha}",
                                            model=m), ins))
+    # read and written through perms (passes/fold_transposes.py: attention's head transposes)
+    a4, b4 = rng.standard_normal((2, 5, 3, 4)).astype(np.float32), rng.standard_normal((2, 6, 3, 4)).astype(np.float32)
+    z4 = rng.standard_normal((2, 1, 1, 6)).astype(np.float32)
+    for name, attrs, ins in (
+            ("heads", {"alpha": 0.5, "perm_a": [0, 2, 1, 3], "perm_b": [0, 2, 3, 1], "perm_y": [0, 2, 1, 3]},
+             [a4, b4, None, z4]),
+            ("b_only", {"activation": "Relu", "perm_b": [0, 2, 3, 1]}, [np.ascontiguousarray(a4.transpose(0, 2, 1, 3)), b4])):
+        m = single_node_model("FusedMatMul", ins, attrs, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
+        mm_samples.append((SimpleNamespace(name=f"fused_matmul_perms_{name}", model=m), [x for x in ins if x is not None]))
     shuffle_samples = []
     for shape, g in (((2, 12, 3, 5), 3), ((1, 8, 4, 4), 2), ((2, 6, 7), 6)):
         xs = rng.standard_normal(shape).astype(np.float32)

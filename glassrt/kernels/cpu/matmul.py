@@ -85,9 +85,21 @@ def gemm(a, b, c=None, *, out=None, alpha=1.0, beta=1.0, transA=0, transB=0, bro
 # a growing cache) a plain kernel's output shape is a formula evaluated per run, where a
 # builder is re-bound, its meta re-run, for every new shape.
 @kernel("FusedMatMul", domain="glassrt", dtypes=[np.float32, np.float64], out=True, name="gemm_then_epilogue")
-def fused_matmul(a, b, bias=None, z=None, *, out=None, alpha=1.0, activation="", activation_params=()):
+def fused_matmul(a, b, bias=None, z=None, *, out=None, alpha=1.0, activation="", activation_params=(),
+                 perm_a=(), perm_b=(), perm_y=()):
     """act(alpha·(A @ B) + bias + Z): the product (one GEMM over A's rows when B is 2-D),
-    then each step in place on the output (passes/fuse_matmul.py)."""
+    then each step in place on the output (passes/fuse_matmul.py); A and B read through
+    perm_a / perm_b and the result transposed by perm_y where given (passes/fold_transposes.py)."""
+    if perm_a:
+        a = a.transpose(perm_a)
+    if perm_b:
+        b = b.transpose(perm_b)
+    if perm_y:
+        y = fused_matmul(a, b, bias, z, alpha=alpha, activation=activation, activation_params=activation_params)
+        if out is None:
+            return np.ascontiguousarray(y.transpose(perm_y))
+        np.copyto(out, y.transpose(perm_y))
+        return out
     if b.ndim == 2 and a.ndim >= 2:
         out = matmul_2d_rhs(a, b, out=out)
     else:

@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from ... import pages
-from ...ops.fused import MATMUL_ACTIVATIONS
+from ...ops.fused import MATMUL_ACTIVATIONS, PERM_ATTRS
 from ...weights import is_mapped
 from ..registry import kernel
 from . import capi, dnnl
@@ -150,6 +150,8 @@ def _operands_reason(ctx):
         if c is None or c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
             return "C is not a constant row (N,) or (1, N)"
     if ctx.node.op_type == "FusedMatMul":
+        if any(ctx.attrs.get(p) for p in PERM_ATTRS):
+            return "an operand or the result is transposed (perm_a / perm_b / perm_y: the batched kernel's)"
         if ctx.has(2) and ctx.const(2) is None:
             return "the bias is not a constant"
         if ctx.attrs.get("activation", "") not in MATMUL_ACTIVATIONS:
@@ -330,14 +332,53 @@ def _padded(shape, rank):
     return [1] * (rank - len(shape)) + [int(d) for d in shape]
 
 
+def _perms(ctx) -> tuple:
+    """(perm_a, perm_b, perm_y) as tuples (() where the operand is read as it is)."""
+    fused = ctx.node.op_type == "FusedMatMul"
+    return tuple(tuple(int(p) for p in (ctx.attrs.get(w) or [])) if fused else () for w in PERM_ATTRS)
+
+
+def _strided_md(shape, perm, rank, inverse=False) -> MemoryDesc:
+    """A C-contiguous array of `shape` as the product sees it: its dims transposed by `perm`
+    (with inverse=True, the array is the product transposed by `perm`: the output), padded
+    with leading ones to `rank`. oneDNN's matmul reads and writes through any strides."""
+    shape = [int(d) for d in shape]
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    if perm and inverse:
+        dims, st = [0] * len(shape), [0] * len(shape)
+        for i, p in enumerate(perm):  # the array's dim i is the product's dim perm[i]
+            dims[p], st[p] = shape[i], strides[i]
+        shape, strides = dims, st
+    elif perm:
+        shape, strides = [shape[p] for p in perm], [strides[p] for p in perm]
+    pad = rank - len(shape)
+    return MemoryDesc.with_strides([1] * pad + shape, np.float32, [max(1, math.prod(shape))] * pad + strides)
+
+
+def _product_dims(ctx) -> tuple[list, list, list]:
+    """A's, B's and the product's dims as the product sees them (the perms applied)."""
+    perm_a, perm_b, perm_y = _perms(ctx)
+    a, b, y = ([int(d) for d in s] for s in (ctx.shape(0), ctx.shape(1), ctx.out_shape(0)))
+    a = [a[p] for p in perm_a] if perm_a else a
+    b = [b[p] for p in perm_b] if perm_b else b
+    if perm_y:
+        unpermuted = [0] * len(y)
+        for i, p in enumerate(perm_y):
+            unpermuted[p] = y[i]
+        y = unpermuted
+    return a, b, y
+
+
 def _batched_reason(ctx):
     """For a product whose B is computed at run time (attention's Q·Kᵀ and P·V), with the
     batch dims of A and B broadcast by oneDNN; shapes fixed per plan."""
     why = _unavailable(ctx)
     if why:
         return why
-    a, b, y = ctx.shape(0), ctx.shape(1), ctx.out_shape(0)
-    if a is None or b is None or y is None or len(a) < 2 or len(b) < 2:
+    if ctx.shape(0) is None or ctx.shape(1) is None or ctx.out_shape(0) is None:
+        return "an operand's shape is not known"
+    a, b, y = _product_dims(ctx)
+    if len(a) < 2 or len(b) < 2:
         return "an operand of rank < 2 (matrix-vector products stay with cpu)"
     if ctx.const(1) is not None:
         return "B is a constant (the weights kernel takes it)"
@@ -347,6 +388,10 @@ def _batched_reason(ctx):
         return f"activation {ctx.attrs.get('activation')} has no oneDNN post-op here"
     if ctx.node.op_type == "FusedMatMul" and ctx.has(2) and ctx.const(2) is None:
         return "the bias is not a constant"
+    if _perms(ctx)[2] and (ctx.has(2) or ctx.has(3)):
+        # (oneDNN 3.2's brgemm matmul ended the process with SIGSEGV adding Z to a result
+        # written through permuted strides; the bias is the same kind of post-op)
+        return "a bias or Z added to a result written transposed (perm_y)"
     impl = _batched_pd(ctx)[0].impl
     if impl.startswith(_SLOW):
         return f"oneDNN has only its reference matmul ({impl}) for this product"
@@ -358,7 +403,7 @@ def _batched_pd(ctx):
     epilogue (see _product_pd)."""
     a, b, y = ctx.shape(0), ctx.shape(1), ctx.out_shape(0)
     fused = ctx.node.op_type == "FusedMatMul"
-    key = ("computed", tuple(a), tuple(b), tuple(y), fused, ctx.has(2) and fused,
+    key = ("computed", tuple(a), tuple(b), tuple(y), _perms(ctx), fused, ctx.has(2) and fused,
            tuple(ctx.shape(3)) if fused and ctx.has(3) else None,
            float(ctx.attrs.get("alpha", 1.0)) if fused else 1.0, ctx.attrs.get("activation", "") if fused else "",
            tuple(float(v) for v in ctx.attrs.get("activation_params") or []) if fused else ())
@@ -367,9 +412,9 @@ def _batched_pd(ctx):
 
 def _batched_primitive(ctx):
     """(primitive descriptor, the bias's post-op argument, Z's), in the output's rank."""
-    y = [int(d) for d in ctx.out_shape(0)]
+    _, _, y = _product_dims(ctx)
     r = len(y)
-    a, b = _padded(ctx.shape(0), r), _padded(ctx.shape(1), r)
+    perm_a, perm_b, perm_y = _perms(ctx)
     post = dnnl.PostOps()
     bias_arg = z_arg = None
     fused = ctx.node.op_type == "FusedMatMul"
@@ -386,9 +431,8 @@ def _batched_primitive(ctx):
     if act:
         name, params = _POST[act]
         post.eltwise(name, *params([float(v) for v in ctx.attrs.get("activation_params") or []]))
-    tag = dnnl.plain_tag(r)
-    pd = dnnl.matmul(MemoryDesc.create(a, np.float32, tag), MemoryDesc.create(b, np.float32, tag),
-                     MemoryDesc.create(y, np.float32, tag), attr=post)
+    pd = dnnl.matmul(_strided_md(ctx.shape(0), perm_a, r), _strided_md(ctx.shape(1), perm_b, r),
+                     _strided_md(ctx.out_shape(0), perm_y, r, inverse=True), attr=post)
     return pd, bias_arg, z_arg
 
 
@@ -396,27 +440,27 @@ def _batched_primitive(ctx):
         static_only=True, name="batched_matmul")
 def batched_matmul(ctx):
     """oneDNN matmul of two computed values, the batch dims broadcast, the epilogue as post-ops."""
-    r = len(ctx.out_shape(0))
-    shapes = {i: _padded(ctx.shape(i), r) for i in (0, 1, 3) if ctx.has(i)}
+    _, _, product = _product_dims(ctx)
+    r = len(product)
+    shapes = {3: _padded(ctx.shape(3), r)} if ctx.has(3) else {}  # (A and B: flat, their mds say the layout)
     bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(-1) if ctx.has(2) else None
 
     def build():
         pd, bias_arg, z_arg = _batched_pd(ctx)
         args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
         if bias_arg is not None:
-            args[bias_arg] = np.broadcast_to(bias, (int(ctx.out_shape(0)[-1]),)).copy()
+            args[bias_arg] = np.broadcast_to(bias, (product[-1],)).copy()
         if z_arg is not None:
             args[z_arg] = None
         return pd.primitive().bind(args), z_arg
 
     prims = _PerThreads(build)
     view = ContiguousViews()  # slot -> the operand in the padded rank (the same object: no re-pointing)
-    y = [int(d) for d in ctx.out_shape(0)]
-    alone = math.prod(y) * int(ctx.shape(0)[-1]) <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
+    alone = math.prod(product) * _product_dims(ctx)[0][-1] <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
 
     def step(a, b, bias_=None, z=None, *, out):
         prim, z_arg = prims.get()
-        buffers = {ARG_SRC: view(0, a, shapes[0]), ARG_WEIGHTS: view(1, b, shapes[1]), ARG_DST: out}
+        buffers = {ARG_SRC: view(0, a), ARG_WEIGHTS: view(1, b), ARG_DST: out}
         if z_arg is not None:
             buffers[z_arg] = view(3, z, shapes[3])
         run_alone(prim, buffers, alone)

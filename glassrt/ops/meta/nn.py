@@ -158,11 +158,15 @@ def global_pool(ctx):
 
 @meta("MatMul")
 def matmul(ctx):
-    a, b = ctx.shape(0), ctx.shape(1)
+    return [ctx.tensor(ctx.dtype(0), matmul_shape(ctx, ctx.shape(0), ctx.shape(1)))]
+
+
+def matmul_shape(ctx, a, b):
+    """MatMul's output shape for operands of shapes a and b (None where one is unknown)."""
     if ctx.dtype(0) != ctx.dtype(1):
         ctx.fail(f"inputs must share one element type, got {ctx.dtype(0)} and {ctx.dtype(1)}")
     if a is None or b is None:
-        return [ctx.tensor(ctx.dtype(0), None)]
+        return None
     if len(a) == 0 or len(b) == 0:
         ctx.fail("MatMul inputs must have rank >= 1")
     a2 = (1,) + tuple(a) if len(a) == 1 else tuple(a)
@@ -176,7 +180,7 @@ def matmul(ctx):
         out.pop(-2)
     if len(b) == 1:
         out.pop(-1)
-    return [ctx.tensor(ctx.dtype(0), tuple(out))]
+    return tuple(out)
 
 
 @meta("Gemm")
