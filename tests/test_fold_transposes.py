@@ -144,3 +144,20 @@ def test_a_result_written_transposed_with_z_added_stays_off_onednn():
     assert row["provider"] == "cpu" and "written transposed" in row["reason"]
     want = (0.5 * (a.transpose(0, 2, 1, 3) @ b.transpose(0, 2, 3, 1)) + z).transpose(0, 2, 1, 3)
     np.testing.assert_allclose(s.run(None, {"a": a, "b": b, "z": z})[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_transpose_after_a_product_that_adds_z_stays():
+    """The scores (Q·Kᵀ + mask) transposed: the Transpose after stays (oneDNN cannot add Z to a
+    result it writes transposed); the operands' Transposes still fold."""
+    q, k = RNG.standard_normal((2, 3, 5, 4)).astype(np.float32), RNG.standard_normal((2, 3, 7, 4)).astype(np.float32)
+    mask = RNG.standard_normal((2, 1, 1, 7)).astype(np.float32)
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], name="k_t", perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
+             helper.make_node("Add", ["s", "mask"], ["sm"], name="mask_add"),
+             helper.make_node("Transpose", ["sm"], ["y"], name="after", perm=[0, 2, 1, 3])]
+    m = model(nodes, [tensor("q", [2, 3, 5, 4]), tensor("k", [2, 3, 7, 4]), tensor("mask", [2, 1, 1, 7])],
+              [tensor("y", None)], opset=17)
+    s = _session(m, ["cpu"])
+    assert _folds(s) == ["fold Transpose 'k_t' into FusedMatMul 'qk'"]
+    want = (q @ k.transpose(0, 1, 3, 2) + mask).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(s.run(None, {"q": q, "k": k, "mask": mask})[0], want, rtol=1e-5, atol=1e-6)

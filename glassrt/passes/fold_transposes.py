@@ -10,7 +10,8 @@ any strides: measured on the 2-core AVX-512 machine, BERT-base's Q·Kᵀ 67 -> 7
 65 -> 77 us that way, where the four copies they replace took ~180 us a layer in a run).
 
 A Transpose is folded when the product is its only reader (and it is no graph output); the
-Transpose after a product when it is the product's only reader. Products with a constant
+Transpose after a product when it is the product's only reader and the product adds no bias
+or Z. Products with a constant
 operand are left alone (their weights kernels read B packed, A by rows), and only float32 /
 float64 products (the fused kernels' types).
 """
@@ -77,7 +78,10 @@ def _fold(graph, nodes, consts, types, log):
         outputs = list(mm.outputs)
         after = readers.single(mm.outputs[0])
         perm = _transpose_perm(after, types)
-        if perm is not None and after.inputs[0] == mm.outputs[0] and after.name not in dropped:
+        # (not after a product that adds a bias or Z: oneDNN cannot add them to a result it
+        # writes transposed, and the product would leave it for the slower cpu kernel)
+        if perm is not None and after.inputs[0] == mm.outputs[0] and after.name not in dropped \
+                and len([i for i in inputs[2:] if i]) == 0:
             attrs["perm_y"] = _then(list(attrs.get("perm_y") or []), perm)
             outputs = list(after.outputs)
             folded.append(after)
