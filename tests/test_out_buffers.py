@@ -174,3 +174,68 @@ def test_a_transpose_on_symbolic_dims_is_a_view_only_in_plans_whose_shapes_keep_
         x = rng.standard_normal((1, s, 4, 8)).astype(np.float32)
         ref = np.transpose(np.maximum(x, 0), [0, 2, 1, 3]) * np.maximum(-x, 0).sum()
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- Split as views
+
+
+def _split_model(shape, axis, sizes=None, dims=None):
+    """x -> Relu -> Split(axis) -> each piece times 2, 3, 4 (the Relu's buffer must live while
+    the pieces are read), with a Neg of x computed between (the planner must not hand it the
+    split buffer), and the pieces' sum and the last piece itself as outputs."""
+    ins = ["r"] + (["sizes"] if sizes is not None else [])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Split", ins, ["p0", "p1", "p2"], axis=axis),
+             helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Relu", ["n"], ["r2"]),
+             helper.make_node("ReduceSum", ["r2"], ["s"], keepdims=0)]
+    for i in range(3):
+        nodes.append(helper.make_node("Mul", [f"p{i}", f"k{i}"], [f"m{i}"]))
+    nodes += [helper.make_node("Add", ["m0", "m1"], ["m01"]), helper.make_node("Add", ["m01", "m2"], ["m012"]),
+              helper.make_node("Mul", ["m012", "s"], ["y"])]
+    inits = [helper.make_tensor(f"k{i}", TensorProto.FLOAT, [], [float(i + 2)]) for i in range(3)]
+    if sizes is not None:
+        inits.append(helper.make_tensor("sizes", TensorProto.INT64, [3], sizes))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims or list(shape))
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "p2")]
+    return helper.make_model(helper.make_graph(nodes, "s", [x], outs, inits), opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _split_reference(x, axis, sizes):
+    r = np.maximum(x, 0)
+    pieces = np.split(r, np.cumsum(sizes)[:-1], axis=axis)
+    return (pieces[0] * 2 + pieces[1] * 3 + pieces[2] * 4) * np.maximum(-x, 0).sum(), pieces[2]
+
+
+@pytest.mark.parametrize("shape, axis, view", [((1, 1, 12), 2, True), ((1, 6, 4), 1, True), ((2, 6), 1, False),
+                                               ((6, 3), 0, True)])
+def test_a_split_whose_leading_dims_are_one_is_views(shape, axis, view):
+    """Pieces that are contiguous runs of the input are views (the view kernel, explain says
+    so); pieces with a stride between rows keep the copying kernel and explain says why.
+    The returned piece is the caller's own array, not a view into the arena."""
+    sizes = [shape[axis] // 3] * 3
+    sess = glassrt.InferenceSession(_split_model(shape, axis, sizes), providers=["cpu"])
+    rng = np.random.default_rng(2)
+    for _ in range(20):  # past the compiled replay
+        x = rng.standard_normal(shape).astype(np.float32)
+        y, p2 = sess.run(None, {"x": x})
+        want_y, want_p2 = _split_reference(x, axis, sizes)
+        np.testing.assert_allclose(y, want_y, rtol=1e-6)
+        np.testing.assert_array_equal(p2, want_p2)
+        p2[...] = -1  # the caller's array: the next run must not see it
+    row = [n for n in sess.explain()["nodes"] if n["op"] == "Split"][0]
+    assert (row["kernel"] == "cpu.Split.view") == view, row
+    if not view:
+        assert "strided" in row["reason"]
+
+
+def test_a_split_on_symbolic_dims_is_views_only_in_plans_of_one_row():
+    sess = glassrt.InferenceSession(_split_model(None, 2, [4, 4, 4], ["b", "s", 12]), providers=["cpu"])
+    rng = np.random.default_rng(3)
+    for s in (1, 3, 1, 2, 1):
+        x = rng.standard_normal((1, s, 12)).astype(np.float32)
+        y, p2 = sess.run(None, {"x": x})
+        want_y, want_p2 = _split_reference(x, 2, [4, 4, 4])
+        np.testing.assert_allclose(y, want_y, rtol=1e-6)
+        np.testing.assert_array_equal(p2, want_p2)
+    kernels = {s: [n for n in sess.explain({"b": 1, "s": s})["nodes"] if n["op"] == "Split"][0]["kernel"]
+               for s in (1, 3)}
+    assert kernels == {1: "cpu.Split.view", 3: "cpu.Split"}

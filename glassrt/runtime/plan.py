@@ -220,8 +220,8 @@ def _step_io(node, kern, ctx) -> StepIO:
     """What the memory planner needs to know about one step."""
     sizes = {o: _nbytes(t) for o, t in zip(node.outputs, ctx.output_types) if o and kern.out and _nbytes(t)}
     inplace, aliases = {}, {}
-    if kern.alias and node.inputs and node.outputs[0]:
-        aliases[node.outputs[0]] = node.inputs[0]
+    if kern.alias and node.inputs and node.inputs[0]:
+        aliases = {o: node.inputs[0] for o in (node.outputs if kern.multi else node.outputs[:1]) if o}
     elif kern.inplace and node.inputs and node.inputs[0] and node.outputs[0] in sizes:
         t_in, t_out = ctx.input_types[0], ctx.output_types[0]
         if isinstance(t_in, TensorType) and t_in.is_static and t_in.dtype == t_out.dtype \
