@@ -161,3 +161,11 @@ def test_a_transpose_after_a_product_that_adds_z_stays():
     assert _folds(s) == ["fold Transpose 'k_t' into FusedMatMul 'qk'"]
     want = (q @ k.transpose(0, 1, 3, 2) + mask).transpose(0, 2, 1, 3)
     np.testing.assert_allclose(s.run(None, {"q": q, "k": k, "mask": mask})[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_transpose_with_a_bad_perm_is_not_folded_and_is_reported_at_its_node():
+    nodes = [helper.make_node("Transpose", ["a"], ["at"], name="bad_t", perm=[0, 2, 2]),
+             helper.make_node("MatMul", ["at", "b"], ["y"], name="mm")]
+    m = model(nodes, [tensor("a", [2, 4, 3]), tensor("b", [2, 4, 5])], [tensor("y", None)], opset=17)
+    with pytest.raises(glassrt.GlassrtError, match="bad_t"):
+        _session(m, ["cpu"])

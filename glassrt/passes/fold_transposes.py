@@ -38,10 +38,12 @@ def _transpose_perm(n, types) -> list | None:
     """A plain Transpose's perm (its default, the dims reversed, where the input's rank is known)."""
     if n is None or n.op_type != "Transpose" or n.domain or len(n.outputs) != 1:
         return None
-    if n.attrs.get("perm") is not None:
-        return [int(p) for p in n.attrs["perm"]]
     t = types.get(n.inputs[0])
-    return list(range(len(t.shape)))[::-1] if isinstance(t, TensorType) and t.shape is not None else None
+    if not isinstance(t, TensorType) or t.shape is None:
+        return None  # (its rank unknown: nothing to check a perm against)
+    rank = len(t.shape)
+    perm = [int(p) for p in n.attrs["perm"]] if n.attrs.get("perm") is not None else list(range(rank))[::-1]
+    return perm if sorted(perm) == list(range(rank)) else None  # (a bad perm stays, for its node to report)
 
 
 def _then(first: list, second: list) -> list:
