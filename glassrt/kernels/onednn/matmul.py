@@ -440,7 +440,7 @@ def _batched_primitive(ctx):
         static_only=True, name="batched_matmul")
 def batched_matmul(ctx):
     """oneDNN matmul of two computed values, the batch dims broadcast, the epilogue as post-ops."""
-    _, _, product = _product_dims(ctx)
+    a_dims, _, product = _product_dims(ctx)
     r = len(product)
     shapes = {3: _padded(ctx.shape(3), r)} if ctx.has(3) else {}  # (A and B: flat, their mds say the layout)
     bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(-1) if ctx.has(2) else None
@@ -455,8 +455,8 @@ def batched_matmul(ctx):
         return pd.primitive().bind(args), z_arg
 
     prims = _PerThreads(build)
-    view = ContiguousViews()  # slot -> the operand in the padded rank (the same object: no re-pointing)
-    alone = math.prod(product) * _product_dims(ctx)[0][-1] <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
+    view = ContiguousViews()  # slot -> A, B flat; Z in the padded rank (the same object: no re-pointing)
+    alone = math.prod(product) * a_dims[-1] <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
 
     def step(a, b, bias_=None, z=None, *, out):
         prim, z_arg = prims.get()
