@@ -31,6 +31,7 @@ from .runtime.options import RunOptions, SessionOptions
 from .runtime.placement import place, unsupported_error
 from .runtime.profiling import Profile
 from .runtime.runner import GraphRunner
+from .runtime.validate import check_nodes
 
 log = logging.getLogger("glassrt")
 
@@ -152,6 +153,7 @@ class Session:
             onednn_preload.start()  # oneDNN's library loads on another core while the model is read
         t0 = time.perf_counter()
         self.graph = onnx_io.load(model, base_dir)
+        check_nodes(self.graph)
         self._loaded_weights = weights.as_loaded(self.graph)  # for explain: mapped / copied / transformed
         self._source = (model, base_dir)
         self.timings = {"load": time.perf_counter() - t0}

@@ -46,7 +46,7 @@ def test_every_kind_of_step_and_the_same_results_as_the_loop():
     """Split (several outputs), a symbolic batch (outputs sized per run, pool buffers freed),
     graph outputs that are also read by later nodes, a Shape (int64) and an optional input."""
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
-             helper.make_node("Split", ["r"], ["a", "b"], axis=1, num_outputs=2),
+             helper.make_node("Split", ["r"], ["a", "b"], axis=1),
              helper.make_node("Mul", ["a", "b"], ["m"]),
              helper.make_node("Shape", ["m"], ["s"]),
              helper.make_node("Clip", ["m", "", "hi"], ["c"]),
@@ -145,7 +145,7 @@ def test_an_output_that_breaks_the_meta_is_caught_in_the_replays_as_in_the_loop(
 def test_several_outputs_in_the_replays():
     """Split into three (one output unused) and LayerNormalization's first output alone:
     written out inline, the same results as the loop's first runs."""
-    nodes = [helper.make_node("Split", ["x"], ["a", "", "c"], axis=1, num_outputs=3),
+    nodes = [helper.make_node("Split", ["x"], ["a", "", "c"], axis=1),
              helper.make_node("LayerNormalization", ["a", "s", "b"], ["n"], axis=-1),
              helper.make_node("Add", ["n", "c"], ["y"])]
     m = _model(nodes, [_vi("x", [2, 6])], [_vi("y", [2, 2])],

@@ -111,6 +111,8 @@ def get_contract(domain: str, op_type: str, opset: int) -> OpContract | None:
         since_version=version,
         custom_schema=None,
         defaults=facts.defaults,
+        arity=facts.arity,
+        attributes=facts.attributes,
         meta=_lookup(_META, domain, op_type, version) or _onnx_meta,
         values=_lookup(_VALUES, domain, op_type, version),
         category=COMPOSITE if facts.composite else PRIMITIVE,
