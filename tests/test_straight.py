@@ -166,3 +166,59 @@ def test_several_outputs_in_the_replays():
     expected = (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5) * [1, 2] + [0.5, -0.5] + c
     for r in runs:
         np.testing.assert_allclose(r, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_views_of_the_arena_are_kept_between_replays_and_others_are_made_each_run():
+    """Split into contiguous pieces and Reshape by a constant, of a value the plan writes into
+    its arena: made once in the replay, and still each run's values (they are views). A
+    Reshape by a shape given at run time is made each run (its shape is that run's); a view
+    of the caller's own array is not kept (nothing of the caller's is held between runs)."""
+    import gc
+    import weakref
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Split", ["r"], ["a", "b"], axis=1),
+             helper.make_node("Reshape", ["a", "flat"], ["af"]),
+             helper.make_node("Mul", ["af", "two"], ["y"]),
+             helper.make_node("Reshape", ["b", "shape"], ["bs"]),
+             helper.make_node("Reshape", ["x", "flat"], ["xf"])]
+    m = _model(nodes, [_vi("x", [1, 4]), _vi("shape", [2], 7)], [_vi("y", None), _vi("bs", None), _vi("xf", None)],
+               [helper.make_tensor("flat", 7, [1], [-1]), helper.make_tensor("two", 1, [], [2.0])])
+    sess = glassrt.InferenceSession(m.SerializeToString(), providers=["cpu"])
+    calls = {}
+
+    def counting(st):
+        key, fn = f"{st.node.op_type}:{','.join(st.node.inputs)}", st.fn
+        calls[key] = 0
+
+        def counted(*a, **k):
+            calls[key] += 1
+            return fn(*a, **k)
+        return counted
+
+    rng = np.random.default_rng(5)
+    for i in range(STRAIGHT_AFTER + 6):
+        x = rng.standard_normal((1, 4)).astype(np.float32)
+        shape = np.array([2, 1] if i % 2 else [1, 2], np.int64)
+        y, bs, xf = sess.run(None, {"x": x, "shape": shape})
+        r = np.maximum(x, 0)
+        np.testing.assert_array_equal(y, r[0, :2] * 2)
+        np.testing.assert_array_equal(bs, r[:, 2:].reshape(shape))
+        np.testing.assert_array_equal(xf, x.reshape(-1))
+        if i == STRAIGHT_AFTER + 1:  # compiled by now: count the view kernels' calls from here
+            plan = next(iter(sess.runner.plans.values()))
+            assert plan.straight is not None
+            for st in plan.steps:
+                if st.kernel.alias:
+                    st.fn = counting(st)
+            plan.straight, plan.runs = None, STRAIGHT_AFTER - 1  # compiled again at the next run
+    # 4 runs: the loop's (which compiles the replay again), then the replay's first, which
+    # makes the views; the next two keep them
+    assert calls["Split:r"] == 2 and calls["Reshape:a,flat"] == 2, calls
+    assert calls["Reshape:b,shape"] == 4 and calls["Reshape:x,flat"] == 4, calls  # made every run
+    x = rng.standard_normal((1, 4)).astype(np.float32)
+    ref = weakref.ref(x)
+    sess.run(None, {"x": x, "shape": np.array([1, 2], np.int64)})
+    del x
+    gc.collect()
+    assert ref() is None  # the view of the caller's input was not kept

@@ -488,7 +488,8 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
         if guard is None and profile is None:
             plan.runs += 1
             if plan.runs == STRAIGHT_AFTER:  # a plan that is replayed: worth compiling its steps
-                plan.straight = straight.compile_steps(plan.steps, pool, execute_step, node_error, check_outputs)
+                plan.straight = straight.compile_steps(plan.steps, pool, execute_step, node_error, check_outputs,
+                                                       {i for i, v in enumerate(plan.template) if v is not None})
                 pages.promote()  # and its arena and packed weights worth moving onto huge pages (pages.py)
         if plan.executed:
             for st in plan.steps:
