@@ -133,6 +133,7 @@ def test_placeholder_dim_names_are_each_their_own_unknown_dim():
     ("Add", ["a"], ["y"], "has 1 inputs; Add takes 2"),
     ("Clip", ["a", "", "", "b"], ["y"], "has 4 inputs; Clip takes 1 to 3"),
     ("Relu", ["a"], ["y", "z"], "has 2 outputs; Relu takes 1"),
+    ("Concat", [], ["y"], "has 0 inputs; Concat takes at least 1"),  # a variadic op
     ("MatMul", ["a", "b"], ["y"], "attribute.s. strides, which MatMul-13 does not take .it takes: none."),
 ])
 def test_a_node_its_schema_refuses_is_an_invalid_model(op, inputs, outputs, says):

@@ -9,7 +9,7 @@ from ..errors import InvalidModelError, describe_node
 from ..ops.registry import get_contract
 from .select import NO_EFFECT_ATTRS
 
-_ANY = 1 << 31
+_ANY = (1 << 31) - 1  # onnx's max_input / max_output for a variadic op
 
 
 def check_nodes(graph) -> None:

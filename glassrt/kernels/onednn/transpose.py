@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from ..cpu.shape import _perm  # (Transpose's perm as its meta reads it)
 from ..registry import kernel
 from . import dnnl
 from .dnnl import ARG_FROM, ARG_TO, MemoryDesc
@@ -51,11 +52,6 @@ def reduced(shape, perm) -> tuple[tuple, tuple]:
     return sizes, tuple(index[g[0]] for g in groups)
 
 
-def _perm(ctx, rank) -> list:
-    perm = ctx.attrs.get("perm")
-    return list(range(rank))[::-1] if perm is None else [int(p) for p in perm]
-
-
 def _reason(ctx):
     why = _unavailable(ctx)
     if why:
@@ -64,7 +60,7 @@ def _reason(ctx):
     if shape is None:
         return "the input's shape is not known"
     shape = [int(d) for d in shape]
-    perm = _perm(ctx, len(shape))
+    perm = [int(p) for p in _perm(ctx.attrs.get("perm"), len(shape))]
     if sorted(perm) != list(range(len(shape))):
         return f"perm {perm} is not a permutation of the input's {len(shape)} dims"
     sizes, rperm = reduced(shape, perm)
@@ -83,7 +79,7 @@ def _reason(ctx):
 def transpose(ctx):
     """A oneDNN reorder reading the input through permuted strides."""
     shape = [int(d) for d in ctx.shape(0)]
-    perm = _perm(ctx, len(shape))
+    perm = [int(p) for p in _perm(ctx.attrs.get("perm"), len(shape))]
     sizes, rperm = reduced(shape, perm)
     strides = [math.prod(sizes[d + 1:]) for d in range(len(sizes))]
     out_sizes = [sizes[p] for p in rperm]
