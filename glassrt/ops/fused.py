@@ -3,8 +3,8 @@ defines it in plain ONNX (so every provider can run it, and `check` verifies the
 kernels against it).
 
   glassrt::FusedConv(X, W, B?, Z?) — Conv, plus a residual Z when given (ResNet's skip
-  connection), then `activation` (Relu, LeakyRelu, Clip, Sigmoid, or "" for none) with
-  `activation_params`; written by passes/fusion.py.
+  connection), then `activation` (one of CONV_ACTIVATIONS, "" for none) with
+  `activation_params`; written by passes/fuse_conv.py.
   glassrt::FusedBatchNormalization(X, scale, B, mean, var) — inference BatchNormalization
   followed by `activation`, likewise (pre-activation nets: DenseNet, ResNet v2).
   glassrt::FusedMatMul(A, B, bias?, Z?) — act(alpha·(A @ B) + bias + Z): MatMul with what
@@ -62,6 +62,12 @@ FUSED_MATMUL = CustomSchema(DOMAIN, "FusedMatMul", [("A", False), ("B", False), 
 # perm_a / perm_b / perm_y: A and B read transposed by these perms, the result written
 # transposed by perm_y ([]: as they are), for Transposes folded in (passes/fold_transposes.py)
 PERM_ATTRS = ("perm_a", "perm_b", "perm_y")
+# The activations FusedConv and FusedBatchNormalization apply, with their parameters: LeakyRelu
+# (alpha; 0.01 when omitted), Clip (lo, hi), HardSigmoid (alpha, beta: clamp(alpha·y + beta, 0, 1)),
+# Swish (y·Sigmoid(y), SiLU) and HardSwish (alpha, beta: y·HardSigmoid(y); the HardSwish op is
+# alpha 1/6, beta 1/2).
+CONV_ACTIVATIONS = {"": 0, "Relu": 0, "LeakyRelu": (0, 1), "Clip": 2, "Sigmoid": 0, "HardSigmoid": 2, "Swish": 0,
+                    "HardSwish": 2}
 # The activations FusedMatMul applies (Gelu: the exact, erf form; GeluTanh: Gelu with
 # approximate="tanh").
 MATMUL_ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "Gelu", "GeluTanh")
@@ -125,6 +131,15 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
         protos.append(helper.make_node("Clip", [mid, lo, hi], outputs, name=f"{node.name}/act"))
     elif act == "GeluTanh":
         protos.append(helper.make_node("Gelu", [mid], outputs, name=f"{node.name}/act", approximate="tanh"))
+    elif act in ("HardSigmoid", "HardSwish"):
+        gate = outputs if act == "HardSigmoid" else [f"{mid}/gate"]
+        protos.append(helper.make_node("HardSigmoid", [mid], gate, name=f"{node.name}/gate", alpha=params[0],
+                                       beta=params[1]))
+        if act == "HardSwish":
+            protos.append(helper.make_node("Mul", [mid, gate[0]], outputs, name=f"{node.name}/act"))
+    elif act == "Swish":
+        protos.append(helper.make_node("Sigmoid", [mid], [f"{mid}/gate"], name=f"{node.name}/gate"))
+        protos.append(helper.make_node("Mul", [mid, f"{mid}/gate"], outputs, name=f"{node.name}/act"))
     else:
         extra = {"alpha": params[0]} if act == "LeakyRelu" and params else {}
         protos.append(helper.make_node(act, [mid], outputs, name=f"{node.name}/act", **extra))
@@ -134,9 +149,28 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
     return nodes_from_protos(protos, {"": opset}, visible, f"expanded from {node.op_type} '{node.name}'")
 
 
+def _check_activation(ctx):
+    """FusedConv's and FusedBatchNormalization's activation is one they define, with its
+    number of parameters."""
+    act = ctx.attr("activation", "Relu")
+    n = len(ctx.attr("activation_params", []) or [])
+    if act not in CONV_ACTIVATIONS:
+        ctx.fail(f"activation '{act}' is not one of {', '.join(a for a in CONV_ACTIVATIONS if a)}")
+    want = CONV_ACTIVATIONS[act]
+    if n not in (want if isinstance(want, tuple) else (want,)):
+        ctx.fail(f"activation {act} takes {' or '.join(map(str, want)) if isinstance(want, tuple) else want} "
+                 f"activation_params, got {n}")
+
+
+def _fused_bn_meta(ctx):
+    _check_activation(ctx)
+    return _same_as_x(ctx)
+
+
 def _fused_conv_meta(ctx):
     """Conv's rule; a residual Z must be exactly the output (the kernels add it without
     broadcasting)."""
+    _check_activation(ctx)
     out = conv_meta(ctx)
     if ctx.has(3):
         y, z = out[0], ctx.type(3)
@@ -210,13 +244,13 @@ def _same_as_x(ctx):
 
 register_custom(OpContract(DOMAIN, "FusedConv", 1, FUSED_CONV, meta=_fused_conv_meta, category=COMPOSITE,
                            decomposition=_fused_decomposition("Conv", _CONV_ATTRS, 13),
-                           notes=["Conv [+ residual] + activation, fused by passes/fusion.py"]))
+                           notes=["Conv [+ residual] + activation, fused by passes/fuse_conv.py"]))
 register_custom(OpContract(DOMAIN, "FusedMatMul", 1, FUSED_MATMUL, meta=_fused_matmul_meta, category=COMPOSITE,
                            decomposition=_fused_decomposition("MatMul", (), 20),
                            notes=["MatMul + scale + bias + residual + activation, fused by passes/fuse_matmul.py"]))
-register_custom(OpContract(DOMAIN, "FusedBatchNormalization", 1, FUSED_BATCH_NORM, meta=_same_as_x, category=COMPOSITE,
+register_custom(OpContract(DOMAIN, "FusedBatchNormalization", 1, FUSED_BATCH_NORM, meta=_fused_bn_meta, category=COMPOSITE,
                            decomposition=_fused_decomposition("BatchNormalization", ("epsilon",), 15),
-                           notes=["inference BatchNormalization + activation, fused by passes/fusion.py"]))
+                           notes=["inference BatchNormalization + activation, fused by passes/fuse_conv.py"]))
 
 
 SDPA = CustomSchema(DOMAIN, "ScaledDotProductAttention",

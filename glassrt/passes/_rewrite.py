@@ -51,12 +51,17 @@ def origin(node, what) -> str:
 
 def activation_of(n, consts):
     """(name, params) of an activation node a fused kernel can apply to its output, or None:
-    Relu, LeakyRelu (alpha), Clip (constant float bounds), Sigmoid, Tanh, Gelu (exact) and
-    GeluTanh (Gelu with approximate="tanh")."""
+    Relu, LeakyRelu (alpha), Clip (constant float bounds), Sigmoid, Tanh, Gelu (exact),
+    GeluTanh (Gelu with approximate="tanh"), HardSigmoid (alpha, beta) and HardSwish (as
+    alpha 1/6, beta 1/2: x·HardSigmoid(x))."""
     if n is None or n.domain or len(n.outputs) != 1:
         return None
     if n.op_type in ("Relu", "Sigmoid", "Tanh"):
         return n.op_type, []
+    if n.op_type == "HardSigmoid":
+        return "HardSigmoid", [float(n.attrs.get("alpha", 0.2)), float(n.attrs.get("beta", 0.5))]
+    if n.op_type == "HardSwish":
+        return "HardSwish", [1 / 6, 0.5]
     if n.op_type == "Gelu":
         return ("GeluTanh" if n.attrs.get("approximate", "none") == "tanh" else "Gelu"), []
     if n.op_type == "LeakyRelu":

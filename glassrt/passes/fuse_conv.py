@@ -2,9 +2,13 @@
 
   * Conv → Add (a residual of the same shape) [→ Relu]: one glassrt::FusedConv with the
     residual as its fourth input (ResNet's blocks end this way);
-  * Conv → Relu / LeakyRelu / Clip (constant bounds) / Sigmoid: one glassrt::FusedConv
-    that applies the activation on the conv's output as it is written; the same after an
-    inference BatchNormalization that could not be folded (glassrt::FusedBatchNormalization).
+  * Conv → Relu / LeakyRelu / Clip (constant bounds) / Sigmoid / HardSigmoid / HardSwish:
+    one glassrt::FusedConv that applies the activation on the conv's output as it is
+    written; the same after an inference BatchNormalization that could not be folded
+    (glassrt::FusedBatchNormalization);
+  * Conv → Mul(y, Sigmoid(y)) (SiLU / Swish: ONNX has no op for it, so exporters write these
+    two; YOLOv5/v8, EfficientNet) and Conv → Mul(y, HardSigmoid(y)) (HardSwish as older
+    exporters write it): the same, activation Swish or HardSwish (its alpha and beta).
 
 Each rewrite keeps the output names, fires only when the intermediate value has no other
 reader and is not a graph output, and names the nodes it replaced in the fused node's
@@ -18,7 +22,9 @@ from dataclasses import replace
 from ..ir import Node
 from ._rewrite import Readers, activation_of, origin, producers
 
-ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid")
+ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish")
+# gates g in y·g(y), a Mul reading the conv output and the gate over it -> the activation
+GATES = {"Sigmoid": "Swish", "HardSigmoid": "HardSwish"}
 
 
 def fuse_conv_residual(graph, ctx):
@@ -74,27 +80,60 @@ def _fuse_activation(graph, nodes, consts, log):
     producer = producers(nodes)
     fused, dropped = {}, set()
     for n in nodes:
-        if n.op_type not in ACTIVATIONS or n.domain or len(n.outputs) != 1:
-            continue
-        conv = producer.get(n.inputs[0])
-        if conv is None or conv.domain or conv.name in fused or readers.single(n.inputs[0]) is not n:
-            continue
-        if conv.op_type == "BatchNormalization":
-            if int(conv.attrs.get("training_mode", 0)) or not int(conv.attrs.get("spatial", 1)) \
-                    or len([o for o in conv.outputs if o]) != 1:
-                continue
-        elif conv.op_type != "Conv":
-            continue
-        found = activation_of(n, consts)
+        found = _single_activation(n, readers, producer, consts) or _gated_activation(n, readers, producer, consts)
         if found is None:
             continue
-        params = found[1]
+        conv, act, params, replaced = found
+        if conv.name in fused or any(r.name in dropped for r in replaced) or not _fusable_producer(conv):
+            continue
         kind = "FusedConv" if conv.op_type == "Conv" else "FusedBatchNormalization"
         attrs = dict(conv.attrs) if kind == "FusedConv" else {"epsilon": conv.attrs.get("epsilon", 1e-5)}
+        what = " and ".join(f"{r.op_type} '{r.name}'" for r in replaced)
         fused[conv.name] = Node(kind, "glassrt", list(conv.inputs[:5]), list(n.outputs[:1]),
-                                {**attrs, "activation": n.op_type, "activation_params": params},
+                                {**attrs, "activation": act, "activation_params": params},
                                 conv.name, 1, list(conv.implicit_inputs),
-                                origin=origin(conv, f"{n.op_type} '{n.name}' fused in"))
-        dropped.add(n.name)
-        log.append(f"fuse {n.op_type} '{n.name}' into {conv.op_type} '{conv.name}'")
+                                origin=origin(conv, f"{what} fused in" + (f" ({act})" if len(replaced) > 1 else "")))
+        dropped.update(r.name for r in replaced)
+        log.append(f"fuse {what} into {conv.op_type} '{conv.name}'" + (f" ({act})" if len(replaced) > 1 else ""))
     return [fused.get(n.name, n) for n in nodes if n.name not in dropped]
+
+
+def _fusable_producer(conv) -> bool:
+    """A Conv, or an inference BatchNormalization with its one output."""
+    if conv.domain:
+        return False
+    if conv.op_type == "BatchNormalization":
+        return not int(conv.attrs.get("training_mode", 0)) and bool(int(conv.attrs.get("spatial", 1))) \
+            and len([o for o in conv.outputs if o]) == 1
+    return conv.op_type == "Conv"
+
+
+def _single_activation(n, readers, producer, consts):
+    """(conv, activation, params, [n]) for an activation node n that alone reads a conv's output."""
+    if n.op_type not in ACTIVATIONS or n.domain or len(n.outputs) != 1 or not n.inputs:
+        return None
+    conv = producer.get(n.inputs[0])
+    found = activation_of(n, consts)
+    if conv is None or found is None or readers.single(n.inputs[0]) is not n:
+        return None
+    return conv, found[0], found[1], [n]
+
+
+def _gated_activation(mul, readers, producer, consts):
+    """(conv, Swish | HardSwish, params, [gate, mul]) for mul = Mul(y, gate(y)) where the conv's
+    output y is read by the gate and the Mul alone and the gate's output by the Mul alone."""
+    if mul.op_type != "Mul" or mul.domain or len(mul.inputs) != 2 or len(mul.outputs) != 1:
+        return None
+    for k in (0, 1):
+        y, g = mul.inputs[k], mul.inputs[1 - k]
+        gate = producer.get(g)
+        if gate is None or gate.op_type not in GATES or gate.domain or not gate.inputs or gate.inputs[0] != y \
+                or y == g or readers.single(g) is not mul or y in readers.outputs \
+                or {r.name for r in readers.by_value.get(y, [])} != {gate.name, mul.name}:
+            continue
+        conv = producer.get(y)
+        found = activation_of(gate, consts)
+        if conv is None or found is None:
+            continue
+        return conv, GATES[gate.op_type], found[1], [gate, mul]
+    return None

@@ -398,6 +398,58 @@ def mobilenet(width=1.0, resolution=224, classes=1000, seed=0) -> onnx.ModelProt
                                                       "(random weights, BatchNormalization folded)")
 
 
+# ---------------------------------------------------------------- a YOLOv8-style backbone
+
+
+def yolo(width=(16, 32, 64, 128, 256), resolution=320, seed=0) -> onnx.ModelProto:
+    """The backbone and SPPF of YOLOv8n as torch.onnx.export writes ultralytics' model in eval
+    mode: every Conv's BatchNormalization folded into its bias, SiLU as Sigmoid then Mul (ONNX
+    has no SiLU op), C2f blocks (a 1x1 conv, Split in two, bottlenecks of two 3x3 convs with a
+    residual Add, Concat, a 1x1 conv), SPPF (three chained 5x5 MaxPools, Concat). Input
+    [batch, 3, resolution, resolution]; the three feature maps the neck reads are the outputs."""
+    g = _Graph(seed)
+    layer = iter(range(1 << 20))
+
+    def conv(x, c_in, c_out, kernel=1, stride=1):
+        idx = next(layer)
+        scope = f"/model.{idx}/conv"
+        w = g.weight(f"model.{idx}.conv.weight", (c_out, c_in, kernel, kernel), math.sqrt(2.0 / (c_in * kernel * kernel)))
+        b = g.weight(f"model.{idx}.conv.bias", (c_out,), 0.05)
+        y = g.op("Conv", [x, w, b], scope, kernel_shape=[kernel, kernel], strides=[stride, stride],
+                 pads=[kernel // 2] * 4, dilations=[1, 1], group=1)
+        return g.op("Mul", [y, g.op("Sigmoid", [y], f"/model.{idx}/act")], f"/model.{idx}/act")
+
+    def c2f(x, c_in, c_out, n, shortcut=True):
+        h = c_out // 2
+        y = conv(x, c_in, 2 * h)
+        parts = g.op("Split", [y, g.const([h, h], "/c2f", np.int64)], "/c2f", outputs=2, axis=1)
+        for _ in range(n):
+            z = conv(conv(parts[-1], h, h, 3), h, h, 3)
+            parts.append(g.op("Add", [parts[-1], z], "/c2f/m") if shortcut else z)
+        return conv(g.op("Concat", parts, "/c2f", axis=1), (2 + n) * h, c_out)
+
+    def sppf(x, c_in, c_out):
+        h = c_in // 2
+        y = [conv(x, c_in, h)]
+        for _ in range(3):
+            y.append(g.op("MaxPool", [y[-1]], "/sppf/m", kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2]))
+        return conv(g.op("Concat", y, "/sppf", axis=1), 4 * h, c_out)
+
+    c0, c1, c2, c3, c4 = width
+    x = conv(conv("images", 3, c0, 3, 2), c0, c1, 3, 2)
+    x = c2f(x, c1, c1, 1)
+    p3 = c2f(conv(x, c1, c2, 3, 2), c2, c2, 2)
+    p4 = c2f(conv(p3, c2, c3, 3, 2), c3, c3, 2)
+    p5 = sppf(c2f(conv(p4, c3, c4, 3, 2), c4, c4, 1), c4, c4)
+    for name, v in (("p3", p3), ("p4", p4), ("p5", p5)):
+        g.op("Identity", [v], "/out", name=name)
+    inp = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, resolution, resolution])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", c, resolution // s, resolution // s])
+            for n, c, s in (("p3", c2, 8), ("p4", c3, 16), ("p5", c4, 32))]
+    return g.model("yolov8n_backbone", [inp], outs, doc=f"YOLOv8n-style backbone + SPPF, {resolution}x{resolution} "
+                                                        "(random weights, BatchNormalization folded, SiLU as Sigmoid·x)")
+
+
 # ---------------------------------------------------------------- the onnx package's light models
 
 
@@ -456,6 +508,8 @@ def _suite() -> dict[str, SuiteModel]:
     suite = {
         "mobilenet": SuiteModel("mobilenet", "MobileNetV2, 224x224, 3.5 M parameters", lambda d: mobilenet(),
                                 {"batch": 1}),
+        "yolo": SuiteModel("yolo", "YOLOv8n-style backbone + SPPF, SiLU as Sigmoid·x, 320x320",
+                           lambda d: yolo(), {"batch": 1}),
         "bert-base": SuiteModel(
             "bert-base", "BERT-base encoder, 12 layers, hidden 768, vocab 30522",
             lambda d: bert(), {"batch": 1, "sequence": 128},

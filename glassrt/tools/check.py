@@ -641,7 +641,8 @@ def _internal_samples():
     b = rng.standard_normal(4).astype(np.float32)
     samples = []
     for act, params in (("Relu", []), ("LeakyRelu", [0.1]), ("LeakyRelu", [2.5]), ("Clip", [0.0, 6.0]),
-                        ("Sigmoid", [])):
+                        ("Sigmoid", []), ("Swish", []), ("HardSwish", [1 / 6, 0.5]), ("HardSwish", [0.2, 0.25]),
+                        ("HardSigmoid", [0.2, 0.5])):
         attrs = {"activation": act, "pads": [1, 1, 1, 1], "strides": [2, 1]}
         if params:
             attrs["activation_params"] = params
@@ -662,7 +663,8 @@ def _internal_samples():
     bn_samples = []
     stats = [rng.uniform(0.5, 1.5, 3).astype(np.float32), rng.standard_normal(3).astype(np.float32),
              rng.standard_normal(3).astype(np.float32), rng.uniform(0.5, 1.5, 3).astype(np.float32)]
-    for act, params in (("Relu", []), ("Clip", [-0.5, 0.5]), ("LeakyRelu", [0.2]), ("Sigmoid", [])):
+    for act, params in (("Relu", []), ("Clip", [-0.5, 0.5]), ("LeakyRelu", [0.2]), ("Sigmoid", []), ("Swish", []),
+                        ("HardSwish", [1 / 6, 0.5])):
         attrs = {"activation": act, "epsilon": 1e-3}
         if params:
             attrs["activation_params"] = params

@@ -58,7 +58,7 @@ def _in_float32(step):
 
 
 def _has_residual(ctx) -> bool:
-    """A FusedConv with a fourth input Z: y = act(conv(x) + b + Z) (passes/fusion.py)."""
+    """A FusedConv with a fourth input Z: y = act(conv(x) + b + Z) (passes/fuse_conv.py)."""
     return len(ctx.node.inputs) > 3 and bool(ctx.node.inputs[3])
 
 

@@ -91,7 +91,7 @@ def batch_norm_affine(ctx):
     return step
 
 
-# glassrt::FusedBatchNormalization (passes/fusion.py) runs on the same kernels.
+# glassrt::FusedBatchNormalization (passes/fuse_conv.py) runs on the same kernels.
 for _k in list(registry.kernels_for("cpu", "", "BatchNormalization")):
     if _k.fn in (batch_norm, batch_norm_affine):
         registry.register(replace(_k, name=_k.name.replace("cpu.BatchNormalization", "cpu.FusedBatchNormalization"),

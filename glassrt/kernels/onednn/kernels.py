@@ -286,7 +286,7 @@ def _static_4d(ctx, inputs=(0,)):
 
 # ---------------------------------------------------------------- convolution
 
-_ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid")
+_ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "Swish", "HardSwish")
 
 
 def _conv_geometry(ctx):
@@ -437,6 +437,10 @@ def _post_ops(ctx, y_shape, z_layout=None):
         post.eltwise("clip", alpha=params[0], beta=params[1])
     elif act == "Sigmoid":
         post.eltwise("sigmoid")
+    elif act in ("HardSigmoid", "HardSwish"):  # oneDNN 3's hardswish takes alpha and beta too
+        post.eltwise(act.lower(), alpha=params[0], beta=params[1])
+    elif act == "Swish":
+        post.eltwise("swish", alpha=1.0)
     return post, z_arg
 
 
@@ -640,6 +644,42 @@ def concat(ctx):
     return step
 
 
+def _split_reason(ctx):
+    why = _unavailable(ctx) or _static_4d(ctx)
+    if why:
+        return why
+    if int(ctx.attrs.get("axis", 0)) not in (1, -3):
+        return "a split along an axis other than the channels"
+    if not all(ctx.node.outputs):
+        return "an omitted output"
+    shapes = [ctx.out_shape(i) for i in range(len(ctx.node.outputs))]
+    if any(s is None or len(s) != 4 or not all(isinstance(d, int) for d in s) for s in shapes):
+        return "the pieces' shapes are not known when the plan is built"
+    return None
+
+
+@kernel(["Split"], provider="onednn", dtypes=F32, out=True, multi=True, bind=True, accepts=_split_reason,
+        layouts=LAYOUTS, static_only=True, name="split")
+def split(ctx):
+    """Channel pieces (YOLOv8's C2f blocks split a conv's output in two), each copied into a
+    buffer of its own in its value's layout: a channel slice of an NHWC value is strided, and
+    the primitives reading the pieces want them dense. Left to cpu.Split (views of an NCHW
+    input), the pieces came out NCHW between NHWC convs, and a residual Add of a piece and a
+    conv output ran oneDNN's reference binary on the two layouts: 4 ms for (1, 16, 80, 80)."""
+    shapes = [tuple(int(d) for d in ctx.out_shape(i)) for i in range(len(ctx.node.outputs))]
+    starts = np.cumsum([0] + [s[1] for s in shapes[:-1]]).tolist()
+
+    def step(x, sizes=None, *, out):
+        pieces = []
+        for y, lo, shape in zip(out, starts, shapes):
+            y = np.empty(shape, np.float32) if y is None else y
+            np.copyto(y, x[:, lo:lo + shape[1]])
+            pieces.append(y)
+        return tuple(pieces)
+
+    return step
+
+
 def _eltwise_reason(ctx):
     why = _unavailable(ctx) or _static_4d(ctx)
     if why:
@@ -661,10 +701,14 @@ def _eltwise_args(ctx):
         lo = float(ctx.const(1).reshape(-1)[0]) if ctx.has(1) else -3.4e38
         hi = float(ctx.const(2).reshape(-1)[0]) if ctx.has(2) else 3.4e38
         return "clip", lo, hi
+    if op == "HardSigmoid":
+        return "hardsigmoid", float(ctx.attrs.get("alpha", 0.2)), float(ctx.attrs.get("beta", 0.5))
+    if op == "HardSwish":
+        return "hardswish", 1 / 6, 0.5
     return {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}[op], None, None
 
 
-@kernel(["Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh"], provider="onednn", dtypes=F32, out=True, bind=True,
+@kernel(["Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish"], provider="onednn", dtypes=F32, out=True, bind=True,
         accepts=_eltwise_reason, layouts=LAYOUTS, static_only=True, name="eltwise", workspace=_change_workspace)
 def eltwise(ctx):
     x = [int(d) for d in ctx.shape(0)]
@@ -738,9 +782,14 @@ def _bn_reason(ctx):
     if any(ctx.const(i) is None for i in range(1, 5)):
         return "scale, bias, mean and variance are not constants"
     act = ctx.attrs.get("activation", "")
-    if act not in _ACTIVATIONS:
-        return f"activation {act} has no oneDNN post-op here"
+    if act not in _BN_ACTIVATIONS:
+        return f"activation {act}: oneDNN's batch normalization takes a Relu or LeakyRelu post-op only"
     return None
+
+
+# what dnnl_batch_normalization_forward_primitive_desc_create (3.2, bnorm_jit) accepts as a
+# post-op: any other eltwise (clip, logistic, swish, ...) answers `unimplemented`
+_BN_ACTIVATIONS = ("", "Relu", "LeakyRelu")
 
 
 @kernel(["BatchNormalization"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_bn_reason,
