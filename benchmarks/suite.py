@@ -1,7 +1,8 @@
 """glassrt against onnxruntime on the benchmark suite, each runtime in its own process.
 
 The suite (glassrt/tools/bench_models.py, random weights, nothing downloaded): the nine
-light models of the onnx package at batch 1 and 8, MobileNetV2 at batch 1, a BERT-base
+light models of the onnx package at batch 1 and 8, MobileNetV2 at batch 1, a YOLOv8n-style
+backbone (320x320, SiLU written as Sigmoid and Mul, C2f blocks' channel Splits), a BERT-base
 encoder at batch 1 and 8 (sequence 128), and greedy decoding on a GPT-2-sized model with
 a KV cache (a 16-token prompt, then 32 tokens; both runtimes must produce the same ones;
 with --warmup, one untimed generation per runtime first, its steps shown apart as the
@@ -81,6 +82,13 @@ def entries(files: ModelFiles) -> list[Entry]:
         path = files.path("mobilenet", lambda: model)
         return bench.Case("mobilenet batch=1", path, bench.generate_feeds(model, dims), dims)
     out.append(Entry("mobilenet batch=1", mobilenet))
+
+    def yolo():
+        model = bm.yolo()
+        dims = {"batch": 1}
+        path = files.path("yolo", lambda: model)
+        return bench.Case("yolo batch=1", path, bench.generate_feeds(model, dims), dims)
+    out.append(Entry("yolo batch=1", yolo))
     for batch in (1, 8):
         def bert(batch=batch):
             dims = {"batch": batch, "sequence": 128}

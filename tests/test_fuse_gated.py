@@ -196,3 +196,19 @@ def test_splits_onednn_leaves_to_cpu_say_why():
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": X})
     for got, ref in zip(sess.run(None, {"x": X}), want):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["Clip", "Sigmoid", "Relu"])
+def test_batch_norm_post_ops_onednn_cannot_run_go_to_cpu(act):
+    """oneDNN 3.2's batch normalization takes a Relu post-op only: a FusedBatchNormalization
+    with Clip (ReLU6) or Sigmoid used to be accepted and failed when the plan was built."""
+    prod, inits = _producer("bn")
+    extra = [init("lo", np.float32(0)), init("hi", np.float32(6))] if act == "Clip" else []
+    node = helper.make_node(act, ["c", "lo", "hi"] if act == "Clip" else ["c"], ["y"], name="act")
+    m = model([prod, node], [tensor("x", list(X.shape))], [tensor("y", None)], inits + extra)
+    sess = glassrt.InferenceSession(m)
+    row = sess.explain()["nodes"][0]
+    assert row["op"] == "FusedBatchNormalization"
+    assert row["kernel"].startswith("onednn." if act == "Relu" else "cpu."), row
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    np.testing.assert_allclose(sess.run(None, {"x": X})[0], want, rtol=1e-5, atol=1e-5)
