@@ -76,19 +76,12 @@ def entries(files: ModelFiles) -> list[Entry]:
                 return bench.Case(f"light:{name} batch={batch}", path, feeds, {"batch": batch})
             out.append(Entry(f"light:{name} batch={batch}", make))
 
-    def mobilenet():
-        model = bm.mobilenet()
-        dims = {"batch": 1}
-        path = files.path("mobilenet", lambda: model)
-        return bench.Case("mobilenet batch=1", path, bench.generate_feeds(model, dims), dims)
-    out.append(Entry("mobilenet batch=1", mobilenet))
-
-    def yolo():
-        model = bm.yolo()
-        dims = {"batch": 1}
-        path = files.path("yolo", lambda: model)
-        return bench.Case("yolo batch=1", path, bench.generate_feeds(model, dims), dims)
-    out.append(Entry("yolo batch=1", yolo))
+    for name, build in (("mobilenet", bm.mobilenet), ("yolo", bm.yolo)):
+        def cnn(name=name, build=build):
+            model = build()
+            dims = {"batch": 1}
+            return bench.Case(f"{name} batch=1", files.path(name, lambda: model), bench.generate_feeds(model, dims), dims)
+        out.append(Entry(f"{name} batch=1", cnn))
     for batch in (1, 8):
         def bert(batch=batch):
             dims = {"batch": batch, "sequence": 128}

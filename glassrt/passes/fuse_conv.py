@@ -89,12 +89,12 @@ def _fuse_activation(graph, nodes, consts, log):
         kind = "FusedConv" if conv.op_type == "Conv" else "FusedBatchNormalization"
         attrs = dict(conv.attrs) if kind == "FusedConv" else {"epsilon": conv.attrs.get("epsilon", 1e-5)}
         what = " and ".join(f"{r.op_type} '{r.name}'" for r in replaced)
+        named = f" ({act})" if len(replaced) > 1 else ""  # the activation a gated pair makes
         fused[conv.name] = Node(kind, "glassrt", list(conv.inputs[:5]), list(n.outputs[:1]),
                                 {**attrs, "activation": act, "activation_params": params},
-                                conv.name, 1, list(conv.implicit_inputs),
-                                origin=origin(conv, f"{what} fused in" + (f" ({act})" if len(replaced) > 1 else "")))
+                                conv.name, 1, list(conv.implicit_inputs), origin=origin(conv, f"{what} fused in{named}"))
         dropped.update(r.name for r in replaced)
-        log.append(f"fuse {what} into {conv.op_type} '{conv.name}'" + (f" ({act})" if len(replaced) > 1 else ""))
+        log.append(f"fuse {what} into {conv.op_type} '{conv.name}'{named}")
     return [fused.get(n.name, n) for n in nodes if n.name not in dropped]
 
 
