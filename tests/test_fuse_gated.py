@@ -44,7 +44,8 @@ def _activation(pattern):
     if pattern == "hardswish":
         return [helper.make_node("HardSwish", ["c"], ["y"], name="act")], ("HardSwish", [1 / 6, 0.5])
     assert pattern == "hardsigmoid"
-    return [helper.make_node("HardSigmoid", ["c"], ["y"], name="act", alpha=0.25, beta=0.6)], ("HardSigmoid", [0.25, 0.6])
+    return [helper.make_node("HardSigmoid", ["c"], ["y"], name="act", alpha=0.25, beta=0.6)], \
+        ("HardSigmoid", [0.25, 0.6])
 
 
 PATTERNS = ["silu", "silu_gate_first", "hardsigmoid_mul", "hardswish", "hardsigmoid"]
@@ -87,7 +88,8 @@ def test_fused_activations_run_on_onednn_with_the_layout_unbroken():
     unfused Sigmoid and Mul would run on cpu, in NCHW, between NHWC convs)."""
     w2 = (RNG.standard_normal((4, 5, 3, 3)) / 6).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-             helper.make_node("Sigmoid", ["c"], ["g"], name="gate"), helper.make_node("Mul", ["c", "g"], ["h"], name="mul"),
+             helper.make_node("Sigmoid", ["c"], ["g"], name="gate"),
+             helper.make_node("Mul", ["c", "g"], ["h"], name="mul"),
              helper.make_node("Conv", ["h", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
              helper.make_node("HardSwish", ["c2"], ["y"], name="hswish")]
     m = model(nodes, [tensor("x", list(X.shape))], [tensor("y", None)], [init("w", W), init("b", B), init("w2", w2)])

@@ -92,7 +92,8 @@ def _fuse_activation(graph, nodes, consts, log):
         named = f" ({act})" if len(replaced) > 1 else ""  # the activation a gated pair makes
         fused[conv.name] = Node(kind, "glassrt", list(conv.inputs[:5]), list(n.outputs[:1]),
                                 {**attrs, "activation": act, "activation_params": params},
-                                conv.name, 1, list(conv.implicit_inputs), origin=origin(conv, f"{what} fused in{named}"))
+                                conv.name, 1, list(conv.implicit_inputs),
+                                origin=origin(conv, f"{what} fused in{named}"))
         dropped.update(r.name for r in replaced)
         log.append(f"fuse {what} into {conv.op_type} '{conv.name}'{named}")
     return [fused.get(n.name, n) for n in nodes if n.name not in dropped]
@@ -128,7 +129,7 @@ def _gated_activation(mul, readers, producer, consts):
         y, g = mul.inputs[k], mul.inputs[1 - k]
         gate = producer.get(g)
         if gate is None or gate.op_type not in GATES or gate.domain or not gate.inputs or gate.inputs[0] != y \
-                or y == g or readers.single(g) is not mul or y in readers.outputs \
+                or readers.single(g) is not mul or y in readers.outputs \
                 or {r.name for r in readers.by_value.get(y, [])} != {gate.name, mul.name}:
             continue
         conv = producer.get(y)

@@ -413,7 +413,8 @@ def yolo(width=(16, 32, 64, 128, 256), resolution=320, seed=0) -> onnx.ModelProt
     def conv(x, c_in, c_out, kernel=1, stride=1):
         idx = next(layer)
         scope = f"/model.{idx}/conv"
-        w = g.weight(f"model.{idx}.conv.weight", (c_out, c_in, kernel, kernel), math.sqrt(2.0 / (c_in * kernel * kernel)))
+        fan_in = c_in * kernel * kernel
+        w = g.weight(f"model.{idx}.conv.weight", (c_out, c_in, kernel, kernel), math.sqrt(2.0 / fan_in))
         b = g.weight(f"model.{idx}.conv.bias", (c_out,), 0.05)
         y = g.op("Conv", [x, w, b], scope, kernel_shape=[kernel, kernel], strides=[stride, stride],
                  pads=[kernel // 2] * 4, dilations=[1, 1], group=1)

@@ -48,37 +48,29 @@ def cubic_weights(r, a):
                      ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a], axis=1)
 
 
+def hard_sigmoid_of(v, alpha, beta):
+    """clamp(alpha·v + beta, 0, 1) in v's dtype: HardSigmoid, and HardSwish's gate."""
+    return np.clip(v * v.dtype.type(alpha) + v.dtype.type(beta), 0, 1).astype(v.dtype, copy=False)
+
+
+def swish_of(v):
+    """v·sigmoid(v), as the Sigmoid and Mul it is fused from compute it: exp's overflow to inf
+    (v below about -88 in float32) gives sigmoid's right 0, and v = -inf gives NaN as there."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return v * (1 / (1 + np.exp(-v)))
+
+
 # Activations a fused node (glassrt::FusedConv, glassrt::FusedBatchNormalization) applies
 # in place on its output; passes/fuse_conv.py makes those nodes.
-def _hard_sigmoid(y, p):
-    """clamp(alpha·y + beta, 0, 1) in place (the product and sum rounded to y's dtype, as
-    onnxruntime's and oneDNN's kernels do)."""
-    np.multiply(y, y.dtype.type(p[0]), out=y)
-    np.add(y, y.dtype.type(p[1]), out=y)
-    return np.clip(y, 0, 1, out=y)
-
-
-def _hard_swish(y, p):
-    return np.multiply(y, _hard_sigmoid(y.copy(), p), out=y)
-
-
-def _swish(y, p):
-    """y·sigmoid(y) as y / (1 + exp(-y)): exp overflows to inf below about -88 (float32),
-    where the quotient is the right limit, -0."""
-    with np.errstate(over="ignore"):
-        d = np.exp(np.negative(y))
-    d += 1
-    return np.divide(y, d, out=y)
-
-
 ACTIVATIONS = {
     "Relu": lambda y, p: np.maximum(y, 0, out=y),
     "LeakyRelu": lambda y, p: np.multiply(y, y.dtype.type(p[0] if p else 0.01), out=y, where=y < 0),
     "Clip": lambda y, p: np.clip(y, p[0], p[1], out=y),
     "Sigmoid": lambda y, p: np.reciprocal(np.add(np.exp(np.negative(y, out=y), out=y), 1, out=y), out=y),
-    "HardSigmoid": _hard_sigmoid,
-    "HardSwish": _hard_swish,
-    "Swish": _swish,
+    # tile by tile (write_elementwise): a tile's temporaries, not the whole output's
+    "HardSigmoid": lambda y, p: write_elementwise(y, lambda v: hard_sigmoid_of(v, p[0], p[1]), y),
+    "HardSwish": lambda y, p: write_elementwise(y, lambda v: v * hard_sigmoid_of(v, p[0], p[1]), y),
+    "Swish": lambda y, p: write_elementwise(y, swish_of, y),
 }
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ... import dtypes
 from ...proto import TensorProto
 from ..registry import kernel
-from ._util import ALL, FLOATS, FLOATS_BF16, INTS, NUMERIC, SIGNED, as_out, write_elementwise
+from ._util import ALL, FLOATS, FLOATS_BF16, INTS, NUMERIC, SIGNED, as_out, hard_sigmoid_of, write_elementwise
 from .erf import erf  # noqa: F401  (also imported from here by backward/ and contrib/)
 from .erf import gelu as _gelu32
 from .erf import scratch_bytes as erf_scratch_bytes
@@ -118,14 +118,12 @@ def thresholded_relu(x, *, out=None, alpha=1.0):
 
 @kernel("HardSigmoid", dtypes=FLOATS_BF16, out=True, inplace=True)
 def hard_sigmoid(x, *, out=None, alpha=0.2, beta=0.5):
-    a, b = x.dtype.type(alpha), x.dtype.type(beta)
-    return write_elementwise(out, lambda v: np.clip(v * a + b, 0, 1).astype(v.dtype), x)
+    return write_elementwise(out, lambda v: hard_sigmoid_of(v, alpha, beta), x)
 
 
 @kernel("HardSwish", dtypes=FLOATS_BF16, out=True, inplace=True)
 def hard_swish(x, *, out=None):
-    a, b = x.dtype.type(1 / 6), x.dtype.type(0.5)
-    return write_elementwise(out, lambda v: (v * np.clip(v * a + b, 0, 1)).astype(v.dtype), x)
+    return write_elementwise(out, lambda v: v * hard_sigmoid_of(v, 1 / 6, 0.5), x)
 
 
 @kernel("Mish", dtypes=FLOATS_BF16, out=True, inplace=True)

@@ -708,8 +708,9 @@ def _eltwise_args(ctx):
     return {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}[op], None, None
 
 
-@kernel(["Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish"], provider="onednn", dtypes=F32, out=True, bind=True,
-        accepts=_eltwise_reason, layouts=LAYOUTS, static_only=True, name="eltwise", workspace=_change_workspace)
+@kernel(["Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish"], provider="onednn", dtypes=F32,
+        out=True, bind=True, accepts=_eltwise_reason, layouts=LAYOUTS, static_only=True, name="eltwise",
+        workspace=_change_workspace)
 def eltwise(ctx):
     x = [int(d) for d in ctx.shape(0)]
     name, alpha, beta = _eltwise_args(ctx)
