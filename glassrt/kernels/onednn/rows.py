@@ -152,6 +152,12 @@ def _softmax_reason(ctx):
         return why
     if 0 in _static(ctx):
         return "an empty input"
+    shape, axis = _softmax_geometry(ctx)
+    if math.prod(shape[axis + 1:]) != 1:
+        # oneDNN 3.2 has jit softmax kernels for the innermost axis only: any other is its
+        # ref:any, 14.8 ms for YOLOv8's DFL softmax over axis 1 of (1, 16, 4, 2100)
+        return (f"the softmax axis {axis} of {list(shape)} is not the innermost: oneDNN has only its reference "
+                "implementation for that")
     return None
 
 
