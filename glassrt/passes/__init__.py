@@ -7,6 +7,7 @@ and what it needs. `glassrt explain MODEL` lists every pass that ran and what it
 from __future__ import annotations
 
 from .constant_folding import fold_constants
+from .bodies import has_bodies, optimize_bodies
 from .conv_folding import fold_affine_into_conv, fold_batchnorm_into_conv
 from .cse import eliminate_common_subexpressions
 from .dead_code import remove_dead_code
@@ -65,11 +66,18 @@ def run_passes(graph, options, providers, infer_types):
     done = already_applied(graph)
     skipped = [p for p in chosen if done and p.persists and p.level != "required"
                and level_rank(p.level) <= level_rank(done)]
-    graph, records = run_pipeline(graph, [p for p in chosen if p not in skipped], ctx, infer_types)
+    passes = [p for p in chosen if p not in skipped]
+    graph, records = run_pipeline(graph, passes, ctx, infer_types)
+    body_records = []
+    if has_bodies(graph):
+        # the top graph's types are the scope of its bodies (and stay its final types: the
+        # bodies' passes keep every output's type)
+        ctx.final_inference = ctx.final_inference or infer_types(graph, reuse=ctx.first_inference)
+        graph = optimize_bodies(graph, passes, ctx, ctx.final_inference, graph.constants(), body_records)
     n, ran = len(graph.nodes), iter(records)
     why = f"already applied (glassrt optimize, level {done})"
     return graph, ctx, [PassRecord(p.name, p.level, [], n, n, 0.0, skipped=why) if p in skipped else next(ran)
-                        for p in chosen]
+                        for p in chosen] + body_records
 
 
 def already_applied(graph) -> str | None:

@@ -1,4 +1,4 @@
-"""Layouts: which 4-D values live in NHWC instead of plain NCHW.
+"""Layouts: which 4-D (and 3-D) values live channels-last (NHWC, NWC) instead of plain NCHW.
 
 A provider's kernels may read and write layouts besides NCHW (`Kernel.layouts`): oneDNN's
 convolutions are fastest with NHWC activations. A value takes NHWC when its producer and
@@ -10,7 +10,11 @@ subgraph reads and values computed from constants alone (folded when a plan is b
 stay NCHW.
 
 The plan gives an NHWC value an NHWC-strided view of its logical NCHW shape (same bytes in
-the arena), so code that reads it as an array still reads the right numbers.
+the arena), so code that reads it as an array still reads the right numbers. A 3-D value
+(a 1-D signal: N, C, W) is channels-last the same way (N, W, C bytes) between kernels that
+take it so (oneDNN's convolutions, which run a 1-D conv as a 2-D one of height 1): an
+audio model's chain of convs then reorders at its two ends, not around every conv. A
+kernel's `layouts` speak for every rank it accepts.
 """
 from __future__ import annotations
 
@@ -21,6 +25,14 @@ import numpy as np
 from ..ir import TensorType
 
 NHWC = "nhwc"
+RANKS = (3, 4)  # values that may be channels-last
+
+
+def channels_last_view(buf, shape):
+    """The logical (N, C, *spatial) array over `buf`, whose bytes are (N, *spatial, C)."""
+    n, c, *spatial = shape
+    nd = len(shape)
+    return buf.reshape(n, *spatial, c).transpose(0, nd - 1, *range(1, nd - 1))
 
 
 @dataclass
@@ -49,7 +61,7 @@ def choose_layouts(graph, decisions, types) -> tuple[dict, list]:
     layouts = {}
     for name, node in producer.items():
         t = types.get(name)
-        if not (isinstance(t, TensorType) and t.shape is not None and len(t.shape) == 4
+        if not (isinstance(t, TensorType) and t.shape is not None and len(t.shape) in RANKS
                 and t.dtype == np.float32) or name in outputs or name in implicit or not readers.get(name):
             continue
         if all(i in constant for i in node.inputs if i):
@@ -62,10 +74,10 @@ def choose_layouts(graph, decisions, types) -> tuple[dict, list]:
             continue
         for i in n.inputs:
             t = types.get(i)
-            if i and i not in layouts and i not in constant and isinstance(t, TensorType) and t.rank == 4:
+            if i and i not in layouts and i not in constant and isinstance(t, TensorType) and t.rank in RANKS:
                 edges.append(LayoutEdge(i, n.name, "read"))
         for o in n.outputs:
             t = types.get(o)
-            if o and o not in layouts and isinstance(t, TensorType) and t.rank == 4:
+            if o and o not in layouts and isinstance(t, TensorType) and t.rank in RANKS:
                 edges.append(LayoutEdge(o, n.name, "write"))
     return layouts, edges

@@ -155,8 +155,8 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
         raise unsupported_error(unsupported, providers)
     if not unsupported:
         _insert_transfers(placement, providers, types)
-        if outer_types is None:
-            placement.layouts, placement.layout_edges = choose_layouts(placement.graph, placement.decisions, types)
+        # a body too: what it reads from outside and its outputs stay plain (layout.py)
+        placement.layouts, placement.layout_edges = choose_layouts(placement.graph, placement.decisions, types)
     return placement
 
 

@@ -22,6 +22,8 @@ from ..ops.registry import get_contract
 from . import folding, run_guard, straight
 from .infer import infer
 from .gc_pause import gc_paused
+from .inline import inline_known_branches
+from .layout import channels_last_view
 from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
 from .select import bind_kernel, choose_kernel, is_static
 from .shape_formula import ShapeFormula
@@ -80,6 +82,7 @@ class Plan:
     straight: object = None  # the steps as one compiled function (straight.py), after STRAIGHT_AFTER runs
     moved: tuple = ()  # nodes whose placed provider refused this plan's shapes (they run on the alternative)
     dynamic_steps: int = 0  # steps bound per run (shapes known only then: _DynamicStep)
+    inlined: tuple = ()  # (If node, branch): Ifs this plan runs as the branch its shapes take (inline.py)
 
 
 @gc_paused()
@@ -87,8 +90,9 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     """retain=True keeps every intermediate value alive and readable after the run (no
     arena reuse, nothing freed): what gradients and `compare` need."""
     t0 = time.perf_counter()
+    inf = infer(placement.graph, input_types, strict=True, reuse=placement.inference)
+    placement, inf, inlined = inline_known_branches(placement, input_types, inf)
     graph = placement.graph
-    inf = infer(graph, input_types, strict=True, reuse=placement.inference)
     consts = {k: v for k, v in graph.initializers.items() if k not in input_types}
     for name, v in inf.values.items():  # values inference already knows (Shape of a static tensor...)
         t = inf.types.get(name)
@@ -151,7 +155,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     plan = Plan(signature=(), steps=steps, slots=slots, template=template,
                 inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
                 types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end,
-                layouts=layouts, moved=tuple(moved),
+                layouts=layouts, moved=tuple(moved), inlined=tuple(inlined),
                 dynamic_steps=sum(isinstance(st.fn, _DynamicStep) for st in steps))
     plan.build_seconds = time.perf_counter() - t0
     return plan
@@ -242,8 +246,7 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
         if pv is not None and pv.offset is not None:
             buf = arena[pv.offset:pv.offset + _nbytes(t)].view(t.dtype)
             if layouts.get(o) == "nhwc":  # the same bytes, NHWC-strided (layout.py)
-                n, c, h, w = t.shape
-                bufs.append(buf.reshape(n, h, w, c).transpose(0, 3, 1, 2))
+                bufs.append(channels_last_view(buf, t.shape))
             else:
                 bufs.append(buf.reshape(t.shape))
             fresh.append(None)
@@ -463,8 +466,7 @@ def _new_output(fresh):
     """A new array for an output: (shape, dtype) or (shape, dtype, "nhwc")."""
     if len(fresh) == 2:
         return np.empty(fresh[0], fresh[1])
-    n, c, h, w = fresh[0]
-    return np.empty((n, h, w, c), fresh[1]).transpose(0, 3, 1, 2)
+    return channels_last_view(np.empty(math.prod(fresh[0]), fresh[1]), fresh[0])
 
 
 def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False, into=None):

@@ -114,7 +114,10 @@ def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, 
             # A kernel bound per concrete shape judges a stand-in binding of the symbolic
             # dims (ranks, channels and kernel sizes are what its predicate looks at); each
             # plan re-checks its own shapes and moves the node on if it refuses them.
-            r = kernel_reason(k, _stand_in(ctx, 1 if k.one_row else STAND_IN_DIM))
+            for value in (1,) if k.one_row else (STAND_IN_DIM, STAND_IN_LARGE):
+                r = kernel_reason(k, _stand_in(ctx, value))
+                if not r:
+                    break
             if r:
                 why.append(r)
                 continue
@@ -129,6 +132,9 @@ def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, 
 
 
 STAND_IN_DIM = 32  # what a symbolic dim is taken to be when judging a static_only kernel
+# ... and, where a kernel refuses that, once more: sizes that small can be what it refuses
+# (Silero VAD's STFT, a 256-wide conv over `samples + 128`, has no output at 32 samples)
+STAND_IN_LARGE = 1024
 
 
 @functools.lru_cache(maxsize=4096)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from .. import dtypes, pages, symbolic, weights
+from ..errors import GlassrtError
 from ..ir import OptionalType, SequenceType, TensorType
 from ..ops.flops import node_flops
 from ..ops.registry import get_contract
@@ -47,6 +48,17 @@ def bound_input_types(sess, dims: dict):
             t = TensorType(t.dtype, tuple(shape))
         out[vi.name] = t
     return out
+
+
+def _made_up(sess, dims) -> bool:
+    """Whether bound_input_types took a dim nobody named as 1."""
+    return any(not isinstance(d, int) and not isinstance(symbolic.evaluate(d, dims), int)
+               for vi in sess._inputs if isinstance(vi.type, TensorType) and vi.type.shape is not None
+               for d in vi.type.shape)
+
+
+def _types_str(types) -> str:
+    return ", ".join(f"{n}: {list(t.shape)}" for n, t in types.items() if isinstance(t, TensorType) and t.shape is not None)
 
 
 def _as_placed(node, d, types):
@@ -94,7 +106,16 @@ def explain(sess, dims: dict | None = None) -> dict:
     placement = sess.placement
     static = all(isinstance(t, TensorType) and t.is_static for t in types.values())
     # a node no provider runs (session made with unsupported="mark"): explain all but the plan
-    plan = sess.runner.plan_for_types(types) if static and not placement.unsupported else None
+    plan, plan_error = None, None
+    if static and not placement.unsupported:
+        try:
+            plan = sess.runner.plan_for_types(types)
+        except GlassrtError as e:
+            # dims nobody named are taken as 1, which a model may refuse (a VAD's frame of
+            # one sample): the decisions are still shown, the plan says why it is missing
+            if not _made_up(sess, dims):
+                raise
+            plan_error = f"no plan for the inputs {_types_str(types)} (dims without a name taken as 1): {e}"
     inferred = plan.types if plan else placement.inference.types
 
     selection = {s.node: s for s in plan.selections} if plan else {}
@@ -181,6 +202,7 @@ def explain(sess, dims: dict | None = None) -> dict:
         "row_products": _row_products(),
         "row_norms": _row_norms(),
         **summary_mem,
+        "plan_error": plan_error,
     }
     return {
         "inputs": [_type_json(n, t, dims) for n, t in types.items()],
@@ -352,6 +374,8 @@ def render(report: dict, console, max_reason: int = 70) -> None:
                           f"; {n} {why}" for why, n in r["not_moved"].items()), highlight=False, markup=False)
     if s["unsupported"]:
         console.print("memory: no plan (a node no provider runs)", highlight=False, markup=False)
+    elif s.get("plan_error"):
+        console.print(f"memory: {s['plan_error']}", highlight=False, markup=False)
     elif s["arena_bytes"] is not None:
         console.print(f"memory: naive {fmt_bytes(s['naive_bytes'])}, arena {fmt_bytes(s['arena_bytes'])}, "
                       f"lower bound {fmt_bytes(s['lower_bound_bytes'])} (arena / lower bound = "

@@ -385,16 +385,51 @@ def pad(ctx):
         crop = tuple(slice(max(0, -b), x.shape[k] - max(0, -e)) for k, (b, e) in enumerate(width))
         x = x[crop]
         width = [(max(0, b), max(0, e)) for b, e in width]
-        if np_mode != "constant" or out is None:
+        if not _pads_within(np_mode, x.shape, width) or (np_mode == "constant" and out is None):
             kw = dict(constant_values=cval) if np_mode == "constant" else {}
             return as_out(np.pad(x, width, mode=np_mode, **kw), out)
-        # Constant padding straight into out: the value everywhere (assigned as np.pad
-        # assigns it), then the input in the middle.
-        if out.shape != tuple(d + b + e for d, (b, e) in zip(x.shape, width)):
+        shape = tuple(d + b + e for d, (b, e) in zip(x.shape, width))
+        if out is None:
+            out = np.empty(shape, x.dtype)
+        elif out.shape != shape:
             raise ValueError(f"input {list(x.shape)} padded by {width} does not fit the planned output "
                              f"{list(out.shape)}")
-        out[...] = np.asarray(cval).ravel()[0]
+        if np_mode == "constant":  # the value everywhere (assigned as np.pad assigns it), then the input
+            out[...] = np.asarray(cval).ravel()[0]
         out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, width))] = x
+        if np_mode != "constant":
+            _pad_borders(out, x.shape, width, np_mode)
         return out
 
     return step
+
+
+def _pads_within(mode, shape, width) -> bool:
+    """Whether _pad_borders can fill the pads: each reflected (wrapped) once at most."""
+    if mode == "reflect":
+        return all(b < d and e < d for d, (b, e) in zip(shape, width) if b or e)
+    if mode == "wrap":
+        return all(b <= d and e <= d for d, (b, e) in zip(shape, width) if b or e)
+    return mode == "constant" or all(d > 0 for d, (b, e) in zip(shape, width) if b or e)
+
+
+def _pad_borders(out, shape, width, mode) -> None:
+    """Fill the pads around the input written in the middle of `out`, axis after axis (as
+    np.pad does: a later axis copies the earlier ones' pads into its corners) by slicing:
+    np.pad itself costs ~40 us of Python on a 512-sample frame (Silero VAD's reflect pad)."""
+    full = [slice(None)] * out.ndim
+
+    def at(axis, s):
+        idx = list(full)
+        idx[axis] = s
+        return tuple(idx)
+
+    for axis, (d, (b, e)) in enumerate(zip(shape, width)):
+        end = b + d  # one past the input along this axis
+        if b:
+            src = {"reflect": slice(2 * b, b, -1), "edge": slice(b, b + 1), "wrap": slice(end - b, end)}[mode]
+            out[at(axis, slice(0, b))] = out[at(axis, src)]
+        if e:
+            src = {"reflect": slice(end - 2, end - 2 - e if end - 2 - e >= 0 else None, -1),
+                   "edge": slice(end - 1, end), "wrap": slice(b, b + e)}[mode]
+            out[at(axis, slice(end, end + e))] = out[at(axis, src)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import symbolic
+from ...errors import ShapeInferenceError
 from ...ir import SequenceType, TensorType
 from ...ir import merge_types as merge
 from ..registry import meta
@@ -20,15 +21,31 @@ def _subgraph_inputs(graph, types):
 
 @meta("If")
 def if_(ctx):
+    """The taken branch's output types where the condition is known, else both merged.
+    Exporters guard shape-dependent code with If (Silero VAD squeezes a dim only where it
+    is 1): a branch that cannot run on these shapes is an error only if it is taken, as in
+    onnxruntime, which never looks at the other. So a known condition types its branch
+    alone, and with an unknown one a branch whose inference fails leaves the other's types
+    (taken at run time, it fails there, naming its node); both failing is the error."""
     cond = ctx.const(0)
-    then_t = ctx.infer_subgraph(ctx.attrs["then_branch"], [])
-    else_t = ctx.infer_subgraph(ctx.attrs["else_branch"], [])
-    if len(then_t) != len(ctx.node.outputs) or len(else_t) != len(ctx.node.outputs):
-        ctx.fail(f"then_branch has {len(then_t)} outputs and else_branch {len(else_t)}, "
-                 f"but the node has {len(ctx.node.outputs)}")
+    n = len(ctx.node.outputs)
     if cond is not None and cond.size == 1:
-        return then_t if bool(cond.reshape(-1)[0]) else else_t
-    return [merge(a, b) for a, b in zip(then_t, else_t)]
+        taken = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+        out = ctx.infer_subgraph(ctx.attrs[taken], [])
+        if len(out) != n:
+            ctx.fail(f"{taken} has {len(out)} outputs, but the node has {n}")
+        return out
+    branches, errors = [], []
+    for name in ("then_branch", "else_branch"):
+        try:
+            branches.append(ctx.infer_subgraph(ctx.attrs[name], []))
+        except ShapeInferenceError as e:
+            errors.append(e)
+    if not branches:
+        raise errors[0]
+    if any(len(b) != n for b in branches):
+        ctx.fail(f"the branches have {' and '.join(str(len(b)) for b in branches)} outputs, but the node has {n}")
+    return [merge(a, b) for a, b in zip(*branches)] if len(branches) == 2 else branches[0]
 
 
 @meta("Loop")

@@ -542,10 +542,37 @@ def _binary_values(fn):
     return rule
 
 
+def _int_div(a, b):
+    """ONNX's integer Div truncates toward zero (NumPy's // floors); symbolic dims are
+    never negative."""
+    if a.dtype == object or b.dtype == object:
+        return a // b
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -q, q)
+
+
 values("Add")(_binary_values(lambda a, b: a + b))
 values("Sub")(_binary_values(lambda a, b: a - b))
 values("Mul")(_binary_values(lambda a, b: a * b))
-values("Div")(_binary_values(lambda a, b: a // b))
+values("Div")(_binary_values(_int_div))
+
+
+def _logic_values(fn):
+    """Comparisons and logic of known concrete values (a rank or a dim tested against a
+    constant, as exporters guard shape-dependent code with If: the condition is then known
+    where the shapes are, and only the branch taken is typed)."""
+    def rule(ctx):
+        vals = [ctx.value(i) for i in range(ctx.n_inputs)]
+        if any(v is None or v.dtype == object or v.size > 64 for v in vals):
+            return [None]
+        return [np.asarray(fn(*vals), dtype=np.bool_)]
+    return rule
+
+
+for _op, _fn in (("Equal", np.equal), ("Less", np.less), ("Greater", np.greater), ("LessOrEqual", np.less_equal),
+                 ("GreaterOrEqual", np.greater_equal), ("Not", np.logical_not), ("And", np.logical_and),
+                 ("Or", np.logical_or), ("Xor", np.logical_xor)):
+    values(_op)(_logic_values(_fn))
 
 
 @values("Cast")

@@ -1,0 +1,200 @@
+"""If / Loop bodies get the pass pipeline (passes/bodies.py), a plan runs an If whose
+condition its shapes decide as the branch taken (runtime/inline.py), If typing looks only
+at the branch taken when the condition is known (ops/meta/control.py), and comparisons
+propagate known values (ops/meta/shape.py). Everything checked against onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import glassrt
+from glassrt.ir import TensorType
+from glassrt.runtime.infer import infer
+
+from .helpers import init, model, tensor
+
+RNG = np.random.default_rng(3)
+X = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+W = (RNG.standard_normal((4, 3, 3, 3)) / 4).astype(np.float32)
+W2 = (RNG.standard_normal((4, 3, 3, 3)) / 4).astype(np.float32)
+STATS = [RNG.uniform(0.5, 1.5, 4), RNG.standard_normal(4), RNG.standard_normal(4), RNG.uniform(0.5, 1.5, 4)]
+
+
+def _ort(m, feeds):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _const(name, array):
+    return helper.make_node("Constant", [], [name], name=f"const_{name}",
+                            value=helper.make_tensor(name + "_t", TensorProto.FLOAT, array.shape, array.ravel()))
+
+
+def _branchy_model():
+    """If(flag): then = Conv(x, Constant w) -> BatchNormalization (Constant stats) -> Relu;
+    else = Conv(x, Slice of an outer weight) -> Relu."""
+    then_nodes = [_const("tw", W)] + [_const(f"s{i}", a.astype(np.float32)) for i, a in enumerate(STATS)] + [
+        helper.make_node("Conv", ["x", "tw"], ["tc"], name="t_conv", pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["tc", "s0", "s1", "s2", "s3"], ["tb"], name="t_bn"),
+        helper.make_node("Relu", ["tb"], ["ty"], name="t_relu")]
+    then_g = helper.make_graph(then_nodes, "then", [], [tensor("ty", [1, 4, 8, 8])])
+    starts, ends = init("e_starts", np.array([0], np.int64)), init("e_ends", np.array([4], np.int64))
+    else_nodes = [helper.make_node("Slice", ["outer_w", "e_starts", "e_ends"], ["ew"], name="e_slice"),
+                  helper.make_node("Conv", ["x", "ew"], ["ec"], name="e_conv", pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", ["ec"], ["ey"], name="e_relu")]
+    else_g = helper.make_graph(else_nodes, "else", [], [tensor("ey", [1, 4, 8, 8])], [starts, ends])
+    node = helper.make_node("If", ["flag"], ["y"], name="if", then_branch=then_g, else_branch=else_g)
+    outer_w = np.concatenate([W2, W2[:2]])  # 6 filters, the else branch slices the first 4
+    return model([node], [tensor("x", list(X.shape)), tensor("flag", [], TensorProto.BOOL)], [tensor("y", [1, 4, 8, 8])],
+                 [init("outer_w", outer_w)])
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_bodies_are_optimized_and_agree(flag):
+    m = _branchy_model()
+    feeds = {"x": X, "flag": np.array(flag)}
+    sess = glassrt.InferenceSession(m)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(m, feeds)[0], rtol=1e-4, atol=1e-4)
+    plain = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(graph_optimization_level="none"))
+    np.testing.assert_allclose(sess.run(None, feeds)[0], plain.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+    bodies = sess.placement.subgraphs["if"]
+    then_ops = [n.op_type for n in bodies["then_branch"].graph.nodes]
+    else_ops = [n.op_type for n in bodies["else_branch"].graph.nodes]
+    assert then_ops == ["FusedConv"], then_ops  # Constants folded, BN into the conv, Relu fused
+    assert else_ops == ["FusedConv"], else_ops  # the outer weight captured, its Slice folded
+    assert all(d.provider == "onednn" for b in bodies.values() for d in b.decisions.values())
+    names = [r.name for r in sess.passes]
+    assert "fold_batchnorm_into_conv in if.then_branch" in names
+    assert "fold_constants in if.else_branch" in names
+    # the outer weight is read through a name of the body's own (ONNX forbids redefining outer names)
+    else_body = bodies["else_branch"].graph
+    assert "outer_w" not in else_body.initializers
+
+
+def test_optimized_bodies_write_a_valid_model(tmp_path):
+    import onnx
+
+    m = _branchy_model()
+    out = tmp_path / "opt.onnx"
+    glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(optimized_model_filepath=str(out)))
+    onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+    feeds = {"x": X, "flag": np.array(False)}
+    again = glassrt.InferenceSession(str(out)).run(None, feeds)[0]
+    np.testing.assert_allclose(again, _ort(m, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def _guarded_model(guard_name="if"):
+    """y = x * 2 where x's second dim is 4 (the If a shape guard), else Squeeze(x, 1), which
+    the shapes fed here could not run: only the taken branch may be typed."""
+    shape = helper.make_node("Shape", ["x"], ["s"], name="shape")
+    dim = helper.make_node("Gather", ["s", "one"], ["d"], name="dim", axis=0)
+    eq = helper.make_node("Equal", ["d", "four"], ["c"], name="eq")
+    then_g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["ty"], name="t_mul")], "then", [],
+                               [tensor("ty", None)])
+    else_g = helper.make_graph([helper.make_node("Squeeze", ["x", "one_v"], ["ey"], name="e_sq")], "else", [],
+                               [tensor("ey", None)])
+    node = helper.make_node("If", ["c"], ["y"], name=guard_name, then_branch=then_g, else_branch=else_g)
+    return model([shape, dim, eq, node], [tensor("x", ["n", "k"])], [tensor("y", None)],
+                 [init("one", np.array(1, np.int64)), init("four", np.array(4, np.int64)),
+                  init("two", np.array(2.0, np.float32)), init("one_v", np.array([1], np.int64))])
+
+
+def test_a_shape_guard_runs_as_the_branch_taken():
+    m = _guarded_model()
+    sess = glassrt.InferenceSession(m)
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], x * 2)
+    plan = sess.runner.plan_for({"x": x})
+    assert plan.inlined == (("if", "then_branch"),)
+    assert "If" not in [st.node.op_type for st in plan.steps]
+    x1 = RNG.standard_normal((3, 1)).astype(np.float32)  # the other branch, in a plan of its own
+    np.testing.assert_allclose(sess.run(None, {"x": x1})[0], _ort(m, {"x": x1})[0])
+    assert sess.runner.plan_for({"x": x1}).inlined == (("if", "else_branch"),)
+
+
+def test_an_if_on_a_value_fed_at_run_time_stays_an_if():
+    m = _branchy_model()
+    sess = glassrt.InferenceSession(m)
+    feeds = {"x": X, "flag": np.array(True)}
+    sess.run(None, feeds)
+    plan = sess.runner.plan_for(feeds)
+    assert plan.inlined == () and [st.node.op_type for st in plan.steps] == ["If"]
+
+
+def test_a_branch_whose_names_are_taken_is_not_inlined():
+    m = _guarded_model()
+    m.graph.node[0].name = "t_mul"  # the then branch's Mul has this node name too
+    sess = glassrt.InferenceSession(m)
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], x * 2)
+    assert sess.runner.plan_for({"x": x}).inlined == ()
+
+
+def test_if_typing_with_one_failing_branch_and_an_unknown_condition():
+    """Typed on symbolic shapes the guard's condition is unknown; a branch that fails to type
+    leaves the other's types, and the plan (shapes known) takes the right branch."""
+    m = _guarded_model()
+    sess = glassrt.InferenceSession(m)
+    t = sess.placement.inference.types["y"]
+    assert isinstance(t, TensorType) and t.dtype == np.float32
+
+
+def test_comparisons_and_logic_propagate_known_values():
+    from glassrt import onnx_io
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Size", ["s"], ["n"]),
+             helper.make_node("Equal", ["n", "two"], ["e"]), helper.make_node("Not", ["e"], ["ne"]),
+             helper.make_node("Less", ["n", "two"], ["lt"]), helper.make_node("Or", ["ne", "lt"], ["o"]),
+             helper.make_node("Div", ["neg7", "two"], ["q"])]
+    m = model(nodes, [tensor("x", ["a", "b"])], [tensor(v, None) for v in ("e", "ne", "o", "q")],
+              [init("two", np.array(2, np.int64)), init("neg7", np.array(-7, np.int64))])
+    inf = infer(onnx_io.from_proto(m, None), {"x": TensorType(np.dtype(np.float32), (1, 128))})
+    assert bool(inf.values["e"]) is True and bool(inf.values["ne"]) is False and bool(inf.values["o"]) is False
+    assert int(inf.values["q"]) == -3  # ONNX truncates toward zero (not -4)
+
+
+def test_pad_borders_match_numpy():
+    from types import SimpleNamespace
+
+    from glassrt.kernels.cpu.shape import pad
+
+    for mode in ("reflect", "edge", "wrap", "constant"):
+        for shape in [(5,), (3, 4), (2, 3, 4)]:
+            for _ in range(10):
+                r = len(shape)
+                pads = [int(v) for v in RNG.integers(0, 4, 2 * r)]
+                x = RNG.standard_normal(shape).astype(np.float32)
+                width = [(pads[i], pads[i + r]) for i in range(r)]
+                try:
+                    want = np.pad(x, width, mode=mode)
+                except ValueError:
+                    continue
+                step = pad(SimpleNamespace(attrs={"mode": mode}, opset=18))
+                for out in (None, np.empty(want.shape, np.float32)):
+                    np.testing.assert_array_equal(step(x, np.array(pads), out=out), want)
+
+
+def test_explain_says_why_made_up_dims_have_no_plan():
+    """Dims nobody named are taken as 1 to plan; a model that cannot run on those (a 64-wide
+    conv over one sample) is still explained, the plan's absence said."""
+    w = RNG.standard_normal((2, 1, 64)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv")],
+              [tensor("x", [1, 1, None])], [tensor("y", None)], [init("w", w)])
+    report = glassrt.InferenceSession(m).explain()
+    assert "taken as 1" in report["summary"]["plan_error"]
+    assert report["nodes"][0]["name"] == "conv"
+
+
+def test_a_wide_conv_over_a_symbolic_length_is_placed_on_onednn():
+    """Judged on a stand-in length of 32 a 256-wide conv has no output; placement tries a
+    larger stand-in before refusing (each plan re-checks its own shapes)."""
+    w = (RNG.standard_normal((8, 1, 256)) / 16).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="stft", strides=[128])],
+              [tensor("x", [1, 1, "samples"])], [tensor("y", None)], [init("w", w)])
+    sess = glassrt.InferenceSession(m)
+    assert sess.placement.decisions["stft"].provider == "onednn"
+    x = RNG.standard_normal((1, 1, 640)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], _ort(m, {"x": x})[0], rtol=1e-4, atol=1e-4)
