@@ -198,3 +198,49 @@ def test_a_wide_conv_over_a_symbolic_length_is_placed_on_onednn():
     assert sess.placement.decisions["stft"].provider == "onednn"
     x = RNG.standard_normal((1, 1, 640)).astype(np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], _ort(m, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_int_gemm_is_exact_for_8_bit_data():
+    """int_gemm's float32 GEMMs over slices of 256 give the exact int32 product, for every
+    combination of signedness, zero points per tensor / row / column, 1-D operands and
+    inner dimensions across the slice boundary."""
+    from glassrt.kernels.int_gemm import centered, int_matmul
+
+    for trial in range(150):
+        ta, tb = RNG.choice([np.uint8, np.int8], 2)
+        ia, ib = np.iinfo(ta), np.iinfo(tb)
+        m, n = int(RNG.integers(1, 5)), int(RNG.integers(1, 6))
+        k = int(RNG.choice([0, 1, 255, 256, 257, 600]))
+        a_shape = [[m, k], [k], [2, m, k]][trial % 3]
+        b_shape = [k] if trial % 7 == 0 else [k, n]
+        a = RNG.integers(ia.min, ia.max + 1, a_shape).astype(ta)
+        b = RNG.integers(ib.min, ib.max + 1, b_shape).astype(tb)
+        za = RNG.integers(ia.min, ia.max + 1, (m, 1)).astype(ta) if len(a_shape) == 2 and trial % 2 else ta(5)
+        zb = RNG.integers(ib.min, ib.max + 1, n).astype(tb) if len(b_shape) == 2 and trial % 3 else tb(7)
+        want = np.asarray(np.matmul(a.astype(np.int64) - np.asarray(za, np.int64),
+                                    b.astype(np.int64) - np.asarray(zb, np.int64))).astype(np.int32)
+        for bb in (b, centered(b, zb)):
+            got = int_matmul(a, za, bb, zb)
+            assert got.dtype == np.int32 and got.shape == want.shape and np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("with_state,want_y", [(False, True), (True, True), (True, False)])
+def test_the_plain_lstm_path_agrees(with_state, want_y):
+    """One forward direction with the default activations takes the short path
+    (kernels/cpu/rnn.py _plain_lstm); it agrees with onnxruntime."""
+    t, n, i, h = 5, 3, 7, 6
+    x = RNG.standard_normal((t, n, i)).astype(np.float32)
+    w = (RNG.standard_normal((1, 4 * h, i)) / 3).astype(np.float32)
+    r = (RNG.standard_normal((1, 4 * h, h)) / 3).astype(np.float32)
+    b = RNG.standard_normal((1, 8 * h)).astype(np.float32)
+    inputs = ["x", "w", "r", "b", ""] + (["h0", "c0"] if with_state else [])
+    outputs = (["y"] if want_y else [""]) + ["yh", "yc"]
+    inits = [init("w", w), init("r", r), init("b", b)]
+    if with_state:
+        inits += [init("h0", RNG.standard_normal((1, n, h)).astype(np.float32)),
+                  init("c0", RNG.standard_normal((1, n, h)).astype(np.float32))]
+    node = helper.make_node("LSTM", inputs, outputs, name="lstm", hidden_size=h)
+    m = model([node], [tensor("x", [t, n, i])], [tensor(o, None) for o in outputs if o], inits)
+    got = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})
+    for g, want in zip(got, _ort(m, {"x": x})):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)

@@ -47,6 +47,7 @@ import numpy as np
 
 from ..ir import TensorType as Meta
 from ..kernels import mlas_math
+from ..kernels.int_gemm import Centered, int_matmul
 from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, write_elementwise
 from ..kernels.custom import custom_op
 from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis, spatial_pads
@@ -154,24 +155,11 @@ def _requantize_table(dt, sx, zx, sy, zy):
 
 
 def _int_matmul(a, za, b, zb):
-    """The exact int32 product (A - za) @ (B - zb) (zb broadcasts against B), through a
-    float64 GEMM: 8-bit products and their sums are exact there, in any order, so the inner
-    dimension runs in slices and the float64 copies of A and B stay slice-sized. int32 wraps
-    as onnxruntime's accumulator would (after some 33000 terms)."""
-    if a.ndim < 2 or b.ndim < 2:
-        acc = np.matmul(a.astype(F64) - za, b.astype(F64) - zb)
-        return np.asarray(acc).astype(np.int64).astype(np.int32)
-    k = a.shape[-1]
-    rows = max(int(np.prod(a.shape[:-1], dtype=np.int64)), int(np.prod(b.shape[:-2], dtype=np.int64)) * b.shape[-1])
-    step = max(16, _TILE // max(rows, 1))
-    acc = None
-    for k0 in range(0, max(k, 1), step):
-        part = np.matmul(a[..., k0:k0 + step].astype(F64) - za, b[..., k0:k0 + step, :].astype(F64) - zb)
-        if acc is None:
-            acc = part
-        else:
-            acc += part
-    return acc.astype(np.int64).astype(np.int32)
+    """The exact int32 product (A - za) @ (B - zb) (zb broadcasts against B; B may be
+    int_gemm.Centered, converted once): float32 GEMMs over slices of the inner dimension,
+    each exact for 8-bit data (kernels/int_gemm.py); int32 wraps as onnxruntime's
+    accumulator would (after some 33000 terms)."""
+    return int_matmul(a, za, b, zb)
 
 
 def _meta_one_value(t, what, dtypes=None):
@@ -1476,6 +1464,7 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
     t_len, n = x.shape[:2]
     hidden = h0.shape[-1]
     steps = t_len if lens is None else int(lens.max())
+    r = (Centered(r[0], r[1]), None, *r[2:])  # read at every step: converted once
     xs = _processing_order(x, lens, reverse)
     xw = _quantized_gemm(xs[:steps].reshape(steps * n, -1), *w).reshape(steps, n, 4 * hidden)
     f_act, g_act, h_act = acts

@@ -16,6 +16,7 @@ from .fold_transposes import fold_transposes
 from .fuse_attention import fuse_attention
 from .fuse_conv import fuse_conv_activation, fuse_conv_residual
 from .fuse_gelu import fuse_gelu
+from .fuse_layernorm import fuse_layernorm
 from .fuse_matmul import fuse_matmul
 from .fuse_shuffle import fuse_channel_shuffle
 from .identity import remove_identities
@@ -43,6 +44,9 @@ PIPELINE = [
     Pass("fuse_conv_activation", "extended", fuse_conv_activation, option="fusion",
          doc="Conv/BatchNormalization + Relu/LeakyRelu/Clip/Sigmoid become one fused op"),
     Pass("fuse_gelu", "extended", fuse_gelu, option="fusion", doc="GELU written out with Erf becomes one Gelu"),
+    Pass("fuse_layernorm", "extended", fuse_layernorm, frozenset({TYPES}), option="fusion",
+         doc="layer normalization written out (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div [, Mul, Add]) "
+             "becomes one LayerNormalization"),
     Pass("fuse_channel_shuffle", "extended", fuse_channel_shuffle, frozenset({TYPES}), option="fusion",
          doc="Reshape + Transpose + Reshape of a channel shuffle become one glassrt::ChannelShuffle"),
     Pass("fuse_attention", "extended", fuse_attention, frozenset({TYPES}), option="fusion",

@@ -1,11 +1,12 @@
 """Quantization: (De)QuantizeLinear, DynamicQuantizeLinear and the integer / QLinear products.
 
-Integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv) run as float64
-GEMMs: every 8-bit product is exact there and sums stay exact up to 2**53, far beyond any
-int32 accumulator, so BLAS gives the integer result without NumPy's slow integer matmul.
+Integer products (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv) run as float32
+GEMMs over slices of the inner dimension (kernels/int_gemm.py): every slice's sums of 8-bit
+products are exact there, so BLAS gives the integer result without NumPy's slow integer
+matmul (float8 QLinearMatMul stays a float64 GEMM).
 
-(De)QuantizeLinear run tile by tile into their planned buffers; the integer products
-accumulate in a float64 array of the output's size and are converted into the buffer.
+(De)QuantizeLinear run tile by tile into their planned buffers; the integer products are
+computed whole (int32) and copied into theirs.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from ... import dtypes
+from ..int_gemm import int_matmul, wrap
 from ..registry import kernel
 from ._util import as_out, norm_axis, pad_spatial, spatial_pads, windows, write_elementwise
 
@@ -194,6 +196,14 @@ def _centered(v, zp):
     return d
 
 
+def _centered32(v, zp):
+    """v - zero point as float32: exact for 8-bit data (what int_gemm's GEMMs take)."""
+    d = v.astype(np.float32)
+    if zp is not None:
+        d -= zp.astype(np.float32)
+    return d
+
+
 def _row_param(p, a_shape, what):
     """A parameter of `a`: per tensor (one value) or per row ([M] or [..., M, 1]), shaped to
     broadcast against a's rows. Anything else is refused: it would broadcast along K."""
@@ -224,9 +234,8 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None, *, out=None):
     """int32 (A - a_zp) @ (B - b_zp); a_zp per tensor or per row, b_zp per tensor or per column."""
     az = _row_param(a_zero_point, a.shape, "a_zero_point") if a_zero_point is not None else None
     bz = _col_param(b_zero_point, b.shape, "b_zero_point") if b_zero_point is not None else None
-    ad, bd = _centered(a, az), _centered(b, bz)
-    acc = np.asarray(np.matmul(ad, bd))  # 1-D @ 1-D gives a scalar
-    return acc.astype(np.int32) if out is None else as_out(acc, out, cast=True)
+    acc = int_matmul(a, az, b, bz)
+    return acc if out is None else as_out(acc, out, cast=True)
 
 
 def _requantize(acc, mult, y_zero_point, fallback_dt):
@@ -247,7 +256,7 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     """Quantized matmul: exact integer product, then one requantization to y's scale/zero point."""
     az = _row_param(a_zero_point, a.shape, "a_zero_point") if a_zero_point is not None else None
     bz = _col_param(b_zero_point, b.shape, "b_zero_point")
-    acc = np.matmul(_centered(a, az), _centered(b, bz))
+    acc = int_matmul(a, az, b, bz) if a.dtype.kind in "iu" else np.matmul(_centered(a, az), _centered(b, bz))
     # The multiplier is formed in the scales' own type, as the spec's formula does.
     mult = (_row_param(a_scale, a.shape, "a_scale") * _col_param(b_scale, b.shape, "b_scale")
             / _col_param(y_scale, b.shape, "y_scale")).astype(np.float64)
@@ -263,7 +272,8 @@ def _conv_geometry(x, w, kernel_shape, strides, dilations, pads, auto_pad):
 
 
 def _int_conv(xd, wd, group, kernel_shape, strides, dilations, pads, auto_pad):
-    """N-d grouped conv of zero-point-centered float64 data via im2col + GEMM (exact integers)."""
+    """N-d grouped conv of zero-point-centered 8-bit data (float32: exact) via im2col and
+    int_gemm's exact float32 GEMMs; int32."""
     begin, end, out_sp, strides, dil, k = _conv_geometry(xd, wd, kernel_shape, strides, dilations, pads, auto_pad)
     n, c = xd.shape[:2]
     m = wd.shape[0]
@@ -274,11 +284,11 @@ def _int_conv(xd, wd, group, kernel_shape, strides, dilations, pads, auto_pad):
     view = windows(xp, k, strides, dil, out_sp)  # (N, C, *k, *out)
     pix = int(np.prod(out_sp))
     kk = cg * int(np.prod(k))
-    out = np.empty((n, m, pix))
+    out = np.empty((n, m, pix), np.int32)
     wm = wd.reshape(m, kk)
     for g in range(group):
-        cols = view[:, g * cg:(g + 1) * cg].reshape(n, kk, pix)
-        np.matmul(wm[g * mg:(g + 1) * mg], cols, out=out[:, g * mg:(g + 1) * mg])
+        cols = np.ascontiguousarray(view[:, g * cg:(g + 1) * cg].reshape(n, kk, pix), np.float32)
+        out[:, g * mg:(g + 1) * mg] = int_matmul(wrap(wm[g * mg:(g + 1) * mg]), None, wrap(cols), None)
     return out.reshape((n, m) + tuple(out_sp))
 
 
@@ -291,7 +301,7 @@ def _per_filter(p, ndim):
 
 
 def _weight_centered(w, w_zero_point):
-    wd = w.astype(np.float64)
+    wd = w.astype(np.float32)  # exact for 8-bit data (int_gemm.py)
     if w_zero_point is not None:
         z = np.asarray(w_zero_point)
         wd -= z.reshape((-1,) + (1,) * (w.ndim - 1)) if z.ndim == 1 and z.size > 1 else z.reshape(())
@@ -302,19 +312,19 @@ def _weight_centered(w, w_zero_point):
 def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, out=None, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, pads=None, strides=None):
     """int32 conv of (x - x_zp) with (w - w_zp); w_zp per tensor or per output channel."""
-    xd = _centered(x, None if x_zero_point is None else np.asarray(x_zero_point).reshape(()))
+    xd = _centered32(x, None if x_zero_point is None else np.asarray(x_zero_point).reshape(()))
     acc = _int_conv(xd, _weight_centered(w, w_zero_point), int(group), kernel_shape, strides, dilations, pads,
                     auto_pad)
-    return acc.astype(np.int32) if out is None else as_out(acc, out, cast=True)
+    return acc if out is None else as_out(acc, out, cast=True)
 
 
 @kernel("QLinearConv", dtypes=_I8, out=True)
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, out=None,
                  auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Quantized conv: exact integer conv (+ int32 bias), then requantization to y's scale/zero point."""
-    xd = _centered(x, np.asarray(x_zero_point).reshape(()))
+    xd = _centered32(x, np.asarray(x_zero_point).reshape(()))
     acc = _int_conv(xd, _weight_centered(w, w_zero_point), int(group), kernel_shape, strides, dilations, pads,
-                    auto_pad)
+                    auto_pad).astype(np.float64)
     if b is not None:
         acc += b.astype(np.float64).reshape((1, -1) + (1,) * (acc.ndim - 2))
     ws = np.asarray(w_scale)
