@@ -6,8 +6,8 @@ and what it needs. `glassrt explain MODEL` lists every pass that ran and what it
 """
 from __future__ import annotations
 
-from .constant_folding import fold_constants
 from .bodies import has_bodies, optimize_bodies
+from .constant_folding import fold_constants
 from .conv_folding import fold_affine_into_conv, fold_batchnorm_into_conv
 from .cse import eliminate_common_subexpressions
 from .dead_code import remove_dead_code
