@@ -27,6 +27,8 @@ kernels against it).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .contract import COMPOSITE, PRIMITIVE, OpContract
@@ -382,3 +384,41 @@ TRANSFER = CustomSchema(DOMAIN, "Transfer", [("X", False)], {"src_device": ("str
                         ["Y"], "glassrt::Transfer(Tensor X, str src_device, str dst_device) -> Tensor")
 register_custom(OpContract(DOMAIN, "Transfer", 1, TRANSFER, meta=lambda ctx: [ctx.type(0)], category=PRIMITIVE,
                            notes=["a copy between devices, inserted by placement (runtime/placement.py)"]))
+
+
+QUANTIZE_DEQUANTIZE = CustomSchema(DOMAIN, "QuantizeDequantize", [("X", False), ("scale", False), ("zero_point", True)],
+                                   {}, ["Y"], "glassrt::QuantizeDequantize(Tensor X, Tensor scale, Tensor? zero_point) "
+                                              "-> Tensor")
+
+
+def _quantize_dequantize_meta(ctx):
+    if ctx.dtype(0) is not None and ctx.dtype(0) != np.float32:
+        ctx.fail(f"X must be float32, got {ctx.dtype(0)}")
+    for i, what in ((1, "scale"), (2, "zero_point")):
+        shape = ctx.shape(i) if ctx.has(i) else None
+        if shape is not None and math.prod(d if isinstance(d, int) else 2 for d in shape) != 1:
+            ctx.fail(f"{what} must hold one value (per-tensor quantization), got shape {list(shape)}")
+    if ctx.has(1) and ctx.dtype(1) not in (None, np.float32):
+        ctx.fail(f"scale must be float32, got {ctx.dtype(1)}")
+    if ctx.has(2) and ctx.dtype(2) not in (None, np.uint8, np.int8):
+        ctx.fail(f"zero_point must be uint8 or int8, got {ctx.dtype(2)}")
+    return [ctx.tensor(np.float32, ctx.shape(0))]
+
+
+def _quantize_dequantize_decomposition(node, input_types, visible):
+    """QuantizeLinear, then DequantizeLinear with the same scale and zero point."""
+    from onnx import helper
+
+    from ..onnx_io import nodes_from_protos
+
+    x, name = node.inputs[0], node.name
+    params = [i for i in node.inputs[1:3] if i]
+    protos = [helper.make_node("QuantizeLinear", [x, *params], [f"{name}/q"], name=f"{name}/quantize"),
+              helper.make_node("DequantizeLinear", [f"{name}/q", *params], [node.outputs[0]], name=f"{name}/dequantize")]
+    return nodes_from_protos(protos, {"": 13}, visible, f"expanded from QuantizeDequantize '{name}'")
+
+
+register_custom(OpContract(DOMAIN, "QuantizeDequantize", 1, QUANTIZE_DEQUANTIZE, meta=_quantize_dequantize_meta,
+                           category=COMPOSITE, decomposition=_quantize_dequantize_decomposition,
+                           notes=["QuantizeLinear then DequantizeLinear with the same per-tensor scale and zero "
+                                  "point (a QDQ model's activations), fused by passes/fuse_qdq.py"]))

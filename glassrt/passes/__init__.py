@@ -18,6 +18,7 @@ from .fuse_conv import fuse_conv_activation, fuse_conv_residual
 from .fuse_gelu import fuse_gelu
 from .fuse_layernorm import fuse_layernorm
 from .fuse_matmul import fuse_matmul
+from .fuse_qdq import fuse_qdq
 from .fuse_shuffle import fuse_channel_shuffle
 from .identity import remove_identities
 from .manager import LEVELS, Pass, PassContext, PassRecord, level_rank, run_pipeline, selected  # noqa: F401
@@ -47,6 +48,9 @@ PIPELINE = [
     Pass("fuse_layernorm", "extended", fuse_layernorm, frozenset({TYPES}), option="fusion",
          doc="layer normalization written out (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div [, Mul, Add]) "
              "becomes one LayerNormalization"),
+    Pass("fuse_qdq", "extended", fuse_qdq, frozenset({TYPES}), option="fusion",
+         doc="QuantizeLinear + DequantizeLinear on a float activation (per tensor, same parameters) become "
+             "one glassrt::QuantizeDequantize"),
     Pass("fuse_channel_shuffle", "extended", fuse_channel_shuffle, frozenset({TYPES}), option="fusion",
          doc="Reshape + Transpose + Reshape of a channel shuffle become one glassrt::ChannelShuffle"),
     Pass("fuse_attention", "extended", fuse_attention, frozenset({TYPES}), option="fusion",

@@ -718,9 +718,18 @@ def _internal_samples():
         ins = [x for x in ins if x is not None]
         sdpa_samples.append((SimpleNamespace(name=f"sdpa_{rows}x{keys}_{np.dtype(dt).name}_{extra or 'plain'}",
                                              model=m), ins))
+    qdq_samples = []
+    xq = np.concatenate([rng.standard_normal(60).astype(np.float32) * 5,
+                         np.array([np.nan, np.inf, -np.inf, 2.5, -2.5, 0.0], np.float32)]).reshape(6, 11)
+    for zp in (np.uint8(128), np.int8(-7), None):
+        ins = [xq, np.array(0.04, np.float32)] + ([np.array(zp)] if zp is not None else [])
+        m = single_node_model("QuantizeDequantize", ins, {}, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
+        qdq_samples.append((SimpleNamespace(name=f"quantize_dequantize_{np.dtype(type(zp)).name if zp is not None else 'no_zp'}",
+                                            model=m), ins))
     return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples,
             ("glassrt", "FusedMatMul"): mm_samples, ("glassrt", "ChannelShuffle"): shuffle_samples,
-            ("glassrt", "ScaledDotProductAttention"): sdpa_samples}
+            ("glassrt", "ScaledDotProductAttention"): sdpa_samples, ("glassrt", "QuantizeDequantize"): qdq_samples}
 
 
 def _differentiable_without_backward(op_filter):

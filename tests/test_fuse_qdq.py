@@ -1,0 +1,66 @@
+"""QuantizeLinear -> DequantizeLinear on float activations (passes/fuse_qdq.py): one
+glassrt::QuantizeDequantize whose values are the pair's to the bit (NaN, infinities and
+values beyond the 8-bit range included), equal to onnxruntime; left alone where the pair
+is not a per-tensor round trip."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import glassrt
+
+from .helpers import init, model, tensor
+
+RNG = np.random.default_rng(11)
+X = np.concatenate([RNG.standard_normal(200).astype(np.float32) * 4,
+                    np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 0.0, -0.0, 2.5, -2.5, 0.1], np.float32)])
+X = np.concatenate([X, RNG.standard_normal(16).astype(np.float32)]).reshape(2, 113)
+
+
+def _pair(zp_dtype=np.uint8, zp=128, dq_scale=0.05, read_q_elsewhere=False, per_axis=False):
+    scale = np.full(113, 0.05, np.float32) if per_axis else np.array(0.05, np.float32)
+    inits = [init("s", scale), init("s2", np.array(dq_scale, np.float32))]
+    q_in, dq_in = ["x", "s"], ["q", "s2" if dq_scale != 0.05 else "s"]
+    if zp_dtype is not None:
+        inits.append(init("z", (np.full(113, zp) if per_axis else np.array(zp)).astype(zp_dtype)))
+        q_in.append("z")
+        dq_in.append("z")
+    nodes = [helper.make_node("QuantizeLinear", q_in, ["q"], name="quant", axis=1),
+             helper.make_node("DequantizeLinear", dq_in, ["y"], name="dequant", axis=1)]
+    outputs = [tensor("y", None)]
+    if read_q_elsewhere:
+        nodes.append(helper.make_node("Identity", ["q"], ["q_copy"], name="copy"))
+        elem = TensorProto.UINT8 if zp_dtype in (None, np.uint8) else TensorProto.INT8
+        outputs.append(tensor("q_copy", None, elem))
+    return model(nodes, [tensor("x", list(X.shape))], outputs, inits)
+
+
+def _ort(m):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": X})
+
+
+@pytest.mark.parametrize("zp_dtype,zp", [(np.uint8, 128), (np.uint8, 0), (np.int8, -3), (None, 0)])
+def test_the_pair_is_fused_and_exact(zp_dtype, zp):
+    m = _pair(zp_dtype, zp)
+    sess = glassrt.InferenceSession(m)
+    assert [n.op_type for n in sess.placement.graph.nodes] == ["QuantizeDequantize"]
+    got = sess.run(None, {"x": X})[0]
+    plain = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(fusion=False)).run(None, {"x": X})[0]
+    np.testing.assert_array_equal(got, plain)  # to the bit, NaN where the pair gives NaN
+    finite = np.isfinite(X)  # onnxruntime's NaN -> integer conversion is its own
+    np.testing.assert_array_equal(got[finite], _ort(m)[0][finite])
+
+
+@pytest.mark.parametrize("case", ["other_scale", "q_read_elsewhere", "per_axis"])
+def test_it_does_not_fire_where_the_pair_is_not_a_round_trip(case):
+    m = {"other_scale": lambda: _pair(dq_scale=0.1), "q_read_elsewhere": lambda: _pair(read_q_elsewhere=True),
+         "per_axis": lambda: _pair(per_axis=True)}[case]()
+    sess = glassrt.InferenceSession(m)
+    assert "QuantizeDequantize" not in [n.op_type for n in sess.placement.graph.nodes]
+    finite = np.isfinite(X)
+    for g, w in zip(sess.run(None, {"x": X}), _ort(m)):
+        np.testing.assert_array_equal(g[finite], w[finite])
