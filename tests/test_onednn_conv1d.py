@@ -85,3 +85,36 @@ def test_a_column_with_width_pads_is_not_turned():
     assert g[0] == (1, 8, 40, 1) and g[5] == (1, 12, 40, 3)
     turned = _geometry((1, 8, 40, 1), (12, 8, 5, 1), None, None, None, (2, 0, 2, 0), "NOTSET")
     assert turned[0] == (1, 8, 1, 40) and turned[2] == (1, 5) and turned[5] == (1, 12, 1, 40)
+
+
+@pytest.mark.parametrize("first_from_conv", [False, True])
+def test_an_add_between_layouts_stays_off_the_reference_kernel(first_from_conv):
+    """oneDNN's binary has jit kernels only where src0 and dst share a layout: two NCHW
+    inputs into an NHWC output (rapidocr-det's FPN) ran its reference kernel, 7.2 ms at
+    (1, 24, 80, 112). The input in the output's layout goes first; with none, the add writes
+    the inputs' layout and a reorder the output's."""
+    x = RNG.standard_normal((1, 8, 20, 24)).astype(np.float32)
+    w = (RNG.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32)
+    nodes = [helper.make_node("Mul", ["x", "c1"], ["a"], name="a"),  # cpu: NCHW
+             (helper.make_node("Conv", ["x", "w"], ["b"], name="b", pads=[1, 1, 1, 1]) if first_from_conv
+              else helper.make_node("Mul", ["x", "c2"], ["b"], name="b")),
+             helper.make_node("Add", ["b", "a"] if first_from_conv else ["a", "b"], ["s"], name="add"),
+             helper.make_node("Conv", ["s", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),  # reads s in NHWC
+             helper.make_node("Relu", ["b"], ["r"], name="relu")]  # b read twice: the Add is not fused into b's conv
+    m = model(nodes, [tensor("x", list(x.shape))], [tensor("y", None), tensor("r", None)],
+              [init("c1", np.array(0.5, np.float32)), init("c2", np.array(-1.5, np.float32)), init("w", w)])
+    sess = _check(m, {"x": x}, ["add", "conv"])
+    plan = next(iter(sess.runner.plans.values()))
+    assert plan.layouts.get("s") == "nhwc" and plan.layouts.get("a") is None
+    step = next(st for st in plan.steps if st.node.name == "add")
+    main, _ = _built(step)
+    assert not main.pd.impl.startswith("ref"), main.pd.impl
+
+
+def _built(step):
+    """The bound primitives of an onednn Add step (its closure's _PerThreads)."""
+    for cell in step.fn.__closure__:
+        v = cell.cell_contents
+        if type(v).__name__ == "_PerThreads":
+            return v.get()
+    raise AssertionError("no primitives found")

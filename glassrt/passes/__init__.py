@@ -16,6 +16,7 @@ from .fold_transposes import fold_transposes
 from .fuse_attention import fuse_attention
 from .fuse_conv import fuse_conv_activation, fuse_conv_residual
 from .fuse_gelu import fuse_gelu
+from .fuse_hardswish import fuse_hardswish
 from .fuse_layernorm import fuse_layernorm
 from .fuse_matmul import fuse_matmul
 from .fuse_qdq import fuse_qdq
@@ -40,6 +41,8 @@ PIPELINE = [
          doc="per-channel Mul/Add after Conv or BatchNormalization go into its parameters"),
     Pass("fold_batchnorm_into_conv", "basic", fold_batchnorm_into_conv, option="fusion",
          doc="inference BatchNormalization after Conv goes into its weights and bias"),
+    Pass("fuse_hardswish", "extended", fuse_hardswish, option="fusion",
+         doc="HardSwish written out (x·Clip(x + 3, 0, 6)/6) becomes one HardSwish"),
     Pass("fuse_conv_residual", "extended", fuse_conv_residual, frozenset({TYPES}), option="fusion",
          doc="Conv + same-shape residual Add [+ Relu] become one glassrt::FusedConv"),
     Pass("fuse_conv_activation", "extended", fuse_conv_activation, option="fusion",

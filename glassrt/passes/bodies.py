@@ -61,7 +61,6 @@ def _optimize_body(body: Graph, passes, ctx: PassContext, scope: Inference, cons
         own = infer(g, {}, outer_types=scope.types, outer_values=scope.values, strict=False)
         return Inference({**scope.types, **own.types}, {**scope.values, **own.values}, own.problems, own.seen)
 
-    original = body
     body = _capture(body, constants, where)
     # the lists passes fill for explain are the session's; types and values are the body's
     body_ctx = PassContext(ctx.options, ctx.providers, expansions=ctx.expansions, folded=ctx.folded,
@@ -71,7 +70,7 @@ def _optimize_body(body: Graph, passes, ctx: PassContext, scope: Inference, cons
     if has_bodies(body):
         body = optimize_bodies(body, passes, ctx, typed(body), {**constants, **body.constants()}, records,
                                f"{where}/")
-    return original if body is original else body
+    return body
 
 
 def _capture(body: Graph, constants: dict, where: str) -> Graph:
