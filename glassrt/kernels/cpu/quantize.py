@@ -356,8 +356,12 @@ def quantize_dequantize(ctx):
             raise ValueError(f"the output {list(y.shape)} is not the input's shape {list(x.shape)}")
         if numba_missing():
             write_elementwise(y, lambda v: _fake_quant_numpy(v, s, z, lo, hi), x)
-        else:
+        elif y.flags.c_contiguous:
             _fake_quant(flat, s, z, np.float32(lo), np.float32(hi), y.reshape(-1))
+        else:  # (a strided output buffer: computed aside, then copied in)
+            dense = np.empty(x.shape, np.float32)
+            _fake_quant(flat, s, z, np.float32(lo), np.float32(hi), dense.reshape(-1))
+            np.copyto(y, dense)
         return y
 
     return step
