@@ -426,13 +426,15 @@ def nan(model, inputs, dims, providers):
 @click.option("--runs", default=20, show_default=True, help="Timed runs per runtime (their median and p90 are reported).")
 @click.option("--warmup", default=2, show_default=True, help="Untimed runs after the first, per runtime.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dim for generated inputs.")
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="Feed an input from a .npy file (every model given; the other inputs are made up).")
 @click.option("--threads", default=2, show_default=True, help="intra_op_num_threads for every runtime.")
 @click.option("--busy", default=0, show_default=True, help="Run K CPU-bound processes during the timed runs.")
 @click.option("--starts", default=1, show_default=True,
               help="Fresh processes per runtime timed for session creation + first run (the median is reported).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write everything, per-run latencies too.")
 @click.option("--providers", default=DEFAULT_PROVIDERS, show_default=True, help="glassrt's provider priority list.")
-def bench(models, versus, runs, warmup, dims, threads, busy, starts, json_file, providers):
+def bench(models, versus, runs, warmup, dims, inputs, threads, busy, starts, json_file, providers):
     """Time MODEL... (.onnx files or built-in names: light:resnet50, mobilenet, bert-base,
     gpt2-step), each runtime in its own process, against onnxruntime with --vs."""
     from .tools import bench as benchmark
@@ -444,7 +446,12 @@ def bench(models, versus, runs, warmup, dims, threads, busy, starts, json_file, 
     settings = benchmark.Settings(runtimes=("glassrt", versus) if versus else ("glassrt",), runs=runs, warmup=warmup,
                                   threads=threads, busy=busy, providers=tuple(providers.split(",")), starts=starts)
     try:
-        code = benchmark.run_command(models, _parse_dims(dims), settings, json_file, console)
+        given = {name: made_up.load_npy(name, file) for name, file in _parse_pairs(inputs, "--input").items()}
+    except GlassrtError as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    try:
+        code = benchmark.run_command(models, _parse_dims(dims), settings, json_file, console, given=given)
     except benchmark.BenchError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(1)

@@ -281,3 +281,22 @@ def test_suite_tables_give_an_error_row_as_many_cells_as_the_header():
     for table in (suite.latency_table, suite.decode_table):
         header, rule, row = table([failed])
         assert header.count("|") == rule.count("|") == row.count("|"), table.__name__
+
+
+def test_inputs_from_files_replace_the_made_up_ones(tmp_path):
+    """--input NAME=FILE.npy feeds the model that array (its shape then needs no --dim);
+    a name the model lacks, or another element type, is a one-line error."""
+    onnx.save(_tiny_model(), tmp_path / "tiny.onnx")
+    x = np.linspace(-1, 1, 3 * 16, dtype=np.float32).reshape(3, 16)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "given.json"
+    res = _bench(str(tmp_path / "tiny.onnx"), "--runs", "1", "--warmup", "0", "--input", f"x={tmp_path / 'x.npy'}",
+                 "--json", str(out))
+    assert res.exit_code == 0, res.output
+    (m,) = json.loads(out.read_text())["models"]
+    assert m["inputs"] == {"x": {"shape": [3, 16], "dtype": "float32"}}
+    np.save(tmp_path / "wrong.npy", x.astype(np.float64))
+    res = _bench(str(tmp_path / "tiny.onnx"), "--input", f"x={tmp_path / 'wrong.npy'}")
+    assert res.exit_code == 1 and "holds float64, the model declares float32" in res.output
+    res = _bench(str(tmp_path / "tiny.onnx"), "--dim", "batch=1", "--input", f"nope={tmp_path / 'x.npy'}")
+    assert res.exit_code == 1 and "no such input" in res.output and res.output.count("\n") == 1

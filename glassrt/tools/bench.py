@@ -73,18 +73,29 @@ class Case:
 # ---------------------------------------------------------------- models and inputs
 
 
-def resolve(model: str, dims: dict, workdir: str, seed: int = 0) -> Case:
+def resolve(model: str, dims: dict, workdir: str, seed: int = 0, given: dict | None = None) -> Case:
     """A Case for MODEL: a path to an .onnx file, or else a built-in name (bench_models.SUITE)
-    whose model is built and saved into workdir."""
+    whose model is built and saved into workdir. `given`: inputs from --input files (the
+    others are made up)."""
     from . import bench_models
 
     builtin = None if Path(model).exists() else bench_models.lookup(model)
-    if builtin is not None:
-        return _builtin_case(builtin, dims, workdir, seed)
-    return _file_case(model, dims, seed)
+    case = _builtin_case(builtin, dims, workdir, seed, given) if builtin is not None \
+        else _file_case(model, dims, seed, given)
+    unknown = sorted(set(given or {}) - set(case.feeds) - _input_names(case.path))
+    if unknown:  # (a built-in model's own feeds are not checked by generate_feeds)
+        raise BenchError(f"--input {', '.join(unknown)}: {case.label} has no such input")
+    case.feeds.update(given or {})
+    return case
 
 
-def _builtin_case(builtin, dims: dict, workdir: str, seed: int) -> Case:
+def _input_names(path: str) -> set:
+    import onnx
+
+    return {vi.name for vi in _graph_inputs(onnx.load(path, load_external_data=False))}
+
+
+def _builtin_case(builtin, dims: dict, workdir: str, seed: int, given=None) -> Case:
     import onnx
 
     bound = {**builtin.dims, **dims}
@@ -96,13 +107,13 @@ def _builtin_case(builtin, dims: dict, workdir: str, seed: int) -> Case:
                                      delete=False) as f:
         path = f.name
     onnx.save(proto, path)
-    feeds = builtin.feeds(bound, seed) if builtin.feeds else generate_feeds(proto, bound, seed)
+    feeds = builtin.feeds(bound, seed) if builtin.feeds else generate_feeds(proto, bound, seed, given)
     # the label names the dims that shape this run (a light model's batch is fixed in the file)
     shown = _free_dims(proto) | {"batch"}
     return Case(builtin.name + "".join(f" {k}={v}" for k, v in bound.items() if k in shown), path, feeds, bound)
 
 
-def _file_case(model: str, dims: dict, seed: int) -> Case:
+def _file_case(model: str, dims: dict, seed: int, given=None) -> Case:
     import onnx
 
     path = Path(model)
@@ -113,7 +124,7 @@ def _file_case(model: str, dims: dict, seed: int) -> Case:
         proto = onnx.load(str(path), load_external_data=False)  # for the declared inputs only
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
         raise BenchError(f"cannot read model '{model}': {type(e).__name__}: {e}") from None
-    feeds = generate_feeds(proto, dims, seed)
+    feeds = generate_feeds(proto, dims, seed, given)
     label = path.name + "".join(f" {k}={v}" for k, v in dims.items() if k in _free_dims(proto))
     return Case(label, str(path.resolve()), feeds, dict(dims))
 
@@ -127,16 +138,26 @@ def _free_dims(model) -> set:
     return {d.dim_param for vi in _graph_inputs(model) for d in vi.type.tensor_type.shape.dim if d.dim_param}
 
 
-def generate_feeds(model, dims: dict, seed: int = 0) -> dict:
+def generate_feeds(model, dims: dict, seed: int = 0, given: dict | None = None) -> dict:
     """Inputs from the model's declared input shapes, as `glassrt run` makes them: random
     floats in [0, 1), integers in [0, 10), random booleans; --dim binds symbolic dims, and a
-    dim with neither value nor name is 1."""
+    dim with neither value nor name is 1. Inputs in `given` (--input files) are not made:
+    each must name an input of the model, of its declared element type."""
     from onnx import helper
 
     rng = np.random.default_rng(seed)
-    feeds = {}
-    for vi in _graph_inputs(model):
+    feeds, given = {}, given or {}
+    declared = {vi.name: vi for vi in _graph_inputs(model)}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        raise BenchError(f"--input {', '.join(unknown)}: the model has no such input; its inputs are {list(declared)}")
+    for vi in declared.values():
         t = vi.type.tensor_type
+        if vi.name in given:
+            want = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)) if vi.type.HasField("tensor_type") else None
+            if want is not None and given[vi.name].dtype != want:
+                raise BenchError(f"--input {vi.name}: the file holds {given[vi.name].dtype}, the model declares {want}")
+            continue
         if not vi.type.HasField("tensor_type") or not t.HasField("shape"):
             raise BenchError(f"input '{vi.name}' has no declared tensor shape: cannot generate it")
         shape = []
@@ -589,7 +610,7 @@ def render(full: dict, settings: Settings, console) -> None:
 # ---------------------------------------------------------------- the command
 
 
-def run_command(models, dims: dict, settings: Settings, json_file, console) -> int:
+def run_command(models, dims: dict, settings: Settings, json_file, console, given: dict | None = None) -> int:
     """`glassrt bench`: measure, print the table, write the JSON; the exit status."""
     import json
 
@@ -600,7 +621,7 @@ def run_command(models, dims: dict, settings: Settings, json_file, console) -> i
     env = environment()
     results = []
     with tempfile.TemporaryDirectory(prefix="glassrt-bench-") as workdir:
-        cases = [resolve(m, dims, workdir) for m in models]  # every model checked before anything runs
+        cases = [resolve(m, dims, workdir, given=given) for m in models]  # every model checked before anything runs
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as bar:
             for case in cases:
