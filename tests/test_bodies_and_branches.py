@@ -134,12 +134,25 @@ def test_a_branch_whose_names_are_taken_is_not_inlined():
 
 
 def test_if_typing_with_one_failing_branch_and_an_unknown_condition():
-    """Typed on symbolic shapes the guard's condition is unknown; a branch that fails to type
-    leaves the other's types, and the plan (shapes known) takes the right branch."""
-    m = _guarded_model()
+    """The condition fed at run time; the plan's shapes (3, 4) are static, and the else
+    branch (Squeeze of a dim of 4) cannot run on them. Typing it no longer fails the plan:
+    the then branch's types stand, a run taking it works, and a run taking the other fails
+    there, naming its node. (Declared symbolic: a branch that fails on the declared shapes
+    themselves is refused when the model loads, as before.)"""
+    then_g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["ty"], name="t_mul")], "then", [],
+                               [tensor("ty", None)])
+    else_g = helper.make_graph([helper.make_node("Squeeze", ["x", "one_v"], ["ey"], name="e_sq")], "else", [],
+                               [tensor("ey", None)])
+    node = helper.make_node("If", ["flag"], ["y"], name="if", then_branch=then_g, else_branch=else_g)
+    m = model([node], [tensor("x", ["n", "k"]), tensor("flag", [], TensorProto.BOOL)], [tensor("y", None)],
+              [init("two", np.array(2.0, np.float32)), init("one_v", np.array([1], np.int64))])
     sess = glassrt.InferenceSession(m)
-    t = sess.placement.inference.types["y"]
-    assert isinstance(t, TensorType) and t.dtype == np.float32
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x, "flag": np.array(True)})[0], x * 2)
+    t = sess.runner.plan_for({"x": x, "flag": np.array(True)}).types["y"]
+    assert isinstance(t, TensorType) and t.shape == (3, 4)
+    with pytest.raises(glassrt.GlassrtError, match="e_sq"):
+        sess.run(None, {"x": x, "flag": np.array(False)})
 
 
 def test_comparisons_and_logic_propagate_known_values():
@@ -225,7 +238,7 @@ def test_int_gemm_is_exact_for_8_bit_data():
 
 
 @pytest.mark.parametrize("with_state,want_y", [(False, True), (True, True), (True, False)])
-def test_the_plain_lstm_path_agrees(with_state, want_y):
+def test_the_plain_lstm_path_agrees(with_state, want_y, monkeypatch):
     """One forward direction with the default activations takes the short path
     (kernels/cpu/rnn.py _plain_lstm); it agrees with onnxruntime."""
     t, n, i, h = 5, 3, 7, 6
@@ -241,6 +254,11 @@ def test_the_plain_lstm_path_agrees(with_state, want_y):
                   init("c0", RNG.standard_normal((1, n, h)).astype(np.float32))]
     node = helper.make_node("LSTM", inputs, outputs, name="lstm", hidden_size=h)
     m = model([node], [tensor("x", [t, n, i])], [tensor(o, None) for o in outputs if o], inits)
+    from glassrt.kernels.cpu import rnn
+
+    taken, plain = [], rnn._plain_lstm
+    monkeypatch.setattr(rnn, "_plain_lstm", lambda *a: taken.append(1) or plain(*a))
     got = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})
+    assert taken, "the short path was not taken"
     for g, want in zip(got, _ort(m, {"x": x})):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)

@@ -64,3 +64,16 @@ def test_it_does_not_fire_where_the_pair_is_not_a_round_trip(case):
     finite = np.isfinite(X)
     for g, w in zip(sess.run(None, {"x": X}), _ort(m)):
         np.testing.assert_array_equal(g[finite], w[finite])
+
+
+def test_the_numpy_fallback_without_numba_is_the_same(monkeypatch):
+    """Where Numba cannot be imported the fused kernel computes with NumPy, tile by tile:
+    the same values as the compiled loop."""
+    from glassrt.kernels.cpu import quantize
+
+    m = _pair(np.int8, -3)
+    compiled = glassrt.InferenceSession(m).run(None, {"x": X})[0]
+    monkeypatch.setattr(quantize, "numba_missing", lambda: "numba unavailable (test)")
+    monkeypatch.setattr(quantize, "_fake_quant", None)  # a call to the compiled loop would fail
+    fallback = glassrt.InferenceSession(m).run(None, {"x": X})[0]
+    np.testing.assert_array_equal(fallback, compiled)

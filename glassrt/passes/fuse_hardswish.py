@@ -1,7 +1,7 @@
 """HardSwish written out, x · Clip(x + 3, 0, 6) / 6 (PaddlePaddle's hardswish as paddle2onnx
 writes it, and PyTorch's below opset 14): one ONNX HardSwish, which fuse_conv then puts into
-the convolution before it. PP-OCR's MobileNetV3 backbones (rapidocr's detector, recognizer
-and classifiers) run 24 of these four-node chains, each on cpu between two oneDNN convs.
+the convolution before it. PP-OCR's backbones run these four-node chains on cpu, each between two oneDNN convs:
+rapidocr's detector 24, its recognizer 28, its direction classifier 18.
 
 The orders exporters write are taken: Mul(x, clip) then Div by 6 (or Mul by 1/6), and Div
 (or Mul by 1/6) then Mul by x. HardSwish computes x · max(0, min(1, x/6 + 1/2)): the same

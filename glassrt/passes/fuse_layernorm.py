@@ -1,12 +1,12 @@
 """Layer normalization written out in elementwise nodes (as PyTorch exports LayerNorm below
-opset 17, and Keras / tf2onnx at any opset): one ONNX LayerNormalization node.
+opset 17, and paddle2onnx): one ONNX LayerNormalization node.
 
     mean = ReduceMean(x, axes=[-1]);  d = x - mean;  var = ReduceMean(d ** 2 | d * d)
     y = d / Sqrt(var + eps)  [* gamma]  [+ beta]
 
-Nine nodes, each a pass over the tensor and a step of the plan: openWakeWord's verifier
-MLPs run two per inference, where the ReduceMeans alone cost more than onnxruntime's whole
-model. The fused node computes the same formula (mean, then the variance of x - mean) in
+Nine nodes, each a pass over the tensor and a step of the plan: openWakeWord's hey-jarvis
+head runs four (two in its verifier branch), where the ReduceMeans alone cost more than
+onnxruntime's whole model; rapidocr's recognizer has five. The fused node computes the same formula (mean, then the variance of x - mean) in
 one kernel; results agree to float32 rounding (the sums in another order), as
 onnxruntime's own LayerNormFusion does.
 

@@ -347,9 +347,16 @@ def quantize_dequantize(ctx):
     zp_dtype = ctx.dtype(2) if ctx.has(2) else np.dtype(np.uint8)
     lo, hi = (float(v) for v in _int_range(np.dtype(zp_dtype)))
 
+    def params(scale, zero_point):
+        return (np.float32(np.asarray(scale).reshape(-1)[0]),
+                np.float32(0 if zero_point is None else np.asarray(zero_point).reshape(-1)[0]))
+
+    # constants (as the fusion makes them): read once, at bind time
+    fixed = params(ctx.const(1), ctx.const(2)) if ctx.const(1) is not None and (
+        not ctx.has(2) or ctx.const(2) is not None) else None
+
     def step(x, scale, zero_point=None, *, out=None):
-        s = np.float32(np.asarray(scale).reshape(-1)[0])
-        z = np.float32(0 if zero_point is None else np.asarray(zero_point).reshape(-1)[0])
+        s, z = fixed or params(scale, zero_point)
         flat = np.ascontiguousarray(x, np.float32).reshape(-1)
         y = np.empty(x.shape, np.float32) if out is None else out
         if y.shape != x.shape:

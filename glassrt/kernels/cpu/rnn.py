@@ -369,9 +369,10 @@ def _full_length(sequence_lens, T) -> bool:
 def _plain_lstm(X, W, RT, bias, initial_h, initial_c, H, wanted, dt, out):
     """The LSTM most models export (one forward direction, the default activations, no
     peepholes, clip or sequence_lens, time-major) without the general driver's machinery:
-    the same arithmetic in the same order, step by step. The driver's setup (directions
-    reordered, states stacked, results reordered) cost ~45 us of a one-step LSTM of hidden
-    128 (a streaming VAD's decoder, run every 32 ms of audio); this costs ~10."""
+    the same arithmetic in the same order, step by step, without the driver's setup
+    (directions reordered, states stacked, results reordered). One step of hidden 128 (a
+    streaming VAD's decoder, run every 32 ms of audio): 22.8 -> 18.0 us alone; in Silero VAD
+    v6's plan 57 -> 42 us (one process each)."""
     T, N, _ = X.shape
     cdt = X.dtype
     xw = np.matmul(X.reshape(T * N, -1), W[0].T).reshape(T, N, 4 * H)
