@@ -47,9 +47,10 @@ import numpy as np
 
 from ..ir import TensorType as Meta
 from ..kernels import mlas_math
-from ..kernels.int_gemm import Centered, int_matmul
+from ..kernels.int_gemm import Centered, Prepared, int_matmul
 from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, write_elementwise
 from ..kernels.custom import custom_op
+from ..kernels.registry import kernel
 from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis, spatial_pads
 from ..ops.windows import pad_spatial, window_views
 
@@ -1464,7 +1465,8 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
     t_len, n = x.shape[:2]
     hidden = h0.shape[-1]
     steps = t_len if lens is None else int(lens.max())
-    r = (Centered(r[0], r[1]), None, *r[2:])  # read at every step: converted once
+    if not isinstance(r[0], Prepared):
+        r = (Centered(r[0], r[1]), None, *r[2:])  # read at every step: converted once
     xs = _processing_order(x, lens, reverse)
     xw = _quantized_gemm(xs[:steps].reshape(steps * n, -1), *w).reshape(steps, n, 4 * hidden)
     f_act, g_act, h_act = acts
@@ -1516,8 +1518,10 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
     return y, h_state, c
 
 
-def _dynamic_quantize_lstm(ctx):
-    """onnxruntime's DynamicQuantizeLSTM (its CPU kernel's numbers, see _lstm_direction)."""
+def _dynamic_quantize_lstm(ctx, prepare=None):
+    """onnxruntime's DynamicQuantizeLSTM (its CPU kernel's numbers, see _lstm_direction).
+    prepare(q, zp) -> int_gemm.Prepared: the constant W and R of each direction made ready
+    once for another engine's products (the onednn provider's kernel), not per run."""
     a = ctx.attrs
     direction, num_dir = _lstm_directions(a.get("direction", "forward"))
     hidden = int(a["hidden_size"])
@@ -1527,6 +1531,18 @@ def _dynamic_quantize_lstm(ctx):
     input_forget = bool(int(a.get("input_forget", 0) or 0))
     outs = list(ctx.node.outputs)
     want_y = not outs or bool(outs[0])  # called directly (glassrt check): every output
+
+    ready = {}  # (input, direction) -> Prepared
+
+    def _prepared(weight, given, inputs, d):
+        """A direction's (Wq, zp, scale) with Wq prepared once, where the node's weight and
+        zero point are the plan's constants (the very arrays given)."""
+        if prepare is None or any(ctx.const(i) is not v for i, v in zip(inputs, given)):
+            return weight
+        key = (inputs[0], d)
+        if key not in ready:
+            ready[key] = prepare(weight[0], weight[1])
+        return (ready[key], *weight[1:])
 
     def step(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, w_scale=None, w_zp=None,
              r_scale=None, r_zp=None, *, out=(None, None, None)):
@@ -1556,8 +1572,8 @@ def _dynamic_quantize_lstm(ctx):
                      f"(W: {list(w_zp.shape)} vs {list(w_scale.shape)}, "
                      f"R: {list(r_zp.shape)} vs {list(r_scale.shape)})")
             for d in range(num_dir):
-                wd = _lstm_weight(w, w_scale, w_zp, d, signed, "W")
-                rd = _lstm_weight(r, r_scale, r_zp, d, signed, "R")
+                wd = _prepared(_lstm_weight(w, w_scale, w_zp, d, signed, "W"), (w, w_zp), (1, 9), d)
+                rd = _prepared(_lstm_weight(r, r_scale, r_zp, d, signed, "R"), (r, r_zp), (2, 11), d)
                 bias = None
                 if b is not None:  # Wb + Rb, per gate (i, o, f, c)
                     wb = b[d, :4 * hidden] + b[d, 4 * hidden:]
@@ -1577,6 +1593,23 @@ def _dynamic_quantize_lstm(ctx):
 
 
 dynamic_quantize_lstm.register_kernel("cpu", _dynamic_quantize_lstm, bind=True, out=True)
+
+
+def _onednn_lstm_reason(ctx):
+    from ..kernels.onednn.int8 import lstm_reason  # (oneDNN loaded only where its provider runs)
+
+    return lstm_reason(ctx)
+
+
+@kernel("DynamicQuantizeLSTM", provider="onednn", domain=MS, dtypes=[F32], out=True, bind=True, multi=True,
+        accepts=_onednn_lstm_reason, name="int8")
+def _dynamic_quantize_lstm_onednn(ctx):
+    """The cpu kernel's computation (its gates, X and H quantized as onnxruntime does), each
+    product on oneDNN's exact u8 x s8 matmul, W and R reordered once a plan
+    (kernels/onednn/int8.py)."""
+    from ..kernels.onednn.int8 import Int8Weights
+
+    return _dynamic_quantize_lstm(ctx, prepare=Int8Weights)
 
 
 @dynamic_quantize_lstm.register_example

@@ -11,7 +11,8 @@ classifier (MatMulInteger 40 x 1024 x 8210): 34.6 -> ~10 ms; its DynamicQuantize
 whose recurrent weights were converted again at every step, converts them once a run.
 
 `centered(b, zb)` converts an operand once where it is read many times (an LSTM's
-recurrent weights); `int_matmul` takes either form.
+recurrent weights); `int_matmul` takes either form, or a `Prepared` B: a constant made
+ready for another engine's exact products (kernels/onednn/int8.py's bytes x bytes).
 """
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ class Centered:
         self.f = f
 
 
+class Prepared:
+    """A constant B (with its zero point) that computes its own exact products:
+    `product(a, za)` is the int32 (a - za) @ (B - zb) of a 2-D 8-bit a."""
+
+    def product(self, a: np.ndarray, za=None) -> np.ndarray:
+        raise NotImplementedError
+
+
 def wrap(f: np.ndarray) -> Centered:
     """A float32 array that already holds centered 8-bit values, taken as it is."""
     c = Centered.__new__(Centered)
@@ -51,7 +60,10 @@ def int_matmul(a, za, b, zb) -> np.ndarray:
     batch broadcasting); a and b 8-bit arrays or `Centered` (their zero point then ignored),
     za per tensor or per row of a, zb per tensor or per column of b (None: 0). Blocks of at
     most CHUNK inner elements (and BLOCK rows or columns of an operand converted as it goes):
-    what is converted to float32 at a time stays under a megabyte of scratch."""
+    what is converted to float32 at a time stays under a megabyte of scratch. A `Prepared`
+    b (its zero point then ignored) computes the product itself."""
+    if isinstance(b, Prepared):
+        return b.product(np.asarray(a), za)
     if not all(isinstance(v, Centered) or _is_int8(np.asarray(v).dtype) for v in (a, b)):
         return _wide(np.asarray(a), za, np.asarray(b), zb)
     A, za = (a.f, None) if isinstance(a, Centered) else (np.asarray(a), za)
