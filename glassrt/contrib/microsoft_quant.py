@@ -1478,27 +1478,31 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
         return np.fmax(np.fmin(v, hi), lo)
 
     bi, bo, bf, bc = (None,) * 4 if bias is None else bias
+    # Without peepholes, i, o and f (the first three gates, side by side in the product) go
+    # through their activation together: one call on 3H columns instead of three on H (the
+    # same elementwise float32 steps, a third of the NumPy calls of a step).
+    together = peep is None
+    b_iof = None if bias is None else np.concatenate([bi, bo, bf])
     h_state, c = h0.copy(), c0.copy()
     h_in = h0  # what the next step's GEMM reads: Y's row (0 past the end) when Y is an output, else h
     y = np.zeros((t_len, n, hidden), F32) if want_y else None
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(steps):
             g = _quantized_gemm(h_in, *r, accumulate=xw[t])
-            i, o, f, cc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
-            if peep is not None:
-                i = i + c * peep[0]
-            i = f_act(gate(i, bi))
-            if input_forget:
-                f = F32.type(1) - i
+            if together:
+                iof = f_act(gate(g[:, :3 * hidden], b_iof))
+                i, o, f = (iof[:, k * hidden:(k + 1) * hidden] for k in range(3))
+                if input_forget:
+                    f = F32.type(1) - i
+                cc = g_act(gate(g[:, 3 * hidden:], bc))
+                c_new = c * f + i * cc
             else:
-                if peep is not None:
-                    f = f + c * peep[2]
-                f = f_act(gate(f, bf))
-            cc = g_act(gate(cc, bc))
-            c_new = c * f + i * cc
-            if peep is not None:
-                o = o + c_new * peep[1]
-            o = f_act(gate(o, bo))
+                i, o, f, cc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+                i = f_act(gate(i + c * peep[0], bi))
+                f = F32.type(1) - i if input_forget else f_act(gate(f + c * peep[2], bf))
+                cc = g_act(gate(cc, bc))
+                c_new = c * f + i * cc
+                o = f_act(gate(o + c_new * peep[1], bo))
             h_new = h_act(c_new) * o
             if lens is None:
                 c, h_state = c_new, h_new
