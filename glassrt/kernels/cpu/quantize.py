@@ -325,7 +325,14 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
     """Quantized conv: exact integer conv (+ int32 bias), then requantization to y's scale/zero point."""
     xd = _centered32(x, np.asarray(x_zero_point).reshape(()))
     acc = _int_conv(xd, _weight_centered(w, w_zero_point), int(group), kernel_shape, strides, dilations, pads,
-                    auto_pad).astype(np.float64)
+                    auto_pad)
+    return qlinear_conv_output(acc, x, x_scale, w, w_scale, y_scale, y_zero_point, b, out)
+
+
+def qlinear_conv_output(acc, x, x_scale, w, w_scale, y_scale, y_zero_point, b=None, out=None):
+    """QLinearConv's output from its exact int32 conv `acc` (N, M, ...): + the int32 bias,
+    requantized to y's scale and zero point (shared with the onednn provider's kernel)."""
+    acc = acc.astype(np.float64)
     if b is not None:
         acc += b.astype(np.float64).reshape((1, -1) + (1,) * (acc.ndim - 2))
     ws = np.asarray(w_scale)

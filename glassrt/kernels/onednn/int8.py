@@ -29,6 +29,7 @@ from ..int_gemm import Prepared
 from ..registry import kernel
 from . import capi, dnnl
 from .dnnl import ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
+from ...ops.geometry import spatial_pads
 from .kernels import _unavailable, packed_weights
 
 _I8 = [np.int8, np.uint8]
@@ -173,3 +174,164 @@ def lstm_reason(ctx):
         if ctx.has(i) and ctx.const(i) is None:
             return f"{what} is computed at run time"
     return None
+
+
+# ---------------------------------------------------------------- ConvInteger
+#
+# The same mapping for a convolution, where "sum over the inner dimension" is "sum over the
+# window's valid positions": padding adds nothing (ONNX pads x with its zero point, so a
+# padded position's centered value is 0). With x' = x as u8 (zero point xz) and w' = w as
+# s8 (w - wz = w' + d, d per filter):
+#     y = conv(x', w') - xz * C1 + d * (S - xz * count)
+# where conv pads with zeros, C1 = the sum of w' over each output's valid window positions
+# (a constant of the geometry), S = the sum of x' over them (a second conv, with weights of
+# ones, one output per group: only where some d is not 0) and count = how many there are.
+
+
+def _window_validity(size, out, k, stride, dil, begin):
+    """[out, k]: whether kernel tap i of output position o reads inside the input (1) or a pad (0)."""
+    pos = np.arange(out)[:, None] * stride - begin + np.arange(k)[None, :] * dil
+    return ((pos >= 0) & (pos < size)).astype(np.int64)
+
+
+class _Int8Conv:
+    """One 2-D u8 x s8 -> s32 convolution, NHWC activations, weights packed once."""
+
+    def __init__(self, x_shape, w_s8, group, strides, dil, begin, end):
+        n, c, h, w = x_shape
+        m = w_s8.shape[0]
+        self.y_shape = (n, m, *_out_hw((h, w), w_s8.shape[2:], strides, dil, begin, end))
+        wshape = dnnl.grouped_weights_shape(w_s8.shape, group)
+        self.pd = dnnl.convolution(MemoryDesc.create(x_shape, np.uint8, "acdb"),
+                                   MemoryDesc.create(wshape, np.int8, "any"),
+                                   MemoryDesc.create(self.y_shape, np.int32, "acdb"),
+                                   strides=list(strides), dilations=[d - 1 for d in dil], padding_l=list(begin),
+                                   padding_r=list(end))
+        self.weights = w_s8.reshape(wshape)
+        self._packed, self._steps = None, {}
+
+    def run(self, x_nhwc: np.ndarray) -> np.ndarray:
+        """The s32 output, NHWC (a new array)."""
+        key = capi.get_max_threads()
+        step = self._steps.get(key)
+        if step is None:
+            if self._packed is None:
+                self._packed = packed_weights(self.weights, None, self.pd.weights_md())
+            step = self._steps[key] = self.pd.primitive().bind(
+                {ARG_SRC: None, ARG_WEIGHTS: self._packed.memory, ARG_DST: None})
+        n, m, oh, ow = self.y_shape
+        y = np.empty((n, oh, ow, m), np.int32)
+        step.run({ARG_SRC: x_nhwc, ARG_DST: y})
+        return y
+
+
+def _out_hw(hw, k, strides, dil, begin, end):
+    return tuple((hw[i] + begin[i] + end[i] - (dil[i] * (k[i] - 1) + 1)) // strides[i] + 1 for i in range(2))
+
+
+def _conv_integer_geometry(ctx, w_at=1):
+    x, w = ctx.shape(0), ctx.const(w_at).shape
+    k = [int(v) for v in (ctx.attrs.get("kernel_shape") or w[2:])]
+    begin, end, out, strides, dil = spatial_pads(list(x[2:]), k, ctx.attrs.get("strides"),
+                                                 ctx.attrs.get("dilations"), ctx.attrs.get("pads"),
+                                                 ctx.attrs.get("auto_pad", "NOTSET"))
+    return tuple(int(v) for v in x), k, begin, end, out, [int(s) for s in strides], [int(d) for d in dil]
+
+
+def _conv_integer_reason(ctx, w_at=1, wz_at=3):
+    why = _unavailable(ctx) or exact_reason()
+    if why:
+        return why
+    x, w = ctx.shape(0), ctx.const(w_at)
+    if x is None or len(x) != 4 or not all(isinstance(d, int) for d in x):
+        return "x is not a 4-D tensor of known shape (this kernel is for 2-D images)"
+    if w is None:
+        return "w is not a constant (its bytes are reordered once, when the plan is built)"
+    if w.ndim != 4 or w.dtype not in (np.int8, np.uint8):
+        return f"w is {w.dtype}{list(w.shape)}, not 4-D 8-bit weights"
+    group = int(ctx.attrs.get("group", 1))
+    if group < 1 or x[1] != w.shape[1] * group or w.shape[0] % group:
+        return f"channels {x[1]} and weights {list(w.shape)} do not fit group {group}"
+    if ctx.has(wz_at):
+        wz = ctx.const(wz_at)
+        if wz is None:
+            return "w_zero_point is computed at run time"
+        if wz.size not in (1, w.shape[0]):
+            return f"w_zero_point has {wz.size} values, neither one nor one per filter ({w.shape[0]})"
+    x_shape, k, begin, end, out, strides, dil = _conv_integer_geometry(ctx, w_at)
+    if list(k) != list(w.shape[2:]) or min(out) <= 0 or min(begin + end) < 0:
+        return "kernel_shape, pads or the output size do not fit (cpu reports the error)"
+    impl = _Int8Conv(x_shape, np.zeros(w.shape, np.int8), group, strides, dil, begin, end).pd.impl
+    if impl.startswith(("ref", "gemm:")):
+        return f"oneDNN has only its generic implementation ({impl}) for this 8-bit convolution"
+    return None
+
+
+def _int8_conv(ctx, x_shape, k, begin, end, out_hw, strides, dil, w, wz):
+    """conv(x, xz) -> the int32 conv of (x - xz) with (w - wz), NCHW (a view of an NHWC
+    array); w constant (its bytes packed once), wz one value or one per filter."""
+    m, cg = w.shape[:2]
+    group = int(ctx.attrs.get("group", 1))
+    wz = np.zeros((), np.int32) if wz is None else np.asarray(wz).astype(np.int32).reshape(-1)
+    if w.dtype == np.uint8:
+        w_s8, d = (w ^ np.uint8(0x80)).view(np.int8), np.int32(128) - wz
+    else:
+        w_s8, d = w, -wz
+    main = _Int8Conv(x_shape, np.ascontiguousarray(w_s8), group, strides, dil, begin, end)
+    # the geometry's constants, laid out as the NHWC result: C1 [oh, ow, m] and count [oh, ow, 1]
+    valid = [_window_validity(x_shape[2 + i], out_hw[i], k[i], strides[i], dil[i], begin[i]) for i in range(2)]
+    taps = np.einsum("ai,bj->abij", *valid)  # [oh, ow, kh, kw]
+    c1 = np.einsum("mij,abij->abm", w_s8.astype(np.int64).sum(axis=1), taps).astype(np.int32)
+    d = np.broadcast_to(d, (m,)).astype(np.int32)
+    ones = None
+    if d.any():
+        ones = _Int8Conv(x_shape, np.ones((group, cg, *k), np.int8), group, strides, dil, begin, end)
+        count = (taps.sum(axis=(2, 3)) * cg).astype(np.int32)[:, :, None]
+        d_groups = d.reshape(group, m // group)  # each filter's d, by group
+
+    def conv(x, x_zero_point):
+        xz = np.zeros((), np.int32) if x_zero_point is None else np.asarray(x_zero_point).astype(np.int32).reshape(())
+        if x.dtype == np.int8:  # as u8: x + 128, its zero point too
+            x, xz = x.view(np.uint8) ^ np.uint8(0x80), xz + np.int32(128)
+        x_nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        y = main.run(x_nhwc)  # [n, oh, ow, m]: the corrections broadcast along its contiguous rows
+        if xz:
+            y -= xz * c1
+        if ones is not None:
+            s = ones.run(x_nhwc) - xz * count  # [n, oh, ow, group]
+            y.reshape(*y.shape[:3], group, m // group)[...] += s[..., None] * d_groups
+        return y.transpose(0, 3, 1, 2)
+
+    return conv
+
+
+@kernel("ConvInteger", provider="onednn", dtypes=_I8, out=True, bind=True, accepts=_conv_integer_reason,
+        static_only=True, name="int8")
+def conv_integer(ctx):
+    """int32 conv of (x - x_zp) with (w - w_zp) on oneDNN's u8 x s8 convolution, w constant."""
+    conv = _int8_conv(ctx, *_conv_integer_geometry(ctx), ctx.const(1), ctx.const(3) if ctx.has(3) else None)
+
+    def step(x, w=None, x_zero_point=None, w_zero_point=None, *, out=None):
+        return as_out(conv(x, x_zero_point), out, cast=True)
+
+    return step
+
+
+def _qlinear_conv_reason(ctx):
+    return _conv_integer_reason(ctx, w_at=3, wz_at=5)
+
+
+@kernel("QLinearConv", provider="onednn", dtypes=_I8, out=True, bind=True, accepts=_qlinear_conv_reason,
+        static_only=True, name="int8")
+def qlinear_conv(ctx):
+    """QLinearConv: the exact int32 conv on oneDNN (as ConvInteger), then the cpu kernel's
+    bias and requantization (kernels/cpu/quantize.py), so the bytes are the cpu kernel's."""
+    from ..cpu.quantize import qlinear_conv_output
+
+    conv = _int8_conv(ctx, *_conv_integer_geometry(ctx, w_at=3), ctx.const(3), ctx.const(5))
+
+    def step(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, out=None):
+        acc = np.ascontiguousarray(conv(x, x_zero_point))
+        return qlinear_conv_output(acc, x, x_scale, w, w_scale, y_scale, y_zero_point, b, out)
+
+    return step
