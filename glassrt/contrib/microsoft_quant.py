@@ -1006,6 +1006,23 @@ def _matmul_integer_to_float_meta(a, b, a_scale, b_scale, a_zp, b_zp, bias):
     return Meta(a_scale.dtype, None if a.shape is None or b.shape is None else matmul_shape(a.shape, b.shape))
 
 
+def _onednn_mitf_reason(ctx):
+    from ..kernels.onednn.int8 import matmul_integer_to_float_reason  # (oneDNN loaded only where it runs)
+
+    return matmul_integer_to_float_reason(ctx)
+
+
+@kernel("MatMulIntegerToFloat", provider="onednn", domain=MS, dtypes=Q8, out=True, bind=True,
+        accepts=_onednn_mitf_reason, name="int8")
+def _matmul_integer_to_float_onednn(ctx):
+    """One oneDNN int8 matmul (B constant int8, zero point 0): the exact sums, A's zero point
+    compensated, scaled and biased as they are written, float32 as onnxruntime's MLAS forms
+    them (kernels/onednn/int8.py)."""
+    from ..kernels.onednn.int8 import matmul_integer_to_float
+
+    return matmul_integer_to_float(ctx)
+
+
 @matmul_integer_to_float.register_kernel("cpu", out=True)
 def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None, *, out=None):
     """Y = (A - a_zp) @ (B - b_zp) · a_scale · b_scale + bias, the integer product exact,

@@ -20,6 +20,7 @@ from .fuse_hardswish import fuse_hardswish
 from .fuse_layernorm import fuse_layernorm
 from .fuse_matmul import fuse_matmul
 from .fuse_qdq import fuse_qdq
+from .fuse_qdq_matmul import fuse_qdq_matmul
 from .fuse_shuffle import fuse_channel_shuffle
 from .identity import remove_identities
 from .manager import LEVELS, Pass, PassContext, PassRecord, level_rank, run_pipeline, selected  # noqa: F401
@@ -35,6 +36,10 @@ PIPELINE = [
          doc="a weight that is another's transpose (a tied embedding's copy) becomes a view of it"),
     Pass("expand_composites", "required", expand_composites, frozenset({TYPES, PROVIDERS}),
          doc="composite ops no provider runs whole become their decompositions"),
+    # before fold_constants, which would turn the weights' DequantizeLinear into float weights
+    Pass("fuse_qdq_matmul", "extended", fuse_qdq_matmul, frozenset({TYPES, PROVIDERS}), option="fusion",
+         doc="MatMul of two DequantizeLinear outputs, one of constant 8-bit weights, becomes MatMulInteger, "
+             "Cast and Mul (the integer product, where an exact 8-bit engine runs it)"),
     Pass("fold_constants", "basic", fold_constants, frozenset({TYPES, PROVIDERS}), option="constant_folding",
          doc="nodes whose inputs are all constants are evaluated once"),
     Pass("fold_affine_into_conv", "basic", fold_affine_into_conv, option="fusion",

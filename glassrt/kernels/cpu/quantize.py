@@ -93,6 +93,16 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, out=None, axis=1, saturate
         raise ValueError(f"QuantizeLinear cannot produce {dtypes.name(out_dt)}")
     if y_zero_point is not None:
         _same_shape(y_zero_point, y_scale, "y")
+    if _per_tensor_8bit(x, y_scale, out_dt, block_size, precision) and not numba_missing() \
+            and (out is None or (out.flags.c_contiguous and out.shape == x.shape and out.dtype == out_dt)):
+        # one compiled pass (a QDQ model quantizes every activation that feeds an integer
+        # product: smart-turn's 18, 0.55 ms each on (400, 384) as the NumPy steps below)
+        y = np.empty(x.shape, out_dt) if out is None else out
+        z = 0 if y_zero_point is None else int(y_zero_point.reshape(-1)[0])
+        lo, hi = _int_range(out_dt)
+        _quantize8(np.ascontiguousarray(x).reshape(-1), np.float32(y_scale.reshape(-1)[0]), np.float32(z),
+                   np.float32(lo), np.float32(hi), y.reshape(-1))
+        return y
     scale = _broadcast_param(y_scale, x.shape, axis, block_size, "y_scale")
     # The division runs in `precision` when given, else in the scale's type (spec).
     work = _np(precision) if precision else _float_of(y_scale.dtype)
@@ -120,6 +130,24 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, out=None, axis=1, saturate
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return write_elementwise(out, quantize, x, *params)
+
+
+def _per_tensor_8bit(x, y_scale, out_dt, block_size, precision) -> bool:
+    return (x.dtype == np.float32 and y_scale.dtype == np.float32 and y_scale.size == 1 and not block_size
+            and precision in (0, None, 1) and out_dt in (np.dtype(np.uint8), np.dtype(np.int8)))
+
+
+@jit(error_model="numpy")
+def _quantize8(x, s, z, lo, hi, out):  # pragma: no cover - compiled
+    """clip(rint(x / s) + z, lo, hi) in float32, stored as 8-bit integers (NaN as 0, as the
+    NumPy path's float -> integer conversion gives); the QuantizeDequantize loop's first half."""
+    for i in range(x.size):
+        q = np.rint(x[i] / s) + z
+        q = lo if q < lo else q
+        q = hi if q > hi else q
+        if q != q:
+            q = np.float32(0.0)
+        out[i] = q
 
 
 # ---------------------------------------------------------------- DequantizeLinear

@@ -528,7 +528,9 @@ class Attr(_Owned):
     _destroy = "dnnl_primitive_attr_destroy"
 
     def __init__(self, post_ops: PostOps | list | tuple | None = None, scratchpad: str = "user",
-                 fpmath: int | None = None):
+                 fpmath: int | None = None, scales: dict | None = None, zero_points: dict | None = None):
+        """scales / zero_points: {DNNL_ARG_*: mask} of the arguments given them at run time
+        (as memories bound to ARG_ATTR_SCALES | arg, ARG_ATTR_ZERO_POINTS | arg)."""
         lib = _lib()
         self.handle = _new_handle(lib.dnnl_primitive_attr_create)
         self.scratchpad = scratchpad
@@ -541,6 +543,10 @@ class Attr(_Owned):
         self.post_ops = post_ops
         if post_ops is not None and len(post_ops):
             lib.dnnl_primitive_attr_set_post_ops(self.handle, post_ops.handle)
+        for arg, mask in (scales or {}).items():
+            lib.dnnl_primitive_attr_set_scales_mask(self.handle, arg, mask)
+        for arg, mask in (zero_points or {}).items():
+            lib.dnnl_primitive_attr_set_zero_points_mask(self.handle, arg, mask)
 
 
 def _attr(attr) -> Attr:

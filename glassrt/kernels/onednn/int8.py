@@ -28,7 +28,8 @@ from ..buffers import as_out
 from ..int_gemm import Prepared
 from ..registry import kernel
 from . import capi, dnnl
-from .dnnl import ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
+from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
+from .capi import ARG_ATTR_SCALES, ARG_ATTR_ZERO_POINTS
 from ...ops.geometry import spatial_pads
 from .kernels import _unavailable, packed_weights
 
@@ -85,6 +86,59 @@ class Int8Weights(Prepared):
             step = self._steps[key] = pd.primitive().bind(
                 {ARG_SRC: None, ARG_WEIGHTS: self._packed[wmd].memory, ARG_DST: None})
         return step
+
+    @property
+    def scalable(self) -> bool:
+        """Whether `scaled` can run: B is s8 with no zero point (its offset d is 0), so
+        oneDNN's own zero-point compensation (A's only) gives the exact sums."""
+        return self.d is None and self.bs.dtype == np.int8
+
+    def _scaled_step(self, m: int, bias: bool):
+        key = (capi.get_max_threads(), m, "scaled", bias)
+        step = self._steps.get(key)
+        if step is None:
+            attr = dnnl.Attr(scales={ARG_SRC: 0, ARG_WEIGHTS: 2}, zero_points={ARG_SRC: 0})
+            pd = dnnl.matmul(MemoryDesc.create((m, self.k), np.uint8, "ab"),
+                             MemoryDesc.create((self.k, self.n), np.int8, "any"),
+                             MemoryDesc.create((m, self.n), np.float32, "ab"),
+                             MemoryDesc.create((1, self.n), np.float32, "ab") if bias else None, attr=attr)
+            wmd = pd.weights_md()
+            if wmd not in self._packed:
+                self._packed[wmd] = packed_weights(self.bs, None, wmd)
+            if len(self._steps) >= _PRIMITIVES_MAX:
+                self._steps.pop(next(iter(self._steps)))
+            one = lambda dt: dnnl.Memory(MemoryDesc.create((1,), dt, "a"), np.zeros(1, dt))  # noqa: E731
+            args = {ARG_SRC: None, ARG_WEIGHTS: self._packed[wmd].memory, ARG_DST: None,
+                    ARG_ATTR_SCALES | ARG_SRC: one(np.float32),
+                    ARG_ATTR_SCALES | ARG_WEIGHTS: dnnl.Memory(MemoryDesc.create((self.n,), np.float32, "a"),
+                                                               np.zeros(self.n, np.float32)),
+                    ARG_ATTR_ZERO_POINTS | ARG_SRC: one(np.int32)}
+            if bias:
+                args[ARG_BIAS] = None
+            step = self._steps[key] = pd.primitive().bind(args)
+        return step
+
+    def scaled(self, a: np.ndarray, za, a_scale, b_scale, bias=None, out=None) -> np.ndarray:
+        """float32 (a - za) @ B · a_scale · b_scale (+ bias): the exact integer sums, scaled
+        and biased by oneDNN as it writes them (onnxruntime's MatMulIntegerToFloat; B's
+        scale one value or one per column). Only where `scalable`."""
+        m = a.shape[0]
+        z = 0 if za is None else int(np.asarray(za).reshape(()))
+        if a.dtype == np.int8:
+            a, z = a.view(np.uint8) ^ np.uint8(0x80), z + 128
+        a = np.ascontiguousarray(a)
+        y = out if out is not None else np.empty((m, self.n), np.float32)
+        if m:
+            step = self._scaled_step(m, bias is not None)
+            step[ARG_ATTR_SCALES | ARG_SRC].array[0] = np.float32(np.asarray(a_scale).reshape(()))
+            step[ARG_ATTR_SCALES | ARG_WEIGHTS].array[:] = np.broadcast_to(np.asarray(b_scale, np.float32).reshape(-1),
+                                                                            (self.n,))
+            step[ARG_ATTR_ZERO_POINTS | ARG_SRC].array[0] = z
+            buffers = {ARG_SRC: a, ARG_DST: y}
+            if bias is not None:
+                buffers[ARG_BIAS] = np.ascontiguousarray(bias, np.float32).reshape(1, self.n)
+            step.run(buffers)
+        return y
 
     def product(self, a: np.ndarray, za=None) -> np.ndarray:
         if a.ndim != 2 or a.shape[1] != self.k or a.dtype not in (np.int8, np.uint8):
@@ -333,5 +387,60 @@ def qlinear_conv(ctx):
     def step(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, out=None):
         acc = np.ascontiguousarray(conv(x, x_zero_point))
         return qlinear_conv_output(acc, x, x_scale, w, w_scale, y_scale, y_zero_point, b, out)
+
+    return step
+
+
+# ---------------------------------------------------------------- MatMulIntegerToFloat
+# (registered in contrib/microsoft_quant.py with the op's cpu kernel, as DynamicQuantizeLSTM)
+
+
+def _one_value(ctx, i) -> bool:
+    shape = ctx.shape(i)
+    return shape is not None and tuple(shape) in ((), (1,))
+
+
+def matmul_integer_to_float_reason(ctx):
+    """Why the onednn provider cannot run com.microsoft's MatMulIntegerToFloat node, or None."""
+    why = _unavailable(ctx) or exact_reason()
+    if why:
+        return why
+    b = ctx.const(1)
+    if b is None:
+        return "B is not a constant (its bytes are reordered once, when the plan is built)"
+    if b.ndim != 2 or b.dtype != np.int8:
+        return f"B is {b.dtype}{list(b.shape)}, not a 2-D int8 matrix (its zero point would not be 0)"
+    n = b.shape[1]
+    if ctx.has(5) and (ctx.const(5) is None or ctx.const(5).any()):
+        return "b_zero_point is not a constant 0 (oneDNN compensates A's zero point only)"
+    if ctx.dtype(2) != np.float32 or ctx.dtype(3) != np.float32:
+        return "the scales are not float32"
+    if not _one_value(ctx, 2):
+        return "a_scale is not one value"
+    if not (_one_value(ctx, 3) or (ctx.shape(3) is not None and tuple(ctx.shape(3)) == (n,))):
+        return f"b_scale is neither one value nor one per column ({n})"
+    if ctx.has(4) and not _one_value(ctx, 4):
+        return "a_zero_point is not one value"
+    if ctx.has(6) and (ctx.dtype(6) != np.float32 or ctx.shape(6) is None or tuple(ctx.shape(6)) != (n,)):
+        return f"the bias is not float32 of shape [{n}]"
+    a = ctx.shape(0)
+    if a is None or len(a) < 1:
+        return "A's rank is not known"
+    return None
+
+
+def matmul_integer_to_float(ctx):
+    """Y = (A - a_zp) @ B · a_scale · b_scale + bias, in one oneDNN matmul (B int8, constant)."""
+    weights = Int8Weights(ctx.const(1))
+    k, n = weights.k, weights.n
+
+    def step(a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None, *, out=None):
+        if a.shape[-1] != k:
+            raise ValueError(f"inner dimensions differ: A {list(a.shape)} @ B {[k, n]}")
+        shape = (*a.shape[:-1], n)
+        direct = out is not None and out.dtype == np.float32 and out.shape == shape and out.flags.c_contiguous
+        y = weights.scaled(a.reshape(-1, k), a_zero_point, a_scale, b_scale, bias,
+                           out=out.reshape(-1, n) if direct else None)
+        return out if direct else as_out(y.reshape(shape), out, cast=True)
 
     return step

@@ -1,0 +1,140 @@
+"""A QDQ model's MatMul of two DequantizeLinear outputs, one of constant int8 weights
+(passes/fuse_qdq_matmul.py): one com.microsoft::MatMulIntegerToFloat on the onednn
+provider's exact int8 matmul (kernels/onednn/int8.py) — onnxruntime's numbers, within
+rounding of the float product of dequantized values; left alone where that kernel would
+not run it. And QuantizeLinear's compiled per-tensor loop, which feeds those products."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import glassrt
+from glassrt.kernels.onednn import capi
+
+from .helpers import init, model, tensor
+
+pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
+RNG = np.random.default_rng(5)
+K, N = 48, 20
+X = (RNG.standard_normal((2, 7, K)) * 2).astype(np.float32)
+
+
+def _exact():
+    from glassrt.kernels.onednn import int8
+
+    return int8.exact_reason()
+
+
+needs_vnni = pytest.mark.skipif(capi.UNAVAILABLE is None and _exact() is not None,
+                                reason="this CPU has no VNNI/AMX: the pass leaves the graph alone (tested below)")
+
+
+def _layer(w_dtype=np.int8, per_column=True, w_zp=0, axis=1, bias=True, a_dtype=np.uint8):
+    """x -> Q -> DQ -> MatMul(., DQ(W)) [-> Add bias] -> y, as quantize_static writes a layer."""
+    info = np.iinfo(w_dtype)
+    w = RNG.integers(info.min, info.max + 1, (K, N)).astype(w_dtype)
+    w_scale = (RNG.uniform(0.002, 0.02, N) if per_column else np.array(0.01)).astype(np.float32)
+    a_zp = np.array(128 if a_dtype == np.uint8 else 3, a_dtype)
+    inits = [init("a_s", np.array(0.03, np.float32)), init("a_z", a_zp), init("w", w), init("w_s", w_scale),
+             init("w_z", np.full(w_scale.shape, w_zp, w_dtype)), init("b", RNG.standard_normal(N).astype(np.float32))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "a_s", "a_z"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "a_s", "a_z"], ["xd"], name="dq_x"),
+             helper.make_node("DequantizeLinear", ["w", "w_s", "w_z"], ["wd"], name="dq_w", axis=axis),
+             helper.make_node("MatMul", ["xd", "wd"], ["mm"], name="mm")]
+    nodes.append(helper.make_node("Add", ["mm", "b"], ["y"], name="bias") if bias else
+                 helper.make_node("Identity", ["mm"], ["y"], name="out"))
+    return model(nodes, [tensor("x", list(X.shape))], [tensor("y", None)], inits, opset=19)
+
+
+def _ops(sess):
+    return sorted(n.op_type for n in sess.placement.graph.nodes)
+
+
+def _ort(m):
+    ort = pytest.importorskip("onnxruntime")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+
+
+@needs_vnni
+@pytest.mark.parametrize("per_column,bias,a_dtype", [(True, True, np.uint8), (False, True, np.uint8),
+                                                     (True, False, np.uint8), (True, True, np.int8)])
+def test_the_layer_becomes_one_integer_product(per_column, bias, a_dtype):
+    m = _layer(per_column=per_column, bias=bias, a_dtype=a_dtype)
+    sess = glassrt.InferenceSession(m)
+    assert "MatMulIntegerToFloat" in _ops(sess) and "MatMul" not in _ops(sess)
+    assert "Add" not in _ops(sess)  # the bias went in (where there is one)
+    rows = {r["name"]: r for r in sess.explain()["nodes"]}
+    assert rows["mm"]["kernel"] == "onednn.MatMulIntegerToFloat.int8"
+    got = sess.run(None, {"x": X})[0]
+    plain = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(fusion=False)).run(None, {"x": X})[0]
+    np.testing.assert_allclose(got, plain, rtol=1e-5, atol=1e-5)  # rounding apart: exact sums against float ones
+    np.testing.assert_allclose(got, _ort(m), rtol=1e-6, atol=1e-5)  # onnxruntime computes the integer product too (an ulp of the sums apart)
+    on_cpu = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": X})[0]
+    np.testing.assert_allclose(got, on_cpu, rtol=1e-5, atol=1e-5)
+
+
+@needs_vnni
+@pytest.mark.parametrize("case", ["uint8_weights", "weight_zero_point", "scale_per_row"])
+def test_it_does_not_fire_where_the_kernel_would_not_take_it(case):
+    m = {"uint8_weights": lambda: _layer(w_dtype=np.uint8, w_zp=128),
+         "weight_zero_point": lambda: _layer(w_zp=2),
+         "scale_per_row": lambda: _layer(per_column=False, axis=0)}[case]()
+    if case == "scale_per_row":  # a scale per row of W (one per inner element): not factored out of the sum
+        m.graph.initializer[3].CopyFrom(init("w_s", RNG.uniform(0.002, 0.02, K).astype(np.float32)))
+        m.graph.initializer[4].CopyFrom(init("w_z", np.zeros(K, np.int8)))
+    sess = glassrt.InferenceSession(m)
+    assert "MatMulIntegerToFloat" not in _ops(sess) and {"MatMul", "FusedMatMul"} & set(_ops(sess))
+    np.testing.assert_allclose(sess.run(None, {"x": X})[0], _ort(m), rtol=1e-4, atol=1e-4)
+
+
+def test_it_does_not_fire_without_an_exact_int8_engine(monkeypatch):
+    m = _layer()
+    assert "MatMulIntegerToFloat" not in _ops(glassrt.InferenceSession(m, providers=["cpu"]))
+    lib = capi.require()
+    monkeypatch.setattr(lib, "dnnl_get_effective_cpu_isa", lambda: capi.CPU_ISA["avx512_core"])
+    assert "MatMulIntegerToFloat" not in _ops(glassrt.InferenceSession(m))
+
+
+@needs_vnni
+@pytest.mark.parametrize("a_dtype,per_column,bias,a_shape", [(np.uint8, True, True, (3, 5, K)),
+                                                              (np.int8, False, False, (4, K)),
+                                                              (np.uint8, True, False, (K,))])
+def test_matmul_integer_to_float_on_onednn_is_the_cpu_kernel_bit_for_bit(a_dtype, per_column, bias, a_shape):
+    info = np.iinfo(a_dtype)
+    a = RNG.integers(info.min, info.max + 1, a_shape).astype(a_dtype)
+    b = RNG.integers(-128, 128, (K, N)).astype(np.int8)
+    consts = [init("b", b), init("a_s", np.array(0.031, np.float32)),
+              init("b_s", (RNG.uniform(0.002, 0.02, N) if per_column else np.array(0.01)).astype(np.float32)),
+              init("b_z", np.zeros(N if per_column else (), np.int8))]
+    names = ["a", "b", "a_s", "b_s", "a_z", "b_z"] + (["bias"] if bias else [])
+    if bias:
+        consts.append(init("bias", RNG.standard_normal(N).astype(np.float32)))
+    elem = TensorProto.UINT8 if a_dtype == np.uint8 else TensorProto.INT8
+    node = helper.make_node("MatMulIntegerToFloat", names, ["y"], name="mm", domain="com.microsoft")
+    m = model([node], [tensor("a", list(a_shape), elem), tensor("a_z", [], elem)], [tensor("y", None)], consts,
+              opset=17)
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    feeds = {"a": a, "a_z": np.array(info.min + 77, a_dtype)}
+    sess = glassrt.InferenceSession(m)
+    assert {r["name"]: r for r in sess.explain()["nodes"]}["mm"]["kernel"] == "onednn.MatMulIntegerToFloat.int8"
+    got = sess.run(None, feeds)[0]
+    np.testing.assert_array_equal(got, glassrt.InferenceSession(m, providers=["cpu"]).run(None, feeds)[0])
+
+
+def test_quantize_linear_per_tensor_loop_is_the_numpy_path(monkeypatch):
+    from glassrt.kernels.cpu import quantize
+
+    x = np.concatenate([RNG.standard_normal(300).astype(np.float32) * 60,
+                        np.array([np.nan, np.inf, -np.inf, 2.5, 3.5, -2.5, -0.0, 1e30], np.float32)])
+    for dt, zp in ((np.uint8, 128), (np.int8, -3), (np.uint8, None)):
+        z = None if zp is None else np.array(zp, dt)
+        fast = quantize.quantize_linear(x, np.array(0.37, np.float32), z)
+        with monkeypatch.context() as mp:
+            mp.setattr(quantize, "_quantize8", None)  # the compiled loop must not be the one called
+            mp.setattr(quantize, "_per_tensor_8bit", lambda *a: False)
+            slow = quantize.quantize_linear(x, np.array(0.37, np.float32), z)
+        assert fast.dtype == slow.dtype
+        np.testing.assert_array_equal(fast, slow)
