@@ -138,3 +138,19 @@ def test_quantize_linear_per_tensor_loop_is_the_numpy_path(monkeypatch):
             slow = quantize.quantize_linear(x, np.array(0.37, np.float32), z)
         assert fast.dtype == slow.dtype
         np.testing.assert_array_equal(fast, slow)
+
+
+def test_dynamic_quantize_linear_loop_is_the_numpy_path(monkeypatch):
+    from glassrt.kernels.cpu import quantize
+
+    cases = [(RNG.standard_normal((3, 500)) * 7).astype(np.float32), np.array([np.nan, 1.0, -2.0, np.inf], np.float32),
+             np.zeros(5, np.float32), np.array(3.5, np.float32), np.full(9, 2.0, np.float32)]
+    for x in cases:
+        fast = quantize.dynamic_quantize_linear(x)
+        with monkeypatch.context() as mp, np.errstate(invalid="ignore"):
+            mp.setattr(quantize, "numba_missing", lambda: "numba unavailable (test)")
+            mp.setattr(quantize, "_quantize8", None)
+            slow = quantize.dynamic_quantize_linear(x)
+        for f, s in zip(fast, slow):
+            assert f.dtype == s.dtype and f.shape == s.shape
+            np.testing.assert_array_equal(f, s)

@@ -283,3 +283,66 @@ def test_qlinear_conv_is_the_cpu_kernel_bit_for_bit(x_dt, w_dt, per_channel, att
     ort = pytest.importorskip("onnxruntime")
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert np.abs(got.astype(np.int64) - want).max() <= 1  # onnxruntime requantizes in float32: a code apart at most
+
+
+@pytest.mark.parametrize("attrs,lens", [({}, None), ({"clip": 0.6}, None), ({"input_forget": 1}, None),
+                                        ({}, np.array([5, 2, 0], np.int32)), ({"direction": "bidirectional"}, None)])
+def test_lstm_compiled_step_is_the_numpy_steps_bit_for_bit(monkeypatch, attrs, lens):
+    """Without peepholes and with the default activations a step's gates run as one compiled
+    pass (kernels/cpu/lstm_cell.py): the NumPy steps' bits, and onnxruntime's."""
+    from glassrt.kernels.cpu import lstm_cell
+
+    if not lstm_cell.available():
+        pytest.skip("Numba unavailable")
+    rng = rng_for("lstm-cell", str(attrs), lens is None)
+    num_dir = 2 if attrs.get("direction") == "bidirectional" else 1
+    inputs = lstm_inputs(rng, 6, 3, 10, 8, num_dir, lens=lens)
+    inputs[7] = None  # no peepholes
+    model, feeds = _lstm_model(inputs, hidden_size=8, **attrs)
+    calls = []
+    real = lstm_cell.lstm_cell
+    monkeypatch.setattr(lstm_cell, "lstm_cell", lambda *a: calls.append(1) or real(*a))
+    compiled = glassrt.InferenceSession(model, providers=["cpu"]).run(None, feeds)
+    assert calls, "the compiled step was not taken"
+    monkeypatch.setattr(lstm_cell, "available", lambda: False)
+    steps = glassrt.InferenceSession(model, providers=["cpu"]).run(None, feeds)
+    for c, s in zip(compiled, steps):
+        np.testing.assert_array_equal(c, s)
+    pytest.importorskip("onnxruntime")
+    for c, r in zip(compiled, _ort_one_thread(model, feeds)):
+        np.testing.assert_array_equal(c, r)
+
+
+def test_lstm_cell_carries_nan_and_infinities_as_the_numpy_steps():
+    from glassrt.kernels import mlas_math
+    from glassrt.kernels.cpu import lstm_cell
+
+    if not lstm_cell.available():
+        pytest.skip("Numba unavailable")
+    rng = np.random.default_rng(3)
+    h = 16
+    g = (rng.standard_normal((3, 4 * h)) * 6).astype(np.float32)
+    g[0, :8] = [np.nan, np.inf, -np.inf, 1e30, -1e30, 0.0, -0.0, 20.0]
+    g[1, 3 * h:3 * h + 4] = [np.nan, np.inf, -np.inf, -0.0]
+    c = rng.standard_normal((3, h)).astype(np.float32)
+    c[2, :3] = [np.nan, np.inf, -np.inf]
+    b_iof, b_c = rng.standard_normal(3 * h).astype(np.float32), rng.standard_normal(h).astype(np.float32)
+    for bias in (True, False):
+        for lo, hi in ((-3.4e38, 3.4e38), (-0.6, 0.6)):
+            for input_forget in (False, True):
+                bi, bc = (b_iof, b_c) if bias else (None, None)
+                lo32, hi32 = np.float32(lo), np.float32(hi)
+
+                def gate(v, b):
+                    return np.fmax(np.fmin(v + b if b is not None else v, hi32), lo32)
+
+                iof = mlas_math.logistic(gate(g[:, :3 * h], bi))
+                i, o, f = iof[:, :h], iof[:, h:2 * h], iof[:, 2 * h:]
+                if input_forget:
+                    f = np.float32(1) - i
+                c_ref = c * f + i * mlas_math.tanh(gate(g[:, 3 * h:], bc))
+                h_ref = mlas_math.tanh(c_ref) * o
+                c_new, h_new = lstm_cell.lstm_cell(g, bi, bc, c, lo, hi, input_forget)
+                np.testing.assert_array_equal(c_new, c_ref)
+                np.testing.assert_array_equal(h_new, h_ref)
+                assert np.array_equal(np.signbit(h_new), np.signbit(h_ref))

@@ -1364,7 +1364,7 @@ def _lstm_activations(names, alphas, betas, num_dir):
             a = alphas.pop(0)
         if uses_b and betas:
             b = betas.pop(0)
-        fns.append(_bound_activation(fn, F32.type(a), F32.type(b)))
+        fns.append(_bound_activation(fn, F32.type(a), F32.type(b), n))
     return [fns[3 * d:3 * d + 3] for d in range(num_dir)]
 
 
@@ -1372,8 +1372,10 @@ def _shape_of(shape):
     return None if shape is None else list(shape)
 
 
-def _bound_activation(fn, a, b):
-    return lambda x: fn(x, a, b)
+def _bound_activation(fn, a, b, kind=""):
+    bound = lambda x: fn(x, a, b)  # noqa: E731
+    bound.kind = kind  # (the LSTM's compiled step takes the default three by name)
+    return bound
 
 
 def _dims_agree(shape, want):
@@ -1499,6 +1501,11 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
     # through their activation together: one call on 3H columns instead of three on H (the
     # same elementwise float32 steps, a third of the NumPy calls of a step).
     together = peep is None
+    # the default activations in one compiled pass per step (kernels/cpu/lstm_cell.py: the same bits)
+    from ..kernels.cpu import lstm_cell as cell  # (imported where an LSTM runs, not with the contrib ops)
+
+    compiled = together and cell.available() and tuple(getattr(a, "kind", "") for a in acts) == (
+        "sigmoid", "tanh", "tanh")
     b_iof = None if bias is None else np.concatenate([bi, bo, bf])
     h_state, c = h0.copy(), c0.copy()
     h_in = h0  # what the next step's GEMM reads: Y's row (0 past the end) when Y is an output, else h
@@ -1506,7 +1513,9 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(steps):
             g = _quantized_gemm(h_in, *r, accumulate=xw[t])
-            if together:
+            if compiled:
+                c_new, h_new = cell.lstm_cell(g, b_iof, bc, c, lo, hi, input_forget)
+            elif together:
                 iof = f_act(gate(g[:, :3 * hidden], b_iof))
                 i, o, f = (iof[:, k * hidden:(k + 1) * hidden] for k in range(3))
                 if input_forget:
@@ -1520,7 +1529,8 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
                 cc = g_act(gate(cc, bc))
                 c_new = c * f + i * cc
                 o = f_act(gate(o + c_new * peep[1], bo))
-            h_new = h_act(c_new) * o
+            if not compiled:
+                h_new = h_act(c_new) * o
             if lens is None:
                 c, h_state = c_new, h_new
                 h_out = h_new

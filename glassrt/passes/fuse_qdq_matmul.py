@@ -44,7 +44,7 @@ def int8_engine_reason(providers) -> str | None:
 
 
 def fuse_qdq_matmul(graph, ctx):
-    if int8_engine_reason(ctx.providers):
+    if not any(n.op_type == "DequantizeLinear" for n in graph.nodes) or int8_engine_reason(ctx.providers):
         return graph, []
     consts, types = graph.constants(), ctx.types
     readers = Readers(graph, graph.nodes)
