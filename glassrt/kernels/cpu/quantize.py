@@ -138,16 +138,20 @@ def _per_tensor_8bit(x, y_scale, out_dt, block_size, precision) -> bool:
 
 
 @jit(error_model="numpy")
+def _code(v, s, z, lo, hi):  # pragma: no cover - compiled
+    """clip(rint(v / s) + z, lo, hi) in float32; NaN as 0, as the NumPy path's float ->
+    integer conversion gives it."""
+    q = np.rint(v / s) + z
+    q = lo if q < lo else q
+    q = hi if q > hi else q
+    return np.float32(0.0) if q != q else q
+
+
+@jit(error_model="numpy")
 def _quantize8(x, s, z, lo, hi, out):  # pragma: no cover - compiled
-    """clip(rint(x / s) + z, lo, hi) in float32, stored as 8-bit integers (NaN as 0, as the
-    NumPy path's float -> integer conversion gives); the QuantizeDequantize loop's first half."""
+    """QuantizeLinear per tensor: the codes stored as 8-bit integers."""
     for i in range(x.size):
-        q = np.rint(x[i] / s) + z
-        q = lo if q < lo else q
-        q = hi if q > hi else q
-        if q != q:
-            q = np.float32(0.0)
-        out[i] = q
+        out[i] = _code(x[i], s, z, lo, hi)
 
 
 # ---------------------------------------------------------------- DequantizeLinear
@@ -417,12 +421,7 @@ def quantize_dequantize(ctx):
 @jit(error_model="numpy")
 def _fake_quant(x, s, z, lo, hi, out):  # pragma: no cover - compiled
     for i in range(x.size):
-        q = np.rint(x[i] / s) + z
-        q = lo if q < lo else q
-        q = hi if q > hi else q
-        if q != q:
-            q = np.float32(0.0)
-        out[i] = (q - z) * s
+        out[i] = (_code(x[i], s, z, lo, hi) - z) * s
 
 
 def _fake_quant_numpy(v, s, z, lo, hi):
