@@ -125,6 +125,7 @@ def test_matmul_integer_to_float_on_onednn_is_the_cpu_kernel_bit_for_bit(a_dtype
 
 
 def test_quantize_linear_per_tensor_loop_is_the_numpy_path(monkeypatch):
+    pytest.importorskip("numba")  # imported: the compiled loops run from the first call (_jit.use_compiled)
     from glassrt.kernels.cpu import quantize
 
     x = np.concatenate([RNG.standard_normal(300).astype(np.float32) * 60,
@@ -141,6 +142,7 @@ def test_quantize_linear_per_tensor_loop_is_the_numpy_path(monkeypatch):
 
 
 def test_dynamic_quantize_linear_loop_is_the_numpy_path(monkeypatch):
+    pytest.importorskip("numba")
     from glassrt.kernels.cpu import quantize
 
     cases = [(RNG.standard_normal((3, 500)) * 7).astype(np.float32), np.array([np.nan, 1.0, -2.0, np.inf], np.float32),
@@ -148,9 +150,41 @@ def test_dynamic_quantize_linear_loop_is_the_numpy_path(monkeypatch):
     for x in cases:
         fast = quantize.dynamic_quantize_linear(x)
         with monkeypatch.context() as mp, np.errstate(invalid="ignore"):
-            mp.setattr(quantize, "numba_missing", lambda: "numba unavailable (test)")
+            mp.setattr(quantize, "use_compiled", lambda *a, **k: False)
             mp.setattr(quantize, "_quantize8", None)
             slow = quantize.dynamic_quantize_linear(x)
         for f, s in zip(fast, slow):
             assert f.dtype == s.dtype and f.shape == s.shape
             np.testing.assert_array_equal(f, s)
+
+
+def test_dequantize_linear_per_tensor_loop_is_the_numpy_path(monkeypatch):
+    pytest.importorskip("numba")
+    from glassrt.kernels.cpu import quantize
+
+    for dt, zp in ((np.uint8, 131), (np.int8, -7), (np.int8, None)):
+        info = np.iinfo(dt)
+        x = RNG.integers(info.min, info.max + 1, (3, 41, 7)).astype(dt)
+        z = None if zp is None else np.array(zp, dt)
+        fast = quantize.dequantize_linear(x, np.array(0.0371, np.float32), z)
+        with monkeypatch.context() as mp:
+            mp.setattr(quantize, "use_compiled", lambda *a, **k: False)
+            mp.setattr(quantize, "_dequantize8", None)
+            slow = quantize.dequantize_linear(x, np.array(0.0371, np.float32), z)
+        assert fast.dtype == slow.dtype == np.float32
+        np.testing.assert_array_equal(fast, slow)
+        assert np.array_equal(np.signbit(fast), np.signbit(slow))
+
+
+def test_optional_compiled_loops_wait_for_numba_or_a_model_that_keeps_running():
+    """A process that has not imported Numba takes the NumPy twin of an optional compiled
+    loop until that path has run often (importing Numba costs ~0.3 s: more than a model
+    run a few times gains); where Numba is loaded, the loop runs at once."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom glassrt.kernels.cpu._jit import use_compiled\n"
+            "first = [use_compiled('t', after=3) for _ in range(5)]\n"
+            "print(first, 'numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[False, False, False, True, True] False", out

@@ -290,10 +290,9 @@ def test_qlinear_conv_is_the_cpu_kernel_bit_for_bit(x_dt, w_dt, per_channel, att
 def test_lstm_compiled_step_is_the_numpy_steps_bit_for_bit(monkeypatch, attrs, lens):
     """Without peepholes and with the default activations a step's gates run as one compiled
     pass (kernels/cpu/lstm_cell.py): the NumPy steps' bits, and onnxruntime's."""
+    pytest.importorskip("numba")  # imported: the compiled step runs from the first call (_jit.use_compiled)
     from glassrt.kernels.cpu import lstm_cell
 
-    if not lstm_cell.available():
-        pytest.skip("Numba unavailable")
     rng = rng_for("lstm-cell", str(attrs), lens is None)
     num_dir = 2 if attrs.get("direction") == "bidirectional" else 1
     inputs = lstm_inputs(rng, 6, 3, 10, 8, num_dir, lens=lens)
@@ -315,10 +314,9 @@ def test_lstm_compiled_step_is_the_numpy_steps_bit_for_bit(monkeypatch, attrs, l
 
 def test_lstm_cell_carries_nan_and_infinities_as_the_numpy_steps():
     from glassrt.kernels import mlas_math
+    pytest.importorskip("numba")  # imported: the compiled step runs from the first call (_jit.use_compiled)
     from glassrt.kernels.cpu import lstm_cell
 
-    if not lstm_cell.available():
-        pytest.skip("Numba unavailable")
     rng = np.random.default_rng(3)
     h = 16
     g = (rng.standard_normal((3, 4 * h)) * 6).astype(np.float32)

@@ -48,6 +48,22 @@ def numba_missing() -> str | None:
     return _REASON[0]
 
 
+_CALLS: dict = {}
+
+
+def use_compiled(path: str, after: int = 64) -> bool:
+    """Whether an optional compiled loop (one whose NumPy twin gives the same bits) should
+    run now: Numba is installed and the process has imported it already, or this path has
+    been asked `after` times (a model that keeps running pays Numba's import once, ~0.3 s
+    with its cache loads; a process that runs a model a few times never does)."""
+    if numba_missing() is not None:
+        return False
+    if "numba" in sys.modules:
+        return True
+    _CALLS[path] = _CALLS.get(path, 0) + 1
+    return _CALLS[path] > after
+
+
 def _import_numba():
     try:
         import numba

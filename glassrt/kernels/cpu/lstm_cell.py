@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import mlas_math
-from ._jit import jit, numba_missing
+from ._jit import jit, use_compiled
 
 _F32 = np.float32
 _TANH_BOUND, _TANH_P, _TANH_Q = (_F32(mlas_math._TANH[0]), np.array(mlas_math._TANH[1], _F32),
@@ -23,7 +23,9 @@ _LOG_BOUND, _LOG_P, _LOG_Q = (_F32(mlas_math._LOGISTIC[0]), np.array(mlas_math._
 
 
 def available() -> bool:
-    return numba_missing() is None
+    """Whether to take the compiled step for this LSTM run: Numba loaded already, or LSTMs
+    have run often enough here to pay its import (_jit.use_compiled)."""
+    return use_compiled("lstm_cell")
 
 
 @jit(error_model="numpy")
