@@ -97,7 +97,7 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, out=None, axis=1, saturate
             and (out is None or (out.flags.c_contiguous and out.shape == x.shape and out.dtype == out_dt)) \
             and use_compiled("QuantizeLinear"):
         # one compiled pass (a QDQ model quantizes every activation that feeds an integer
-        # product: smart-turn's 18, 0.55 ms each on (400, 384) as the NumPy steps below)
+        # product: smart-turn's 18 took 10 ms of a run as the NumPy steps below, 2.6 as this)
         y = np.empty(x.shape, out_dt) if out is None else out
         z = 0 if y_zero_point is None else int(y_zero_point.reshape(-1)[0])
         lo, hi = _int_range(out_dt)
@@ -180,8 +180,8 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, out=None, axis=1, block_
             and not block_size and (out is None or (out.flags.c_contiguous and out.shape == x.shape
                                                     and out.dtype == out_dt)) \
             and use_compiled("DequantizeLinear"):
-        # one compiled pass: (x - z) * s in float32, as the NumPy steps below (a QDQ model
-        # dequantizes activations of 100,000s of values: 1.2 ms each as those steps)
+        # one compiled pass: (x - z) * s in float32, as the NumPy steps below (their three
+        # passes 30-48 us on (1, 400, 384), this 18-26)
         y = np.empty(x.shape, np.float32) if out is None else out
         z = 0 if x_zero_point is None else int(x_zero_point.reshape(-1)[0])
         _dequantize8(np.ascontiguousarray(x).reshape(-1), np.float32(x_scale.reshape(-1)[0]), np.float32(z),

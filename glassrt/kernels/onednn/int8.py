@@ -122,6 +122,8 @@ class Int8Weights(Prepared):
         """float32 (a - za) @ B · a_scale · b_scale (+ bias): the exact integer sums, scaled
         and biased by oneDNN as it writes them (onnxruntime's MatMulIntegerToFloat; B's
         scale one value or one per column). Only where `scalable`."""
+        if not self.scalable:
+            raise ValueError("B has a zero point (or is uint8): its sums need product()'s corrections")
         m = a.shape[0]
         z = 0 if za is None else int(np.asarray(za).reshape(()))
         if a.dtype == np.int8:
