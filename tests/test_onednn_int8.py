@@ -115,6 +115,15 @@ def test_matmul_integer_agrees_with_onnxruntime():
     np.testing.assert_array_equal(got, want[0])
 
 
+def test_empty_weights_go_to_cpu():
+    """A B with no inner dimension: the product is zeros; with no columns, empty (cpu's)."""
+    for b in (np.zeros((0, 3), I8), np.zeros((4, 0), U8)):
+        sess = glassrt.InferenceSession(_matmul_integer(b, None, (2, b.shape[0]), U8, None))
+        assert _kernel(sess, "mm")["kernel"] == "cpu.MatMulInteger"
+        got = sess.run(None, {"a": np.ones((2, b.shape[0]), U8)})[0]
+        np.testing.assert_array_equal(got, np.zeros((2, b.shape[1]), np.int32))
+
+
 def test_matmul_integer_refusals_say_why(monkeypatch):
     rng = rng_for("int8-refuse")
     b = _codes(rng, U8, (16, 4))

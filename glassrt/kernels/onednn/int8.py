@@ -174,6 +174,8 @@ def _matmul_integer_reason(ctx):
         return "B is not a constant (its bytes are reordered once, when the plan is built)"
     if b.ndim != 2 or b.dtype not in (np.int8, np.uint8):
         return f"B is {b.dtype}{list(b.shape)}, not a 2-D 8-bit matrix"
+    if b.size == 0:
+        return "B is empty (cpu writes the zeros or the empty result)"
     if a_shape is None or len(a_shape) < 1:
         return "A's rank is not known"
     if ctx.has(3):
@@ -224,8 +226,8 @@ def lstm_reason(ctx):
         v = ctx.const(i)
         if v is None:
             return f"{what} is not a constant (its bytes are reordered once, when the plan is built)"
-        if v.ndim != 3 or v.dtype not in (np.int8, np.uint8):
-            return f"{what} is {v.dtype}{list(v.shape)}, not 3-D 8-bit weights"
+        if v.ndim != 3 or v.dtype not in (np.int8, np.uint8) or v.size == 0:
+            return f"{what} is {v.dtype}{list(v.shape)}, not non-empty 3-D 8-bit weights"
     for i, what in ((9, "W_zero_point"), (11, "R_zero_point")):
         if ctx.has(i) and ctx.const(i) is None:
             return f"{what} is computed at run time"
@@ -412,6 +414,8 @@ def matmul_integer_to_float_reason(ctx):
         return "B is not a constant (its bytes are reordered once, when the plan is built)"
     if b.ndim != 2 or b.dtype != np.int8:
         return f"B is {b.dtype}{list(b.shape)}, not a 2-D int8 matrix (its zero point would not be 0)"
+    if b.size == 0:
+        return "B is empty (cpu writes the zeros or the empty result)"
     n = b.shape[1]
     if ctx.has(5) and (ctx.const(5) is None or ctx.const(5).any()):
         return "b_zero_point is not a constant 0 (oneDNN compensates A's zero point only)"
