@@ -5,7 +5,7 @@ is registered in contrib/microsoft_quant.py, `Int8Weights` and `lstm_reason` fro
 glassrt's own path (kernels/int_gemm.py) converts 8-bit data to float32 and runs float
 GEMMs, exact but at float speed and four times the bytes. oneDNN multiplies the bytes
 themselves (u8 x s8 into s32: VNNI's vpdpbusd, AMX's tdpbusd). Measured on the 2-core
-AVX-512 + AMX machine: ddddocr's classifier (40 x 1024 @ 1024 x 8210) 12.9 ms -> 0.43 ms,
+AVX-512 + AMX machine: 40 x 1024 @ 1024 x 8210 (ddddocr's classifier weights) 12.9 ms -> 0.43 ms,
 one LSTM step (1 x 512 @ 512 x 2048) 352 -> 19 us.
 
 Exact only where the CPU adds the byte products without saturating: with VNNI or AMX.
