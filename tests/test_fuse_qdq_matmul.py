@@ -124,6 +124,13 @@ def test_matmul_integer_to_float_on_onednn_is_the_cpu_kernel_bit_for_bit(a_dtype
     np.testing.assert_array_equal(got, glassrt.InferenceSession(m, providers=["cpu"]).run(None, feeds)[0])
 
 
+def _counted(mp, module, name) -> list:
+    """Replace module.name by a wrapper that records its calls (then calls it)."""
+    calls, real = [], getattr(module, name)
+    mp.setattr(module, name, lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 def test_quantize_linear_per_tensor_loop_is_the_numpy_path(monkeypatch):
     pytest.importorskip("numba")  # imported: the compiled loops run from the first call (_jit.use_compiled)
     from glassrt.kernels.cpu import quantize
@@ -132,7 +139,10 @@ def test_quantize_linear_per_tensor_loop_is_the_numpy_path(monkeypatch):
                         np.array([np.nan, np.inf, -np.inf, 2.5, 3.5, -2.5, -0.0, 1e30], np.float32)])
     for dt, zp in ((np.uint8, 128), (np.int8, -3), (np.uint8, None)):
         z = None if zp is None else np.array(zp, dt)
-        fast = quantize.quantize_linear(x, np.array(0.37, np.float32), z)
+        with monkeypatch.context() as mp:
+            loop = _counted(mp, quantize, "_quantize8")
+            fast = quantize.quantize_linear(x, np.array(0.37, np.float32), z)
+        assert loop, "the compiled loop was not taken"
         with monkeypatch.context() as mp:
             mp.setattr(quantize, "_quantize8", None)  # the compiled loop must not be the one called
             mp.setattr(quantize, "_per_tensor_8bit", lambda *a: False)
@@ -148,7 +158,10 @@ def test_dynamic_quantize_linear_loop_is_the_numpy_path(monkeypatch):
     cases = [(RNG.standard_normal((3, 500)) * 7).astype(np.float32), np.array([np.nan, 1.0, -2.0, np.inf], np.float32),
              np.zeros(5, np.float32), np.array(3.5, np.float32), np.full(9, 2.0, np.float32)]
     for x in cases:
-        fast = quantize.dynamic_quantize_linear(x)
+        with monkeypatch.context() as mp:
+            loop = _counted(mp, quantize, "_quantize8")
+            fast = quantize.dynamic_quantize_linear(x)
+        assert loop, "the compiled loop was not taken"
         with monkeypatch.context() as mp, np.errstate(invalid="ignore"):
             mp.setattr(quantize, "use_compiled", lambda *a, **k: False)
             mp.setattr(quantize, "_quantize8", None)
@@ -166,7 +179,10 @@ def test_dequantize_linear_per_tensor_loop_is_the_numpy_path(monkeypatch):
         info = np.iinfo(dt)
         x = RNG.integers(info.min, info.max + 1, (3, 41, 7)).astype(dt)
         z = None if zp is None else np.array(zp, dt)
-        fast = quantize.dequantize_linear(x, np.array(0.0371, np.float32), z)
+        with monkeypatch.context() as mp:
+            loop = _counted(mp, quantize, "_dequantize8")
+            fast = quantize.dequantize_linear(x, np.array(0.0371, np.float32), z)
+        assert loop, "the compiled loop was not taken"
         with monkeypatch.context() as mp:
             mp.setattr(quantize, "use_compiled", lambda *a, **k: False)
             mp.setattr(quantize, "_dequantize8", None)

@@ -10,6 +10,8 @@ ones: ddddocr's bidirectional LSTM (hidden 512) ran ~80 NumPy calls per step on 
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import mlas_math
@@ -86,13 +88,21 @@ def _cell(g, b_iof, b_c, has_bias, c, lo, hi, input_forget, c_out, h_out):  # pr
             h_out[r, j] = _rational(c_new, _TANH_BOUND, _TANH_P, _TANH_Q) * o
 
 
+@functools.lru_cache(maxsize=16)
+def _zeros(n):
+    """Read-only zeros, made once per size rather than at every step."""
+    z = np.zeros(n, _F32)
+    z.flags.writeable = False
+    return z
+
+
 def lstm_cell(g, b_iof, b_c, c, lo, hi, input_forget):
     """(c', h') of one step without peepholes, sigmoid / tanh / tanh: g (N, 4H) the gates'
     pre-activations (i, o, f, c), b_iof (3H) and b_c (H) their biases or None, c (N, H)."""
     n, hidden = c.shape
     has_bias = b_iof is not None
-    if not has_bias:
-        b_iof, b_c = np.zeros(3 * hidden, _F32), np.zeros(hidden, _F32)
+    if not has_bias:  # (read, not added: the loop indexes them for every unit)
+        b_iof, b_c = _zeros(3 * hidden), _zeros(hidden)
     c_out, h_out = np.empty((n, hidden), _F32), np.empty((n, hidden), _F32)
     _cell(np.ascontiguousarray(g, _F32), np.ascontiguousarray(b_iof, _F32), np.ascontiguousarray(b_c, _F32),
           has_bias, np.ascontiguousarray(c, _F32), _F32(lo), _F32(hi), bool(input_forget), c_out, h_out)

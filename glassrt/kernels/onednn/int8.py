@@ -31,7 +31,7 @@ from . import capi, dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
 from .capi import ARG_ATTR_SCALES, ARG_ATTR_ZERO_POINTS
 from ...ops.geometry import spatial_pads
-from .kernels import _unavailable, packed_weights
+from .kernels import _unavailable, packed_weights, shared_pd
 
 _I8 = [np.int8, np.uint8]
 _PRIMITIVES_MAX = 16  # row counts kept per weight (an LSTM's batch, a classifier's sequence)
@@ -260,11 +260,12 @@ class _Int8Conv:
         m = w_s8.shape[0]
         self.y_shape = (n, m, *_out_hw((h, w), w_s8.shape[2:], strides, dil, begin, end))
         wshape = dnnl.grouped_weights_shape(w_s8.shape, group)
-        self.pd = dnnl.convolution(MemoryDesc.create(x_shape, np.uint8, "acdb"),
-                                   MemoryDesc.create(wshape, np.int8, "any"),
-                                   MemoryDesc.create(self.y_shape, np.int32, "acdb"),
-                                   strides=list(strides), dilations=[d - 1 for d in dil], padding_l=list(begin),
-                                   padding_r=list(end))
+        # one descriptor per geometry: placement asks its implementation, the binding runs it
+        key = ("int8 conv", tuple(x_shape), wshape, tuple(strides), tuple(dil), tuple(begin), tuple(end))
+        self.pd = shared_pd(key, lambda: dnnl.convolution(
+            MemoryDesc.create(x_shape, np.uint8, "acdb"), MemoryDesc.create(wshape, np.int8, "any"),
+            MemoryDesc.create(self.y_shape, np.int32, "acdb"), strides=list(strides),
+            dilations=[d - 1 for d in dil], padding_l=list(begin), padding_r=list(end)))
         self.weights = w_s8.reshape(wshape)
         self._packed, self._steps = None, {}
 
