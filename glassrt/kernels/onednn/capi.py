@@ -202,8 +202,11 @@ ARG_SRC = ARG_SRC_0 = ARG_FROM = 1
 ARG_SRC_1 = 2
 ARG_SRC_2 = 3
 ARG_DST = ARG_DST_0 = ARG_TO = 17
+ARG_DST_1 = 18
+ARG_DST_2 = 19
 ARG_WEIGHTS = ARG_WEIGHTS_0 = 33
 ARG_WEIGHTS_1 = 34
+ARG_WEIGHTS_2 = 35
 ARG_BIAS = 41
 ARG_MEAN = 49
 ARG_VARIANCE = 50
@@ -392,6 +395,9 @@ _SIGNATURES = {
     "dnnl_matmul_primitive_desc_create": (_S, [PP, P, P, P, P, P, P]),
     "dnnl_resampling_forward_primitive_desc_create": (_S, [PP, P, c_int, c_int, POINTER(c_float), P, P, P]),
     "dnnl_reduction_primitive_desc_create": (_S, [PP, P, c_int, P, P, c_float, c_float, P]),
+    # engine, prop kind, direction; src_layer, src_iter, src_iter_c; weights_layer, weights_iter,
+    # weights_peephole, weights_projection; bias; dst_layer, dst_iter, dst_iter_c; flags, attr
+    "dnnl_lstm_forward_primitive_desc_create": (_S, [PP, P, c_int, c_int] + [P] * 11 + [c_uint, P]),
     # BLAS-like
     "dnnl_sgemm": (_S, [c_char, c_char, c_int64, c_int64, c_int64, c_float, c_void_p, c_int64, c_void_p, c_int64,
                         c_float, c_void_p, c_int64]),

@@ -816,6 +816,29 @@ def reorder(src: MemoryDesc, dst: MemoryDesc, attr=None) -> PrimitiveDesc:
     return _pd("reorder", _lib().dnnl_reorder_primitive_desc_create, a, src.handle, e, dst.handle, e, a.handle)
 
 
+# dnnl_rnn_direction_t by ONNX's direction attribute (bidirectional: both directions' outputs
+# concatenated along the channels of dst_layer)
+RNN_DIRECTIONS = {"forward": 1, "reverse": 2, "bidirectional": 3}
+
+
+def lstm(src_layer: MemoryDesc, src_iter: MemoryDesc | None, src_iter_c: MemoryDesc | None,
+         weights_layer: MemoryDesc, weights_iter: MemoryDesc, weights_peephole: MemoryDesc | None,
+         bias: MemoryDesc | None, dst_layer: MemoryDesc, dst_iter: MemoryDesc | None,
+         dst_iter_c: MemoryDesc | None, *, direction: str, attr=None,
+         prop: int = capi.forward_inference) -> PrimitiveDesc:
+    """dnnl_lstm_forward_primitive_desc_create (no projection). oneDNN's shapes: src_layer /
+    dst_layer (T, N, C) with dst's C the directions' hidden states side by side; iter states
+    (layers, directions, N, H); weights (layers, directions, input, gates, H) with gates in
+    oneDNN's order i, f, c, o; peepholes (layers, directions, 3, H) in order i, f, o; bias
+    (layers, directions, gates, H). A None descriptor is oneDNN's zero one: no initial state
+    (zeros), no peepholes, no bias, no final state wanted."""
+    a = _attr(attr)
+    return _pd("rnn", _lib().dnnl_lstm_forward_primitive_desc_create, a, engine().handle, prop,
+               RNN_DIRECTIONS[direction], _h(src_layer), _h(src_iter), _h(src_iter_c), _h(weights_layer),
+               _h(weights_iter), _h(weights_peephole), None, _h(bias), _h(dst_layer), _h(dst_iter),
+               _h(dst_iter_c), 0, a.handle)
+
+
 def prepack(a: np.ndarray, user: MemoryDesc | None, target: MemoryDesc, make_reorder=None, *,
             slab_bytes: int = 0, done=None) -> Memory:
     """Copy `a` (laid out as `user`, default: its own plain layout) into a new buffer laid
