@@ -1,6 +1,6 @@
-"""The onednn provider's LSTM (kernels/onednn/rnn.py): oneDNN's RNN primitive for the whole
-sequence, against cpu's kernel and onnxruntime; what it refuses, each with its reason; and
-the runs it hands to cpu's kernel (a sequence_lens shorter than the sequence)."""
+"""The onednn provider's LSTM, GRU and RNN (kernels/onednn/rnn.py): oneDNN's RNN primitives for
+the whole sequence, against cpu's kernels and onnxruntime; what they refuse, each with its
+reason; and the runs they hand to cpu's kernel (a sequence_lens shorter than the sequence)."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -13,16 +13,21 @@ pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN una
 F = TensorProto.FLOAT
 
 
-def _lstm_model(steps, batch, width, hidden, *, direction="forward", bias=True, peepholes=False, initial=False,
-                outputs=("y", "y_h", "y_c"), attrs=None, seq_lens=None, weights_as_inputs=False, seed=0):
-    """One LSTM node: X (and initial_h / initial_c, sequence_lens) fed, W, R, B, P initializers.
-    seq_lens: None, "const" (every entry the full length, an initializer) or "fed"."""
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def _lstm_model(steps, batch, width, hidden, *, op="LSTM", direction="forward", bias=True, peepholes=False,
+                initial=False, outputs=None, attrs=None, seq_lens=None, weights_as_inputs=False, seed=0):
+    """One LSTM (GRU, RNN) node: X (and initial_h / initial_c, sequence_lens) fed, W, R, B, P
+    initializers. seq_lens: None, "const" (every entry the full length, an initializer) or "fed"."""
     rng = np.random.default_rng(seed)
     dirs = 2 if direction == "bidirectional" else 1
-    consts = {"W": rng.uniform(-0.4, 0.4, (dirs, 4 * hidden, width)),
-              "R": rng.uniform(-0.4, 0.4, (dirs, 4 * hidden, hidden))}
+    gates = GATES[op]
+    outputs = outputs or (("y", "y_h", "y_c") if op == "LSTM" else ("y", "y_h"))
+    consts = {"W": rng.uniform(-0.4, 0.4, (dirs, gates * hidden, width)),
+              "R": rng.uniform(-0.4, 0.4, (dirs, gates * hidden, hidden))}
     if bias:
-        consts["B"] = rng.uniform(-0.5, 0.5, (dirs, 8 * hidden))
+        consts["B"] = rng.uniform(-0.5, 0.5, (dirs, 2 * gates * hidden))
     if peepholes:
         consts["P"] = rng.uniform(-0.5, 0.5, (dirs, 3 * hidden))
     consts = {k: v.astype(np.float32) for k, v in consts.items()}
@@ -36,7 +41,7 @@ def _lstm_model(steps, batch, width, hidden, *, direction="forward", bias=True, 
         inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [batch]))
         names[4] = "lens"
     if initial:
-        for i, n in ((5, "h0"), (6, "c0")):
+        for i, n in ((5, "h0"), (6, "c0"))[:2 if op == "LSTM" else 1]:
             inputs.append(helper.make_tensor_value_info(n, F, [dirs, batch, hidden]))
             names[i] = n
     for k, v in consts.items():
@@ -46,7 +51,7 @@ def _lstm_model(steps, batch, width, hidden, *, direction="forward", bias=True, 
             inits.append(numpy_helper.from_array(v, k))
     while names and not names[-1]:
         names.pop()
-    node = helper.make_node("LSTM", names, list(outputs), name="lstm", direction=direction, hidden_size=hidden,
+    node = helper.make_node(op, names, list(outputs), name="lstm", direction=direction, hidden_size=hidden,
                             **(attrs or {}))
     g = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(o, F, None) for o in outputs if o],
                           inits)
@@ -55,7 +60,8 @@ def _lstm_model(steps, batch, width, hidden, *, direction="forward", bias=True, 
     feeds = {"x": rng.standard_normal((steps, batch, width)).astype(np.float32)}
     if initial:
         feeds["h0"] = rng.standard_normal((dirs, batch, hidden)).astype(np.float32)
-        feeds["c0"] = rng.standard_normal((dirs, batch, hidden)).astype(np.float32)
+        if op == "LSTM":
+            feeds["c0"] = rng.standard_normal((dirs, batch, hidden)).astype(np.float32)
     if weights_as_inputs:
         feeds.update(consts)
     if seq_lens == "fed":
@@ -65,6 +71,12 @@ def _lstm_model(steps, batch, width, hidden, *, direction="forward", bias=True, 
 
 def _explained(sess):
     return {r["name"]: r for r in sess.explain()["nodes"]}["lstm"]
+
+
+def _assert_close(got, want):
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == np.float32
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-6)
 
 
 def _run_both(model, feeds):
@@ -81,9 +93,48 @@ def test_lstm_matches_cpu(direction, batch, bias, peepholes, initial):
     m, feeds = _lstm_model(7, batch, 5, 6, direction=direction, bias=bias, peepholes=peepholes, initial=initial)
     got, want, sess = _run_both(m, feeds)
     assert _explained(sess)["kernel"] == "onednn.LSTM"
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == np.float32
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=2e-6)
+    _assert_close(got, want)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("linear_before_reset", [0, 1])
+@pytest.mark.parametrize("bias,initial", [(True, False), (False, True)])
+def test_gru_matches_cpu(direction, batch, linear_before_reset, bias, initial):
+    m, feeds = _lstm_model(6, batch, 5, 4, op="GRU", direction=direction, bias=bias, initial=initial,
+                           attrs={"linear_before_reset": linear_before_reset})
+    got, want, sess = _run_both(m, feeds)
+    assert _explained(sess)["kernel"] == "onednn.GRU"
+    _assert_close(got, want)
+
+
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+@pytest.mark.parametrize("activation", [None, "Tanh", "Relu", "Sigmoid"])
+def test_rnn_matches_cpu(direction, activation):
+    dirs = 2 if direction == "bidirectional" else 1
+    attrs = {} if activation is None else {"activations": [activation] * dirs}
+    m, feeds = _lstm_model(6, 2, 5, 4, op="RNN", direction=direction, initial=True, attrs=attrs)
+    got, want, sess = _run_both(m, feeds)
+    assert _explained(sess)["kernel"] == "onednn.RNN"
+    _assert_close(got, want)
+
+
+def test_rnn_with_two_activations_goes_to_cpu():
+    m, feeds = _lstm_model(4, 1, 3, 4, op="RNN", direction="bidirectional", attrs={"activations": ["Tanh", "Relu"]})
+    got, want, sess = _run_both(m, feeds)
+    assert _explained(sess)["kernel"] == "cpu.RNN" and "both directions" in _explained(sess)["reason"]
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("op", ["GRU", "RNN"])
+def test_gru_and_rnn_match_onnxruntime(op):
+    ort = pytest.importorskip("onnxruntime")
+    attrs = {"linear_before_reset": 1} if op == "GRU" else {}
+    m, feeds = _lstm_model(12, 2, 16, 32, op=op, direction="bidirectional", initial=True, attrs=attrs)
+    got = glassrt.InferenceSession(m.SerializeToString()).run(None, feeds)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("outputs", [("y",), ("", "y_h"), ("", "", "y_c"), ("y", "", "y_c")])

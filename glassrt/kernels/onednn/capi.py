@@ -398,6 +398,12 @@ _SIGNATURES = {
     # engine, prop kind, direction; src_layer, src_iter, src_iter_c; weights_layer, weights_iter,
     # weights_peephole, weights_projection; bias; dst_layer, dst_iter, dst_iter_c; flags, attr
     "dnnl_lstm_forward_primitive_desc_create": (_S, [PP, P, c_int, c_int] + [P] * 11 + [c_uint, P]),
+    # (the same without the cell state, peepholes and projection)
+    "dnnl_gru_forward_primitive_desc_create": (_S, [PP, P, c_int, c_int] + [P] * 7 + [c_uint, P]),
+    "dnnl_lbr_gru_forward_primitive_desc_create": (_S, [PP, P, c_int, c_int] + [P] * 7 + [c_uint, P]),
+    # engine, prop kind, activation, direction, the GRU's descriptors, flags, alpha, beta, attr
+    "dnnl_vanilla_rnn_forward_primitive_desc_create": (
+        _S, [PP, P, c_int, c_int, c_int] + [P] * 7 + [c_uint, c_float, c_float, P]),
     # BLAS-like
     "dnnl_sgemm": (_S, [c_char, c_char, c_int64, c_int64, c_int64, c_float, c_void_p, c_int64, c_void_p, c_int64,
                         c_float, c_void_p, c_int64]),

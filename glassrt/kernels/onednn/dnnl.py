@@ -839,6 +839,31 @@ def lstm(src_layer: MemoryDesc, src_iter: MemoryDesc | None, src_iter_c: MemoryD
                _h(dst_iter_c), 0, a.handle)
 
 
+def gru(src_layer: MemoryDesc, src_iter: MemoryDesc | None, weights_layer: MemoryDesc, weights_iter: MemoryDesc,
+        bias: MemoryDesc | None, dst_layer: MemoryDesc, dst_iter: MemoryDesc | None, *, direction: str,
+        linear_before_reset: bool, attr=None, prop: int = capi.forward_inference) -> PrimitiveDesc:
+    """dnnl_gru_forward_primitive_desc_create, or with linear_before_reset its lbr_gru (the
+    reset gate applied after the recurrent product: a fourth bias block, that product's).
+    Gates u, r, o (ONNX's z, r, h); shapes as `lstm`'s."""
+    a = _attr(attr)
+    create = _lib().dnnl_lbr_gru_forward_primitive_desc_create if linear_before_reset else \
+        _lib().dnnl_gru_forward_primitive_desc_create
+    return _pd("rnn", create, a, engine().handle, prop, RNN_DIRECTIONS[direction], _h(src_layer), _h(src_iter),
+               _h(weights_layer), _h(weights_iter), _h(bias), _h(dst_layer), _h(dst_iter), 0, a.handle)
+
+
+def vanilla_rnn(src_layer: MemoryDesc, src_iter: MemoryDesc | None, weights_layer: MemoryDesc,
+                weights_iter: MemoryDesc, bias: MemoryDesc | None, dst_layer: MemoryDesc,
+                dst_iter: MemoryDesc | None, *, direction: str, activation: str, attr=None,
+                prop: int = capi.forward_inference) -> PrimitiveDesc:
+    """dnnl_vanilla_rnn_forward_primitive_desc_create: h = activation(W x + U h + b), the
+    activation an eltwise algorithm ('eltwise_tanh', 'eltwise_relu', 'eltwise_logistic')."""
+    a = _attr(attr)
+    return _pd("rnn", _lib().dnnl_vanilla_rnn_forward_primitive_desc_create, a, engine().handle, prop,
+               ALG[activation], RNN_DIRECTIONS[direction], _h(src_layer), _h(src_iter), _h(weights_layer),
+               _h(weights_iter), _h(bias), _h(dst_layer), _h(dst_iter), 0, 0.0, 0.0, a.handle)
+
+
 def prepack(a: np.ndarray, user: MemoryDesc | None, target: MemoryDesc, make_reorder=None, *,
             slab_bytes: int = 0, done=None) -> Memory:
     """Copy `a` (laid out as `user`, default: its own plain layout) into a new buffer laid
