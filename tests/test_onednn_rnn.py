@@ -241,3 +241,17 @@ def test_lstm_weights_shared_between_plans(monkeypatch):
         np.testing.assert_allclose(sess.run(None, f)[0], cpu.run(None, f)[0], rtol=1e-5, atol=2e-6)
     assert len(sess.runner.plans) == 2
     assert sorted(packs) == [(1, 2, 8, 4, 16), (1, 2, 16, 4, 16)]  # W and R, each once
+
+
+def test_placement_on_unknown_shapes_is_reconsidered_by_the_plan():
+    """An LSTM whose input has no declared shape (as in an If body reading outer values):
+    placement cannot judge oneDNN's kernel and places it on cpu; the plan, whose shapes are
+    concrete, asks oneDNN again and runs it there."""
+    m, feeds = _lstm_model(5, 2, 3, 4, direction="bidirectional", initial=True)
+    m.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", F, None))
+    got, want, sess = _run_both(m, feeds)
+    row = _explained(sess)
+    assert row["kernel"] == "cpu.LSTM" and "onednn" in row["reason"]
+    (plan,) = sess.runner.plans.values()
+    assert [st.kernel.name for st in plan.steps if st.node.op_type == "LSTM"] == ["onednn.LSTM"]
+    _assert_close(got, want)

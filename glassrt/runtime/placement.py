@@ -24,7 +24,7 @@ from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
 from .infer import Inference, infer
 from .layout import choose_layouts
-from .select import provider_verdict_checked
+from .select import is_static, kernel_reason, provider_verdict_checked
 
 HOST = "cpu"  # the device whose arrays are NumPy arrays: graph inputs and outputs live here
 
@@ -39,6 +39,10 @@ class Decision:
     fallback: bool = False
     # Decides what the later providers would do (see `alternative`), or None.
     later: Callable | None = field(default=None, repr=False, compare=False)
+    # Earlier (partial) providers that refused the node only for shapes placement did not
+    # know (an If body's values, of unknown rank): a plan, whose shapes are concrete, asks them
+    # again (runtime/plan.py, _earlier_provider).
+    earlier: tuple = field(default=(), repr=False, compare=False)
 
     @functools.cached_property
     def alternative(self) -> Decision | None:
@@ -176,12 +180,13 @@ def decide(node, types, values, providers, expansion_failure=None, in_subgraph=F
     if contract is None:
         return None, "no such operator in the onnx schemas or the custom-op registry"
     ctx = node_context(node, contract, types, values)
-    rejected = []
+    rejected, shape_bound = [], []
     for rank, p in enumerate(providers):
         ks, why, accepted = provider_verdict_checked(p, node, contract, ctx)
         if ks:
             passed_complete = any(not q.partial for q in providers[:rank])
-            d = Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete)
+            d = Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete,
+                         earlier=tuple(q for q in shape_bound if q.device == p.device))
             if rank + 1 < len(providers) and (not accepted or (in_subgraph and p.partial)):
                 # taken on shapes it cannot judge yet (symbolic): the next providers' choice,
                 # for plans whose shapes its kernels refuse
@@ -189,6 +194,9 @@ def decide(node, types, values, providers, expansion_failure=None, in_subgraph=F
                                             list(rejected), p, passed_complete)
             return d, ""
         rejected.append((p.name, why))
+        if p.partial and not is_static(ctx) and any(kernel_reason(k, ctx, shapes=False) is None
+                                                   for k in p.kernels(node.domain, node.op_type, node.opset)):
+            shape_bound.append(p)
         if rank == 0 and expansion_failure:
             rejected.append(("decomposition", expansion_failure))
     return None, "; ".join(f"{p}: {r}" for p, r in rejected)

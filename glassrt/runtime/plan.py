@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from .gc_pause import gc_paused
 from .inline import inline_known_branches
 from .layout import channels_last_view
 from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
-from .select import bind_kernel, choose_kernel, is_static
+from .select import bind_kernel, choose_kernel, is_static, kernel_reason
 from .shape_formula import ShapeFormula
 
 
@@ -197,6 +197,8 @@ def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runn
                           [consts.get(i) if i else None for i in node.inputs], contract=contract,
                           layouts=layouts)
         subgraphs = placement.subgraphs.get(node.name)
+        if decision.earlier and is_static(ctx):
+            decision = _earlier_provider(decision, ctx) or decision
         try:
             kern, why = choose_kernel(decision, ctx, options, make_runner, subgraphs)
         except NodeExecutionError as e:
@@ -218,6 +220,21 @@ def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runn
         executed.append((node, kern, ctx, decision))
         selections.append(Selection(node.name, node.op_type, decision.provider, kern.name, why))
     return executed, folded, selections, moved
+
+
+def _earlier_provider(decision, ctx):
+    """The decision of a provider placement passed over only because it could not see the
+    node's shapes (see Decision.earlier), where its kernels take this plan's; else None."""
+    node = decision.node
+    for p in decision.earlier:
+        ks = [k for k in p.kernels(node.domain, node.op_type, node.opset) if kernel_reason(k, ctx) is None]
+        if ks:
+            ks.sort(key=lambda k: -k.priority)
+            rejected = [(name, why) for name, why in decision.rejected if name != p.name]
+            return replace(decision, provider=p.name, kernels=ks, rejected=rejected, fallback=False, earlier=(),
+                           reason=f"{p.name} has {node.op_type} kernel(s) for these shapes (placement could not "
+                                  f"see them: {decision.provider} was chosen there)")
+    return None
 
 
 def _step_io(node, kern, ctx) -> StepIO:
