@@ -19,7 +19,7 @@ import numpy as np
 from ..ir import TensorType, type_of_value  # noqa: F401  (type_of_value re-exported)
 from . import threads
 from .memory import BufferPool
-from .plan import compile_plan, run_plan
+from .plan import STRAIGHT_AFTER, compile_plan, run_plan
 
 
 class GraphRunner:
@@ -68,8 +68,21 @@ class GraphRunner:
         sig = self.signature(feeds, outer)
         with self._lock:
             plan = self.plans.get(sig)
+            if plan is not None and not _warm(plan) and self.options.generalize_after:
+                # A shape compiled for on its own before its structure had a shared plan
+                # (a decode loop's first positions), whose plan runs once in a while and so
+                # stays cold, where the shared plan is warm and no slower: it takes the shared
+                # one from now on (GPT-2: the first 3-6 positions of every generation ran
+                # ~1.5 ms a token slower on their own plans, products not yet streamed).
+                shared = next((p for key, p in self.plans.items() if isinstance(key, ShapePattern)
+                               and _warm(p) and not _slower(p) and key.matches(sig)), None)
+                if shared is not None:
+                    del self.plans[sig]
+                    self._twins.pop(sig, None)
+                    self.plans_evicted += 1
+                    plan = shared
             if plan is not None:
-                self.plans.move_to_end(sig)
+                self.plans.move_to_end(plan.signature)
                 self.plan_hits += 1
                 return plan
             general = self._general_plan(sig)
@@ -213,8 +226,20 @@ class GraphRunner:
 
 def _slower(plan) -> bool:
     """Whether a shared plan runs a shape slower than a plan of its own would (see
-    _general_plan): nodes moved off their provider, or over a quarter of the steps bound per run."""
-    return bool(plan.moved) or plan.dynamic_steps * 4 > len(plan.steps)
+    _general_plan): nodes moved off their provider onto kernels that compute (one now a view,
+    as GPT-2's attention Transposes on cpu, costs nothing), or over a quarter of the steps
+    bound per run."""
+    if plan.moved:
+        moved = set(plan.moved)
+        if any(st.node.name in moved and not st.kernel.alias for st in plan.steps):
+            return True
+    return plan.dynamic_steps * 4 > len(plan.steps)
+
+
+def _warm(plan) -> bool:
+    """Whether a plan has run long enough to be compiled straight and its products streamed
+    (runtime/plan.py's STRAIGHT_AFTER, row_panels' AFTER_RUNS)."""
+    return plan.straight is not None or plan.runs >= STRAIGHT_AFTER
 
 
 def _structure(sig) -> tuple:
