@@ -296,22 +296,28 @@ def test_qlinear_conv_is_the_cpu_kernel_bit_for_bit(x_dt, w_dt, per_channel, att
 
 @pytest.mark.parametrize("attrs,lens", [({}, None), ({"clip": 0.6}, None), ({"input_forget": 1}, None),
                                         ({}, np.array([5, 2, 0], np.int32)), ({"direction": "bidirectional"}, None)])
-def test_lstm_compiled_step_is_the_numpy_steps_bit_for_bit(monkeypatch, attrs, lens):
+@pytest.mark.parametrize("weights", [(I8, False), (U8, False), (I8, True)])
+def test_lstm_compiled_step_is_the_numpy_steps_bit_for_bit(monkeypatch, attrs, lens, weights):
     """Without peepholes and with the default activations a step's gates run as one compiled
-    pass (kernels/cpu/lstm_cell.py): the NumPy steps' bits, and onnxruntime's."""
+    pass (kernels/cpu/lstm_cell.py), and without sequence_lens every step of a direction in
+    one compiled call (the quantization of h, the integer product, the gates): the NumPy
+    steps' bits, and onnxruntime's; int8 and uint8 weights (zero points not 0), per tensor
+    and per channel."""
     pytest.importorskip("numba")  # imported: the compiled step runs from the first call (_jit.use_compiled)
     from glassrt.kernels.cpu import lstm_cell
 
-    rng = rng_for("lstm-cell", str(attrs), lens is None)
+    tw, per_channel = weights
+    rng = rng_for("lstm-cell", str(attrs), lens is None, str(weights))
     num_dir = 2 if attrs.get("direction") == "bidirectional" else 1
-    inputs = lstm_inputs(rng, 6, 3, 10, 8, num_dir, lens=lens)
+    inputs = lstm_inputs(rng, 6, 3, 10, 8, num_dir, tw=tw, per_channel=per_channel, lens=lens)
     inputs[7] = None  # no peepholes
     model, feeds = _lstm_model(inputs, hidden_size=8, **attrs)
     calls = []
-    real = lstm_cell.lstm_cell
-    monkeypatch.setattr(lstm_cell, "lstm_cell", lambda *a: calls.append(1) or real(*a))
+    for name in ("lstm_cell", "dq_recurrence"):
+        real = getattr(lstm_cell, name)
+        monkeypatch.setattr(lstm_cell, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     compiled = glassrt.InferenceSession(model, providers=["cpu"]).run(None, feeds)
-    assert calls, "the compiled step was not taken"
+    assert calls and set(calls) == {"lstm_cell" if lens is not None else "dq_recurrence"}, calls
     monkeypatch.setattr(lstm_cell, "available", lambda: False)
     steps = glassrt.InferenceSession(model, providers=["cpu"]).run(None, feeds)
     for c, s in zip(compiled, steps):
@@ -353,3 +359,25 @@ def test_lstm_cell_carries_nan_and_infinities_as_the_numpy_steps():
                 np.testing.assert_array_equal(c_new, c_ref)
                 np.testing.assert_array_equal(h_new, h_ref)
                 assert np.array_equal(np.signbit(h_new), np.signbit(h_ref))
+
+
+def test_lstm_directions_run_side_by_side_with_the_same_bits(monkeypatch):
+    """A bidirectional node's two compiled recurrences run on two threads where the session
+    has two (the second on a helper thread), the same bits as one after the other."""
+    pytest.importorskip("numba")
+    from glassrt.contrib import microsoft_quant
+
+    rng = rng_for("lstm-directions")
+    inputs = lstm_inputs(rng, 7, 2, 12, 16, 2)
+    inputs[7] = None  # no peepholes
+    model, feeds = _lstm_model(inputs, hidden_size=16, direction="bidirectional")
+    monkeypatch.setattr(microsoft_quant, "_second_thread", [])  # (no helper thread yet)
+    one = glassrt.InferenceSession(model, sess_options=glassrt.SessionOptions(intra_op_num_threads=1,
+                                                                              adaptive_threads=False))
+    first = one.run(None, feeds)
+    assert not microsoft_quant._second_thread  # one thread: one direction after the other
+    two = glassrt.InferenceSession(model, sess_options=glassrt.SessionOptions(intra_op_num_threads=2,
+                                                                              adaptive_threads=False))
+    for a, b in zip(first, two.run(None, feeds)):
+        np.testing.assert_array_equal(a, b)
+    assert microsoft_quant._second_thread, "the second direction did not run on the helper thread"

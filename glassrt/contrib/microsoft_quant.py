@@ -51,6 +51,7 @@ from ..kernels.int_gemm import Centered, Prepared, int_matmul
 from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, write_elementwise
 from ..kernels.custom import custom_op
 from ..kernels.registry import kernel
+from ..kernels import run_threads
 from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis, spatial_pads
 from ..ops.windows import pad_spatial, window_views
 
@@ -1475,15 +1476,23 @@ def _processing_order(x, lens, reverse):
     return x[idx, np.arange(x.shape[1])[None, :]]
 
 
-def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, input_forget, want_y):
+def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, input_forget, want_y, r_bytes=None):
     """One direction of onnxruntime's UniDirectionalLstm<float> with quantized weights: X of
     the first max(sequence_lens) steps in one quantized GEMM; per step, H quantized on its
     own (the whole batch: onnxruntime with one intra-op thread — with more, it quantizes each
     thread's share of the batch apart) and its product added; the gates in its order of
-    float32 operations. Returns Y (T, N, H) in time order (None unless wanted), the final h, c."""
+    float32 operations. Returns Y (T, N, H) in time order (None unless wanted), the final h, c.
+
+    r_bytes: R's bytes (H, 4H), for the compiled recurrence (every step in one call, the same
+    numbers: kernels/cpu/lstm_cell.py) where the steps allow it (no sequence_lens, the
+    default activations, no peepholes) and the compiled steps are taken: the result is then a
+    function that runs them (without the GIL; None where h met a NaN or an infinity: the
+    caller runs this again without r_bytes, whose steps report it), so that two directions
+    can run side by side."""
     t_len, n = x.shape[:2]
     hidden = h0.shape[-1]
     steps = t_len if lens is None else int(lens.max())
+    r_zero = r[1]
     if not isinstance(r[0], Prepared):
         r = (Centered(r[0], r[1]), None, *r[2:])  # read at every step: converted once
     xs = _processing_order(x, lens, reverse)
@@ -1510,6 +1519,13 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
     h_state, c = h0.copy(), c0.copy()
     h_in = h0  # what the next step's GEMM reads: Y's row (0 past the end) when Y is an output, else h
     y = np.zeros((t_len, n, hidden), F32) if want_y else None
+    if compiled and lens is None and r_bytes is not None:
+        def recurrence():
+            if cell.dq_recurrence(xw, r_bytes, int(r_zero), r[2], b_iof, bc, h_state, c, lo, hi, input_forget,
+                                  y) != steps:
+                return None
+            return _processing_order(y, lens, True) if want_y and reverse else y, h_state, c
+        return recurrence
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(steps):
             g = _quantized_gemm(h_in, *r, accumulate=xw[t])
@@ -1549,6 +1565,30 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
     return y, h_state, c
 
 
+_second_thread = []  # a one-thread pool for a bidirectional LSTM's second direction, made when first needed
+
+
+def _run_directions(runs):
+    """Each direction's result from _lstm_direction(..., r_bytes=): its steps' function run
+    (a bidirectional node's two side by side, the second on a helper thread, where this run
+    has two threads: they release the GIL and touch no thread pool), a result as it is, or
+    None."""
+    live = [k for k, run in enumerate(runs) if callable(run)]
+    results = [None if callable(run) else run for run in runs]
+    if len(live) == 2 and run_threads.count >= 2:
+        if not _second_thread:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _second_thread.append(ThreadPoolExecutor(1, thread_name_prefix="glassrt-lstm"))
+        other = _second_thread[0].submit(runs[live[1]])
+        results[live[0]] = runs[live[0]]()
+        results[live[1]] = other.result()
+        return results
+    for k in live:
+        results[k] = runs[k]()
+    return results
+
+
 def _dynamic_quantize_lstm(ctx, prepare=None):
     """onnxruntime's DynamicQuantizeLSTM (its CPU kernel's numbers, see _lstm_direction).
     prepare(q, zp) -> int_gemm.Prepared: the constant W and R of each direction made ready
@@ -1564,6 +1604,7 @@ def _dynamic_quantize_lstm(ctx, prepare=None):
     want_y = not outs or bool(outs[0])  # called directly (glassrt check): every output
 
     ready = {}  # (input, direction) -> Prepared
+    default_cell = all(tuple(getattr(f, "kind", "") for f in fns) == ("sigmoid", "tanh", "tanh") for fns in acts)
 
     def _prepared(weight, given, inputs, d):
         """A direction's (Wq, zp, scale) with Wq prepared once, where the node's weight and
@@ -1602,6 +1643,7 @@ def _dynamic_quantize_lstm(ctx, prepare=None):
                      "with two directions the zero points must have their scales' shapes "
                      f"(W: {list(w_zp.shape)} vs {list(w_scale.shape)}, "
                      f"R: {list(r_zp.shape)} vs {list(r_scale.shape)})")
+            directions = []  # per direction: _lstm_direction's arguments, and its compiled recurrence or None
             for d in range(num_dir):
                 wd = _prepared(_lstm_weight(w, w_scale, w_zp, d, signed, "W"), (w, w_zp), (1, 9), d)
                 rd = _prepared(_lstm_weight(r, r_scale, r_zp, d, signed, "R"), (r, r_zp), (2, 11), d)
@@ -1613,8 +1655,13 @@ def _dynamic_quantize_lstm(ctx, prepare=None):
                 h0 = np.zeros((n, hidden), F32) if initial_h is None else np.array(initial_h[d], F32)
                 c0 = np.zeros((n, hidden), F32) if initial_c is None else np.array(initial_c[d], F32)
                 reverse = direction == "reverse" or d == 1
-                yd, yh[d], yc[d] = _lstm_direction(x, lens, reverse, wd, rd, bias, peep, h0, c0, acts[d], clip,
-                                                   input_forget, want_y)
+                args = (x, lens, reverse, wd, rd, bias, peep, h0, c0, acts[d], clip, input_forget, want_y)
+                whole = default_cell and peep is None and lens is None
+                directions.append((args, _lstm_direction(*args, r_bytes=r[d]) if whole else None))
+            for d, result in enumerate(_run_directions([run for _, run in directions])):
+                if result is None:  # the NumPy steps (no compiled recurrence, or h met a NaN / an infinity)
+                    result = _lstm_direction(*directions[d][0])
+                yd, yh[d], yc[d] = result
                 if want_y:
                     y[:, d] = yd
         bufs = (tuple(out) + (None,) * 3)[:3]

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from ..kernels import gemm
+from ..kernels import gemm, run_threads
 
 PROBE_EVERY = 16  # runs between two tries of the thread count not in use
 FIRST_TRY = 64  # runs before the first try without a sign of load (a first one-thread try
@@ -189,6 +189,7 @@ def _after_fork() -> None:
     multiprocessing-style fork child). So a child runs OpenMP on one thread."""
     global _forked, _current
     _forked, _current = True, None
+    run_threads.count = 1
 
 
 if hasattr(os, "register_at_fork"):
@@ -245,5 +246,6 @@ def use_threads(n: int, openmp: bool = False, blas: bool = True) -> None:
         if capi is not None and capi.lib is not None:
             capi.set_num_threads(omp)  # whether or not threadpoolctl found this libgomp
         gemm.use_openmp(openmp)
+        run_threads.count = omp
         _current = (n, openmp)
         _per_thread.omp = omp

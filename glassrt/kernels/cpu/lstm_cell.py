@@ -107,3 +107,83 @@ def lstm_cell(g, b_iof, b_c, c, lo, hi, input_forget):
     _cell(np.ascontiguousarray(g, _F32), np.ascontiguousarray(b_iof, _F32), np.ascontiguousarray(b_c, _F32),
           has_bias, np.ascontiguousarray(c, _F32), _F32(lo), _F32(hi), bool(input_forget), c_out, h_out)
     return c_out, h_out
+
+
+# ---------------------------------------------------------------- DynamicQuantizeLSTM's recurrence
+
+
+@jit(error_model="numpy")
+def _dq_recurrence(xw, rq, rz, r_scale, b_iof, b_c, has_bias, h, c, lo, hi, input_forget, y, want_y, acc, g, c_out,
+                   h_out):  # pragma: no cover - compiled
+    """Every step of one direction of com.microsoft's DynamicQuantizeLSTM (no sequence_lens,
+    default activations, no peepholes), as microsoft_quant._lstm_direction's steps compute
+    them: h quantized to uint8 from its own range (onnxruntime's GetQuantizationParameter and
+    MlasQuantizeLinear), the exact int32 product (h_q - h_zp) @ (R - rz) — R's bytes (H, 4H)
+    as they are, a megabyte that stays in cache across the steps, its zero point applied to
+    the row sum — then float32(acc) * (h_scale * r_scale) + xw[t], then the cell. h and c
+    (N, H) are the state, updated in place. Returns the steps done: fewer than T where h
+    held a NaN or an infinity (the caller runs the NumPy steps, which say so)."""
+    steps, n, gates = xw.shape
+    hidden = gates // 4
+    f0, f255 = np.float32(0.0), np.float32(255.0)
+    combined = np.empty(gates, np.float32)
+    for t in range(steps):
+        lo_q, hi_q = f0, f0
+        for r in range(n):
+            for j in range(hidden):
+                v = h[r, j]
+                if v != v:
+                    return t
+                lo_q = v if v < lo_q else lo_q
+                hi_q = v if v > hi_q else hi_q
+        scale = np.float32(1.0) if hi_q == lo_q else (hi_q - lo_q) / f255
+        zp = f0 - lo_q / scale
+        if zp != zp:  # an infinite h: the NumPy steps fail on it, and say so
+            return t
+        zp = f0 if zp < f0 else (f255 if zp > f255 else zp)
+        zp = np.float32(np.rint(zp))
+        lo_c, hi_c = f0 - zp, f255 - zp
+        for k in range(gates):
+            combined[k] = scale * r_scale[k]
+        for r in range(n):
+            for k in range(gates):
+                acc[k] = 0
+            total = 0
+            for j in range(hidden):
+                q = h[r, j] / scale
+                q = lo_c if (q != q or q < lo_c) else q  # np.fmax: a NaN takes the bound
+                q = hi_c if q > hi_c else q
+                a = np.int32(np.rint(q))  # (the byte minus its zero point)
+                total += a
+                row = rq[j]
+                for k in range(gates):
+                    acc[k] += a * np.int32(row[k])
+            for k in range(gates):
+                g[r, k] = np.float32(np.int32(acc[k] - rz * total)) * combined[k] + xw[t, r, k]  # (int32 wraps)
+        _cell(g, b_iof, b_c, has_bias, c, lo, hi, input_forget, c_out, h_out)
+        for r in range(n):
+            for j in range(hidden):
+                c[r, j] = c_out[r, j]
+                h[r, j] = h_out[r, j]
+                if want_y:
+                    y[t, r, j] = h_out[r, j]
+    return steps
+
+
+def dq_recurrence(xw, rq, rz, r_scale, b_iof, b_c, h, c, lo, hi, input_forget, y):
+    """Run _dq_recurrence over xw (T, N, 4H) with R's bytes rq (H, 4H) and zero point rz;
+    h, c (N, H) updated in place, y (T, N, H) or None written. Returns the steps done (see
+    _dq_recurrence). Releases the GIL while it runs (a bidirectional node runs its two
+    directions on two threads)."""
+    steps, n, gates = xw.shape
+    hidden = gates // 4
+    has_bias = b_iof is not None
+    if not has_bias:
+        b_iof, b_c = _zeros(3 * hidden), _zeros(hidden)
+    r_scale = np.ascontiguousarray(np.broadcast_to(np.asarray(r_scale, _F32), (gates,)))
+    want_y = y is not None
+    return _dq_recurrence(np.ascontiguousarray(xw, _F32), np.ascontiguousarray(rq), np.int32(rz), r_scale,
+                          np.ascontiguousarray(b_iof, _F32), np.ascontiguousarray(b_c, _F32), has_bias, h, c,
+                          _F32(lo), _F32(hi), bool(input_forget), y if want_y else np.empty((1, 1, 1), _F32), want_y,
+                          np.empty(gates, np.int32), np.empty((n, gates), _F32), np.empty((n, hidden), _F32),
+                          np.empty((n, hidden), _F32))
