@@ -340,3 +340,33 @@ def test_a_shared_plan_is_slower_only_for_moved_nodes_that_compute():
 
     assert not _slower(plan(alias=True))
     assert _slower(plan(alias=False))
+
+
+def test_a_moved_node_leaves_the_other_values_channels_last():
+    """In a shared plan a product moved to cpu (its rows symbolic); the convolutions beside
+    it keep their NHWC values (only the moved node's own values go plain), and the outputs
+    are onnxruntime's."""
+    _onednn_or_skip()
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in
+             (("w", (D, 16)), ("k1", (8, 3, 3, 3)), ("k2", (8, 8, 3, 3)))]
+    nodes = [helper.make_node("MatMul", ["z", "w"], ["y2"]),
+             helper.make_node("Conv", ["x", "k1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "k2"], ["y1"], pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12]),
+                                       helper.make_tensor_value_info("z", TensorProto.FLOAT, ["b", "s", D])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y1", "y2")], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    sess = glassrt.InferenceSession(model, providers=["onednn", "cpu"])
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    for rows in range(1, 8):
+        f = {"x": x, "z": rng.standard_normal((1, rows, D)).astype(np.float32)}
+        for got, want in zip(sess.run(None, f), oracle.run(None, f)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    (pattern,) = _patterns(sess)
+    shared = sess.runner.plans[pattern]
+    ops = {st.node.name: st.node.op_type for st in shared.steps}
+    assert shared.moved and {ops[n] for n in shared.moved} == {"MatMul"}, shared.moved
+    assert shared.layouts.get("r1") == "nhwc", shared.layouts

@@ -75,7 +75,7 @@ class Plan:
     pool: object = None  # BufferPool for values sized at run time
     free_at_end: tuple = ()  # slots released after the outputs are taken
     threads: object = None  # threads.ThreadChoice: the thread count this plan runs fastest with now
-    layouts: dict = field(default_factory=dict)  # value -> "nhwc" in this plan ({} when a node moved providers)
+    layouts: dict = field(default_factory=dict)  # value -> "nhwc" in this plan (not a moved node's values)
     runs: int = 0  # plain runs (no guard, no profile) so far
     executed: bool = False  # has run once: its kernels have made their primitives and buffers
     uses_blas: bool | None = None  # a step may call NumPy's BLAS (runner.py; None: not worked out yet)
@@ -116,9 +116,20 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
         executed, folded_again, selections, moved = _select_or_fold(placement, layouts, inf.types, known,
                                                                     set(input_types), options, make_runner)
         folded = folded + [n for n in folded_again if n not in folded]
-    if moved and layouts:
-        # A node went to a later provider for these shapes: its values stay plain NCHW, and
-        # so, simply, do all of this plan's (the NHWC choice assumed the placed providers).
+    for _ in range(3):
+        # A node went to a later provider for these shapes: the values it reads and writes
+        # are plain NCHW (the NHWC choice assumed the placed providers), the others keep
+        # theirs: their oneDNN producers and readers take plain values at the moved node's
+        # edges. (All plain, as before: Silero VAD v4's 18 convs behind three Transposes
+        # that moved went through a reorder on each side.)
+        touched = {v for node, _, _, _ in executed if node.name in set(moved) for v in (*node.inputs, *node.outputs)}
+        kept = {v: layout for v, layout in layouts.items() if v not in touched}
+        if kept == layouts:
+            break
+        layouts, known = kept, dict(consts)
+        executed, folded, selections, moved = _select_or_fold(placement, layouts, inf.types, known,
+                                                              set(input_types), options, make_runner)
+    else:
         layouts, known = {}, dict(consts)
         executed, folded, selections, moved = _select_or_fold(placement, layouts, inf.types, known,
                                                               set(input_types), options, make_runner)
