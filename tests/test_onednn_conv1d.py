@@ -95,14 +95,14 @@ def test_an_add_between_layouts_stays_off_the_reference_kernel(first_from_conv):
     the inputs' layout and a reorder the output's."""
     x = RNG.standard_normal((1, 8, 20, 24)).astype(np.float32)
     w = (RNG.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32)
-    nodes = [helper.make_node("Mul", ["x", "c1"], ["a"], name="a"),  # cpu: NCHW
+    nodes = [helper.make_node("Sin", ["x"], ["a"], name="a"),  # cpu: NCHW
              (helper.make_node("Conv", ["x", "w"], ["b"], name="b", pads=[1, 1, 1, 1]) if first_from_conv
-              else helper.make_node("Mul", ["x", "c2"], ["b"], name="b")),
+              else helper.make_node("Cos", ["x"], ["b"], name="b")),
              helper.make_node("Add", ["b", "a"] if first_from_conv else ["a", "b"], ["s"], name="add"),
              helper.make_node("Conv", ["s", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),  # reads s in NHWC
              helper.make_node("Relu", ["b"], ["r"], name="relu")]  # b read twice: the Add is not fused into b's conv
     m = model(nodes, [tensor("x", list(x.shape))], [tensor("y", None), tensor("r", None)],
-              [init("c1", np.array(0.5, np.float32)), init("c2", np.array(-1.5, np.float32)), init("w", w)])
+              [init("w", w)])
     sess = _check(m, {"x": x}, ["add", "conv"])
     plan = next(iter(sess.runner.plans.values()))
     assert plan.layouts.get("s") == "nhwc" and plan.layouts.get("a") is None

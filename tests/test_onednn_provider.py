@@ -360,3 +360,63 @@ def test_contiguous_views_keep_views_of_the_same_array_and_recopy_strided_ones()
     again = views(1, strided, (3, 2))
     assert again is not copy and copy.flags.c_contiguous
     np.testing.assert_array_equal(again, -np.ones((3, 2)))
+
+
+@pytest.mark.parametrize("op,operand,first", [
+    ("Mul", "scalar", False), ("Add", "scalar", True), ("Mul", "channel", True), ("Add", "channel", False),
+    ("Mul", "squeeze_excite", False), ("Mul", "squeeze_excite", True)])
+def test_broadcast_operands_keep_a_value_in_the_region(op, operand, first):
+    """conv → Mul/Add by a scalar or per-channel constant, or by a squeeze-and-excitation's
+    computed per-channel scales → conv: the broadcast binary kernel keeps the value NHWC
+    between the convs, with the cpu kernels' bits (x·c and x + c are IEEE's either way)."""
+    rng = np.random.default_rng(5)
+    w1 = init("w1", rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3)
+    w2 = init("w2", rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.3)
+    inits, nodes = [w1, w2], [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="c1"),
+                              helper.make_node("Relu", ["c1"], ["r1"], name="r1")]
+    if operand == "squeeze_excite":
+        inits.append(init("w3", rng.standard_normal((8, 8, 1, 1)).astype(np.float32) * 0.3))
+        nodes += [helper.make_node("GlobalAveragePool", ["r1"], ["g"], name="gap"),
+                  helper.make_node("Conv", ["g", "w3"], ["g1"], name="c3"),
+                  helper.make_node("HardSigmoid", ["g1"], ["k"], name="hs")]
+    else:
+        shape = (1,) if operand == "scalar" else (8, 1, 1)
+        inits.append(init("k", rng.uniform(0.5, 1.5, shape).astype(np.float32)))
+    pair = ["k", "r1"] if first else ["r1", "k"]
+    nodes += [helper.make_node(op, pair, ["m"], name="bin"),
+              helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1], name="c2")]
+    m = model(nodes, [tensor("x", [1, 3, 10, 12])], [tensor("y", None)], inits, opset=17)
+    fast, cpu = _sessions(m)
+    assert {r["name"]: r for r in fast.explain()["nodes"]}["bin"]["kernel"] == f"onednn.{op}.broadcast"
+    assert fast.placement.layouts.get("r1") == "nhwc" and fast.placement.layouts.get("m") == "nhwc"
+    x = rng.standard_normal((1, 3, 10, 12)).astype(np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["Mul", "Add"])
+@pytest.mark.parametrize("shape", [(), (1,), (1, 5, 1, 1), (5, 1, 1), (1, 1, 1, 7)])
+def test_a_broadcast_binary_step_has_the_cpu_kernels_bits(op, shape):
+    """The kernel alone (its input a graph input, plain): a constant of each broadcastable
+    shape, as either operand, NaN and infinities carried."""
+    rng = np.random.default_rng(7)
+    k = rng.uniform(-2, 2, shape).astype(np.float32)
+    for pair in (["x", "k"], ["k", "x"]):
+        m = model([helper.make_node(op, pair, ["y"], name="bin")], [tensor("x", [2, 5, 3, 7])], [tensor("y", None)],
+                  [init("k", k)], opset=17)
+        fast, cpu = _sessions(m)
+        assert {r["name"]: r for r in fast.explain()["nodes"]}["bin"]["kernel"] == f"onednn.{op}.broadcast"
+        x = rng.standard_normal((2, 5, 3, 7)).astype(np.float32)
+        x[0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
+        np.testing.assert_array_equal(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0])
+
+
+def test_a_broadcast_that_grows_the_value_is_not_taken():
+    """Mul of (1, 8, 1, 1) by (1, 1, 4, 4): the output is larger than either operand."""
+    m = model([helper.make_node("Mul", ["a", "b"], ["y"], name="bin")],
+              [tensor("a", [1, 8, 1, 1]), tensor("b", [1, 1, 4, 4])], [tensor("y", None)], [], opset=17)
+    fast, cpu = _sessions(m)
+    assert {r["name"]: r for r in fast.explain()["nodes"]}["bin"]["kernel"] == "cpu.Mul"
+    rng = np.random.default_rng(6)
+    f = {"a": rng.standard_normal((1, 8, 1, 1)).astype(np.float32), "b": rng.standard_normal((1, 1, 4, 4)).astype(np.float32)}
+    np.testing.assert_array_equal(fast.run(None, f)[0], cpu.run(None, f)[0])

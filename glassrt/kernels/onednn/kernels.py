@@ -809,6 +809,83 @@ def add(ctx):
     return step
 
 
+def _broadcast_operand(ctx):
+    """(index of the input the output has the shape of, the other's 4-D shape, the other as
+    a 4-D float32 constant or None) for a Mul or Add of a 4-D value and an operand that
+    broadcasts into it: a constant, or a computed value of one element per channel (or one
+    in all: a squeeze-and-excitation's scales, whose NCHW and NHWC bytes are the same);
+    else None."""
+    shapes = [ctx.shape(i) for i in (0, 1)]
+    y = getattr(ctx.output_types[0], "shape", None) if ctx.output_types else None
+    for k in (0, 1):
+        x, other, c = shapes[k], shapes[1 - k], ctx.const(1 - k)
+        if x is None or len(x) != 4 or other is None or len(other) > 4 or (y is not None and tuple(y) != tuple(x)):
+            continue
+        o4 = (1,) * (4 - len(other)) + tuple(other)
+        if tuple(o4) == tuple(x) or any(d not in (1, xd) for d, xd in zip(o4, x)):
+            continue  # (same shapes: the binary kernel's; growing x: not this kernel)
+        if c is not None:
+            if c.dtype == np.float32:
+                return k, o4, np.ascontiguousarray(c.reshape(o4))
+        elif o4[2] == o4[3] == 1 and ctx.const(k) is None:
+            return k, o4, None
+    return None
+
+
+def _broadcast_binary_reason(ctx):
+    why = _unavailable(ctx)
+    if why:
+        return why
+    if _broadcast_operand(ctx) is None:
+        return ("not a 4-D value and a float32 constant that broadcasts into it, or a computed one with a value "
+                "per channel (same-shape Add: the binary kernel)")
+    return None
+
+
+def _broadcast_binary_workspace(ctx):
+    if _broadcast_binary_reason(ctx):
+        return 0
+    k, _, _ = _broadcast_operand(ctx)
+    return _LayoutChange.workspace(ctx, ctx.layout(ctx.node.inputs[k]), ctx.layout(ctx.node.outputs[0]),
+                                   ctx.shape(k))
+
+
+@kernel(["Mul", "Add"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_broadcast_binary_reason,
+        layouts=LAYOUTS, static_only=True, name="broadcast", workspace=_broadcast_binary_workspace)
+def broadcast_binary(ctx):
+    """A value times (or plus) a scalar or a per-channel operand, broadcast by oneDNN's
+    binary primitive: PP-LCNetV3's learnable affine blocks (x·a + b after each HardSwish, 60
+    in rapidocr-det) and squeeze-and-excitation scales stay in the NHWC region between
+    convolutions instead of leaving it for cpu, through two reorders each. x·c and x + c
+    are IEEE's, the cpu kernels' bits."""
+    k, o4, c = _broadcast_operand(ctx)
+    x = [int(d) for d in ctx.shape(k)]
+    in_layout, out_layout = ctx.layout(ctx.node.inputs[k]), ctx.layout(ctx.node.outputs[0])
+    change = _LayoutChange(ctx, in_layout, out_layout, x)
+    alg = "mul" if ctx.node.op_type == "Mul" else "add"
+
+    def build():
+        pd = dnnl.binary(MemoryDesc.create(x, np.float32, _fmt(in_layout)), MemoryDesc.create(o4, np.float32, "abcd"),
+                         MemoryDesc.create(x, np.float32, change.dst_format), alg)
+        return pd.primitive().bind({ARG_SRC_0: None, ARG_SRC_1: c, ARG_DST: None}), change.reorder()
+
+    prims = _PerThreads(build)
+    views = _Views()
+    per_channel = ContiguousViews()  # (a computed operand's (N, C, 1, 1): the same bytes in either layout)
+
+    def step(a, b, *, out):
+        main, reorder = prims.get()
+        xa, other = (a, b) if k == 0 else (b, a)
+        buffers = {ARG_SRC_0: views(0, xa, in_layout), ARG_DST: change.dst(out, views)}
+        if c is None:
+            buffers[ARG_SRC_1] = per_channel("o", other, o4)
+        main.run(buffers)
+        change.finish(reorder, out, views)
+        return out
+
+    return step
+
+
 # ---------------------------------------------------------------- normalization
 
 
