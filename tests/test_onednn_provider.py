@@ -397,18 +397,39 @@ def test_broadcast_operands_keep_a_value_in_the_region(op, operand, first):
 @pytest.mark.parametrize("op", ["Mul", "Add"])
 @pytest.mark.parametrize("shape", [(), (1,), (1, 5, 1, 1), (5, 1, 1), (1, 1, 1, 7)])
 def test_a_broadcast_binary_step_has_the_cpu_kernels_bits(op, shape):
-    """The kernel alone (its input a graph input, plain): a constant of each broadcastable
-    shape, as either operand, NaN and infinities carried."""
+    """The kernel in the NHWC region, bit for bit: convolutions of small integers (exact in
+    any order of sums) around it, the second a 1x1 identity, so that the output is the
+    Mul / Add itself; a constant of each broadcastable shape, as either operand."""
     rng = np.random.default_rng(7)
     k = rng.uniform(-2, 2, shape).astype(np.float32)
-    for pair in (["x", "k"], ["k", "x"]):
-        m = model([helper.make_node(op, pair, ["y"], name="bin")], [tensor("x", [2, 5, 3, 7])], [tensor("y", None)],
-                  [init("k", k)], opset=17)
+    w1 = rng.integers(-2, 3, (5, 5, 3, 3)).astype(np.float32)
+    for pair in (["r1", "k"], ["k", "r1"]):
+        nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="c1"),
+                 helper.make_node("Relu", ["c1"], ["r1"], name="r1"),  # (no folding the constant into the conv)
+                 helper.make_node(op, pair, ["m"], name="bin"),
+                 helper.make_node("Conv", ["m", "eye"], ["y"], name="c2")]
+        m = model(nodes, [tensor("x", [2, 5, 6, 7])], [tensor("y", None)],
+                  [init("k", k), init("w1", w1), init("eye", np.eye(5, dtype=np.float32).reshape(5, 5, 1, 1))], opset=17)
         fast, cpu = _sessions(m)
-        assert {r["name"]: r for r in fast.explain()["nodes"]}["bin"]["kernel"] == f"onednn.{op}.broadcast"
-        x = rng.standard_normal((2, 5, 3, 7)).astype(np.float32)
-        x[0, 0, 0, :3] = [np.nan, np.inf, -np.inf]
-        np.testing.assert_array_equal(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0])
+        x = rng.integers(-3, 4, (2, 5, 6, 7)).astype(np.float32)
+        got = fast.run(None, {"x": x})[0]
+        (plan,) = fast.runner.plans.values()
+        assert [st.kernel.name for st in plan.steps if st.node.name == "bin"] == [f"onednn.{op}.broadcast"]
+        np.testing.assert_array_equal(got, cpu.run(None, {"x": x})[0])
+
+
+def test_a_broadcast_between_plain_values_runs_on_cpu():
+    """Between cpu's nodes (no NHWC region to keep) the plan gives the node to cpu, whose
+    loop costs less than a oneDNN call there, and says why."""
+    m = model([helper.make_node("Sin", ["x"], ["s"], name="sin"), helper.make_node("Mul", ["s", "k"], ["m"], name="bin"),
+               helper.make_node("Cos", ["m"], ["y"], name="cos")],
+              [tensor("x", [1, 4, 5, 6])], [tensor("y", None)], [init("k", np.array([1.5], np.float32))], opset=17)
+    fast, cpu = _sessions(m)
+    x = np.random.default_rng(8).standard_normal((1, 4, 5, 6)).astype(np.float32)
+    np.testing.assert_array_equal(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0])
+    (plan,) = fast.runner.plans.values()
+    (sel,) = [s for s in plan.selections if s.node == "bin"]
+    assert sel.kernel == "cpu.Mul" and "plain NCHW" in sel.reason, sel
 
 
 def test_a_broadcast_that_grows_the_value_is_not_taken():

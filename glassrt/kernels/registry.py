@@ -39,10 +39,12 @@ class BindContext:
     contract: Any = None
     session: Any = None
     workspace: Any = None  # a uint8 slice of the arena when the kernel asked for scratch
-    layouts: dict = field(default_factory=dict)  # value name -> "nhwc" where not plain NCHW (runtime/layout.py)
+    # value name -> "nhwc" where not plain NCHW (runtime/layout.py); None where layouts are
+    # not chosen yet (placement judging the node): every value reads as plain then
+    layouts: dict | None = None
 
     def layout(self, name) -> str:
-        return self.layouts.get(name, "nchw") if name else "nchw"
+        return self.layouts.get(name, "nchw") if name and self.layouts else "nchw"
 
     @property
     def opset(self):

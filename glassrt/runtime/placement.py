@@ -187,9 +187,10 @@ def decide(node, types, values, providers, expansion_failure=None, in_subgraph=F
             passed_complete = any(not q.partial for q in providers[:rank])
             d = Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete,
                          earlier=tuple(q for q in shape_bound if q.device == p.device))
-            if rank + 1 < len(providers) and (not accepted or (in_subgraph and p.partial)):
-                # taken on shapes it cannot judge yet (symbolic): the next providers' choice,
-                # for plans whose shapes its kernels refuse
+            if rank + 1 < len(providers) and (not accepted or p.partial):
+                # taken on shapes it cannot judge yet (symbolic), or by a partial provider
+                # whose kernels judge a plan's layouts too: the next providers' choice, for
+                # plans whose shapes or layouts its kernels refuse (decided only if one does)
                 d.later = functools.partial(_later_providers, node, types, values, providers[rank + 1:],
                                             list(rejected), p, passed_complete)
             return d, ""

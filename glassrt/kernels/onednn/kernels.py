@@ -836,9 +836,15 @@ def _broadcast_binary_reason(ctx):
     why = _unavailable(ctx)
     if why:
         return why
-    if _broadcast_operand(ctx) is None:
+    found = _broadcast_operand(ctx)
+    if found is None:
         return ("not a 4-D value and a float32 constant that broadcasts into it, or a computed one with a value "
                 "per channel (same-shape Add: the binary kernel)")
+    if ctx.layouts is not None and ctx.layout(ctx.node.inputs[found[0]]) != NHWC \
+            and ctx.layout(ctx.node.outputs[0]) != NHWC:
+        # (a plan's layouts are known: placement judged the node before they were chosen)
+        return ("the value and the result are plain NCHW here (between cpu's nodes: no NHWC region to keep), "
+                "where cpu's loop costs less than a oneDNN call")
     return None
 
 
