@@ -46,12 +46,11 @@ import math
 import numpy as np
 
 from ..ir import TensorType as Meta
-from ..kernels import mlas_math
+from ..kernels import mlas_math, run_threads
 from ..kernels.int_gemm import Centered, Prepared, int_matmul
 from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, write_elementwise
 from ..kernels.custom import custom_op
 from ..kernels.registry import kernel
-from ..kernels import run_threads
 from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis, spatial_pads
 from ..ops.windows import pad_spatial, window_views
 

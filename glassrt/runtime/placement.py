@@ -129,8 +129,7 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
     values.update(inference.values)
     decisions, subgraphs, unsupported = {}, {}, []
     for node in graph.nodes:
-        decision, why_not = decide(node, types, values, providers, failures.get(node.name),
-                                   in_subgraph=outer_values is not None)
+        decision, why_not = decide(node, types, values, providers, failures.get(node.name))
         if decision is None:
             unsupported.append((node, why_not))
             if mark_unsupported:
@@ -171,11 +170,12 @@ def unsupported_error(unsupported, providers) -> UnsupportedOperatorError:
                     for n, why in unsupported))
 
 
-def decide(node, types, values, providers, expansion_failure=None, in_subgraph=False) -> tuple[Decision | None, str]:
-    """(the decision, "") or (None, why no provider can run the node). in_subgraph: the node
-    is in an If/Loop/Scan body, placed knowing the outer graph's values; the body's plans
-    get them as run-time inputs, so a partial provider's choice also records the next
-    providers' (openwakeword's hey-jarvis: a Gemm in an If branch reading an outer weight)."""
+def decide(node, types, values, providers, expansion_failure=None) -> tuple[Decision | None, str]:
+    """(the decision, "") or (None, why no provider can run the node). A partial provider's
+    choice also records the next providers' (decided only if a plan asks): a plan may see
+    what placement could not, symbolic dims made concrete, the layouts it chose, or an If
+    body's outer values as run-time inputs (openwakeword's hey-jarvis: a Gemm in an If
+    branch reading an outer weight)."""
     contract = get_contract(node.domain, node.op_type, node.opset)
     if contract is None:
         return None, "no such operator in the onnx schemas or the custom-op registry"

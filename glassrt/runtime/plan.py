@@ -119,10 +119,11 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     for _ in range(3):
         # A node went to a later provider for these shapes: the values it reads and writes
         # are plain NCHW (the NHWC choice assumed the placed providers), the others keep
-        # theirs: their oneDNN producers and readers take plain values at the moved node's
-        # edges. (All plain, as before: Silero VAD v4's 18 convs behind three Transposes
-        # that moved went through a reorder on each side.)
-        touched = {v for node, _, _, _ in executed if node.name in set(moved) for v in (*node.inputs, *node.outputs)}
+        # theirs, their oneDNN producers and readers taking plain values at its edges.
+        # (A whole plan plain instead sent nudenet-320n's 64 convs through reorders for one
+        # small Transpose that moved.) Rarely a second round: a node moved for the layouts.
+        moved_here = set(moved)
+        touched = {v for node, _, _, _ in executed if node.name in moved_here for v in (*node.inputs, *node.outputs)}
         kept = {v: layout for v, layout in layouts.items() if v not in touched}
         if kept == layouts:
             break
