@@ -210,15 +210,18 @@ def test_serve_on_an_existing_cluster_leaves_it_running(model_file, monkeypatch)
     cluster = subprocess.Popen([sys.executable, "-c", CLUSTER], stdout=subprocess.PIPE, text=True)
     try:
         address = cluster.stdout.readline().strip()
-        port = _free_port()
         assert re.fullmatch(r"[\d.]+:\d+", address), address
         # A model its replica refuses (--strict, and Tanh falls back once the --module, loaded in
         # the replica too, takes it from cpu): the command fails with the replica's glassrt error.
         onnx.save(tanh_model(), model_file.parent / "tanh.onnx")
-        refused = subprocess.run([sys.executable, "-m", "glassrt.cli", "serve", "tanh.onnx", "--ray", "--address",
-                                  address, "--strict", "--providers", "cpu,reference",
-                                  "--module", ROOT / "tests" / "cpu_without_tanh.py", "--port", str(port)],
-                                 cwd=model_file.parent, capture_output=True, text=True, timeout=300)
+        for _ in range(3):  # a port found free can be taken before Serve's proxy binds it (the cluster's own workers)
+            port = _free_port()
+            refused = subprocess.run([sys.executable, "-m", "glassrt.cli", "serve", "tanh.onnx", "--ray", "--address",
+                                      address, "--strict", "--providers", "cpu,reference",
+                                      "--module", ROOT / "tests" / "cpu_without_tanh.py", "--port", str(port)],
+                                     cwd=model_file.parent, capture_output=True, text=True, timeout=300)
+            if "Failed to bind to address" not in refused.stdout:
+                break
         assert refused.returncode == 1, refused.stdout[-3000:]
         assert "in a replica: glassrt.errors.FallbackError: 1 node(s) would fall back from 'cpu':\n" \
                "Tanh node 'tanh' ran on reference" in " ".join(refused.stdout.split(" \n")), refused.stdout[-3000:]
