@@ -24,7 +24,7 @@ from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
 from .infer import Inference, infer
 from .layout import choose_layouts
-from .select import is_static, kernel_reason, provider_verdict_checked
+from .select import is_static, provider_verdict_checked
 
 HOST = "cpu"  # the device whose arrays are NumPy arrays: graph inputs and outputs live here
 
@@ -182,7 +182,7 @@ def decide(node, types, values, providers, expansion_failure=None) -> tuple[Deci
     ctx = node_context(node, contract, types, values)
     rejected, shape_bound = [], []
     for rank, p in enumerate(providers):
-        ks, why, accepted = provider_verdict_checked(p, node, contract, ctx)
+        ks, why, accepted, shape_free = provider_verdict_checked(p, node, contract, ctx)
         if ks:
             passed_complete = any(not q.partial for q in providers[:rank])
             d = Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete,
@@ -195,8 +195,7 @@ def decide(node, types, values, providers, expansion_failure=None) -> tuple[Deci
                                             list(rejected), p, passed_complete)
             return d, ""
         rejected.append((p.name, why))
-        if p.partial and not is_static(ctx) and any(kernel_reason(k, ctx, shapes=False) is None
-                                                   for k in p.kernels(node.domain, node.op_type, node.opset)):
+        if p.partial and shape_free and not is_static(ctx):  # refused on shapes it could not see
             shape_bound.append(p)
         if rank == 0 and expansion_failure:
             rejected.append(("decomposition", expansion_failure))

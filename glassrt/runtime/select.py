@@ -85,30 +85,31 @@ def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
     """(candidate kernels best first, reason). The provider can run the node when at
     least one kernel passes every check on the symbolic shapes; the candidates are all
     kernels that pass the shape-independent checks, for selection to choose from per plan."""
-    candidates, why, _ = provider_verdict_checked(provider, node, contract, ctx)
+    candidates, why, _, _ = provider_verdict_checked(provider, node, contract, ctx)
     return candidates, why
 
 
-def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, bool]:
-    """provider_verdict, and whether a candidate passed every check on these very types
-    (not only on a stand-in binding of symbolic dims): placement asks, and the checks
-    were made here already."""
+def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, bool, bool]:
+    """provider_verdict, whether a candidate passed every check on these very types (not
+    only on a stand-in binding of symbolic dims), and whether some kernel passed the checks
+    that do not depend on the shapes: placement asks, and the checks were made here already."""
     why_not = provider.excluded(node.op_type) if hasattr(provider, "excluded") else None
     if why_not:
-        return [], why_not, False
+        return [], why_not, False, False
     ks = provider.kernels(node.domain, node.op_type, node.opset)
     if not ks:
         why_not = getattr(provider, "unavailable", None)
         if why_not:
-            return [], f"{provider.name} is unavailable: {why_not}", False
+            return [], f"{provider.name} is unavailable: {why_not}", False, False
         where = f" (domain {node.domain})" if node.domain else ""
-        return [], f"no {provider.name} kernel for {node.op_type}{where}", False
-    candidates, ok, why = [], [], []
+        return [], f"no {provider.name} kernel for {node.op_type}{where}", False, False
+    candidates, ok, why, shape_free = [], [], [], False
     for k in ks:
         r = kernel_reason(k, ctx, shapes=False)
         if r:
             why.append(r)
             continue
+        shape_free = True
         r = kernel_reason(k, ctx)
         if r and k.static_only and not is_static(ctx):
             # A kernel bound per concrete shape judges a stand-in binding of the symbolic
@@ -127,8 +128,8 @@ def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, 
     if ok or (candidates and not _all_static(ctx)):
         candidates.sort(key=lambda k: -k.priority)
         names = ", ".join(k.name for k in candidates)
-        return candidates, f"{provider.name} has {node.op_type} kernel(s): {names}", bool(ok)
-    return [], "; ".join(dict.fromkeys(why)), False
+        return candidates, f"{provider.name} has {node.op_type} kernel(s): {names}", bool(ok), shape_free
+    return [], "; ".join(dict.fromkeys(why)), False, shape_free
 
 
 STAND_IN_DIM = 32  # what a symbolic dim is taken to be when judging a static_only kernel

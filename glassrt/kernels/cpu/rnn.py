@@ -318,7 +318,7 @@ def lstm(ctx):
         H = _check(spec, X, W, R, 4)
         dt = X.dtype
         W_, RT, bias, peep = weights(W, R, B, P)
-        if plain and peep is None and _full_length(sequence_lens, X.shape[0]):
+        if plain and peep is None and full_length(sequence_lens, X.shape[0]):
             return _plain_lstm(X.astype(cdt, copy=False), W_, RT, bias, initial_h, initial_c, H, spec.wanted, dt,
                                out)
         seq = _Sequence(spec, X.astype(cdt, copy=False), sequence_lens)
@@ -362,7 +362,8 @@ def lstm(ctx):
 _DEFAULT_LSTM_ACTS = [(_sigmoid, 0.0, 0.0), (_tanh, 0.0, 0.0), (_tanh, 0.0, 0.0)]
 
 
-def _full_length(sequence_lens, T) -> bool:
+def full_length(sequence_lens, T) -> bool:
+    """Whether every batch entry runs all T steps (no sequence_lens, or all equal to T)."""
     return sequence_lens is None or bool((np.asarray(sequence_lens) == T).all())
 
 

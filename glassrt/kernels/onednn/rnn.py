@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cpu import rnn as cpu_rnn
 from ..registry import kernel
 from . import dnnl
 from .capi import (ARG_BIAS, ARG_DST, ARG_DST_1, ARG_DST_2, ARG_SRC, ARG_SRC_1, ARG_SRC_2, ARG_WEIGHTS,
@@ -170,10 +171,6 @@ def _bias(cell: _Cell, b, dirs: int, hidden: int, lbr: bool) -> np.ndarray:
     return np.ascontiguousarray(summed, np.float32)[None]
 
 
-def _full_length(sequence_lens, steps: int) -> bool:
-    return sequence_lens is None or bool((np.asarray(sequence_lens) == steps).all())
-
-
 def _bind(cell: _Cell, ctx):
     """The step running `ctx`'s node on oneDNN's `cell` primitive (see the module's doc)."""
     a = ctx.attrs
@@ -238,10 +235,8 @@ def _bind(cell: _Cell, ctx):
 
     def step(*inputs, out=(None,)):
         inputs = inputs + (None,) * (len(cell.inputs) - len(inputs))
-        if not _full_length(inputs[SEQUENCE_LENS], steps):
+        if not cpu_rnn.full_length(inputs[SEQUENCE_LENS], steps):
             if not fallback:
-                from ..cpu import rnn as cpu_rnn
-
                 fallback.append(getattr(cpu_rnn, cell.op.lower())(ctx))
             return fallback[0](*inputs, out=out)
         outs = (tuple(out) if isinstance(out, (tuple, list)) else (out,)) + (None,) * 3
