@@ -19,7 +19,6 @@ slower on a quiet machine.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import threading
 import time
@@ -74,6 +73,7 @@ class ThreadChoice:
         self.requested = max(1, int(requested))
         self.arms = (self.requested, 1) if self.requested > 1 and adaptive else (self.requested,)
         self.recent: dict[int, list] = {a: [] for a in self.arms}
+        self._latency: dict[int, float] = {}  # the median of each count's recent runs (kept by record)
         self._warm: set = set()  # counts whose first measured run (still warming up) was dropped
         self.floor: dict[int, float] = {}  # the lowest latency each count has had
         self.current = start if start in self.arms else self.arms[0]
@@ -81,15 +81,17 @@ class ThreadChoice:
         self.last = self.previous = None  # the counts of this run and the run before
         self._probing, self._probe_left = None, 0
         self.cpu: dict[int, list] = {a: [] for a in self.arms}  # CPU seconds per second of recent runs
+        self._cpu_share: dict[int, float] = {}  # their median, kept by record
         self.wait, self._next_try, self._last_try = PROBE_EVERY, FIRST_TRY, -PROBE_EVERY
         self.clock = time.monotonic
         self._t_last_try, self.wait_s = self.clock(), TRY_AFTER_S
 
     def latency(self, arm: int) -> float | None:
-        r = self.recent[arm]
-        return statistics.median(r) if r else None
+        return self._latency.get(arm) if self.recent[arm] else None
 
     def choose(self) -> int:
+        # (runs every run of every plan: a small model's run is tens of microseconds, so the
+        # cheap tests come first and the medians are kept by record, not computed here)
         self.runs += 1
         if len(self.arms) == 1:
             n = self.arms[0]
@@ -99,7 +101,7 @@ class ThreadChoice:
         else:
             if self._probing is not None:
                 self._judge_try()
-            if self.runs >= self._next_try or (self._loaded() and self.runs - self._last_try >= PROBE_EVERY) \
+            if self.runs >= self._next_try or (self.runs - self._last_try >= PROBE_EVERY and self._loaded()) \
                     or self._time_to_retry():
                 n = next(a for a in self.arms if a != self.current)
                 self._probing, self._probe_left = n, PROBE_RUNS - 1
@@ -121,8 +123,7 @@ class ThreadChoice:
         now = self.latency(self.current)
         if now is not None and now > SLOWER * self.floor[self.current]:
             return True
-        share = self.cpu[self.current]
-        return self.current > 1 and len(share) >= 3 and statistics.median(share) < STARVED
+        return self.current > 1 and len(self.cpu[self.current]) >= 3 and self._cpu_share[self.current] < STARVED
 
     def _judge_try(self) -> None:
         """After a try: switch when it won clearly; wait longer before the next when it lost clearly."""
@@ -149,15 +150,17 @@ class ThreadChoice:
         if self.last not in self._warm:  # a count's first measured run may still touch new memory
             self._warm.add(self.last)
             return
-        r = self.recent[self.last]
+        arm = self.last
+        r = self.recent[arm]
         r.append(seconds * 1e3)
         del r[:-RECENT]
         if cpu_seconds is not None and seconds > 0:
-            c = self.cpu[self.last]
+            c = self.cpu[arm]
             c.append(cpu_seconds / seconds)
             del c[:-RECENT]
-        lat = self.latency(self.last)
-        self.floor[self.last] = min(self.floor.get(self.last, lat), lat)
+            self._cpu_share[arm] = _median(c)
+        lat = self._latency[arm] = _median(r)
+        self.floor[arm] = min(self.floor.get(arm, lat), lat)
 
     @property
     def best(self) -> int:
@@ -171,6 +174,13 @@ class ThreadChoice:
         if fork_note():
             out["note"] = fork_note()
         return out
+
+
+def _median(values: list) -> float:
+    """statistics.median of a few numbers, without its generality (~1 us a call, per run)."""
+    s = sorted(values)
+    m = len(s) // 2
+    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
 
 
 # ---------------------------------------------------------------- the libraries' thread counts
