@@ -19,6 +19,7 @@ from .fuse_gelu import fuse_gelu
 from .fuse_hardswish import fuse_hardswish
 from .fuse_layernorm import fuse_layernorm
 from .fuse_matmul import fuse_matmul
+from .fuse_matmul_integer import fuse_matmul_integer
 from .fuse_qdq import fuse_qdq
 from .fuse_qdq_matmul import fuse_qdq_matmul
 from .fuse_shuffle import fuse_channel_shuffle
@@ -42,6 +43,10 @@ PIPELINE = [
              "Cast and Mul (the integer product, where an exact 8-bit engine runs it)"),
     Pass("fold_constants", "basic", fold_constants, frozenset({TYPES, PROVIDERS}), option="constant_folding",
          doc="nodes whose inputs are all constants are evaluated once"),
+    # after fold_constants: the weights' scales and biases may come from Constant nodes
+    Pass("fuse_matmul_integer", "extended", fuse_matmul_integer, frozenset({TYPES, PROVIDERS}), option="fusion",
+         doc="MatMulInteger + Cast + Mul by the two scales' product [+ bias Add] (quantize_dynamic's layers) "
+             "become one com.microsoft::MatMulIntegerToFloat (where an exact 8-bit engine runs it)"),
     Pass("fold_affine_into_conv", "basic", fold_affine_into_conv, option="fusion",
          doc="per-channel Mul/Add after Conv or BatchNormalization go into its parameters"),
     Pass("fold_batchnorm_into_conv", "basic", fold_batchnorm_into_conv, option="fusion",

@@ -1,0 +1,121 @@
+"""A dynamically quantized layer as one integer product to float:
+MatMulInteger(a_q, W_q, a_zp, w_zp) -> Cast(to float) -> Mul(·, a_scale · w_scale) [-> Add bias],
+W_q a constant int8 matrix whose zero point is 0, becomes one com.microsoft
+MatMulIntegerToFloat(a_q, W_q, a_scale, w_scale, a_zp, w_zp[, bias]): what onnxruntime's
+MatMulIntegerToFloat fusion makes of them.
+
+onnxruntime.quantization.quantize_dynamic writes every MatMul of a model this way (each
+activation quantized by a DynamicQuantizeLinear, shared by the products that read it): the
+int8 transformers published for CPU inference. Left alone, each layer is four passes over
+its output (the int32 sums written, cast, scaled, biased); fused, oneDNN scales and biases
+the exact sums as it writes them (kernels/onednn/int8.py; a BERT-base layer's products
+1 x 128 x 768 x 3072).
+
+The numbers are the same: MatMulIntegerToFloat is defined as that chain (its decomposition,
+contrib/microsoft_quant.py: the int32 product, cast, times the float32 product of the two
+scales, plus the bias), and float multiplication and addition commute.
+
+It fires only where the onednn provider's exact int8 kernel will take the node (oneDNN
+among the providers, VNNI or AMX; W int8 with zero point 0, its scale one value or one per
+column, A's scale and zero point one value each): elsewhere cpu's MatMulIntegerToFloat would
+convert the weights to float at every call, slower than MatMulInteger's own kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..ir import Node, TensorType
+from ._rewrite import Readers, origin, producers
+from .fuse_qdq_matmul import MS, int8_engine_reason
+
+_F32 = np.dtype(np.float32)
+
+
+def _one_value(types, consts, name) -> bool:
+    c = consts.get(name)
+    if c is not None:
+        return c.size == 1 and c.ndim <= 1
+    t = types.get(name)
+    return isinstance(t, TensorType) and t.shape is not None and tuple(t.shape) in ((), (1,))
+
+
+def fuse_matmul_integer(graph, ctx):
+    if not any(n.op_type == "MatMulInteger" for n in graph.nodes) or int8_engine_reason(ctx.providers):
+        return graph, []
+    consts, types = graph.constants(), ctx.types
+    readers = Readers(graph, graph.nodes)
+    producer = producers(graph.nodes)
+    replaced, dropped, changes = {}, set(), []
+    products = set()  # the scale products the fused nodes read in their two scales' place
+
+    def scales(s, n):
+        """(a_scale, w_scale) multiplied into `s`: a one-value scale and a constant float32
+        one (one value or one per column of W), or None."""
+        mul = producer.get(s)
+        if mul is None or mul.op_type != "Mul" or mul.domain or len(mul.inputs) != 2:
+            return None
+        for a, w in (mul.inputs, mul.inputs[::-1]):
+            c = consts.get(w)
+            if c is not None and c.dtype == _F32 and (c.size == 1 and c.ndim <= 1 or c.shape == (n,)) \
+                    and _one_value(types, consts, a) and getattr(types.get(a), "dtype", None) == _F32:
+                return a, w
+        return None
+
+    for mmi in graph.nodes:
+        if mmi.op_type != "MatMulInteger" or mmi.domain or len(mmi.inputs) < 2:
+            continue
+        a_q, w_q = mmi.inputs[0], mmi.inputs[1]
+        a_zp = mmi.inputs[2] if len(mmi.inputs) > 2 else ""
+        w_zp = mmi.inputs[3] if len(mmi.inputs) > 3 else ""
+        w = consts.get(w_q)
+        if w is None or w.ndim != 2 or w.dtype != np.int8 or w.size == 0:
+            continue
+        n = w.shape[1]
+        if w_zp and (w_zp not in consts or consts[w_zp].any()):
+            continue  # (a nonzero zero point needs MatMulInteger's corrections)
+        if a_zp and not _one_value(types, consts, a_zp):
+            continue
+        cast = readers.single(mmi.outputs[0])
+        if cast is None or cast.op_type != "Cast" or cast.domain or int(cast.attrs.get("to", 0)) != 1:
+            continue
+        mul = readers.single(cast.outputs[0])
+        if mul is None or mul.op_type != "Mul" or mul.domain or len(mul.inputs) != 2:
+            continue
+        s = mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0]
+        if s == cast.outputs[0]:
+            continue
+        found = scales(s, n)
+        if found is None:
+            continue
+        a_scale, w_scale = found
+        products.add(s)
+        out, bias, last, add = mul.outputs[0], "", mul, readers.single(mul.outputs[0])
+        if add is not None and add.op_type == "Add" and not add.domain and len(add.inputs) == 2:
+            other = add.inputs[1] if add.inputs[0] == out else add.inputs[0]
+            c = consts.get(other)
+            if c is not None and c.dtype == _F32 and c.shape == (n,):
+                out, bias, last = add.outputs[0], other, add
+        why = origin(mmi, f"MatMulInteger '{mmi.name}', Cast '{cast.name}' and Mul '{mul.name}'"
+                          + (f" and bias Add '{add.name}'" if bias else ""))
+        inputs = [a_q, w_q, a_scale, w_scale, a_zp, w_zp, bias]
+        while not inputs[-1]:
+            inputs.pop()
+        # where the chain ends: every input is computed by then (the scale product is read there)
+        replaced[id(last)] = [Node("MatMulIntegerToFloat", MS, inputs, [out], {}, mmi.name, 1, origin=why)]
+        dropped.update(id(x) for x in (mmi, cast, mul) if x is not last)
+        changes.append(f"MatMulInteger '{mmi.name}' + Cast + Mul{' + bias' if bias else ''} -> "
+                       f"MatMulIntegerToFloat (w int8{list(w.shape)})")
+    if not changes:
+        return graph, []
+    nodes = []
+    for node in graph.nodes:
+        if id(node) in dropped:
+            continue
+        nodes.extend(replaced.get(id(node), [node]))
+    # a scale product nothing reads any more (each layer's a_scale · w_scale) goes too
+    read = {i for node in nodes for i in (*node.inputs, *node.implicit_inputs)} | set(graph.output_names())
+    nodes = [node for node in nodes if not (node.outputs and node.outputs[0] in products
+                                            and node.outputs[0] not in read)]
+    return replace(graph, nodes=nodes, opsets={MS: 1, **graph.opsets}), changes
