@@ -77,3 +77,47 @@ def test_the_numpy_fallback_without_numba_is_the_same(monkeypatch):
     monkeypatch.setattr(quantize, "_fake_quant", None)  # a call to the compiled loop would fail
     fallback = glassrt.InferenceSession(m).run(None, {"x": X})[0]
     np.testing.assert_array_equal(fallback, compiled)
+
+
+def _qdq_conv_chain():
+    """x -> Conv -> Q -> DQ -> Conv -> y: a QDQ CNN's activation between two convolutions."""
+    w1 = (RNG.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (RNG.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c1", "s", "z"], ["q"], name="quant"),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], name="dequant"),
+             helper.make_node("Conv", ["d", "w2"], ["y"], name="conv2")]
+    return model(nodes, [tensor("x", [1, 3, 10, 12])], [tensor("y", None)],
+                 [init("w1", w1), init("w2", w2), init("s", np.array(0.02, np.float32)), init("z", np.array(120, np.uint8))])
+
+
+def test_between_convolutions_the_pair_runs_on_their_channels_last_values():
+    """The fused pair takes any layout (each element on its own): its input and output stay
+    channels-last between oneDNN's convolutions, no reorder around it; the values are those
+    of the pair on plain arrays."""
+    from glassrt.kernels.onednn import capi
+
+    if capi.UNAVAILABLE is not None:
+        pytest.skip("oneDNN unavailable")
+    m = _qdq_conv_chain()
+    x = RNG.standard_normal((1, 3, 10, 12)).astype(np.float32)
+    sess = glassrt.InferenceSession(m)
+    got = sess.run(None, {"x": x})[0]
+    plan = next(iter(sess.runner.plans.values()))
+    qdq = next(st for st in plan.steps if st.node.op_type == "QuantizeDequantize")
+    assert plan.layouts.get(qdq.node.inputs[0]) == "nhwc" and plan.layouts.get(qdq.node.outputs[0]) == "nhwc"
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # the kernel on channels-last views gives the bits it gives on plain arrays
+    from glassrt.runtime.layout import channels_last_view
+
+    c1 = (RNG.standard_normal((2, 8, 5, 6)) * 2).astype(np.float32)
+    c1.reshape(-1)[:4] = [np.nan, np.inf, -np.inf, 1e30]
+    nhwc_in = channels_last_view(np.ascontiguousarray(c1.transpose(0, 2, 3, 1)).reshape(-1), c1.shape)
+    nhwc_out = channels_last_view(np.empty(c1.size, np.float32), c1.shape)
+    plain_out = np.empty_like(c1)
+    qdq.fn(nhwc_in, None, None, out=nhwc_out)
+    qdq.fn(c1, None, None, out=plain_out)
+    np.testing.assert_array_equal(nhwc_out, plain_out)
