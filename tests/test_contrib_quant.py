@@ -188,6 +188,32 @@ def test_binary_every_pair_of_codes(op, dt, layout):
             compare(op, [a, scale(sa), zp(rng, dt), b, scale(sb), zp(rng, dt), scale(sc), zp(rng, dt)])
 
 
+@pytest.mark.parametrize("dt", QTYPES)
+def test_qlinear_add_compiled_pass_is_the_tile_path_bit_for_bit(monkeypatch, dt):
+    """Same-shape QLinearAdd (a CNN's residual) runs one compiled pass, over the bytes in
+    memory order where all three values are channels-last: the tile-by-tile path's codes for
+    every pair of codes, near-tie scales included."""
+    pytest.importorskip("numba")
+    from glassrt.contrib import microsoft_quant as mq
+    from glassrt.runtime.layout import channels_last_view
+
+    rng = rng_for("qadd-compiled", dt)
+    kernel = mq.qlinear_add.kernels["cpu"]
+    a, b = all_pairs(dt)
+    shape = (1, 16, 64, 64)  # 65,536 pairs
+    for sa, sb, sc in NEAR_TIES + [tuple(rng.uniform(0.002, 0.1, 3)) for _ in range(3)]:
+        params = [scale(sa), zp(rng, dt), scale(sb), zp(rng, dt), scale(sc), zp(rng, dt)]
+        args = lambda x, y: (x, params[0], params[1], y, params[2], params[3], params[4], params[5])  # noqa: E731
+        monkeypatch.setattr(mq, "use_compiled", lambda path: False)
+        tiles = kernel(*args(a.reshape(shape), b.reshape(shape)), out=np.empty(shape, dt))
+        monkeypatch.setattr(mq, "use_compiled", lambda path: True)
+        plain = kernel(*args(a.reshape(shape), b.reshape(shape)), out=np.empty(shape, dt))
+        np.testing.assert_array_equal(plain, tiles)
+        nhwc = lambda v: channels_last_view(np.ascontiguousarray(v.reshape(shape).transpose(0, 2, 3, 1)).reshape(-1), shape)  # noqa: E731
+        out = channels_last_view(np.empty(a.size, dt), shape)
+        np.testing.assert_array_equal(kernel(*args(nhwc(a), nhwc(b)), out=out), tiles)
+
+
 BROADCASTS = [
     ((3, 4, 5), (3, 4, 5)),
     ((2, 3, 4, 5), (5,)),

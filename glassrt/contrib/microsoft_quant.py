@@ -48,7 +48,8 @@ import numpy as np
 from ..ir import TensorType as Meta
 from ..kernels import mlas_math, run_threads
 from ..kernels.int_gemm import Centered, Prepared, int_matmul
-from ..kernels.buffers import TILE_ELEMENTS, as_out, new_out, write_elementwise
+from ..kernels.buffers import NHWC, TILE_ELEMENTS, as_out, memory_order, new_out, write_elementwise
+from ..kernels.cpu._jit import compiled, jit, use_compiled
 from ..kernels.custom import custom_op
 from ..kernels.registry import kernel
 from ..ops.geometry import broadcast_shapes, matmul_shape, normalize_axis, spatial_pads
@@ -246,7 +247,7 @@ def _scalar_input(sa, sb):
     return None
 
 
-@qlinear_add.register_kernel("cpu", out=True)
+@qlinear_add.register_kernel("cpu", out=True, layouts=(NHWC,))
 def _qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=None, *, out=None):
     """C = saturate(round((sa·(A - za) + sb·(B - zb)) / sc) + zc), in the float32 steps of
     MLAS's AVX2 kernel (what onnxruntime runs on x86 CPUs with AVX2; its SSE2 and ARM
@@ -266,7 +267,28 @@ def _qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=Non
             v = _fma(a, ra, _fma(b, rb, F32.type(zc) - _fma(ra, za, rb * F32.type(zb))))
         return _saturate(v, 0, dt)
 
+    if out is not None and a.shape == b.shape == out.shape and use_compiled("QLinearAdd"):
+        # a residual Add of a quantized CNN: the same steps in one compiled pass, over the
+        # bytes in memory order where the three values are channels-last (each element on
+        # its own). Measured on a quantize_static MobileNetV2's ten: 256 us a call tile by tile.
+        flat = [memory_order(v) if not v.flags.c_contiguous else v.reshape(-1) for v in (a, b, out)]
+        if all(f is not None for f in flat):
+            lo, hi = _qrange(dt)
+            c = F32.type(zc) - _fma(ra, za, rb * F32.type(zb))
+            compiled(_qlinear_add_loop)(flat[0], flat[1], ra, rb, F32.type(c), F32.type(lo), F32.type(hi), flat[2])
+            return out
     return write_elementwise(out, add, a, b, limit=_TILE)
+
+
+@jit(error_model="numpy")
+def _qlinear_add_loop(a, b, ra, rb, c, lo, hi, out):  # pragma: no cover - compiled
+    """_qlinear_add's steps per element (A a span): fma(A, rA, fma(B, rB, c)), each fma one
+    float32 rounding of the exact float64 value (as _fma), clamped, rounded half to even."""
+    for i in range(a.size):
+        inner = np.float32(np.float64(b[i]) * np.float64(rb) + np.float64(c))
+        v = np.float32(np.float64(a[i]) * np.float64(ra) + np.float64(inner))
+        v = min(max(v, lo), hi)
+        out[i] = np.rint(v)
 
 
 @qlinear_mul.register_kernel("cpu", out=True)

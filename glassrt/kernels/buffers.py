@@ -13,7 +13,9 @@ shape is only known at run time, and then allocates. These helpers keep such ker
   * `write_elementwise(out, fn, *inputs)` — an elementwise expression evaluated tile by tile
     straight into `out`, so that its temporaries are a tile in size, not the tensor's.
     Every element is computed by the same NumPy operations as `fn(*inputs)` on the whole
-    arrays, so the numbers are the same to the last bit.
+    arrays, so the numbers are the same to the last bit;
+  * `memory_order(a)` — a channels-last value's bytes as one flat array (a kernel that takes
+    the NHWC layout and computes each element on its own works on those).
 
 They know nothing of a provider: the cpu kernels and custom ops (glassrt/contrib, a
 user's own) use them alike, and importing them costs nothing but NumPy.
@@ -30,6 +32,20 @@ import numpy as np
 # and below the megabyte a replayed run may allocate, while a tile is long enough that NumPy's
 # per-call overhead (some microseconds per operation) stays small against the work.
 TILE_ELEMENTS = 1 << 16
+
+# The layout a kernel declares it takes (`layouts=(NHWC,)`) where it computes the same on
+# channels-last values: 3-D and 4-D arrays of logical shape (N, C, *spatial) whose bytes lie
+# (N, *spatial, C) (runtime/layout.py chooses which values).
+NHWC = "nhwc"
+
+
+def memory_order(a):
+    """A 1-D view of a channels-last array's bytes in memory order; None for any other array
+    (a C-contiguous one included: it needs no such view)."""
+    if a.ndim not in (3, 4) or a.flags.c_contiguous:
+        return None
+    m = a.transpose(0, *range(2, a.ndim), 1)
+    return m.reshape(-1) if m.flags.c_contiguous else None
 
 
 def new_out(out, shape, dtype):

@@ -55,7 +55,7 @@ class CustomOp:
         self._publish()
         return fn
 
-    def register_kernel(self, provider, fn=None, *, dtypes=None, bind=False, out=False):
+    def register_kernel(self, provider, fn=None, *, dtypes=None, bind=False, out=False, layouts=()):
         """fn(*inputs, **attrs) -> array or tuple of arrays, for `provider` ("cpu"...).
 
         With bind=True, fn(ctx) is called once per compiled plan and returns
@@ -69,9 +69,13 @@ class CustomOp:
         several outputs gets a tuple with one entry per output of the schema. An entry (or
         `out` itself) is None where there is no buffer to fill — the shape is only known
         at run time, the node leaves that output unused, or the kernel is called directly
-        (`glassrt check`) — and the kernel then returns a new array as without out=True."""
+        (`glassrt check`) — and the kernel then returns a new array as without out=True.
+
+        layouts=("nhwc",): the kernel computes the same on channels-last values (3-D and 4-D
+        arrays whose bytes lie (N, *spatial, C): kernels/buffers.py's memory_order), so a
+        value between it and oneDNN's convolutions need not change layout."""
         if fn is None:
-            return lambda f: self.register_kernel(provider, f, dtypes=dtypes, bind=bind, out=out)
+            return lambda f: self.register_kernel(provider, f, dtypes=dtypes, bind=bind, out=out, layouts=layouts)
 
         unregister(provider, self.domain, self.name)
         n_out = len(self.schema.outputs)
@@ -84,7 +88,8 @@ class CustomOp:
         register(Kernel(name=f"{provider}.{self.domain + '::' if self.domain else ''}{self.name}", provider=provider,
                         domain=self.domain, op_type=self.name, fn=call, multi=multi, builder=bind, out=out,
                         dtypes=frozenset(np.dtype(d) for d in declared) if declared else None,
-                        attrs=None, doc=(fn.__doc__ or "").strip().split("\n")[0] or "user kernel"))
+                        attrs=None, doc=(fn.__doc__ or "").strip().split("\n")[0] or "user kernel",
+                        layouts=frozenset(layouts)))
         self.kernels[provider] = fn if not bind else _Bound(fn)
         self._publish()
         return self

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ir import TensorType
+from ..kernels.buffers import NHWC  # the layout's name, as kernels declare it
 
-NHWC = "nhwc"
 RANKS = (3, 4)  # values that may be channels-last
+# float32 activations, and the 8-bit ones of a quantized CNN (QLinearConv to QLinearConv)
+DTYPES = (np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def channels_last_view(buf, shape):
@@ -62,7 +64,7 @@ def choose_layouts(graph, decisions, types) -> tuple[dict, list]:
     for name, node in producer.items():
         t = types.get(name)
         if not (isinstance(t, TensorType) and t.shape is not None and len(t.shape) in RANKS
-                and t.dtype == np.float32) or name in outputs or name in implicit or not readers.get(name):
+                and t.dtype in DTYPES) or name in outputs or name in implicit or not readers.get(name):
             continue
         if all(i in constant for i in node.inputs if i):
             continue  # folded when a plan is built, by whatever kernel: keep it plain

@@ -16,7 +16,7 @@ import numpy as np
 from ... import dtypes
 from ..int_gemm import int_matmul, wrap
 from ..registry import kernel
-from ...runtime.layout import NHWC, RANKS
+from ..buffers import NHWC, memory_order
 from ._jit import jit, numba_missing, use_compiled
 from ._util import as_out, norm_axis, pad_spatial, spatial_pads, windows, write_elementwise
 
@@ -432,7 +432,7 @@ def quantize_dequantize(ctx):
         y = np.empty(x.shape, np.float32) if out is None else out
         if y.shape != x.shape:
             raise ValueError(f"the output {list(y.shape)} is not the input's shape {list(x.shape)}")
-        xm, ym = _memory_order(x), _memory_order(y)
+        xm, ym = memory_order(x), memory_order(y)
         if xm is not None and ym is not None and x.dtype == np.float32 and not numba_missing():
             _fake_quant(xm, s, z, np.float32(lo), np.float32(hi), ym)  # both channels-last (or both plain)
             return y
@@ -448,16 +448,6 @@ def quantize_dequantize(ctx):
         return y
 
     return step
-
-
-def _memory_order(a):
-    """A 1-D view of a channels-last (NHWC / NWC) array's bytes in memory order, None for
-    any other (a plain C-contiguous array is not channels-last here: the caller's other path
-    takes it)."""
-    if a.ndim not in RANKS or a.flags.c_contiguous:
-        return None
-    m = a.transpose(0, *range(2, a.ndim), 1)
-    return m.reshape(-1) if m.flags.c_contiguous else None
 
 
 @jit(error_model="numpy")

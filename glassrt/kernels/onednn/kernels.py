@@ -32,13 +32,13 @@ import numpy as np
 
 from ...ops.geometry import spatial_pads
 from ...weights import is_mapped, release_pages
+from ..buffers import NHWC
 from ..registry import kernel
 from . import capi, dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_FROM, ARG_MEAN, ARG_MULTIPLE_SRC, ARG_SCALE, ARG_SHIFT, ARG_SRC, \
     ARG_SRC_0, ARG_SRC_1, ARG_TO, ARG_VARIANCE, ARG_WEIGHTS, MemoryDesc
 
 F32 = [np.float32]
-NHWC = "nhwc"
 LAYOUTS = (NHWC,)
 
 
