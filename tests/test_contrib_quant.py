@@ -212,6 +212,9 @@ def test_qlinear_add_compiled_pass_is_the_tile_path_bit_for_bit(monkeypatch, dt)
         nhwc = lambda v: channels_last_view(np.ascontiguousarray(v.reshape(shape).transpose(0, 2, 3, 1)).reshape(-1), shape)  # noqa: E731
         out = channels_last_view(np.empty(a.size, dt), shape)
         np.testing.assert_array_equal(kernel(*args(nhwc(a), nhwc(b)), out=out), tiles)
+        # mixed layouts (a residual read plain beside a channels-last one): the elements line up
+        for x, y, o in ((nhwc(a), b.reshape(shape), np.empty(shape, dt)), (a.reshape(shape), nhwc(b), out)):
+            np.testing.assert_array_equal(kernel(*args(x, y), out=o), tiles)
 
 
 BROADCASTS = [

@@ -21,6 +21,7 @@ from .fuse_layernorm import fuse_layernorm
 from .fuse_matmul import fuse_matmul
 from .fuse_matmul_integer import fuse_matmul_integer
 from .fuse_qdq import fuse_qdq
+from .fuse_qdq_conv import fuse_qdq_conv
 from .fuse_qdq_matmul import fuse_qdq_matmul
 from .fuse_shuffle import fuse_channel_shuffle
 from .identity import remove_identities
@@ -38,6 +39,9 @@ PIPELINE = [
     Pass("expand_composites", "required", expand_composites, frozenset({TYPES, PROVIDERS}),
          doc="composite ops no provider runs whole become their decompositions"),
     # before fold_constants, which would turn the weights' DequantizeLinear into float weights
+    Pass("fuse_qdq_conv", "extended", fuse_qdq_conv, frozenset({TYPES, PROVIDERS}), option="fusion",
+         doc="Conv / Add between DequantizeLinear and QuantizeLinear (a QDQ CNN's layers) become QLinearConv / "
+             "QLinearAdd (where an exact 8-bit engine runs them)"),
     Pass("fuse_qdq_matmul", "extended", fuse_qdq_matmul, frozenset({TYPES, PROVIDERS}), option="fusion",
          doc="MatMul of two DequantizeLinear outputs, one of constant 8-bit weights, becomes MatMulInteger, "
              "Cast and Mul (the integer product, where an exact 8-bit engine runs it)"),

@@ -1,0 +1,151 @@
+"""A QDQ CNN's layers as integer ones, as onnxruntime's QDQ transformer makes them:
+QuantizeLinear(Conv(DequantizeLinear(x_q), DequantizeLinear(W_q)[, DequantizeLinear(b_q)]))
+becomes one QLinearConv(x_q, ..., W_q, ..., b_q) -> y_q, and
+QuantizeLinear(Add(DequantizeLinear(a_q), DequantizeLinear(b_q))) one com.microsoft QLinearAdd.
+
+onnxruntime.quantization.quantize_static writes a model this way by default (QuantFormat.QDQ):
+every activation quantized and dequantized around float ops. Left alone, glassrt runs the
+float convolutions over dequantized values with a fake-quantization pass between them
+(passes/fuse_qdq.py); the integer layers read a quarter of the bytes, multiply them as
+bytes (VNNI, AMX) and requantize as they write (kernels/onednn/int8.py), and the 8-bit
+values between them stay channels-last.
+
+The numbers move by rounding only: the float program rounds each partial sum of dequantized
+values and quantizes the float result; the integer layer sums exactly and requantizes once,
+as onnxruntime computes these layers (a code apart at most, at a rounding tie).
+
+It fires only where that is the program: per-tensor activations (one scale and zero point
+each, constants, 8-bit), weights int8 constants with zero point 0 (per tensor, or per filter
+along axis 0), an int32 bias whose scale is x_scale · w_scale and zero point 0, the float
+result read by its QuantizeLinear alone, no attribute but the axis on the Q/DQ nodes; and
+only where the onednn provider's exact 8-bit engine runs it (VNNI or AMX), 2-D images.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..ir import Node
+from ._rewrite import Readers, known_shape, origin, producers
+from .fuse_qdq_matmul import MS, int8_engine_reason
+
+_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
+_F32 = np.dtype(np.float32)
+
+
+def fuse_qdq_conv(graph, ctx):
+    ops = {n.op_type for n in graph.nodes}
+    if "QuantizeLinear" not in ops or "DequantizeLinear" not in ops or int8_engine_reason(ctx.providers):
+        return graph, []
+    consts, types = graph.constants(), ctx.types
+    readers = Readers(graph, graph.nodes)
+    producer = producers(graph.nodes)
+    replaced, dropped, changes = {}, set(), []
+
+    def one(name, dtypes):
+        c = consts.get(name) if name else None
+        return c is not None and c.size == 1 and c.ndim <= 1 and c.dtype in dtypes
+
+    def per_tensor_dq(name):
+        """(DQ node, 8-bit input, scale, zero point) of an activation's DequantizeLinear, or None."""
+        dq = producer.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.domain or set(dq.attrs) - {"axis"} \
+                or len(dq.inputs) < 3 or not one(dq.inputs[1], (_F32,)) or not one(dq.inputs[2], _EIGHT_BIT):
+            return None
+        x = dq.inputs[0]
+        dt = consts[x].dtype if x in consts else getattr(types.get(x), "dtype", None)
+        return (dq, x, dq.inputs[1], dq.inputs[2]) if dt == consts[dq.inputs[2]].dtype else None
+
+    def quantized_by(node):
+        """The QuantizeLinear (per tensor, 8-bit zero point) that alone reads node's output, or None."""
+        q = readers.single(node.outputs[0])
+        if q is None or q.op_type != "QuantizeLinear" or q.domain or set(q.attrs) - {"axis"} or len(q.inputs) < 3 \
+                or not one(q.inputs[1], (_F32,)) or not one(q.inputs[2], _EIGHT_BIT):
+            return None
+        return q
+
+    maybe_dead = []  # DequantizeLinear nodes the fused nodes no longer read through
+
+    def fused_through(dq, node):
+        maybe_dead.append(dq)
+
+    for node in graph.nodes:
+        if node.domain or node.op_type not in ("Conv", "Add") or len(node.outputs) != 1:
+            continue
+        q = quantized_by(node)
+        if q is None:
+            continue
+        if node.op_type == "Add":
+            if len(node.inputs) != 2:
+                continue
+            a, b = per_tensor_dq(node.inputs[0]), per_tensor_dq(node.inputs[1])
+            y_dt = consts[q.inputs[2]].dtype
+            if a is None or b is None or consts[a[3]].dtype != y_dt or consts[b[3]].dtype != y_dt:
+                continue
+            shapes = known_shape(types, node.inputs[0]), known_shape(types, node.inputs[1])
+            if shapes[0] is None or shapes[0] != shapes[1]:
+                continue  # (broadcasting Adds stay float: a residual Add has one shape)
+            inputs = [a[1], a[2], a[3], b[1], b[2], b[3], q.inputs[1], q.inputs[2]]
+            fused = Node("QLinearAdd", MS, inputs, [q.outputs[0]], {}, node.name, 1,
+                         origin=origin(node, f"Add '{node.name}' of DequantizeLinear outputs, quantized by "
+                                             f"'{q.name}'"))
+            for dq in (a[0], b[0]):
+                fused_through(dq, node)
+        else:
+            if len(node.inputs) < 2:
+                continue
+            x = per_tensor_dq(node.inputs[0])
+            shape = known_shape(types, node.inputs[0])
+            w_dq = producer.get(node.inputs[1])
+            if x is None or shape is None or len(shape) != 4 or w_dq is None or w_dq.op_type != "DequantizeLinear" \
+                    or w_dq.domain or set(w_dq.attrs) - {"axis"} or len(w_dq.inputs) < 3:
+                continue
+            w, ws, wz = (consts.get(i) for i in w_dq.inputs[:3])
+            if w is None or w.dtype != np.int8 or w.ndim != 4 or ws is None or ws.dtype != _F32 or wz is None \
+                    or wz.dtype != np.int8 or wz.any() or wz.shape != ws.shape:
+                continue
+            m = w.shape[0]
+            if ws.size != 1 and (ws.shape != (m,) or int(w_dq.attrs.get("axis", 1)) != 0):
+                continue
+            bias = ""
+            if len(node.inputs) > 2 and node.inputs[2]:
+                b_dq = producer.get(node.inputs[2])
+                if b_dq is None or b_dq.op_type != "DequantizeLinear" or b_dq.domain or set(b_dq.attrs) - {"axis"}:
+                    continue
+                bq, bs = consts.get(b_dq.inputs[0]), consts.get(b_dq.inputs[1])
+                bz = consts.get(b_dq.inputs[2]) if len(b_dq.inputs) > 2 and b_dq.inputs[2] else None
+                want = (consts[x[2]].reshape(()) * ws.reshape(-1)).astype(_F32)  # the bias scale QLinearConv implies
+                if bq is None or bq.dtype != np.int32 or bq.shape != (m,) or bs is None or bs.dtype != _F32 \
+                        or (bz is not None and bz.any()) or np.broadcast_to(bs.reshape(-1), (m,)).tolist() \
+                        != np.broadcast_to(want, (m,)).tolist():
+                    continue
+                bias = b_dq.inputs[0]
+                fused_through(b_dq, node)
+            inputs = [x[1], x[2], x[3], w_dq.inputs[0], w_dq.inputs[1], w_dq.inputs[2], q.inputs[1], q.inputs[2]]
+            if bias:
+                inputs.append(bias)
+            attrs = {k: v for k, v in node.attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape",
+                                                                 "pads", "strides")}
+            fused = Node("QLinearConv", "", inputs, [q.outputs[0]], attrs, node.name, node.opset,
+                         origin=origin(node, f"Conv '{node.name}' of DequantizeLinear outputs, quantized by "
+                                             f"'{q.name}'"))
+            fused_through(x[0], node)
+            fused_through(w_dq, node)
+        replaced[id(q)] = [fused]  # where the QuantizeLinear was: every input is computed by then
+        dropped.add(id(node))
+        changes.append(f"{node.op_type} '{node.name}' between DequantizeLinear and QuantizeLinear '{q.name}' -> "
+                       f"{fused.op_type}")
+    if not changes:
+        return graph, []
+    nodes = []
+    for n in graph.nodes:
+        if id(n) in dropped:
+            continue
+        nodes.extend(replaced.get(id(n), [n]))
+    # a DequantizeLinear whose every reader was fused goes too (one read by a float op stays)
+    read = {i for n in nodes for i in (*n.inputs, *n.implicit_inputs)} | set(graph.output_names())
+    dead = {id(dq) for dq in maybe_dead if dq.outputs[0] not in read}
+    nodes = [n for n in nodes if id(n) not in dead]
+    opsets = {**graph.opsets, MS: 1} if any(n.domain == MS for n in nodes) else dict(graph.opsets)
+    return replace(graph, nodes=nodes, opsets=opsets), changes

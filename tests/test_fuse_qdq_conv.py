@@ -1,0 +1,136 @@
+"""A QDQ CNN (onnxruntime.quantization.quantize_static, QuantFormat.QDQ) runs its layers as
+integer ones (passes/fuse_qdq_conv.py): Conv between DequantizeLinear and QuantizeLinear
+becomes QLinearConv, Add likewise QLinearAdd, as onnxruntime's QDQ transformer makes them;
+the outputs are onnxruntime's within a quantization step; left alone where the program or
+the engine differs."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import glassrt
+from glassrt.kernels.onednn import capi
+
+from .helpers import init, model, tensor
+
+pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
+RNG = np.random.default_rng(21)
+SHAPE = [1, 8, 20, 24]
+
+
+def _exact():
+    from glassrt.kernels.onednn import int8
+
+    return int8.exact_reason()
+
+
+needs_vnni = pytest.mark.skipif(capi.UNAVAILABLE is None and _exact() is not None,
+                                reason="this CPU has no VNNI/AMX: the pass leaves the graph alone (tested below)")
+
+
+def _float_cnn():
+    """conv 3x3 + Relu -> conv 1x1 -> + x (a residual block) -> conv 3x3 stride 2."""
+    w = lambda *s: (RNG.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    b = lambda n: (RNG.standard_normal(n) * 0.1).astype(np.float32)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2"),
+             helper.make_node("Add", ["c2", "x"], ["s"], name="residual"),
+             helper.make_node("Conv", ["s", "w3", "b3"], ["y"], name="conv3", pads=[1, 1, 1, 1], strides=[2, 2])]
+    return model(nodes, [tensor("x", SHAPE)], [tensor("y", None)],
+                 [init("w1", w(8, 8, 3, 3)), init("b1", b(8)), init("w2", w(8, 8, 1, 1)), init("b2", b(8)),
+                  init("w3", w(16, 8, 3, 3)), init("b3", b(16))], opset=13, ir_version=8)
+
+
+def _quantized(tmp_path, weight_type="QInt8", per_channel=True):
+    pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"x": RNG.standard_normal(SHAPE).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    src, dst = tmp_path / "f32.onnx", tmp_path / "qdq.onnx"
+    onnx.save(_float_cnn(), src)
+    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                    activation_type=QuantType.QUInt8, weight_type=getattr(QuantType, weight_type))
+    return onnx.load(dst)
+
+
+def _ops(sess):
+    return sorted(n.op_type for n in sess.placement.graph.nodes)
+
+
+def _run_ort(m, x):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def _step(m):
+    """The output's quantization step (its last DequantizeLinear's scale)."""
+    consts = {i.name: onnx.numpy_helper.to_array(i) for i in m.graph.initializer}
+    last = next(n for n in m.graph.node if m.graph.output[0].name in n.output)
+    return float(consts[last.input[1]])
+
+
+@needs_vnni
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_a_qdq_cnn_runs_integer_layers_as_onnxruntime_does(tmp_path, per_channel):
+    m = _quantized(tmp_path, per_channel=per_channel)
+    sess = glassrt.InferenceSession(m)
+    ops = _ops(sess)
+    assert ops.count("QLinearConv") == 3 and ops.count("QLinearAdd") == 1 and "Conv" not in ops
+    rows = {r["name"]: r for r in sess.explain()["nodes"]}
+    assert rows["conv1"]["kernel"] == "onednn.QLinearConv.int8" and "Conv 'conv1'" in rows["conv1"]["origin"]
+    x = RNG.standard_normal(SHAPE).astype(np.float32)
+    got, step = sess.run(None, {"x": x})[0], _step(m)
+    # the float program (fake quantization) and onnxruntime's integer layers: a step apart at a tie
+    plain = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(fusion=False))
+    assert "QLinearConv" not in _ops(plain)
+    for want in (_run_ort(m, x), plain.run(None, {"x": x})[0]):
+        diff = np.abs(got - want)
+        assert diff.max() <= step * 1.01 and np.count_nonzero(diff) <= 0.02 * diff.size
+
+
+@needs_vnni
+def test_uint8_weights_stay_float(tmp_path):
+    m = _quantized(tmp_path, weight_type="QUInt8", per_channel=False)
+    ops = _ops(glassrt.InferenceSession(m))
+    assert "QLinearConv" not in ops and ops.count("QLinearAdd") == 1  # the Add's operands are activations
+
+
+@needs_vnni
+def test_a_conv_whose_float_result_is_read_elsewhere_stays_float(tmp_path):
+    m = _quantized(tmp_path)
+    conv_out = next(n for n in m.graph.node if n.op_type == "Conv" and n.name.startswith("conv3")).output[0]
+    m.graph.node.append(helper.make_node("Identity", [conv_out], ["raw"], name="peek"))
+    m.graph.output.append(tensor("raw", None))
+    sess = glassrt.InferenceSession(m)
+    assert _ops(sess).count("QLinearConv") == 2 and "Conv" in _ops(sess)
+    x = RNG.standard_normal(SHAPE).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[1], _run_ort_all(m, x)[1], rtol=1e-4, atol=1e-4)
+
+
+def _run_ort_all(m, x):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the float Conv's own value
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+def test_it_does_not_fire_without_an_exact_int8_engine(tmp_path, monkeypatch):
+    m = _quantized(tmp_path)
+    assert "QLinearConv" not in _ops(glassrt.InferenceSession(m, providers=["cpu"]))
+    lib = capi.require()
+    monkeypatch.setattr(lib, "dnnl_get_effective_cpu_isa", lambda: capi.CPU_ISA["avx512_core"])
+    assert "QLinearConv" not in _ops(glassrt.InferenceSession(m))
