@@ -335,6 +335,34 @@ def test_qlinear_convs_in_a_row_pass_their_bytes_channels_last(x_dt):
     _within_a_code(got, glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0])
 
 
+@needs_vnni
+def test_qlinear_conv_with_uint8_weights_requantizes_in_one_pass_as_cpu_does(monkeypatch):
+    """uint8 weights (zero point 128): oneDNN's exact int32 sums, then one compiled pass of
+    cpu's float64 requantization (padding, x's zero point, the bias): cpu's bytes, as the
+    NumPy steps give them without Numba."""
+    pytest.importorskip("numba")
+    from glassrt.kernels.cpu import _jit
+
+    rng = rng_for("int8-qconv-u8w")
+    consts = {"xs": np.array(0.05, np.float32), "xz": np.array(77, U8), "w": _codes(rng, U8, (12, 5, 3, 3)),
+              "ws": np.array(0.004, np.float32), "wz": np.array(128, U8), "ys": np.array(0.3, np.float32),
+              "yz": np.array(140, U8), "b": rng.integers(-900, 900, (12,)).astype(np.int32)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], name="conv",
+                            pads=[1, 0, 1, 2])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 5, 13, 10])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = _codes(rng, U8, (1, 5, 13, 10))
+    cpu = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0]
+    for compiled in (True, False):
+        monkeypatch.setattr(_jit, "use_compiled", lambda path, after=64, c=compiled: c)
+        sess = glassrt.InferenceSession(m)
+        assert _kernel(sess, "conv")["kernel"] == "onednn.QLinearConv.int8"
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], cpu)
+
+
 def _within_a_code(got, want, share=1e-3):
     """8-bit outputs requantized in another float order: at most a code apart, and rarely."""
     d = np.abs(got.astype(np.int64) - want)

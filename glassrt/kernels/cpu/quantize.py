@@ -17,7 +17,7 @@ from ... import dtypes
 from ..int_gemm import int_matmul, wrap
 from ..registry import kernel
 from ..buffers import NHWC, memory_order
-from ._jit import jit, numba_missing, use_compiled
+from ._jit import jit, use_compiled
 from ._util import as_out, norm_axis, pad_spatial, spatial_pads, windows, write_elementwise
 
 _INT_QUANT = [np.int8, np.uint8, np.int16, np.uint16] + sorted(dtypes.SMALL_INTS, key=str)
@@ -432,12 +432,15 @@ def quantize_dequantize(ctx):
         y = np.empty(x.shape, np.float32) if out is None else out
         if y.shape != x.shape:
             raise ValueError(f"the output {list(y.shape)} is not the input's shape {list(x.shape)}")
+        # the compiled loop once the process has Numba or this path keeps running (_jit.use_compiled:
+        # a QDQ model's first run then does not import Numba, ~0.4 s of it)
+        fast = use_compiled("QuantizeDequantize")
         xm, ym = memory_order(x), memory_order(y)
-        if xm is not None and ym is not None and x.dtype == np.float32 and not numba_missing():
-            _fake_quant(xm, s, z, np.float32(lo), np.float32(hi), ym)  # both channels-last (or both plain)
+        if xm is not None and ym is not None and x.dtype == np.float32 and fast:
+            _fake_quant(xm, s, z, np.float32(lo), np.float32(hi), ym)  # both channels-last
             return y
         flat = np.ascontiguousarray(x, np.float32).reshape(-1)
-        if numba_missing():
+        if not fast:
             write_elementwise(y, lambda v: _fake_quant_numpy(v, s, z, lo, hi), x)
         elif y.flags.c_contiguous:
             _fake_quant(flat, s, z, np.float32(lo), np.float32(hi), y.reshape(-1))

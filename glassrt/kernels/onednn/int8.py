@@ -470,7 +470,7 @@ def qlinear_conv(ctx):
     onnxruntime 2.3 ms): 55.7 ms in QLinearConv before (NumPy's requantization over NCHW
     copies 35 ms, the transposes 11), 13.9 with the compiled pass and NHWC values, 3.7
     requantized by oneDNN."""
-    from ..cpu._jit import compiled, numba_missing
+    from ..cpu._jit import compiled, use_compiled
     from ..cpu.quantize import _int_range, qlinear_conv_output
 
     geometry = _conv_integer_geometry(ctx, w_at=3)
@@ -489,7 +489,7 @@ def qlinear_conv(ctx):
         acc, xz, c1 = conv(x, x_zero_point, sums)
         y_dt = y_zero_point.dtype if y_zero_point is not None else x.dtype
         ws = np.asarray(w_scale).reshape(-1)
-        if numba_missing() or y_dt not in (np.dtype(np.uint8), np.dtype(np.int8)) or ws.size not in (1, m) \
+        if not use_compiled("QLinearConv") or y_dt not in _I8 or ws.size not in (1, m) \
                 or (b is not None and b.shape != (m,)):
             if xz:
                 acc -= xz * c1
