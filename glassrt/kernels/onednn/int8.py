@@ -482,8 +482,9 @@ def qlinear_conv(ctx):
     none32 = np.zeros((1, 1, m), np.int32)
     y_shape = [int(d) for d in ctx.out_shape(0)]
     ws = ctx.workspace
-    sums = ws.view(np.int32)[:int(np.prod(y_shape))].reshape(y_shape[0], *y_shape[2:], m) \
-        if ws is not None and ws.nbytes >= 4 * int(np.prod(y_shape)) and ws.ctypes.data % 4 == 0 else None
+    count = int(np.prod(y_shape))
+    sums = ws[:4 * count].view(np.int32).reshape(y_shape[0], *y_shape[2:], m) \
+        if ws is not None and ws.nbytes >= 4 * count and ws.ctypes.data % 4 == 0 else None
 
     def step(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, out=None):
         acc, xz, c1 = conv(x, x_zero_point, sums)
@@ -526,6 +527,8 @@ def _requantizing_conv(ctx, geometry):
     group = int(ctx.attrs.get("group", 1))
     conv = _RequantizingConv(x_shape, np.ascontiguousarray(w), group, strides, dil, begin, end, y_dt,
                              int(np.prod(ws)) == m and m > 1, b is not None)
+    if conv.pd.impl.startswith(("ref", "gemm:")):
+        return None  # (zero points and scales on a geometry oneDNN's fast kernels do not take: the sums' path)
     bias_int = None if b is None else b.astype(np.float32)  # exact: |b| < 2**24 in any real model
 
     def step(x, x_scale, x_zero_point, w_, w_scale, w_zero_point, y_scale, y_zero_point=None, b_=None, *, out=None):

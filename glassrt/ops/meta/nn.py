@@ -57,10 +57,10 @@ def conv_integer(ctx):
 
 @meta("QLinearConv")
 def qlinear_conv(ctx):
-    """y's type is y_zero_point's (uint8 without one), its shape Conv's; the bias int32, one
-    per output channel. (Checked here rather than by onnx's inference, ~0.35 ms a node: a
-    quantized CNN's creation.)"""
-    y_dt = ctx.dtype(7) if ctx.has(7) and ctx.dtype(7) is not None else np.dtype(np.uint8)
+    """y's type is y_zero_point's (x's without one, as the kernels write it), its shape
+    Conv's; the bias one per output channel. (Here rather than onnx's per-node inference,
+    ~0.35 ms a node of a quantized CNN's creation.)"""
+    y_dt = ctx.dtype(7) if ctx.has(7) and ctx.dtype(7) is not None else ctx.dtype(0)
     return [ctx.tensor(y_dt, conv_shape(ctx, 0, 3, 8))]
 
 
