@@ -188,17 +188,18 @@ def test_binary_every_pair_of_codes(op, dt, layout):
             compare(op, [a, scale(sa), zp(rng, dt), b, scale(sb), zp(rng, dt), scale(sc), zp(rng, dt)])
 
 
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
 @pytest.mark.parametrize("dt", QTYPES)
-def test_qlinear_add_compiled_pass_is_the_tile_path_bit_for_bit(monkeypatch, dt):
-    """Same-shape QLinearAdd (a CNN's residual) runs one compiled pass, over the bytes in
-    memory order where all three values are channels-last: the tile-by-tile path's codes for
-    every pair of codes, near-tie scales included."""
+def test_binary_compiled_pass_is_the_tile_path_bit_for_bit(monkeypatch, op, dt):
+    """Same-shape QLinearAdd / QLinearMul (a CNN's residual, its SiLU) run one compiled pass,
+    over the bytes in memory order where all three values are channels-last: the tile-by-tile
+    path's codes for every pair of codes, near-tie scales included."""
     pytest.importorskip("numba")
     from glassrt.contrib import microsoft_quant as mq
     from glassrt.runtime.layout import channels_last_view
 
-    rng = rng_for("qadd-compiled", dt)
-    kernel = mq.qlinear_add.kernels["cpu"]
+    rng = rng_for("qbinary-compiled", op, dt)
+    kernel = (mq.qlinear_add if op == "QLinearAdd" else mq.qlinear_mul).kernels["cpu"]
     a, b = all_pairs(dt)
     shape = (1, 16, 64, 64)  # 65,536 pairs
     for sa, sb, sc in NEAR_TIES + [tuple(rng.uniform(0.002, 0.1, 3)) for _ in range(3)]:
@@ -215,6 +216,30 @@ def test_qlinear_add_compiled_pass_is_the_tile_path_bit_for_bit(monkeypatch, dt)
         # mixed layouts (a residual read plain beside a channels-last one): the elements line up
         for x, y, o in ((nhwc(a), b.reshape(shape), np.empty(shape, dt)), (a.reshape(shape), nhwc(b), out)):
             np.testing.assert_array_equal(kernel(*args(x, y), out=o), tiles)
+
+
+@pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
+@pytest.mark.parametrize("dt", QTYPES)
+def test_lookup_compiled_pass_is_the_tile_path_bit_for_bit(monkeypatch, op, dt):
+    """The table activations run one compiled gather where input and output share a layout
+    (plain, or both channels-last: each byte on its own): the tile path's codes."""
+    pytest.importorskip("numba")
+    from glassrt.contrib import microsoft_quant as mq
+    from glassrt.runtime.layout import channels_last_view
+
+    rng = rng_for("qlookup-compiled", op, dt)
+    kernel = (mq.qlinear_sigmoid if op == "QLinearSigmoid" else mq.qlinear_leaky_relu).kernels["cpu"]
+    shape = (2, 8, 8, 4)
+    x = np.tile(np.arange(256, dtype=np.uint8).view(dt), 2).reshape(shape)
+    params = [scale(0.04), zp(rng, dt), scale(0.01), zp(rng, dt)]
+    monkeypatch.setattr(mq, "use_compiled", lambda path: False)
+    tiles = kernel(x, *params, out=np.empty(shape, dt))
+    monkeypatch.setattr(mq, "use_compiled", lambda path: True)
+    np.testing.assert_array_equal(kernel(x, *params, out=np.empty(shape, dt)), tiles)
+    nhwc_x = channels_last_view(np.ascontiguousarray(x.transpose(0, 2, 3, 1)).reshape(-1), shape)
+    out = channels_last_view(np.empty(x.size, dt), shape)
+    np.testing.assert_array_equal(kernel(nhwc_x, *params, out=out), tiles)
+    np.testing.assert_array_equal(kernel(nhwc_x, *params, out=np.empty(shape, dt)), tiles)  # mixed: the tile path
 
 
 BROADCASTS = [

@@ -1,7 +1,9 @@
 """A QDQ CNN's layers as integer ones, as onnxruntime's QDQ transformer makes them:
 QuantizeLinear(Conv(DequantizeLinear(x_q), DequantizeLinear(W_q)[, DequantizeLinear(b_q)]))
-becomes one QLinearConv(x_q, ..., W_q, ..., b_q) -> y_q, and
-QuantizeLinear(Add(DequantizeLinear(a_q), DequantizeLinear(b_q))) one com.microsoft QLinearAdd.
+becomes one QLinearConv(x_q, ..., W_q, ..., b_q) -> y_q;
+QuantizeLinear(Add / Mul(DequantizeLinear(a_q), DequantizeLinear(b_q))) one com.microsoft
+QLinearAdd / QLinearMul; QuantizeLinear(Sigmoid / LeakyRelu(DequantizeLinear(x_q))) one
+QLinearSigmoid / QLinearLeakyRelu (a 256-entry table: a YOLO's SiLU, a detector's LeakyRelu).
 
 onnxruntime.quantization.quantize_static writes a model this way by default (QuantFormat.QDQ):
 every activation quantized and dequantized around float ops. Left alone, glassrt runs the
@@ -32,6 +34,8 @@ from .fuse_qdq_matmul import MS, int8_engine_reason
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 _F32 = np.dtype(np.float32)
+_BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}  # com.microsoft's, same-shape operands
+_UNARY = {"Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu"}  # lookup tables of the 256 codes
 
 
 def fuse_qdq_conv(graph, ctx):
@@ -71,12 +75,21 @@ def fuse_qdq_conv(graph, ctx):
         maybe_dead.append(dq)
 
     for node in graph.nodes:
-        if node.domain or node.op_type not in ("Conv", "Add") or len(node.outputs) != 1:
+        if node.domain or node.op_type not in ("Conv", *_BINARY, *_UNARY) or len(node.outputs) != 1:
             continue
         q = quantized_by(node)
         if q is None:
             continue
-        if node.op_type == "Add":
+        if node.op_type in _UNARY:
+            x = per_tensor_dq(node.inputs[0]) if len(node.inputs) == 1 else None
+            if x is None or consts[x[3]].dtype != consts[q.inputs[2]].dtype:
+                continue
+            attrs = {"alpha": float(node.attrs.get("alpha", 0.01))} if node.op_type == "LeakyRelu" else {}
+            fused = Node(_UNARY[node.op_type], MS, [x[1], x[2], x[3], q.inputs[1], q.inputs[2]], [q.outputs[0]],
+                         attrs, node.name, 1, origin=origin(node, f"{node.op_type} '{node.name}' of a "
+                                                                  f"DequantizeLinear output, quantized by '{q.name}'"))
+            fused_through(x[0], node)
+        elif node.op_type in _BINARY:
             if len(node.inputs) != 2:
                 continue
             a, b = per_tensor_dq(node.inputs[0]), per_tensor_dq(node.inputs[1])
@@ -85,10 +98,10 @@ def fuse_qdq_conv(graph, ctx):
                 continue
             shapes = known_shape(types, node.inputs[0]), known_shape(types, node.inputs[1])
             if shapes[0] is None or shapes[0] != shapes[1]:
-                continue  # (broadcasting Adds stay float: a residual Add has one shape)
+                continue  # (broadcasting ones stay float: a residual Add, a SiLU's Mul have one shape)
             inputs = [a[1], a[2], a[3], b[1], b[2], b[3], q.inputs[1], q.inputs[2]]
-            fused = Node("QLinearAdd", MS, inputs, [q.outputs[0]], {}, node.name, 1,
-                         origin=origin(node, f"Add '{node.name}' of DequantizeLinear outputs, quantized by "
+            fused = Node(_BINARY[node.op_type], MS, inputs, [q.outputs[0]], {}, node.name, 1,
+                         origin=origin(node, f"{node.op_type} '{node.name}' of DequantizeLinear outputs, quantized by "
                                              f"'{q.name}'"))
             for dq in (a[0], b[0]):
                 fused_through(dq, node)
