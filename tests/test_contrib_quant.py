@@ -227,14 +227,16 @@ def test_lookup_compiled_pass_is_the_tile_path_bit_for_bit(monkeypatch, op, dt):
     from glassrt.contrib import microsoft_quant as mq
     from glassrt.runtime.layout import channels_last_view
 
+    from glassrt.kernels.cpu import quantize
+
     rng = rng_for("qlookup-compiled", op, dt)
     kernel = (mq.qlinear_sigmoid if op == "QLinearSigmoid" else mq.qlinear_leaky_relu).kernels["cpu"]
     shape = (2, 8, 8, 4)
     x = np.tile(np.arange(256, dtype=np.uint8).view(dt), 2).reshape(shape)
     params = [scale(0.04), zp(rng, dt), scale(0.01), zp(rng, dt)]
-    monkeypatch.setattr(mq, "use_compiled", lambda path: False)
+    monkeypatch.setattr(quantize, "use_compiled", lambda path, after=64: False)
     tiles = kernel(x, *params, out=np.empty(shape, dt))
-    monkeypatch.setattr(mq, "use_compiled", lambda path: True)
+    monkeypatch.setattr(quantize, "use_compiled", lambda path, after=64: True)
     np.testing.assert_array_equal(kernel(x, *params, out=np.empty(shape, dt)), tiles)
     nhwc_x = channels_last_view(np.ascontiguousarray(x.transpose(0, 2, 3, 1)).reshape(-1), shape)
     out = channels_last_view(np.empty(x.size, dt), shape)

@@ -48,7 +48,7 @@ import numpy as np
 from ..ir import TensorType as Meta
 from ..kernels import mlas_math, run_threads
 from ..kernels.int_gemm import Centered, Prepared, int_matmul
-from ..kernels.buffers import NHWC, TILE_ELEMENTS, as_out, memory_order, new_out, write_elementwise
+from ..kernels.buffers import NHWC, TILE_ELEMENTS, as_out, new_out, same_layout, write_elementwise
 from ..kernels.cpu._jit import compiled, jit, use_compiled
 from ..kernels.custom import custom_op
 from ..kernels.registry import kernel
@@ -148,28 +148,12 @@ def _dequantized_codes(dt, scale, zp):
 
 def _lookup(x, table, out=None):
     """table[byte of x], written into out (a tile at a time) when given; one compiled pass
-    where x and out share a layout (both C-contiguous, or both channels-last: each byte on
-    its own) and the path keeps running (_jit.use_compiled)."""
-    flat = _same_layout(x, out) if out is not None and x.shape == out.shape else None
-    if flat is not None and use_compiled("QLinear lookup"):
-        compiled(_lookup_loop)(flat[0].view(np.uint8), table, flat[1])
+    where x and out share a layout and the path keeps running (kernels/cpu/quantize.py)."""
+    from ..kernels.cpu.quantize import lookup_bytes  # (with ml_dtypes: imported where an 8-bit op runs)
+
+    if out is not None and lookup_bytes(x, table, out) is not None:
         return out
     return write_elementwise(out, lambda v: table[v.view(np.uint8)], x, limit=_TILE)
-
-
-def _same_layout(*arrays):
-    """1-D views of same-shape arrays' elements in one order (their bytes' memory order:
-    all C-contiguous, or all channels-last), or None where their layouts differ."""
-    if all(a.flags.c_contiguous for a in arrays):
-        return [a.reshape(-1) for a in arrays]
-    flat = [memory_order(a) for a in arrays]
-    return flat if all(f is not None for f in flat) else None
-
-
-@jit(error_model="numpy")
-def _lookup_loop(x, table, out):  # pragma: no cover - compiled
-    for i in range(x.size):
-        out[i] = table[x[i]]
 
 
 def _requantize_table(dt, sx, zx, sy, zy):
@@ -292,7 +276,7 @@ def _qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=Non
         # a residual Add of a quantized CNN: the same steps in one compiled pass, over the
         # bytes in memory order where the three values are channels-last (each element on
         # its own). Measured on a quantize_static MobileNetV2's ten: 256 us a call tile by tile.
-        flat = _same_layout(a, b, out)  # (one layout for the three, or the tile path)
+        flat = same_layout(a, b, out)  # (one layout for the three, or the tile path)
         if flat is not None:
             lo, hi = _qrange(dt)
             c = F32.type(zc) - _fma(ra, za, rb * F32.type(zb))
@@ -320,7 +304,7 @@ def _qlinear_mul(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=Non
     dt, sa, za, sb, zb, sc, zc = _binary_params(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp)
     ratio = (sa * sb) / sc
     if out is not None and a.shape == b.shape == out.shape and use_compiled("QLinearMul"):
-        flat = _same_layout(a, b, out)  # (a CNN's SiLU: x · sigmoid(x), same shapes; see _qlinear_add)
+        flat = same_layout(a, b, out)  # (a CNN's SiLU: x · sigmoid(x), same shapes; see _qlinear_add)
         if flat is not None:
             lo, hi = _qrange(dt)
             compiled(_qlinear_mul_loop)(flat[0], flat[1], np.int32(za), np.int32(zb), F32.type(ratio), F32.type(zc),

@@ -15,7 +15,8 @@ shape is only known at run time, and then allocates. These helpers keep such ker
     Every element is computed by the same NumPy operations as `fn(*inputs)` on the whole
     arrays, so the numbers are the same to the last bit;
   * `memory_order(a)` — a channels-last value's bytes as one flat array (a kernel that takes
-    the NHWC layout and computes each element on its own works on those).
+    the NHWC layout and computes each element on its own works on those); `same_layout`
+    those of several same-shape arrays, when their elements line up.
 
 They know nothing of a provider: the cpu kernels and custom ops (glassrt/contrib, a
 user's own) use them alike, and importing them costs nothing but NumPy.
@@ -46,6 +47,15 @@ def memory_order(a):
         return None
     m = a.transpose(0, *range(2, a.ndim), 1)
     return m.reshape(-1) if m.flags.c_contiguous else None
+
+
+def same_layout(*arrays):
+    """1-D views of same-shape arrays' elements in one order (their bytes' memory order:
+    all C-contiguous, or all channels-last), or None where their layouts differ."""
+    if all(a.flags.c_contiguous for a in arrays):
+        return [a.reshape(-1) for a in arrays]
+    flat = [memory_order(a) for a in arrays]
+    return flat if all(f is not None for f in flat) else None
 
 
 def new_out(out, shape, dtype):

@@ -422,3 +422,36 @@ register_custom(OpContract(DOMAIN, "QuantizeDequantize", 1, QUANTIZE_DEQUANTIZE,
                            category=COMPOSITE, decomposition=_quantize_dequantize_decomposition,
                            notes=["QuantizeLinear then DequantizeLinear with the same per-tensor scale and zero "
                                   "point (a QDQ model's activations), fused by passes/fuse_qdq.py"]))
+
+
+LOOKUP_TABLE = CustomSchema(DOMAIN, "LookupTable", [("X", False), ("table", False)], {}, ["Y"],
+                            "glassrt::LookupTable(Tensor X, Tensor table) -> Tensor")
+
+
+def _lookup_table_meta(ctx):
+    if ctx.dtype(0) is not None and ctx.dtype(0) not in (np.uint8, np.int8):
+        ctx.fail(f"X must be uint8 or int8 (its byte indexes the table), got {ctx.dtype(0)}")
+    table = ctx.shape(1)
+    if table is not None and tuple(table) != (256,):
+        ctx.fail(f"table must hold 256 values, one per byte, got shape {list(table)}")
+    return [ctx.tensor(ctx.dtype(1), ctx.shape(0))]
+
+
+def _lookup_table_decomposition(node, input_types, visible):
+    """Gather(table, X as int64): an int8 X's negative values index from the end, which is
+    where their bytes' entries lie (byte = x + 256)."""
+    from onnx import TensorProto, helper
+
+    from ..onnx_io import nodes_from_protos
+
+    x, table = node.inputs[0], node.inputs[1]
+    name = node.name
+    protos = [helper.make_node("Cast", [x], [f"{name}/index"], name=f"{name}/index", to=TensorProto.INT64),
+              helper.make_node("Gather", [table, f"{name}/index"], [node.outputs[0]], name=f"{name}/gather", axis=0)]
+    return nodes_from_protos(protos, {"": 13}, visible, f"expanded from LookupTable '{name}'")
+
+
+register_custom(OpContract(DOMAIN, "LookupTable", 1, LOOKUP_TABLE, meta=_lookup_table_meta, category=COMPOSITE,
+                           decomposition=_lookup_table_decomposition,
+                           notes=["Y = table[byte of X]: an 8-bit elementwise chain of one input as one table "
+                                  "(a quantized SiLU), fused by passes/fuse_lookup.py"]))

@@ -18,6 +18,7 @@ from .fuse_conv import fuse_conv_activation, fuse_conv_residual
 from .fuse_gelu import fuse_gelu
 from .fuse_hardswish import fuse_hardswish
 from .fuse_layernorm import fuse_layernorm
+from .fuse_lookup import fuse_lookup
 from .fuse_matmul import fuse_matmul
 from .fuse_matmul_integer import fuse_matmul_integer
 from .fuse_qdq import fuse_qdq
@@ -42,6 +43,9 @@ PIPELINE = [
     Pass("fuse_qdq_conv", "extended", fuse_qdq_conv, frozenset({TYPES, PROVIDERS}), option="fusion",
          doc="Conv / Add between DequantizeLinear and QuantizeLinear (a QDQ CNN's layers) become QLinearConv / "
              "QLinearAdd (where an exact 8-bit engine runs them)"),
+    Pass("fuse_lookup", "extended", fuse_lookup, frozenset({TYPES}), option="fusion",
+         doc="QLinearMul of x and QLinearSigmoid of x (a quantized SiLU) becomes one glassrt::LookupTable of "
+             "x's 256 codes"),
     Pass("fuse_qdq_matmul", "extended", fuse_qdq_matmul, frozenset({TYPES, PROVIDERS}), option="fusion",
          doc="MatMul of two DequantizeLinear outputs, one of constant 8-bit weights, becomes MatMulInteger, "
              "Cast and Mul (the integer product, where an exact 8-bit engine runs it)"),

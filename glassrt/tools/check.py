@@ -727,9 +727,19 @@ def _internal_samples():
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
         qdq_samples.append((SimpleNamespace(name=f"quantize_dequantize_{np.dtype(type(zp)).name if zp is not None else 'no_zp'}",
                                             model=m), ins))
+    lut_samples = []
+    for x_dt, t_dt in ((np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.float32)):
+        codes = np.arange(256, dtype=np.uint8).view(x_dt)
+        ins = [rng.permutation(np.tile(codes, 2)).reshape(2, 8, 32), rng.permutation(codes).astype(t_dt)]
+        m = single_node_model("LookupTable", ins, {}, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", helper.np_dtype_to_tensor_dtype(
+            np.dtype(t_dt)), None))
+        lut_samples.append((SimpleNamespace(name=f"lookup_table_{np.dtype(x_dt).name}_{np.dtype(t_dt).name}",
+                                            model=m), ins))
     return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples,
             ("glassrt", "FusedMatMul"): mm_samples, ("glassrt", "ChannelShuffle"): shuffle_samples,
-            ("glassrt", "ScaledDotProductAttention"): sdpa_samples, ("glassrt", "QuantizeDequantize"): qdq_samples}
+            ("glassrt", "ScaledDotProductAttention"): sdpa_samples, ("glassrt", "QuantizeDequantize"): qdq_samples,
+            ("glassrt", "LookupTable"): lut_samples}
 
 
 def _differentiable_without_backward(op_filter):

@@ -16,7 +16,7 @@ import numpy as np
 from ... import dtypes
 from ..int_gemm import int_matmul, wrap
 from ..registry import kernel
-from ..buffers import NHWC, memory_order
+from ..buffers import NHWC, memory_order, same_layout
 from ._jit import jit, use_compiled
 from ._util import as_out, norm_axis, pad_spatial, spatial_pads, windows, write_elementwise
 
@@ -467,3 +467,33 @@ def _fake_quant_numpy(v, s, z, lo, hi):
     q -= z
     q *= s
     return q
+
+
+# ---------------------------------------------------------------- glassrt::LookupTable
+
+
+def lookup_bytes(x, table, out):
+    """out = table[byte of x] in one compiled pass, where x and out (same shape) share a
+    layout and the path keeps running (_jit.use_compiled); None otherwise (the caller's
+    NumPy path). An 8-bit activation of a quantized model through a 256-entry table."""
+    flat = same_layout(x, out) if x.shape == out.shape else None
+    if flat is None or not use_compiled("lookup table"):
+        return None
+    _gather_bytes(flat[0].view(np.uint8), table, flat[1])
+    return out
+
+
+@jit(error_model="numpy")
+def _gather_bytes(x, table, out):  # pragma: no cover - compiled
+    for i in range(x.size):
+        out[i] = table[x[i]]
+
+
+@kernel("LookupTable", domain="glassrt", dtypes=[np.uint8, np.int8], out=True, layouts=(NHWC,))
+def lookup_table(x, table, *, out=None):
+    """Y = table[byte of X] (a 256-entry table; any layout: each byte on its own)."""
+    if table.shape != (256,):
+        raise ValueError(f"the table must hold 256 values, one per byte, got shape {list(table.shape)}")
+    if out is not None and lookup_bytes(x, table, out) is not None:
+        return out
+    return write_elementwise(out, lambda v: table[v.view(np.uint8)], x)
