@@ -121,3 +121,32 @@ def test_between_convolutions_the_pair_runs_on_their_channels_last_values():
     qdq.fn(nhwc_in, None, None, out=nhwc_out)
     qdq.fn(c1, None, None, out=plain_out)
     np.testing.assert_array_equal(nhwc_out, plain_out)
+
+
+@pytest.mark.parametrize("op", ["QuantizeLinear", "DequantizeLinear"])
+def test_per_tensor_quantize_and_dequantize_take_channels_last_values(monkeypatch, op):
+    """QuantizeLinear / DequantizeLinear per tensor compute each element on its own, so they
+    take NHWC views (a QDQ CNN's values around float Splits and Concats stay channels-last):
+    plain or channels-last input and output, every mix, the NumPy path's values."""
+    pytest.importorskip("numba")
+    from glassrt.kernels.cpu import quantize
+    from glassrt.runtime.layout import channels_last_view
+
+    shape = (2, 6, 5, 7)
+    x = (RNG.standard_normal(shape) * 5).astype(np.float32)
+    x.reshape(-1)[:6] = [np.nan, np.inf, -np.inf, 2.5, -2.5, 1e30]
+    scale, zp = np.array(0.04, np.float32), np.array(120, np.uint8)
+    if op == "DequantizeLinear":
+        x = RNG.integers(0, 256, shape).astype(np.uint8)
+    kernel = quantize.quantize_linear if op == "QuantizeLinear" else quantize.dequantize_linear
+    out_dt = np.uint8 if op == "QuantizeLinear" else np.float32
+
+    def nhwc(a):
+        return channels_last_view(np.ascontiguousarray(a.transpose(0, 2, 3, 1)).reshape(-1), a.shape)
+
+    monkeypatch.setattr(quantize, "use_compiled", lambda path, after=64: False)
+    want = kernel(x, scale, zp, out=np.empty(shape, out_dt))
+    monkeypatch.setattr(quantize, "use_compiled", lambda path, after=64: True)
+    for xs in (x, nhwc(x)):
+        for out in (np.empty(shape, out_dt), channels_last_view(np.empty(int(np.prod(shape)), out_dt), shape)):
+            np.testing.assert_array_equal(kernel(xs, scale, zp, out=out), want)

@@ -79,7 +79,8 @@ def _saturate_float(v, dt, saturate):
 # ---------------------------------------------------------------- QuantizeLinear
 
 
-@kernel("QuantizeLinear", versions=(10, None), dtypes=dtypes.FLOATS_BF16 | {np.dtype(np.int32)}, out=True)
+@kernel("QuantizeLinear", versions=(10, None), dtypes=dtypes.FLOATS_BF16 | {np.dtype(np.int32)}, out=True,
+        layouts=(NHWC,))
 def quantize_linear(x, y_scale, y_zero_point=None, *, out=None, axis=1, saturate=1, block_size=0, output_dtype=0,
                     precision=0):
     """y = saturate(round_half_even(x / y_scale) + y_zero_point), per tensor, per axis or blocked."""
@@ -94,16 +95,16 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, out=None, axis=1, saturate
         raise ValueError(f"QuantizeLinear cannot produce {dtypes.name(out_dt)}")
     if y_zero_point is not None:
         _same_shape(y_zero_point, y_scale, "y")
-    if _per_tensor_8bit(x, y_scale, out_dt, block_size, precision) \
-            and (out is None or (out.flags.c_contiguous and out.shape == x.shape and out.dtype == out_dt)) \
-            and use_compiled("QuantizeLinear"):
+    fast = _per_tensor_8bit(x, y_scale, out_dt, block_size, precision) and (
+        out is None or (out.shape == x.shape and out.dtype == out_dt)) and use_compiled("QuantizeLinear")
+    y = (np.empty(x.shape, out_dt) if out is None else out) if fast else None
+    pair = _flat_pair(x, y) if fast else None
+    if pair is not None:
         # one compiled pass (a QDQ model quantizes every activation that feeds an integer
         # product: smart-turn's 18 took 10 ms of a run as the NumPy steps below, 2.6 as this)
-        y = np.empty(x.shape, out_dt) if out is None else out
         z = 0 if y_zero_point is None else int(y_zero_point.reshape(-1)[0])
         lo, hi = _int_range(out_dt)
-        _quantize8(np.ascontiguousarray(x).reshape(-1), np.float32(y_scale.reshape(-1)[0]), np.float32(z),
-                   np.float32(lo), np.float32(hi), y.reshape(-1))
+        _quantize8(pair[0], np.float32(y_scale.reshape(-1)[0]), np.float32(z), np.float32(lo), np.float32(hi), pair[1])
         return y
     scale = _broadcast_param(y_scale, x.shape, axis, block_size, "y_scale")
     # The division runs in `precision` when given, else in the scale's type (spec).
@@ -132,6 +133,20 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, out=None, axis=1, saturate
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         return write_elementwise(out, quantize, x, *params)
+
+
+def _flat_pair(x, out):
+    """(x's elements, out's) as 1-D arrays in out's memory order, out's a view to write
+    through: out C-contiguous or channels-last (the plan's NHWC values; these kernels take
+    any layout, each element on its own), x read in that order (a view where its layout is
+    out's, else a copy). None for any other out."""
+    if out.flags.c_contiguous:
+        return np.ascontiguousarray(x).reshape(-1), out.reshape(-1)
+    flat = memory_order(out)
+    if flat is None:
+        return None
+    xm = memory_order(x)
+    return (xm if xm is not None else np.ascontiguousarray(x.transpose(0, *range(2, x.ndim), 1)).reshape(-1)), flat
 
 
 def _per_tensor_8bit(x, y_scale, out_dt, block_size, precision) -> bool:
@@ -166,7 +181,7 @@ def _dequantize8(x, s, z, out):  # pragma: no cover - compiled
 
 
 @kernel("DequantizeLinear", versions=(10, None),
-        dtypes=frozenset(map(np.dtype, _INT_QUANT + [np.int32])) | _QUANT_FLOATS, out=True)
+        dtypes=frozenset(map(np.dtype, _INT_QUANT + [np.int32])) | _QUANT_FLOATS, out=True, layouts=(NHWC,))
 def dequantize_linear(x, x_scale, x_zero_point=None, *, out=None, axis=1, block_size=0, output_dtype=0):
     """y = (x - x_zero_point) * x_scale, in the output type's precision (float32 for half types)."""
     out_dt = _np(output_dtype) if output_dtype else x_scale.dtype
@@ -177,16 +192,16 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, out=None, axis=1, block_
             raise ValueError(f"x_zero_point type {dtypes.name(x_zero_point.dtype)} differs from x type "
                              f"{dtypes.name(x.dtype)}")
         _same_shape(x_zero_point, x_scale, "x")
-    if out_dt == np.float32 and x.dtype in (np.dtype(np.uint8), np.dtype(np.int8)) and x_scale.size == 1 \
-            and not block_size and (out is None or (out.flags.c_contiguous and out.shape == x.shape
-                                                    and out.dtype == out_dt)) \
-            and use_compiled("DequantizeLinear"):
+    fast = out_dt == np.float32 and x.dtype in (np.dtype(np.uint8), np.dtype(np.int8)) and x_scale.size == 1 \
+        and not block_size and (out is None or (out.shape == x.shape and out.dtype == out_dt)) \
+        and use_compiled("DequantizeLinear")
+    y = (np.empty(x.shape, out_dt) if out is None else out) if fast else None
+    pair = _flat_pair(x, y) if fast else None
+    if pair is not None:
         # one compiled pass: (x - z) * s in float32, as the NumPy steps below (their three
         # passes 30-48 us on (1, 400, 384), this 18-26)
-        y = np.empty(x.shape, np.float32) if out is None else out
         z = 0 if x_zero_point is None else int(x_zero_point.reshape(-1)[0])
-        _dequantize8(np.ascontiguousarray(x).reshape(-1), np.float32(x_scale.reshape(-1)[0]), np.float32(z),
-                     y.reshape(-1))
+        _dequantize8(pair[0], np.float32(x_scale.reshape(-1)[0]), np.float32(z), pair[1])
         return y
     work = np.float64 if out_dt == np.float64 else np.float32
     scale = _broadcast_param(x_scale, x.shape, axis, block_size, "x_scale").astype(work)
