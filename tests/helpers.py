@@ -6,6 +6,27 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
+def int8_exact_reason():
+    """Why oneDNN's 8-bit products are not exact here (no oneDNN, or no VNNI/AMX), or None."""
+    from glassrt.kernels.onednn import capi
+
+    if capi.UNAVAILABLE is not None:
+        return capi.UNAVAILABLE
+    from glassrt.kernels.onednn import int8
+
+    return int8.exact_reason()
+
+
+def skip_without_vnni(reason="this CPU has no VNNI/AMX: the int8 paths are left alone (tested apart)"):
+    """A test that needs oneDNN's exact 8-bit engine: skipped where the CPU lacks VNNI/AMX
+    (where oneDNN is missing altogether, the modules skip as a whole)."""
+    import pytest
+
+    from glassrt.kernels.onednn import capi
+
+    return pytest.mark.skipif(capi.UNAVAILABLE is None and int8_exact_reason() is not None, reason=reason)
+
+
 def model(nodes, inputs, outputs, initializers=(), opset=18, domains=None, ir_version=9):
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]

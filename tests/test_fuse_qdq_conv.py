@@ -13,21 +13,14 @@ from onnx import helper
 import glassrt
 from glassrt.kernels.onednn import capi
 
-from .helpers import init, model, tensor
+from .helpers import init, model, skip_without_vnni, tensor
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
 RNG = np.random.default_rng(21)
 SHAPE = [1, 8, 20, 24]
 
 
-def _exact():
-    from glassrt.kernels.onednn import int8
-
-    return int8.exact_reason()
-
-
-needs_vnni = pytest.mark.skipif(capi.UNAVAILABLE is None and _exact() is not None,
-                                reason="this CPU has no VNNI/AMX: the pass leaves the graph alone (tested below)")
+needs_vnni = skip_without_vnni()
 
 
 def _float_cnn():

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 import glassrt
 from glassrt.kernels.onednn import capi
 
-from .helpers import init, model, tensor
+from .helpers import init, model, skip_without_vnni, tensor
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
 RNG = np.random.default_rng(5)
@@ -20,14 +20,7 @@ K, N = 48, 20
 X = (RNG.standard_normal((2, 7, K)) * 2).astype(np.float32)
 
 
-def _exact():
-    from glassrt.kernels.onednn import int8
-
-    return int8.exact_reason()
-
-
-needs_vnni = pytest.mark.skipif(capi.UNAVAILABLE is None and _exact() is not None,
-                                reason="this CPU has no VNNI/AMX: the pass leaves the graph alone (tested below)")
+needs_vnni = skip_without_vnni()
 
 
 def _layer(w_dtype=np.int8, per_column=True, w_zp=0, axis=1, bias=True, a_dtype=np.uint8):

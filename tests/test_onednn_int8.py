@@ -8,6 +8,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import glassrt
 from glassrt.kernels.onednn import capi
+
+from .helpers import int8_exact_reason, skip_without_vnni
 from tests.test_contrib_quant import LSTM_CONSTS, _ort_one_thread, lstm_inputs, rng_for
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
@@ -15,14 +17,7 @@ pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN una
 I8, U8 = np.int8, np.uint8
 
 
-def _exact():
-    from glassrt.kernels.onednn import int8
-
-    return int8.exact_reason()
-
-
-needs_vnni = pytest.mark.skipif(capi.UNAVAILABLE is None and _exact() is not None,
-                                reason="this CPU has no VNNI/AMX: the kernels refuse (tested below)")
+needs_vnni = skip_without_vnni('this CPU has no VNNI/AMX: the kernels refuse (tested below)')
 
 
 def _codes(rng, dt, shape):
@@ -136,7 +131,7 @@ def test_matmul_integer_refusals_say_why(monkeypatch):
     m.ir_version = 8
     row = _kernel(glassrt.InferenceSession(m), "mm")
     assert row["kernel"] == "cpu.MatMulInteger"
-    assert "B is not a constant" in str(row) or _exact() is not None
+    assert "B is not a constant" in str(row) or int8_exact_reason() is not None
     # a CPU without VNNI: oneDNN's u8 x s8 kernels would saturate, so cpu's exact path runs
     lib = capi.require()
     monkeypatch.setattr(lib, "dnnl_get_effective_cpu_isa", lambda: capi.CPU_ISA["avx512_core"])
@@ -189,7 +184,7 @@ def test_dynamic_quantize_lstm_weights_as_inputs_stay_on_cpu():
     model, feeds = _lstm_model(lstm_inputs(rng, 4, 2, 8, 4, 1), consts=(), hidden_size=4)
     row = _kernel(glassrt.InferenceSession(model), "lstm")
     assert row["kernel"] == "cpu.com.microsoft::DynamicQuantizeLSTM"
-    assert "W is not a constant" in str(row) or _exact() is not None
+    assert "W is not a constant" in str(row) or int8_exact_reason() is not None
 
 
 def _conv_integer(w, wz, x_shape, x_dt, with_xz, **attrs):
@@ -250,10 +245,10 @@ def test_conv_integer_refusals_say_why():
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     row = _kernel(glassrt.InferenceSession(m), "conv")
-    assert row["kernel"] == "cpu.ConvInteger" and ("w is not a constant" in str(row) or _exact() is not None)
+    assert row["kernel"] == "cpu.ConvInteger" and ("w is not a constant" in str(row) or int8_exact_reason() is not None)
     m1d = _conv_integer(_codes(rng, U8, (4, 2, 3)), None, (1, 2, 9), U8, False)  # a 1-D conv: cpu
     row = _kernel(glassrt.InferenceSession(m1d), "conv")
-    assert row["kernel"] == "cpu.ConvInteger" and ("not a 4-D" in str(row) or _exact() is not None)
+    assert row["kernel"] == "cpu.ConvInteger" and ("not a 4-D" in str(row) or int8_exact_reason() is not None)
 
 
 QLINEAR_CASES = [  # x type, w type, per-channel weights, attributes

@@ -41,6 +41,16 @@ def scalar_constant(consts, name, dtype):
     return float(c.reshape(-1)[0]) if c is not None and c.size == 1 and c.ndim <= 1 and c.dtype == dtype else None
 
 
+def rebuild(nodes, replaced: dict, dropped: set) -> list:
+    """The node list after a rewrite: `replaced` {id(node): [its replacements]} put in the
+    node's place, the nodes whose ids are in `dropped` left out."""
+    out = []
+    for n in nodes:
+        if id(n) not in dropped:
+            out.extend(replaced.get(id(n), [n]))
+    return out
+
+
 def producers(nodes) -> dict:
     return {o: n for n in nodes for o in n.outputs if o}
 

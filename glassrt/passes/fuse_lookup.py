@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..ir import Node
-from ._rewrite import Readers, origin, producers
+from ._rewrite import Readers, origin, producers, rebuild
 
 MS = "com.microsoft"
 
@@ -86,10 +86,6 @@ def fuse_lookup(graph, ctx):
             break
     if not changes:
         return graph, []
-    nodes = []
-    for n in graph.nodes:
-        if id(n) in dropped:
-            continue
-        nodes.extend(replaced.get(id(n), [n]))
+    nodes = rebuild(graph.nodes, replaced, dropped)
     return replace(graph, nodes=nodes, initializers={**graph.initializers, **tables},
                    opsets={**graph.opsets, "glassrt": 1}), changes

@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..ir import Node, TensorType
-from ._rewrite import Readers, origin, producers
+from ._rewrite import Readers, origin, producers, rebuild
 from .fuse_qdq_matmul import MS, int8_engine_reason
 
 _F32 = np.dtype(np.float32)
@@ -109,11 +109,7 @@ def fuse_matmul_integer(graph, ctx):
                        f"MatMulIntegerToFloat (w int8{list(w.shape)})")
     if not changes:
         return graph, []
-    nodes = []
-    for node in graph.nodes:
-        if id(node) in dropped:
-            continue
-        nodes.extend(replaced.get(id(node), [node]))
+    nodes = rebuild(graph.nodes, replaced, dropped)
     # a scale product nothing reads any more (each layer's a_scale · w_scale) goes too
     read = {i for node in nodes for i in (*node.inputs, *node.implicit_inputs)} | set(graph.output_names())
     nodes = [node for node in nodes if not (node.outputs and node.outputs[0] in products

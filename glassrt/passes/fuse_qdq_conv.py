@@ -29,7 +29,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..ir import Node
-from ._rewrite import Readers, known_shape, origin, producers
+from ._rewrite import Readers, known_shape, origin, producers, rebuild
 from .fuse_qdq_matmul import MS, int8_engine_reason
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -151,11 +151,7 @@ def fuse_qdq_conv(graph, ctx):
                        f"{fused.op_type}")
     if not changes:
         return graph, []
-    nodes = []
-    for n in graph.nodes:
-        if id(n) in dropped:
-            continue
-        nodes.extend(replaced.get(id(n), [n]))
+    nodes = rebuild(graph.nodes, replaced, dropped)
     # a DequantizeLinear whose every reader was fused goes too (one read by a float op stays)
     read = {i for n in nodes for i in (*n.inputs, *n.implicit_inputs)} | set(graph.output_names())
     dead = {id(dq) for dq in maybe_dead if dq.outputs[0] not in read}

@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..ir import Node
-from ._rewrite import Readers, origin, producers
+from ._rewrite import Readers, origin, producers, rebuild
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 MS = "com.microsoft"
@@ -101,9 +101,5 @@ def fuse_qdq_matmul(graph, ctx):
                        f"{' + bias' if bias else ''} -> MatMulIntegerToFloat (w {w.dtype}{list(w.shape)})")
     if not changes:
         return graph, []
-    nodes = []
-    for node in graph.nodes:
-        if id(node) in dropped:
-            continue
-        nodes.extend(replaced.get(id(node), [node]))
+    nodes = rebuild(graph.nodes, replaced, dropped)
     return replace(graph, nodes=nodes, opsets={MS: 1, **graph.opsets}), changes
