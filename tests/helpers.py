@@ -27,6 +27,23 @@ def skip_without_vnni(reason="this CPU has no VNNI/AMX: the int8 paths are left 
     return pytest.mark.skipif(capi.UNAVAILABLE is None and int8_exact_reason() is not None, reason=reason)
 
 
+def op_types(sess) -> list:
+    """The op types of a session's graph after the passes, sorted."""
+    return sorted(n.op_type for n in sess.placement.graph.nodes)
+
+
+def ort_outputs(m, feeds: dict, **options) -> list:
+    """onnxruntime's outputs for model m (quiet; `options` set on its SessionOptions)."""
+    import pytest
+
+    ort = pytest.importorskip("onnxruntime")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    for k, v in options.items():
+        setattr(so, k, v)
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
 def model(nodes, inputs, outputs, initializers=(), opset=18, domains=None, ir_version=9):
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]

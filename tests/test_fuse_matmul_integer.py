@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 import glassrt
 from glassrt.kernels.onednn import capi
 
-from .helpers import init, model, skip_without_vnni, tensor
+from .helpers import init, model, op_types, ort_outputs, skip_without_vnni, tensor
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
 RNG = np.random.default_rng(11)
@@ -47,15 +47,8 @@ def _layer(w_dtype=np.int8, per_column=False, w_zp=0, bias="after", scale_first=
     return model(nodes, [tensor("x", list(X.shape))], outputs, inits, opset=17)
 
 
-def _ops(sess):
-    return sorted(n.op_type for n in sess.placement.graph.nodes)
-
-
 def _ort(m):
-    ort = pytest.importorskip("onnxruntime")
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    return ort_outputs(m, {"x": X})[0]
 
 
 @needs_vnni
@@ -64,14 +57,14 @@ def _ort(m):
 def test_the_layer_becomes_one_integer_product_with_the_same_bits(per_column, bias, scale_first):
     m = _layer(per_column=per_column, bias=bias, scale_first=scale_first)
     sess = glassrt.InferenceSession(m)
-    ops = _ops(sess)
+    ops = op_types(sess)
     assert "MatMulIntegerToFloat" in ops and not {"MatMulInteger", "Cast", "Mul", "Add"} & set(ops)
     rows = {r["name"]: r for r in sess.explain()["nodes"]}
     assert rows["mmi"]["kernel"] == "onednn.MatMulIntegerToFloat.int8"
     assert any("MatMulInteger 'mmi'" in c for r in sess.explain()["passes"] for c in r.get("changes", []))
     got = sess.run(None, {"x": X})[0]
     chain = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(fusion=False))
-    assert "MatMulInteger" in _ops(chain)
+    assert "MatMulInteger" in op_types(chain)
     np.testing.assert_array_equal(got, chain.run(None, {"x": X})[0])  # the chain's float steps, bit for bit
     np.testing.assert_allclose(got, _ort(m), rtol=1e-6, atol=1e-6)
 
@@ -89,16 +82,16 @@ def test_it_does_not_fire_where_the_program_or_the_kernel_differs(case):
         m.graph.node[3].attribute.append(helper.make_attribute("to", TensorProto.DOUBLE))
         m.graph.output[0].type.tensor_type.elem_type = TensorProto.DOUBLE
     sess = glassrt.InferenceSession(m)
-    assert "MatMulIntegerToFloat" not in _ops(sess) and "MatMulInteger" in _ops(sess)
+    assert "MatMulIntegerToFloat" not in op_types(sess) and "MatMulInteger" in op_types(sess)
     np.testing.assert_allclose(sess.run(None, {"x": X})[0], _ort(m), rtol=1e-6, atol=1e-6)
 
 
 def test_it_does_not_fire_without_an_exact_int8_engine(monkeypatch):
     m = _layer()
-    assert "MatMulIntegerToFloat" not in _ops(glassrt.InferenceSession(m, providers=["cpu"]))
+    assert "MatMulIntegerToFloat" not in op_types(glassrt.InferenceSession(m, providers=["cpu"]))
     lib = capi.require()
     monkeypatch.setattr(lib, "dnnl_get_effective_cpu_isa", lambda: capi.CPU_ISA["avx512_core"])
-    assert "MatMulIntegerToFloat" not in _ops(glassrt.InferenceSession(m))
+    assert "MatMulIntegerToFloat" not in op_types(glassrt.InferenceSession(m))
 
 
 @needs_vnni
@@ -118,7 +111,7 @@ def test_a_model_quantized_by_onnxruntime_runs_fused_as_onnxruntime_computes_it(
     src.write_bytes(m.SerializeToString())
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
     sess = glassrt.InferenceSession(str(dst))
-    ops = _ops(sess)
+    ops = op_types(sess)
     assert ops.count("MatMulIntegerToFloat") == 2 and "MatMulInteger" not in ops and "Cast" not in ops
     import onnx
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 import glassrt
 from glassrt.kernels.onednn import capi
 
-from .helpers import init, model, skip_without_vnni, tensor
+from .helpers import init, model, op_types, ort_outputs, skip_without_vnni, tensor
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
 RNG = np.random.default_rng(5)
@@ -40,15 +40,8 @@ def _layer(w_dtype=np.int8, per_column=True, w_zp=0, axis=1, bias=True, a_dtype=
     return model(nodes, [tensor("x", list(X.shape))], [tensor("y", None)], inits, opset=19)
 
 
-def _ops(sess):
-    return sorted(n.op_type for n in sess.placement.graph.nodes)
-
-
 def _ort(m):
-    ort = pytest.importorskip("onnxruntime")
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": X})[0]
+    return ort_outputs(m, {"x": X})[0]
 
 
 @needs_vnni
@@ -57,8 +50,8 @@ def _ort(m):
 def test_the_layer_becomes_one_integer_product(per_column, bias, a_dtype):
     m = _layer(per_column=per_column, bias=bias, a_dtype=a_dtype)
     sess = glassrt.InferenceSession(m)
-    assert "MatMulIntegerToFloat" in _ops(sess) and "MatMul" not in _ops(sess)
-    assert "Add" not in _ops(sess)  # the bias went in (where there is one)
+    assert "MatMulIntegerToFloat" in op_types(sess) and "MatMul" not in op_types(sess)
+    assert "Add" not in op_types(sess)  # the bias went in (where there is one)
     rows = {r["name"]: r for r in sess.explain()["nodes"]}
     assert rows["mm"]["kernel"] == "onednn.MatMulIntegerToFloat.int8"
     got = sess.run(None, {"x": X})[0]
@@ -79,16 +72,16 @@ def test_it_does_not_fire_where_the_kernel_would_not_take_it(case):
         m.graph.initializer[3].CopyFrom(init("w_s", RNG.uniform(0.002, 0.02, K).astype(np.float32)))
         m.graph.initializer[4].CopyFrom(init("w_z", np.zeros(K, np.int8)))
     sess = glassrt.InferenceSession(m)
-    assert "MatMulIntegerToFloat" not in _ops(sess) and {"MatMul", "FusedMatMul"} & set(_ops(sess))
+    assert "MatMulIntegerToFloat" not in op_types(sess) and {"MatMul", "FusedMatMul"} & set(op_types(sess))
     np.testing.assert_allclose(sess.run(None, {"x": X})[0], _ort(m), rtol=1e-4, atol=1e-4)
 
 
 def test_it_does_not_fire_without_an_exact_int8_engine(monkeypatch):
     m = _layer()
-    assert "MatMulIntegerToFloat" not in _ops(glassrt.InferenceSession(m, providers=["cpu"]))
+    assert "MatMulIntegerToFloat" not in op_types(glassrt.InferenceSession(m, providers=["cpu"]))
     lib = capi.require()
     monkeypatch.setattr(lib, "dnnl_get_effective_cpu_isa", lambda: capi.CPU_ISA["avx512_core"])
-    assert "MatMulIntegerToFloat" not in _ops(glassrt.InferenceSession(m))
+    assert "MatMulIntegerToFloat" not in op_types(glassrt.InferenceSession(m))
 
 
 @needs_vnni
