@@ -448,21 +448,13 @@ def quantize_dequantize(ctx):
         if y.shape != x.shape:
             raise ValueError(f"the output {list(y.shape)} is not the input's shape {list(x.shape)}")
         # the compiled loop once the process has Numba or this path keeps running (_jit.use_compiled:
-        # a QDQ model's first run then does not import Numba, ~0.4 s of it)
-        fast = use_compiled("QuantizeDequantize")
-        xm, ym = memory_order(x), memory_order(y)
-        if xm is not None and ym is not None and x.dtype == np.float32 and fast:
-            _fake_quant(xm, s, z, np.float32(lo), np.float32(hi), ym)  # both channels-last
-            return y
-        flat = np.ascontiguousarray(x, np.float32).reshape(-1)
-        if not fast:
+        # a QDQ model's first run then does not import Numba, ~0.4 s of it), in the output's
+        # memory order (plain or channels-last); NumPy tile by tile otherwise
+        pair = _flat_pair(np.asarray(x, np.float32), y) if use_compiled("QuantizeDequantize") else None
+        if pair is not None:
+            _fake_quant(pair[0], s, z, np.float32(lo), np.float32(hi), pair[1])
+        else:
             write_elementwise(y, lambda v: _fake_quant_numpy(v, s, z, lo, hi), x)
-        elif y.flags.c_contiguous:
-            _fake_quant(flat, s, z, np.float32(lo), np.float32(hi), y.reshape(-1))
-        else:  # (a strided output buffer: computed aside, then copied in)
-            dense = np.empty(x.shape, np.float32)
-            _fake_quant(flat, s, z, np.float32(lo), np.float32(hi), dense.reshape(-1))
-            np.copyto(y, dense)
         return y
 
     return step
