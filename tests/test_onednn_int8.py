@@ -476,3 +476,47 @@ def test_lstm_directions_run_side_by_side_with_the_same_bits(monkeypatch):
     for a, b in zip(first, two.run(None, feeds)):
         np.testing.assert_array_equal(a, b)
     assert microsoft_quant._second_thread, "the second direction did not run on the helper thread"
+
+
+@pytest.mark.parametrize("dt", [U8, I8])
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [1, 1]},
+                                   {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]},
+                                   {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+                                   {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 1]}])
+def test_8bit_max_pooling_on_onednn_is_cpus_exactly(dt, attrs):
+    """MaxPool of 8-bit values (a quantized CNN's: YOLO's SPPF) on oneDNN, plain and between
+    two channels-last values, against cpu's kernel: a maximum of bytes, padding never wins."""
+    rng = rng_for("int8-maxpool", dt, str(attrs))
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+    x = _codes(rng, dt, (2, 5, 11, 9))
+    alone = helper.make_model(helper.make_graph(
+        [helper.make_node("MaxPool", ["x"], ["y"], name="pool", **attrs)], "g",
+        [helper.make_tensor_value_info("x", elem, list(x.shape))], [helper.make_tensor_value_info("y", elem, None)]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    alone.ir_version = 8
+    sess = glassrt.InferenceSession(alone)
+    assert _kernel(sess, "pool")["kernel"] == "onednn.MaxPool.pool8"
+    cpu = glassrt.InferenceSession(alone, providers=["cpu"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], cpu)
+    # between two QLinearConvs (1x1, identity-like weights): the pooled value stays NHWC
+    if not exact_ok():
+        return
+    consts = {"s": np.array(0.05, np.float32), "z": np.array(0 if dt == U8 else -3, dt), "w": np.eye(5, dtype=np.int8).reshape(5, 5, 1, 1) * 20,
+              "ws": np.array(0.05 / 20, np.float32), "wz": np.zeros((), np.int8)}
+    nodes = [helper.make_node("QLinearConv", ["x", "s", "z", "w", "ws", "wz", "s", "z"], ["a"], name="c1"),
+             helper.make_node("MaxPool", ["a"], ["p"], name="pool", **attrs),
+             helper.make_node("QLinearConv", ["p", "s", "z", "w", "ws", "wz", "s", "z"], ["y"], name="c2")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, list(x.shape))],
+                                            [helper.make_tensor_value_info("y", elem, None)],
+                                            [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()]),
+                          opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    sess = glassrt.InferenceSession(m)
+    got = sess.run(None, {"x": x})[0]
+    plan = next(iter(sess.runner.plans.values()))
+    assert plan.layouts.get("a") == "nhwc" and plan.layouts.get("p") == "nhwc"
+    _within_a_code(got, glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0])
+
+
+def exact_ok():
+    return int8_exact_reason() is None

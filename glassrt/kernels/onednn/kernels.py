@@ -595,19 +595,23 @@ def _single_primitive(ctx, y_shape, make_pd, params=None):
     return step
 
 
+def _pool_geometry(ctx):
+    """(x shape, kernel, strides, pads begin + end, ceil_mode) of a pooling node."""
+    x = [int(d) for d in ctx.shape(0)]
+    if ctx.node.op_type.startswith("Global"):
+        return x, x[2:], [1, 1], [0, 0, 0, 0], False
+    kernel_shape = [int(v) for v in ctx.attrs["kernel_shape"]]
+    ceil = bool(int(ctx.attrs.get("ceil_mode", 0)))
+    begin, end, _, strides, _ = spatial_pads(x[2:], kernel_shape, ctx.attrs.get("strides"), None,
+                                             ctx.attrs.get("pads"), ctx.attrs.get("auto_pad", "NOTSET"), ceil)
+    return x, kernel_shape, list(strides), list(begin) + list(end), ceil
+
+
 @kernel(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"], provider="onednn", dtypes=F32, out=True,
         bind=True, accepts=_pool_reason, layouts=LAYOUTS, static_only=True, name="pool", workspace=_change_workspace)
 def pool(ctx):
-    x = [int(d) for d in ctx.shape(0)]
     op = ctx.node.op_type
-    if op.startswith("Global"):
-        kernel_shape, pads, strides, ceil = x[2:], [0, 0, 0, 0], [1, 1], False
-    else:
-        kernel_shape = [int(v) for v in ctx.attrs["kernel_shape"]]
-        ceil = bool(int(ctx.attrs.get("ceil_mode", 0)))
-        begin, end, _, strides, _ = spatial_pads(x[2:], kernel_shape, ctx.attrs.get("strides"), None,
-                                                 ctx.attrs.get("pads"), ctx.attrs.get("auto_pad", "NOTSET"), ceil)
-        pads, strides = list(begin) + list(end), list(strides)
+    x, kernel_shape, strides, pads, ceil = _pool_geometry(ctx)
     if "Max" in op:
         alg = "max"
     else:
@@ -615,6 +619,48 @@ def pool(ctx):
 
     return _single_primitive(ctx, ctx.out_shape(0), lambda src, dst: dnnl.pool(
         x, kernel_shape, strides=strides, pads=pads, alg=alg, ceil_mode=ceil, src_format=src, dst_format=dst))
+
+
+def _max_pool8_pd(ctx, layout):
+    x, kernel_shape, strides, pads, ceil = _pool_geometry(ctx)
+    key = ("max pool 8-bit", tuple(x), tuple(kernel_shape), tuple(strides), tuple(pads), ceil, ctx.dtype(0).str, layout)
+    return shared_pd(key, lambda: dnnl.pool(x, kernel_shape, strides=strides, pads=pads, alg="max", ceil_mode=ceil,
+                                            dtype=ctx.dtype(0), src_format=_fmt(layout), dst_format=_fmt(layout)))
+
+
+def _max_pool8_reason(ctx):
+    why = _pool_reason(ctx)
+    if why:
+        return why
+    try:
+        impl = _max_pool8_pd(ctx, NHWC).impl
+    except Exception as e:  # noqa: BLE001 - a geometry oneDNN refuses: cpu's kernel reports it
+        return f"oneDNN refuses this pooling ({type(e).__name__}: {e})"
+    return f"oneDNN has only its reference kernel ({impl}) for it" if impl.startswith("ref") else None
+
+
+@kernel(["MaxPool", "GlobalMaxPool"], provider="onednn", dtypes=[np.uint8, np.int8], out=True, bind=True,
+        accepts=_max_pool8_reason, layouts=LAYOUTS, static_only=True, name="pool8")
+def max_pool8(ctx):
+    """Max pooling of 8-bit values (a quantized CNN's, between QLinearConvs: channels-last),
+    exact (a maximum of bytes; padding never wins, as in ONNX). Written in its input's layout;
+    an output in the other layout is copied in."""
+    in_layout, out_layout = _io_layouts(ctx)
+    prims = _PerThreads(lambda: _max_pool8_pd(ctx, in_layout).primitive().bind({ARG_SRC: None, ARG_DST: None}))
+    views = _Views()
+    n, c, h, w = [int(d) for d in ctx.out_shape(0)]
+
+    def step(xa, *, out):
+        if in_layout == out_layout:
+            dst = views("dst", out, out_layout)
+        else:
+            dst = np.empty((n, h, w, c) if in_layout == NHWC else (n, c, h, w), out.dtype)
+        prims.get().run({ARG_SRC: views("x", xa, in_layout), ARG_DST: dst})
+        if in_layout != out_layout:
+            np.copyto(out, dst.transpose(0, 3, 1, 2) if in_layout == NHWC else dst)
+        return out
+
+    return step
 
 
 # ---------------------------------------------------------------- concat, elementwise
