@@ -520,3 +520,33 @@ def test_8bit_max_pooling_on_onednn_is_cpus_exactly(dt, attrs):
 
 def exact_ok():
     return int8_exact_reason() is None
+
+
+@needs_vnni
+def test_qlinear_conv_parameters_fed_at_run_time_are_checked_as_cpu_checks_them():
+    """x_scale / x_zero_point as graph inputs: a zero point of two values, or of x's other
+    signedness, is a node error naming them (as on cpu's kernel), never a silent first value."""
+    rng = rng_for("int8-qconv-params")
+    consts = {"w": _codes(rng, I8, (8, 6, 3, 3)), "ws": np.full(8, 0.01, np.float32), "wz": np.zeros(8, I8),
+              "ys": np.array(0.2, np.float32), "yz": np.array(3, U8)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"], name="conv",
+                            pads=[1, 1, 1, 1])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 6, 9, 11]),
+                                        helper.make_tensor_value_info("xs", TensorProto.FLOAT, None),
+                                        helper.make_tensor_value_info("xz", TensorProto.UINT8, None)],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+                          [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = _codes(rng, U8, (1, 6, 9, 11))
+    sess = glassrt.InferenceSession(m)
+    good = sess.run(None, {"x": x, "xs": np.array(0.05, np.float32), "xz": np.array(3, U8)})[0]
+    # (placement saw the scales' shapes unknown; the plan, whose shapes are concrete, asked oneDNN again)
+    assert [st.kernel.name for p in sess.runner.plans.values() for st in p.steps] == ["onednn.QLinearConv.int8"]
+    cpu = glassrt.InferenceSession(m, providers=["cpu"])
+    _within_a_code(good, cpu.run(None, {"x": x, "xs": np.array(0.05, np.float32), "xz": np.array(3, U8)})[0])
+    for xs, xz in ((np.array(0.05, np.float32), np.array([3, 4], U8)), (np.array([0.05, 0.1], np.float32), np.array(3, U8))):
+        with pytest.raises(glassrt.GlassrtError, match="conv"):
+            sess.run(None, {"x": x, "xs": xs, "xz": xz})
+        with pytest.raises(glassrt.GlassrtError, match="conv"):
+            cpu.run(None, {"x": x, "xs": xs, "xz": xz})

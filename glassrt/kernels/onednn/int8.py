@@ -532,6 +532,12 @@ def _requantizing_conv(ctx, geometry):
     bias_int = None if b is None else b.astype(np.float32)  # exact: |b| < 2**24 in any real model
 
     def step(x, x_scale, x_zero_point, w_, w_scale, w_zero_point, y_scale, y_zero_point=None, b_=None, *, out=None):
+        for v, what in ((x_scale, "x_scale"), (x_zero_point, "x_zero_point"), (y_scale, "y_scale"),
+                        (y_zero_point, "y_zero_point")):
+            if v is not None and v.size != 1:  # (computed at run time: as cpu's kernel, an error)
+                raise ValueError(f"{what} must hold one value (per-tensor quantization), got shape {list(v.shape)}")
+        if x_zero_point is not None and x_zero_point.dtype != x.dtype:
+            raise ValueError(f"x_zero_point is {x_zero_point.dtype} but x is {x.dtype}: they must match")
         xz = 0 if x_zero_point is None else int(x_zero_point.reshape(-1)[0])
         if x.dtype == np.int8:  # as u8: x + 128, its zero point too
             x, xz = x.view(np.uint8) ^ np.uint8(0x80), xz + 128
