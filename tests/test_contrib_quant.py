@@ -244,6 +244,24 @@ def test_lookup_compiled_pass_is_the_tile_path_bit_for_bit(monkeypatch, op, dt):
     np.testing.assert_array_equal(kernel(nhwc_x, *params, out=np.empty(shape, dt)), tiles)  # mixed: the tile path
 
 
+def test_qlinear_concat_takes_channels_last_values():
+    """QLinearConcat along the channels reads and writes channels-last views (a quantized
+    YOLO's C2f concat between QLinearConvs) as it does plain arrays."""
+    from glassrt.contrib import microsoft_quant as mq
+    from glassrt.runtime.layout import channels_last_view
+
+    rng = rng_for("qconcat-nhwc")
+    parts = [q(rng, U8, 1, c, 5, 6) for c in (3, 4)]
+    params = [scale(0.05), zp(rng, U8), scale(0.04), zp(rng, U8)]
+    y_params = [scale(0.06), zp(rng, U8)]
+    shape = (1, 7, 5, 6)
+    nhwc = lambda a: channels_last_view(np.ascontiguousarray(a.transpose(0, 2, 3, 1)).reshape(-1), a.shape)  # noqa: E731
+    plain = mq._qlinear_concat(*y_params, parts[0], *params[:2], parts[1], *params[2:], out=np.empty(shape, U8), axis=1)
+    out = channels_last_view(np.empty(int(np.prod(shape)), U8), shape)
+    got = mq._qlinear_concat(*y_params, nhwc(parts[0]), *params[:2], nhwc(parts[1]), *params[2:], out=out, axis=1)
+    np.testing.assert_array_equal(got, plain)
+
+
 BROADCASTS = [
     ((3, 4, 5), (3, 4, 5)),
     ((2, 3, 4, 5), (5,)),

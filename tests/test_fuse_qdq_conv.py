@@ -92,6 +92,10 @@ def test_a_qdq_cnn_runs_integer_layers_as_onnxruntime_does(tmp_path, per_channel
     assert rows["conv1"]["kernel"] == "onednn.QLinearConv.int8" and "Conv 'conv1'" in rows["conv1"]["origin"]
     x = RNG.standard_normal(SHAPE).astype(np.float32)
     got, step = sess.run(None, {"x": x})[0], _step(m)
+    # every 8-bit value stays channels-last, from the input's QuantizeLinear to the output's DequantizeLinear
+    plan = next(iter(sess.runner.plans.values()))
+    eight_bit = [st.node.outputs[0] for st in plan.steps if st.node.op_type != "DequantizeLinear"]
+    assert eight_bit and all(plan.layouts.get(v) == "nhwc" for v in eight_bit), plan.layouts
     # onnxruntime's integer layers: a step apart at most, at a tie; the float program (fake
     # quantization, fusion off), which onnxruntime's layers leave as far: a tie moved before a
     # Mul or a Sigmoid can come out two steps apart

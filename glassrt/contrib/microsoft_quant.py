@@ -688,7 +688,8 @@ def _qlinear_concat(y_scale, y_zp, *inputs, out=None, axis):
 
 
 # The first input is the output's float32 scale: that is the dtype the kernel is chosen by.
-qlinear_concat.register_kernel("cpu", _qlinear_concat, dtypes=[F32], out=True, layouts=(NHWC,))  # (any layout: NumPy writes the views)
+# Any layout: NumPy's concatenate reads and writes channels-last views as they lie.
+qlinear_concat.register_kernel("cpu", _qlinear_concat, dtypes=[F32], out=True, layouts=(NHWC,))
 
 
 @qlinear_concat.register_decomposition

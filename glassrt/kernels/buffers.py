@@ -38,12 +38,13 @@ TILE_ELEMENTS = 1 << 16
 # channels-last values: 3-D and 4-D arrays of logical shape (N, C, *spatial) whose bytes lie
 # (N, *spatial, C) (runtime/layout.py chooses which values).
 NHWC = "nhwc"
+NHWC_RANKS = (3, 4)  # the ranks a value may be channels-last at
 
 
 def memory_order(a):
     """A 1-D view of a channels-last array's bytes in memory order; None for any other array
     (a C-contiguous one included: it needs no such view)."""
-    if a.ndim not in (3, 4) or a.flags.c_contiguous:
+    if a.ndim not in NHWC_RANKS or a.flags.c_contiguous:
         return None
     m = a.transpose(0, *range(2, a.ndim), 1)
     return m.reshape(-1) if m.flags.c_contiguous else None

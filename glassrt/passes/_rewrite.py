@@ -51,6 +51,27 @@ def rebuild(nodes, replaced: dict, dropped: set) -> list:
     return out
 
 
+def bias_add(readers, consts, value, n):
+    """(the Add that alone reads `value` and adds a constant float32 bias, one value per
+    column [n], the bias's name), or (None, ""): a layer's bias an integer product takes in."""
+    add = readers.single(value)
+    if add is None or add.op_type != "Add" or add.domain or len(add.inputs) != 2:
+        return None, ""
+    other = add.inputs[1] if add.inputs[0] == value else add.inputs[0]
+    c = consts.get(other)
+    if c is None or c.dtype != np.float32 or c.shape != (n,):
+        return None, ""
+    return add, other
+
+
+def drop_unread(nodes, graph, values) -> list:
+    """`nodes` without those whose first output is one of `values` and is read by none of
+    them nor by the graph's outputs (what a rewrite left behind: a scale product, a
+    DequantizeLinear every reader of which was fused)."""
+    read = {i for n in nodes for i in (*n.inputs, *n.implicit_inputs)} | set(graph.output_names())
+    return [n for n in nodes if not (n.outputs and n.outputs[0] in values and n.outputs[0] not in read)]
+
+
 def producers(nodes) -> dict:
     return {o: n for n in nodes for o in n.outputs if o}
 

@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..ir import Node, TensorType
-from ._rewrite import Readers, origin, producers, rebuild
+from ._rewrite import Readers, bias_add, drop_unread, origin, producers, rebuild
 from .fuse_qdq_matmul import MS, int8_engine_reason
 
 _F32 = np.dtype(np.float32)
@@ -91,12 +91,9 @@ def fuse_matmul_integer(graph, ctx):
             continue
         a_scale, w_scale = found
         products.add(s)
-        out, bias, last, add = mul.outputs[0], "", mul, readers.single(mul.outputs[0])
-        if add is not None and add.op_type == "Add" and not add.domain and len(add.inputs) == 2:
-            other = add.inputs[1] if add.inputs[0] == out else add.inputs[0]
-            c = consts.get(other)
-            if c is not None and c.dtype == _F32 and c.shape == (n,):
-                out, bias, last = add.outputs[0], other, add
+        add, bias = bias_add(readers, consts, mul.outputs[0], n)
+        last = add or mul
+        out = last.outputs[0]
         why = origin(mmi, f"MatMulInteger '{mmi.name}', Cast '{cast.name}' and Mul '{mul.name}'"
                           + (f" and bias Add '{add.name}'" if bias else ""))
         inputs = [a_q, w_q, a_scale, w_scale, a_zp, w_zp, bias]
@@ -109,9 +106,6 @@ def fuse_matmul_integer(graph, ctx):
                        f"MatMulIntegerToFloat (w int8{list(w.shape)})")
     if not changes:
         return graph, []
-    nodes = rebuild(graph.nodes, replaced, dropped)
     # a scale product nothing reads any more (each layer's a_scale · w_scale) goes too
-    read = {i for node in nodes for i in (*node.inputs, *node.implicit_inputs)} | set(graph.output_names())
-    nodes = [node for node in nodes if not (node.outputs and node.outputs[0] in products
-                                            and node.outputs[0] not in read)]
+    nodes = drop_unread(rebuild(graph.nodes, replaced, dropped), graph, products)
     return replace(graph, nodes=nodes, opsets={MS: 1, **graph.opsets}), changes

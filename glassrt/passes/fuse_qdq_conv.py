@@ -29,7 +29,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..ir import Node
-from ._rewrite import Readers, known_shape, origin, producers, rebuild
+from ._rewrite import Readers, drop_unread, known_shape, origin, producers, rebuild
 from .fuse_qdq_matmul import MS, int8_engine_reason
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -69,10 +69,7 @@ def fuse_qdq_conv(graph, ctx):
             return None
         return q
 
-    maybe_dead = []  # DequantizeLinear nodes the fused nodes no longer read through
-
-    def fused_through(dq, node):
-        maybe_dead.append(dq)
+    maybe_dead = set()  # outputs of DequantizeLinear nodes the fused nodes no longer read through
 
     for node in graph.nodes:
         if node.domain or node.op_type not in ("Conv", *_BINARY, *_UNARY) or len(node.outputs) != 1:
@@ -88,7 +85,7 @@ def fuse_qdq_conv(graph, ctx):
             fused = Node(_UNARY[node.op_type], MS, [x[1], x[2], x[3], q.inputs[1], q.inputs[2]], [q.outputs[0]],
                          attrs, node.name, 1, origin=origin(node, f"{node.op_type} '{node.name}' of a "
                                                                   f"DequantizeLinear output, quantized by '{q.name}'"))
-            fused_through(x[0], node)
+            maybe_dead.add(x[0].outputs[0])
         elif node.op_type in _BINARY:
             if len(node.inputs) != 2:
                 continue
@@ -104,7 +101,7 @@ def fuse_qdq_conv(graph, ctx):
                          origin=origin(node, f"{node.op_type} '{node.name}' of DequantizeLinear outputs, quantized by "
                                              f"'{q.name}'"))
             for dq in (a[0], b[0]):
-                fused_through(dq, node)
+                maybe_dead.add(dq.outputs[0])
         else:
             if len(node.inputs) < 2:
                 continue
@@ -134,7 +131,7 @@ def fuse_qdq_conv(graph, ctx):
                         != np.broadcast_to(want, (m,)).tolist():
                     continue
                 bias = b_dq.inputs[0]
-                fused_through(b_dq, node)
+                maybe_dead.add(b_dq.outputs[0])
             inputs = [x[1], x[2], x[3], w_dq.inputs[0], w_dq.inputs[1], w_dq.inputs[2], q.inputs[1], q.inputs[2]]
             if bias:
                 inputs.append(bias)
@@ -143,18 +140,15 @@ def fuse_qdq_conv(graph, ctx):
             fused = Node("QLinearConv", "", inputs, [q.outputs[0]], attrs, node.name, node.opset,
                          origin=origin(node, f"Conv '{node.name}' of DequantizeLinear outputs, quantized by "
                                              f"'{q.name}'"))
-            fused_through(x[0], node)
-            fused_through(w_dq, node)
+            maybe_dead.add(x[0].outputs[0])
+            maybe_dead.add(w_dq.outputs[0])
         replaced[id(q)] = [fused]  # where the QuantizeLinear was: every input is computed by then
         dropped.add(id(node))
         changes.append(f"{node.op_type} '{node.name}' between DequantizeLinear and QuantizeLinear '{q.name}' -> "
                        f"{fused.op_type}")
     if not changes:
         return graph, []
-    nodes = rebuild(graph.nodes, replaced, dropped)
     # a DequantizeLinear whose every reader was fused goes too (one read by a float op stays)
-    read = {i for n in nodes for i in (*n.inputs, *n.implicit_inputs)} | set(graph.output_names())
-    dead = {id(dq) for dq in maybe_dead if dq.outputs[0] not in read}
-    nodes = [n for n in nodes if id(n) not in dead]
+    nodes = drop_unread(rebuild(graph.nodes, replaced, dropped), graph, maybe_dead)
     opsets = {**graph.opsets, MS: 1} if any(n.domain == MS for n in nodes) else dict(graph.opsets)
     return replace(graph, nodes=nodes, opsets=opsets), changes

@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..ir import Node
-from ._rewrite import Readers, origin, producers, rebuild
+from ._rewrite import Readers, bias_add, origin, producers, rebuild
 
 _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 MS = "com.microsoft"
@@ -81,13 +81,10 @@ def fuse_qdq_matmul(graph, ctx):
             continue  # a scale per row of W (per inner element) cannot be taken out of the sum
         if w_zp and (consts[w_zp].shape != w_scale.shape or consts[w_zp].any()):
             continue
-        out, bias, add = mm.outputs[0], "", readers.single(mm.outputs[0])
-        if add is not None and add.op_type == "Add" and not add.domain and len(add.inputs) == 2:
-            other = add.inputs[1] if add.inputs[0] == out else add.inputs[0]
-            c = consts.get(other)
-            if c is not None and c.dtype == np.float32 and c.shape == (n,):
-                out, bias = add.outputs[0], other
-                dropped.add(id(add))
+        add, bias = bias_add(readers, consts, mm.outputs[0], n)
+        out = add.outputs[0] if add else mm.outputs[0]
+        if add:
+            dropped.add(id(add))
         why = origin(mm, f"MatMul '{mm.name}' of DequantizeLinear '{dq_a.name}' and '{dq_b.name}'"
                          + (" and its bias Add" if bias else ""))
         inputs = [a_q, w_q, dq_a.inputs[1], dq_b.inputs[1], a_zp, w_zp, bias]

@@ -14,7 +14,8 @@ the arena), so code that reads it as an array still reads the right numbers. A 3
 (a 1-D signal: N, C, W) is channels-last the same way (N, W, C bytes) between kernels that
 take it so (oneDNN's convolutions, which run a 1-D conv as a 2-D one of height 1): an
 audio model's chain of convs then reorders at its two ends, not around every conv. A
-kernel's `layouts` speak for every rank it accepts.
+kernel's `layouts` speak for every rank it accepts. Values are float32 activations and the
+8-bit ones of a quantized CNN (between QLinearConvs, their table activations and adds).
 """
 from __future__ import annotations
 
@@ -24,8 +25,7 @@ import numpy as np
 
 from ..ir import TensorType
 from ..kernels.buffers import NHWC  # the layout's name, as kernels declare it
-
-RANKS = (3, 4)  # values that may be channels-last
+from ..kernels.buffers import NHWC_RANKS as RANKS  # values that may be channels-last
 # float32 activations, and the 8-bit ones of a quantized CNN (QLinearConv to QLinearConv)
 DTYPES = (np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int8))
 

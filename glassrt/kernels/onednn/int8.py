@@ -529,26 +529,36 @@ def _requantizing_conv(ctx, geometry):
                              int(np.prod(ws)) == m and m > 1, b is not None)
     if conv.pd.impl.startswith(("ref", "gemm:")):
         return None  # (zero points and scales on a geometry oneDNN's fast kernels do not take: the sums' path)
-    bias_int = None if b is None else b.astype(np.float32)  # exact: |b| < 2**24 in any real model
+    bias_int = None if b is None else b.astype(np.float32)  # (exact below 2**24, as onnxruntime's float(acc + b))
 
-    def step(x, x_scale, x_zero_point, w_, w_scale, w_zero_point, y_scale, y_zero_point=None, b_=None, *, out=None):
+    def params(x_dtype, x_scale, x_zero_point, w_scale, y_scale, y_zero_point):
+        """(x's zero point as u8's, the multiplier, the scaled bias, y's zero point)."""
         for v, what in ((x_scale, "x_scale"), (x_zero_point, "x_zero_point"), (y_scale, "y_scale"),
                         (y_zero_point, "y_zero_point")):
             if v is not None and v.size != 1:  # (computed at run time: as cpu's kernel, an error)
                 raise ValueError(f"{what} must hold one value (per-tensor quantization), got shape {list(v.shape)}")
-        if x_zero_point is not None and x_zero_point.dtype != x.dtype:
-            raise ValueError(f"x_zero_point is {x_zero_point.dtype} but x is {x.dtype}: they must match")
-        xz = 0 if x_zero_point is None else int(x_zero_point.reshape(-1)[0])
-        if x.dtype == np.int8:  # as u8: x + 128, its zero point too
-            x, xz = x.view(np.uint8) ^ np.uint8(0x80), xz + 128
+        if x_zero_point is not None and x_zero_point.dtype != x_dtype:
+            raise ValueError(f"x_zero_point is {x_zero_point.dtype} but x is {x_dtype}: they must match")
+        xz = (0 if x_zero_point is None else int(x_zero_point.reshape(-1)[0])) + (128 if x_dtype == np.int8 else 0)
         # the multiplier as onnxruntime forms it: x_scale · w_scale / y_scale in float32
         mult = (x_scale.reshape(()) * w_scale.reshape(-1) / y_scale.reshape(())).astype(np.float32)
-        bias = None if bias_int is None else bias_int * mult
+        return (xz, mult, None if bias_int is None else bias_int * mult,
+                0 if y_zero_point is None else int(y_zero_point.reshape(-1)[0]))
+
+    # constants (as quantize_static writes them): worked out once, here
+    consts = [ctx.const(i) if ctx.has(i) else None for i in (1, 2, 4, 6, 7)]
+    fixed = params(ctx.dtype(0), *consts) if all(c is not None or not ctx.has(i) for c, i in
+                                                 zip(consts, (1, 2, 4, 6, 7))) else None
+
+    def step(x, x_scale, x_zero_point, w_, w_scale, w_zero_point, y_scale, y_zero_point=None, b_=None, *, out=None):
+        xz, mult, bias, yz = fixed or params(x.dtype, x_scale, x_zero_point, w_scale, y_scale, y_zero_point)
+        if x.dtype == np.int8:  # as u8: x + 128 (its zero point too: params)
+            x = x.view(np.uint8) ^ np.uint8(0x80)
         y = np.empty(conv.y_shape, y_dt) if out is None else out
         y_nhwc = y.transpose(0, 2, 3, 1)
         direct = y_nhwc.flags.c_contiguous
         dst = y_nhwc if direct else np.empty(y_nhwc.shape, y_dt)
-        conv.run(_nhwc_bytes(x), xz, mult, 0 if y_zero_point is None else int(y_zero_point.reshape(-1)[0]), bias, dst)
+        conv.run(_nhwc_bytes(x), xz, mult, yz, bias, dst)
         if not direct:
             np.copyto(y_nhwc, dst)
         return y
