@@ -4,8 +4,8 @@ vectorized pass on the session's OpenMP threads, any rank, the values' bytes as 
 A Gelu stands alone where no product's epilogue takes it: after a quantized layer
 (MatMulIntegerToFloat's output), a convolution's, a standalone bias Add. glassrt's cpu
 kernel is exact (MLAS's erf) in three single-threaded passes. Measured on the 2-core
-machine, 128 x 3072 values (a BERT-base FFN's): oneDNN 79 us on two threads, cpu's 610 us
-(onnxruntime: ~210). oneDNN's gelu_erf is within ~1 ulp of the exact function (1.1e-6
+machine, 128 x 3072 values (a BERT-base FFN's), each kernel in its own process, alternating:
+this step 103-110 us on two threads (its max check included), cpu's 430-467 us. oneDNN's gelu_erf is within ~1 ulp of the exact function (1.1e-6
 against cpu's 4.5e-7 at values up to ~12) — what the FusedMatMul epilogue computes too.
 
 One difference oneDNN has: it forms x·(1 + erf) before halving, so above ~1.7e38 (and at
