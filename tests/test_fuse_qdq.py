@@ -123,23 +123,27 @@ def test_between_convolutions_the_pair_runs_on_their_channels_last_values():
     np.testing.assert_array_equal(nhwc_out, plain_out)
 
 
+@pytest.mark.parametrize("zp", [np.uint8(120), np.int8(-7)])
+@pytest.mark.parametrize("channels", [6, 3])
 @pytest.mark.parametrize("op", ["QuantizeLinear", "DequantizeLinear"])
-def test_per_tensor_quantize_and_dequantize_take_channels_last_values(monkeypatch, op):
+def test_per_tensor_quantize_and_dequantize_take_channels_last_values(monkeypatch, op, channels, zp):
     """QuantizeLinear / DequantizeLinear per tensor compute each element on its own, so they
     take NHWC views (a QDQ CNN's values around float Splits and Concats stay channels-last):
-    plain or channels-last input and output, every mix, the NumPy path's values."""
+    plain or channels-last input and output, every mix, the NumPy path's values. Three
+    channels: an RGB image quantized into a channels-last value has its own interleaving pass."""
     pytest.importorskip("numba")
     from glassrt.kernels.cpu import quantize
     from glassrt.runtime.layout import channels_last_view
 
-    shape = (2, 6, 5, 7)
+    shape = (2, channels, 5, 7)
     x = (RNG.standard_normal(shape) * 5).astype(np.float32)
     x.reshape(-1)[:6] = [np.nan, np.inf, -np.inf, 2.5, -2.5, 1e30]
-    scale, zp = np.array(0.04, np.float32), np.array(120, np.uint8)
+    x[1, -1, -1, -3:] = [np.nan, -1e30, 0.02]  # (the last image's last channel: the pass's far end)
+    scale, zp = np.array(0.04, np.float32), np.array(zp)
     if op == "DequantizeLinear":
-        x = RNG.integers(0, 256, shape).astype(np.uint8)
+        x = RNG.integers(0, 256, shape).astype(np.uint8).view(zp.dtype)
     kernel = quantize.quantize_linear if op == "QuantizeLinear" else quantize.dequantize_linear
-    out_dt = np.uint8 if op == "QuantizeLinear" else np.float32
+    out_dt = zp.dtype if op == "QuantizeLinear" else np.float32
 
     def nhwc(a):
         return channels_last_view(np.ascontiguousarray(a.transpose(0, 2, 3, 1)).reshape(-1), a.shape)
