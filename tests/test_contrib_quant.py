@@ -260,6 +260,21 @@ def test_qlinear_concat_takes_channels_last_values():
     out = channels_last_view(np.empty(int(np.prod(shape)), U8), shape)
     got = mq._qlinear_concat(*y_params, nhwc(parts[0]), *params[:2], nhwc(parts[1]), *params[2:], out=out, axis=1)
     np.testing.assert_array_equal(got, plain)
+    # the bound kernel's compiled pass writes each input's rows into its channel slice
+    pytest.importorskip("numba")
+    from glassrt.ir import type_of_value
+    from glassrt.kernels.registry import BindContext
+
+    inputs = [*y_params, parts[0], *params[:2], parts[1], *params[2:]]
+    node = type("Node", (), {"inputs": ["v%d" % i for i in range(len(inputs))], "outputs": ["y"], "opset": 1,
+                             "name": "concat", "op_type": "QLinearConcat", "domain": "com.microsoft"})()
+    step = mq.qlinear_concat.kernels["cpu"].builder(
+        BindContext(node, {"axis": 1}, [type_of_value(x) for x in inputs], [], inputs))
+    for xs, out in (([nhwc(p) for p in parts], channels_last_view(np.empty(int(np.prod(shape)), U8), shape)),
+                    (parts, np.empty(shape, U8)),
+                    ([nhwc(parts[0]), parts[1]], channels_last_view(np.empty(int(np.prod(shape)), U8), shape))):
+        got = step(*y_params, xs[0], *params[:2], xs[1], *params[2:], out=out)
+        np.testing.assert_array_equal(got, plain)
 
 
 BROADCASTS = [
@@ -410,9 +425,16 @@ def test_qlinear_average_pool_optional_zero_points(dt):
 # ---------------------------------------------------------------- QLinearConcat, QLinearWhere
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("dt", QTYPES)
 @pytest.mark.parametrize("axis", [0, 1, 2, -1, -2])
-def test_qlinear_concat(dt, axis):
+def test_qlinear_concat(dt, axis, compiled, monkeypatch):
+    """Both ways: the compiled pass per input into its place, and the NumPy path."""
+    from glassrt.contrib import microsoft_quant as mq
+
+    if compiled:
+        pytest.importorskip("numba")
+    monkeypatch.setattr(mq, "use_compiled", lambda path: compiled)
     rng = rng_for("concat", dt, axis)
     ys, yz = scale(rng.uniform(0.01, 0.1)), zp(rng, dt)
     inputs = [ys, yz]

@@ -41,7 +41,7 @@ def _float_cnn():
                   init("w3", w(16, 8, 3, 3)), init("b3", b(16))], opset=13, ir_version=8)
 
 
-def _quantized(tmp_path, weight_type="QInt8", per_channel=True):
+def _quantized(tmp_path, weight_type="QInt8", per_channel=True, float_model=None, quant_format="QDQ"):
     pytest.importorskip("onnxruntime")
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -53,8 +53,9 @@ def _quantized(tmp_path, weight_type="QInt8", per_channel=True):
             return next(self.feeds, None)
 
     src, dst = tmp_path / "f32.onnx", tmp_path / "qdq.onnx"
-    onnx.save(_float_cnn(), src)
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+    onnx.save(float_model or _float_cnn(), src)
+    quantize_static(str(src), str(dst), Reader(), quant_format=getattr(QuantFormat, quant_format),
+                    per_channel=per_channel,
                     activation_type=QuantType.QUInt8, weight_type=getattr(QuantType, weight_type))
     return onnx.load(dst)
 
@@ -140,3 +141,40 @@ def test_it_does_not_fire_without_an_exact_int8_engine(tmp_path, monkeypatch):
     lib = capi.require()
     monkeypatch.setattr(lib, "dnnl_get_effective_cpu_isa", lambda: capi.CPU_ISA["avx512_core"])
     assert "QLinearConv" not in _ops(glassrt.InferenceSession(m))
+
+
+def _c2f_cnn():
+    """YOLOv8's C2f block: conv -> Split of the channels in two -> a conv on the second half
+    -> Concat(first half, second half, conv) -> conv."""
+    w = lambda *s: (RNG.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Split", ["r1", "halves"], ["p1", "p2"], name="split", axis=1),
+             helper.make_node("Conv", ["p2", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("Concat", ["p1", "p2", "r2"], ["cat"], name="concat", axis=1),
+             helper.make_node("Conv", ["cat", "w3"], ["y"], name="conv3")]
+    return model(nodes, [tensor("x", SHAPE)], [tensor("y", None)],
+                 [init("w1", w(16, 8, 3, 3)), init("halves", np.array([8, 8], np.int64)), init("w2", w(8, 8, 3, 3)),
+                  init("w3", w(8, 24, 1, 1))], opset=13, ir_version=8)
+
+
+@needs_vnni
+@pytest.mark.parametrize("quant_format", ["QOperator"])
+def test_a_quantized_c2f_split_and_concat_stay_channels_last(tmp_path, quant_format):
+    """The 8-bit Split between QLinearConvs copies its pieces channels-last (onednn.Split), so
+    the QLinearConcat reading them takes channels-last bytes throughout: every 8-bit value
+    of the plan is NHWC; the output within a quantization step of onnxruntime's."""
+    m = _quantized(tmp_path, float_model=_c2f_cnn(), quant_format=quant_format)
+    sess = glassrt.InferenceSession(m)
+    rows = {r["name"]: r for r in sess.explain()["nodes"]}
+    split = next(r for r in rows.values() if r["op"] == "Split")
+    assert split["kernel"] == "onednn.Split", split
+    assert _ops(sess).count("QLinearConcat") == 1 and _ops(sess).count("QLinearConv") == 3
+    x = RNG.standard_normal(SHAPE).astype(np.float32)
+    got = sess.run(None, {"x": x})[0]
+    plan = next(iter(sess.runner.plans.values()))
+    eight_bit = [o for st in plan.steps if st.node.op_type != "DequantizeLinear" for o in st.node.outputs]
+    assert eight_bit and all(plan.layouts.get(v) == "nhwc" for v in eight_bit), plan.layouts
+    diff = np.abs(got - _run_ort(m, x))
+    assert diff.max() <= _step(m) * 1.01 and np.count_nonzero(diff) <= 0.02 * diff.size
