@@ -160,7 +160,7 @@ def _c2f_cnn():
 
 
 @needs_vnni
-@pytest.mark.parametrize("quant_format", ["QOperator"])
+@pytest.mark.parametrize("quant_format", ["QOperator", "QDQ"])
 def test_a_quantized_c2f_split_and_concat_stay_channels_last(tmp_path, quant_format):
     """The 8-bit Split between QLinearConvs copies its pieces channels-last (onednn.Split), so
     the QLinearConcat reading them takes channels-last bytes throughout: every 8-bit value
@@ -178,3 +178,54 @@ def test_a_quantized_c2f_split_and_concat_stay_channels_last(tmp_path, quant_for
     assert eight_bit and all(plan.layouts.get(v) == "nhwc" for v in eight_bit), plan.layouts
     diff = np.abs(got - _run_ort(m, x))
     assert diff.max() <= _step(m) * 1.01 and np.count_nonzero(diff) <= 0.02 * diff.size
+
+
+def _moved_model(op, second_scale=0.1, second_zp=3):
+    """x_q -> DequantizeLinear(0.1, 3) -> Split / MaxPool -> QuantizeLinear each piece (the
+    second's parameters given) -> outputs."""
+    p = lambda s, z: [init(f"s{s}", np.array(s, np.float32)), init(f"z{z}", np.array(z, np.uint8))]  # noqa: E731
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s0.1", "z3"], ["d"], name="dq")]
+    if op == "Split":
+        nodes += [helper.make_node("Split", ["d", "sizes"], ["a", "b"], name="op", axis=1),
+                  helper.make_node("QuantizeLinear", ["a", "s0.1", "z3"], ["ya"], name="qa"),
+                  helper.make_node("QuantizeLinear", ["b", f"s{second_scale}", f"z{second_zp}"], ["yb"], name="qb")]
+        outs = [tensor("ya", None, onnx.TensorProto.UINT8), tensor("yb", None, onnx.TensorProto.UINT8)]
+    elif op == "Concat":  # (the second input dequantized with the second parameters)
+        nodes += [helper.make_node("DequantizeLinear", ["x", f"s{second_scale}", f"z{second_zp}"], ["d2"], name="dq2"),
+                  helper.make_node("Concat", ["d", "d2"], ["a"], name="op", axis=1),
+                  helper.make_node("QuantizeLinear", ["a", "s0.1", "z3"], ["ya"], name="qa")]
+        outs = [tensor("ya", None, onnx.TensorProto.UINT8)]
+    else:
+        nodes += [helper.make_node("MaxPool", ["d"], ["a"], name="op", kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                   strides=[2, 2]),
+                  helper.make_node("QuantizeLinear", ["a", f"s{second_scale}", f"z{second_zp}"], ["ya"], name="qa")]
+        outs = [tensor("ya", None, onnx.TensorProto.UINT8)]
+    inits = {i.name: i for i in [*p(0.1, 3), *p(second_scale, second_zp), init("sizes", np.array([3, 5], np.int64))]}
+    return model(nodes, [tensor("x", SHAPE, onnx.TensorProto.UINT8)], outs, list(inits.values()), opset=13,
+                 ir_version=8)
+
+
+@needs_vnni
+@pytest.mark.parametrize("op", ["Split", "MaxPool", "Concat"])
+def test_split_and_max_pool_of_dequantized_values_run_on_the_bytes(op):
+    """Quantized again with the input's own scale and zero point, a Split's pieces and a
+    MaxPool's result are the same op on the 8-bit values, byte for byte the float program;
+    a Concat of dequantized values is QLinearConcat (each input's codes through a table of
+    the float program's), byte for byte too."""
+    m = _moved_model(op, *((0.23, 200) if op == "Concat" else ()))
+    x = RNG.integers(0, 256, SHAPE).astype(np.uint8)
+    sess = glassrt.InferenceSession(m)
+    assert _ops(sess) == ["QLinearConcat" if op == "Concat" else op], _ops(sess)
+    plain = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(fusion=False))
+    assert "QuantizeLinear" in _ops(plain)
+    for got, want in zip(sess.run(None, {"x": x}), plain.run(None, {"x": x})):
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_vnni
+@pytest.mark.parametrize("op", ["Split", "MaxPool"])
+@pytest.mark.parametrize("scale, zp", [(0.2, 3), (0.1, 4)])
+def test_split_and_max_pool_stay_float_where_a_piece_is_requantized(op, scale, zp):
+    """A piece quantized with other parameters is requantized by the float program: left alone."""
+    sess = glassrt.InferenceSession(_moved_model(op, scale, zp))
+    assert op in _ops(sess) and "DequantizeLinear" in _ops(sess) and "QuantizeLinear" in _ops(sess)

@@ -3,7 +3,12 @@ QuantizeLinear(Conv(DequantizeLinear(x_q), DequantizeLinear(W_q)[, DequantizeLin
 becomes one QLinearConv(x_q, ..., W_q, ..., b_q) -> y_q;
 QuantizeLinear(Add / Mul(DequantizeLinear(a_q), DequantizeLinear(b_q))) one com.microsoft
 QLinearAdd / QLinearMul; QuantizeLinear(Sigmoid / LeakyRelu(DequantizeLinear(x_q))) one
-QLinearSigmoid / QLinearLeakyRelu (a 256-entry table: a YOLO's SiLU, a detector's LeakyRelu).
+QLinearSigmoid / QLinearLeakyRelu (a 256-entry table: a YOLO's SiLU, a detector's LeakyRelu);
+QuantizeLinear(Concat(DequantizeLinear(x1_q), ...)) one QLinearConcat (each input's codes
+through a table of the float program's: exact); a Split or MaxPool between a
+DequantizeLinear and QuantizeLinears of the same scale and zero point the same op on the
+bytes (exact: slicing and max commute with the monotone dequantization, and quantizing a
+dequantized code gives the code back), so that a YOLO's C2f and SPPF blocks stay 8-bit.
 
 onnxruntime.quantization.quantize_static writes a model this way by default (QuantFormat.QDQ):
 every activation quantized and dequantized around float ops. Left alone, glassrt runs the
@@ -36,6 +41,7 @@ _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 _F32 = np.dtype(np.float32)
 _BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}  # com.microsoft's, same-shape operands
 _UNARY = {"Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu"}  # lookup tables of the 256 codes
+_MOVES = ("Split", "MaxPool")  # the same op on the bytes, where the parameters are the same on both sides
 
 
 def fuse_qdq_conv(graph, ctx):
@@ -61,23 +67,60 @@ def fuse_qdq_conv(graph, ctx):
         dt = consts[x].dtype if x in consts else getattr(types.get(x), "dtype", None)
         return (dq, x, dq.inputs[1], dq.inputs[2]) if dt == consts[dq.inputs[2]].dtype else None
 
-    def quantized_by(node):
-        """The QuantizeLinear (per tensor, 8-bit zero point) that alone reads node's output, or None."""
-        q = readers.single(node.outputs[0])
+    def quantized_by(node, k=0):
+        """The QuantizeLinear (per tensor, 8-bit zero point) that alone reads node's output k, or None."""
+        q = readers.single(node.outputs[k])
         if q is None or q.op_type != "QuantizeLinear" or q.domain or set(q.attrs) - {"axis"} or len(q.inputs) < 3 \
                 or not one(q.inputs[1], (_F32,)) or not one(q.inputs[2], _EIGHT_BIT):
             return None
         return q
 
+    def same_params(dq, q):
+        """Whether QuantizeLinear q undoes DequantizeLinear dq exactly (one scale, one zero point)."""
+        return consts[dq[2]].tobytes() == consts[q.inputs[1]].tobytes() \
+            and consts[dq[3]].dtype == consts[q.inputs[2]].dtype and consts[dq[3]].item() == consts[q.inputs[2]].item()
+
     maybe_dead = set()  # outputs of DequantizeLinear nodes the fused nodes no longer read through
 
     for node in graph.nodes:
-        if node.domain or node.op_type not in ("Conv", *_BINARY, *_UNARY) or len(node.outputs) != 1:
+        if node.domain or node.op_type not in _MOVES or len(node.outputs) < 1 or not node.inputs:
+            continue
+        # a Split / MaxPool of a dequantized value whose every piece is quantized again with the
+        # same scale and zero point: the same op on the bytes (max and slicing commute with
+        # the monotone dequantization, and quantizing a dequantized code gives the code back)
+        x = per_tensor_dq(node.inputs[0])
+        qs = [quantized_by(node, k) if o else None for k, o in enumerate(node.outputs)]
+        if x is None or any(o and (q is None or not same_params(x, q)) for o, q in zip(node.outputs, qs)) \
+                or not qs[0] \
+                or (node.op_type == "MaxPool" and len([o for o in node.outputs if o]) != 1):
+            continue
+        moved = Node(node.op_type, "", [x[1], *node.inputs[1:]], [q.outputs[0] if q else "" for q in qs],
+                     dict(node.attrs), node.name, node.opset,
+                     origin=origin(node, f"{node.op_type} '{node.name}' of a DequantizeLinear output, each result "
+                                         f"quantized again with its scale and zero point"))
+        replaced[id(node)] = [moved]
+        dropped.update(id(q) for q in qs if q)
+        maybe_dead.add(x[0].outputs[0])
+        changes.append(f"{node.op_type} '{node.name}' between DequantizeLinear and QuantizeLinear of the same "
+                       f"parameters -> {node.op_type} of the 8-bit values")
+
+    for node in graph.nodes:
+        if node.domain or node.op_type not in ("Conv", "Concat", *_BINARY, *_UNARY) or len(node.outputs) != 1:
             continue
         q = quantized_by(node)
         if q is None:
             continue
-        if node.op_type in _UNARY:
+        if node.op_type == "Concat":
+            xs = [per_tensor_dq(i) for i in node.inputs]
+            y_dt = consts[q.inputs[2]].dtype
+            if not xs or any(x is None or consts[x[3]].dtype != y_dt for x in xs) or "axis" not in node.attrs:
+                continue
+            fused = Node("QLinearConcat", MS, [q.inputs[1], q.inputs[2], *[v for x in xs for v in x[1:]]],
+                         [q.outputs[0]], {"axis": int(node.attrs["axis"])}, node.name, 1,
+                         origin=origin(node, f"Concat '{node.name}' of DequantizeLinear outputs, quantized by "
+                                             f"'{q.name}'"))
+            maybe_dead.update(x[0].outputs[0] for x in xs)
+        elif node.op_type in _UNARY:
             x = per_tensor_dq(node.inputs[0]) if len(node.inputs) == 1 else None
             if x is None or consts[x[3]].dtype != consts[q.inputs[2]].dtype:
                 continue
