@@ -27,7 +27,7 @@ MS = "com.microsoft"
 def fuse_lookup(graph, ctx):
     if not any(n.op_type == "QLinearSigmoid" and n.domain == MS for n in graph.nodes):
         return graph, []
-    from ..contrib.microsoft_quant import _qlinear_mul, qlinear_sigmoid  # (the Mul's own steps: its bytes)
+    from ..contrib.microsoft_quant import qlinear_mul, qlinear_sigmoid
 
     consts = graph.constants()
     readers = Readers(graph, graph.nodes)
@@ -71,8 +71,8 @@ def fuse_lookup(graph, ctx):
             try:
                 s_codes = qlinear_sigmoid.kernels["cpu"](codes, *sig_params)
                 a, b = (codes, s_codes) if x_at == 0 else (s_codes, codes)
-                table = np.asarray(_qlinear_mul(a, mul_params[0], mul_params[1], b, mul_params[2], mul_params[3],
-                                                mul_params[4], mul_params[5]))
+                table = np.asarray(qlinear_mul.kernels["cpu"](a, mul_params[0], mul_params[1], b, mul_params[2],
+                                                              mul_params[3], mul_params[4], mul_params[5]))
             except Exception:  # noqa: BLE001 - parameters the kernels refuse: left for them to report at run time
                 continue
             name = f"{mul.outputs[0]}/table"
