@@ -356,7 +356,9 @@ def _conv_integer_geometry(ctx, w_at=1):
     return tuple(int(v) for v in x), k, begin, end, out, [int(s) for s in strides], [int(d) for d in dil]
 
 
-def _conv_integer_reason(ctx, w_at=1, wz_at=3):
+def _conv_integer_reason(ctx, w_at=1, wz_at=3, impl=True):
+    """Why this ConvInteger / QLinearConv is not oneDNN's, or None. impl=False: the checks
+    before the one that builds the exact sums' primitive descriptor (to ask its implementation)."""
     why = _unavailable(ctx) or exact_reason()
     if why:
         return why
@@ -379,6 +381,8 @@ def _conv_integer_reason(ctx, w_at=1, wz_at=3):
     x_shape, k, begin, end, out, strides, dil = _conv_integer_geometry(ctx, w_at)
     if list(k) != list(w.shape[2:]) or min(out) <= 0 or min(begin + end) < 0:
         return "kernel_shape, pads or the output size do not fit (cpu reports the error)"
+    if not impl:
+        return None
     impl = _Int8Conv(x_shape, np.zeros(w.shape, np.int8), group, strides, dil, begin, end).pd.impl
     if impl.startswith(("ref", "gemm:")):
         return f"oneDNN has only its generic implementation ({impl}) for this 8-bit convolution"
@@ -449,6 +453,14 @@ def conv_integer(ctx):
 
 
 def _qlinear_conv_reason(ctx):
+    """As ConvInteger's; where the requantizing convolution applies and has a fast kernel, its
+    descriptor (the one the binding runs) answers, and no exact-sums descriptor is made."""
+    why = _conv_integer_reason(ctx, w_at=3, wz_at=5, impl=False)
+    if why:
+        return why
+    whole = _requantizing(ctx, _conv_integer_geometry(ctx, w_at=3))
+    if whole is not None and not whole.pd.impl.startswith(("ref", "gemm:")):
+        return None
     return _conv_integer_reason(ctx, w_at=3, wz_at=5)
 
 
@@ -514,10 +526,10 @@ def qlinear_conv(ctx):
     return step
 
 
-def _requantizing_conv(ctx, geometry):
-    """QLinearConv's step on _RequantizingConv, or None where it does not apply: weights not
-    int8 with zero point 0, y not 8-bit, scales per tensor or per filter (float32), the bias
-    a constant int32 per filter."""
+def _requantizing(ctx, geometry):
+    """The _RequantizingConv for this QLinearConv, or None where it does not apply: weights
+    not int8 with zero point 0, y not 8-bit, scales per tensor or per filter (float32), the
+    bias a constant int32 per filter."""
     w, wz = ctx.const(3), ctx.const(5) if ctx.has(5) else None
     y_dt = ctx.dtype(7) if ctx.has(7) else ctx.dtype(0)
     m = int(w.shape[0])
@@ -530,10 +542,19 @@ def _requantizing_conv(ctx, geometry):
         return None
     x_shape, k, begin, end, out_hw, strides, dil = geometry
     group = int(ctx.attrs.get("group", 1))
-    conv = _RequantizingConv(x_shape, np.ascontiguousarray(w), group, strides, dil, begin, end, y_dt,
+    return _RequantizingConv(x_shape, np.ascontiguousarray(w), group, strides, dil, begin, end, y_dt,
                              int(np.prod(ws)) == m and m > 1, b is not None)
-    if conv.pd.impl.startswith(("ref", "gemm:")):
+
+
+def _requantizing_conv(ctx, geometry):
+    """QLinearConv's step on _RequantizingConv, or None where it does not apply (_requantizing)
+    or oneDNN has no fast kernel for it."""
+    conv = _requantizing(ctx, geometry)
+    if conv is None or conv.pd.impl.startswith(("ref", "gemm:")):
         return None  # (zero points and scales on a geometry oneDNN's fast kernels do not take: the sums' path)
+    m = int(ctx.const(3).shape[0])
+    y_dt = ctx.dtype(7) if ctx.has(7) else ctx.dtype(0)
+    b = ctx.const(8) if ctx.has(8) else None
     bias_int = None if b is None else b.astype(np.float32)  # (exact below 2**24, as onnxruntime's float(acc + b))
 
     def params(x_dtype, x_scale, x_zero_point, w_scale, y_scale, y_zero_point):
