@@ -550,3 +550,23 @@ def test_qlinear_conv_parameters_fed_at_run_time_are_checked_as_cpu_checks_them(
             sess.run(None, {"x": x, "xs": xs, "xz": xz})
         with pytest.raises(glassrt.GlassrtError, match="conv"):
             cpu.run(None, {"x": x, "xs": xs, "xz": xz})
+
+
+@needs_vnni
+@pytest.mark.parametrize("ta, tb", [(U8, I8), (I8, I8), (U8, U8)])
+@pytest.mark.parametrize("trans_a, trans_b, per_column, alpha, quantized", [
+    (0, 1, True, 1.0, True), (0, 0, False, 0.5, True), (1, 1, False, 2.0, False), (0, 1, True, 1.0, False)])
+def test_qgemm_on_onednn_is_cpus_bytes(ta, tb, trans_a, trans_b, per_column, alpha, quantized):
+    """QGemm with a constant B: the int32 sums on oneDNN's exact matmul (B's zero point
+    compensated), cpu's float32 steps after: the same bytes as cpu's kernel and onnxruntime's."""
+    from tests.test_contrib_quant import _model, _ort, _qgemm_inputs
+
+    rng = rng_for("qgemm-onednn", ta, tb, trans_a, trans_b, per_column, quantized)
+    ins = _qgemm_inputs(rng, ta, tb, 7, 300, 65, trans_a, trans_b, per_column, (65,), quantized)
+    model, feeds = _model("QGemm", ins, consts=set(range(1, len(ins))), alpha=alpha, transA=trans_a,
+                          transB=trans_b)
+    sess = glassrt.InferenceSession(model)
+    assert {r["name"]: r["kernel"] for r in sess.explain()["nodes"]}["node"] == "onednn.QGemm.int8"
+    got = sess.run(None, feeds)[0]
+    np.testing.assert_array_equal(got, glassrt.InferenceSession(model, providers=["cpu"]).run(None, feeds)[0])
+    np.testing.assert_array_equal(got, _ort(model, feeds, True)[0])

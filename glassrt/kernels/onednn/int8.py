@@ -552,7 +552,6 @@ def _requantizing_conv(ctx, geometry):
     conv = _requantizing(ctx, geometry)
     if conv is None or conv.pd.impl.startswith(("ref", "gemm:")):
         return None  # (zero points and scales on a geometry oneDNN's fast kernels do not take: the sums' path)
-    m = int(ctx.const(3).shape[0])
     y_dt = ctx.dtype(7) if ctx.has(7) else ctx.dtype(0)
     b = ctx.const(8) if ctx.has(8) else None
     bias_int = None if b is None else b.astype(np.float32)  # (exact below 2**24, as onnxruntime's float(acc + b))
