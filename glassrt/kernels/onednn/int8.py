@@ -307,12 +307,11 @@ class _RequantizingConv:
         mask = (0b11 if group > 1 else 0b1) if per_filter else 0
         key = ("int8 requantizing conv", tuple(x_shape), wshape, tuple(strides), tuple(dil), tuple(begin), tuple(end),
                np.dtype(y_dtype).str, mask, bias)
-        attr = dnnl.Attr(scales={ARG_WEIGHTS: mask}, zero_points={ARG_SRC: 0, ARG_DST: 0})
         self.pd = shared_pd(key, lambda: dnnl.convolution(
             MemoryDesc.create(x_shape, np.uint8, "acdb"), MemoryDesc.create(wshape, np.int8, "any"),
             MemoryDesc.create(self.y_shape, y_dtype, "acdb"), MemoryDesc.create((m,), np.float32, "a") if bias else None,
             strides=list(strides), dilations=[d - 1 for d in dil], padding_l=list(begin), padding_r=list(end),
-            attr=attr))
+            attr=dnnl.Attr(scales={ARG_WEIGHTS: mask}, zero_points={ARG_SRC: 0, ARG_DST: 0})))
         self.weights, self.n_scales, self.y_dtype = w_s8.reshape(wshape), m if per_filter else 1, y_dtype
         self._packed, self._steps, self._written = None, {}, {}
 
