@@ -195,6 +195,10 @@ def _moved_model(op, second_scale=0.1, second_zp=3):
                   helper.make_node("Concat", ["d", "d2"], ["a"], name="op", axis=1),
                   helper.make_node("QuantizeLinear", ["a", "s0.1", "z3"], ["ya"], name="qa")]
         outs = [tensor("ya", None, onnx.TensorProto.UINT8)]
+    elif op in ("Flatten", "Transpose"):
+        nodes += [helper.make_node(op, ["d"], ["a"], name="op", **({"perm": [0, 2, 3, 1]} if op == "Transpose" else {})),
+                  helper.make_node("QuantizeLinear", ["a", f"s{second_scale}", f"z{second_zp}"], ["ya"], name="qa")]
+        outs = [tensor("ya", None, onnx.TensorProto.UINT8)]
     else:
         nodes += [helper.make_node("MaxPool", ["d"], ["a"], name="op", kernel_shape=[3, 3], pads=[1, 1, 1, 1],
                                    strides=[2, 2]),
@@ -206,7 +210,7 @@ def _moved_model(op, second_scale=0.1, second_zp=3):
 
 
 @needs_vnni
-@pytest.mark.parametrize("op", ["Split", "MaxPool", "Concat"])
+@pytest.mark.parametrize("op", ["Split", "MaxPool", "Concat", "Flatten", "Transpose"])
 def test_split_and_max_pool_of_dequantized_values_run_on_the_bytes(op):
     """Quantized again with the input's own scale and zero point, a Split's pieces and a
     MaxPool's result are the same op on the 8-bit values, byte for byte the float program;
@@ -223,9 +227,66 @@ def test_split_and_max_pool_of_dequantized_values_run_on_the_bytes(op):
 
 
 @needs_vnni
-@pytest.mark.parametrize("op", ["Split", "MaxPool"])
+@pytest.mark.parametrize("op", ["Split", "MaxPool", "Flatten"])
 @pytest.mark.parametrize("scale, zp", [(0.2, 3), (0.1, 4)])
 def test_split_and_max_pool_stay_float_where_a_piece_is_requantized(op, scale, zp):
     """A piece quantized with other parameters is requantized by the float program: left alone."""
     sess = glassrt.InferenceSession(_moved_model(op, scale, zp))
     assert op in _ops(sess) and "DequantizeLinear" in _ops(sess) and "QuantizeLinear" in _ops(sess)
+
+
+def _head_cnn():
+    """A classifier's head: conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm (with a bias)."""
+    w = lambda *s: (RNG.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("GlobalAveragePool", ["r1"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             helper.make_node("Gemm", ["f", "wc", "bc"], ["y"], name="classifier", transB=1)]
+    return model(nodes, [tensor("x", SHAPE)], [tensor("y", None)],
+                 [init("w1", w(16, 8, 3, 3)), init("b1", w(16)), init("wc", w(10, 16)), init("bc", w(10))],
+                 opset=13, ir_version=8)
+
+
+def _float_bias(m):
+    """m with the Gemm's int32 bias DequantizeLinear replaced by its float32 values (as some
+    exports write it)."""
+    consts = {i.name: onnx.numpy_helper.to_array(i) for i in m.graph.initializer}
+    gemm = next(n for n in m.graph.node if n.op_type == "Gemm")
+    dq = next(n for n in m.graph.node if n.output[0] == gemm.input[2])
+    values = consts[dq.input[0]].astype(np.float32) * consts[dq.input[1]]
+    m.graph.node.remove(dq)
+    m.graph.initializer.append(onnx.numpy_helper.from_array(values.astype(np.float32), "float_bias"))
+    gemm.input[2] = "float_bias"
+    return m
+
+
+@needs_vnni
+@pytest.mark.parametrize("bias", ["int32", "float"])
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_a_qdq_classifier_head_runs_as_onnxruntimes_integer_ops(tmp_path, per_channel, bias):
+    """GlobalAveragePool between DequantizeLinear and QuantizeLinear -> QLinearGlobalAveragePool,
+    the Flatten on the bytes, the Gemm -> QGemm, its bias the int32 one, or a float bias
+    quantized in x_scale · w_scale (onnxruntime's BiasQuantization): onnxruntime's
+    program, within a quantization step of its output."""
+    m = _quantized(tmp_path, per_channel=per_channel, float_model=_head_cnn())
+    if bias == "float":
+        m = _float_bias(m)
+    sess = glassrt.InferenceSession(m)
+    ops = _ops(sess)
+    assert {"QLinearConv", "QLinearGlobalAveragePool", "Flatten", "QGemm"} <= set(ops), ops
+    assert not {"GlobalAveragePool", "Gemm", "QuantizeDequantize"} & set(ops), ops
+    rows = {r["name"]: r for r in sess.explain()["nodes"]}
+    assert ("bias quantized" in rows["classifier"]["origin"]) == (bias == "float")
+    x = RNG.standard_normal(SHAPE).astype(np.float32)
+    diff = np.abs(sess.run(None, {"x": x})[0] - _run_ort(m, x))
+    assert diff.max() <= _step(m) * 1.01 and np.count_nonzero(diff) <= 0.1 * diff.size
+
+
+@needs_vnni
+def test_a_gemm_whose_bias_does_not_quantize_stays_float(tmp_path):
+    """A Gemm with alpha other than 1 (or a bias that would overflow int32) is left float."""
+    m = _quantized(tmp_path, float_model=_head_cnn())
+    gemm = next(n for n in m.graph.node if n.op_type == "Gemm")
+    gemm.attribute.append(helper.make_attribute("alpha", 0.5))
+    assert "Gemm" in _ops(glassrt.InferenceSession(m))

@@ -5,10 +5,13 @@ QuantizeLinear(Add / Mul(DequantizeLinear(a_q), DequantizeLinear(b_q))) one com.
 QLinearAdd / QLinearMul; QuantizeLinear(Sigmoid / LeakyRelu(DequantizeLinear(x_q))) one
 QLinearSigmoid / QLinearLeakyRelu (a 256-entry table: a YOLO's SiLU, a detector's LeakyRelu);
 QuantizeLinear(Concat(DequantizeLinear(x1_q), ...)) one QLinearConcat (each input's codes
-through a table of the float program's: exact); a Split or MaxPool between a
-DequantizeLinear and QuantizeLinears of the same scale and zero point the same op on the
-bytes (exact: slicing and max commute with the monotone dequantization, and quantizing a
-dequantized code gives the code back), so that a YOLO's C2f and SPPF blocks stay 8-bit.
+through a table of the float program's: exact); a Split, MaxPool, Flatten, Reshape,
+Transpose, Squeeze or Unsqueeze between a DequantizeLinear and QuantizeLinears of the same
+scale and zero point the same op on the bytes (exact: moving and taking the max commute
+with the monotone dequantization, and quantizing a dequantized code gives the code back),
+so that a YOLO's C2f and SPPF blocks stay 8-bit; a classifier's head, GlobalAveragePool
+and Gemm, QLinearGlobalAveragePool and QGemm (a float bias quantized in x_scale · w_scale,
+as onnxruntime's BiasQuantization does).
 
 onnxruntime.quantization.quantize_static writes a model this way by default (QuantFormat.QDQ):
 every activation quantized and dequantized around float ops. Left alone, glassrt runs the
@@ -41,7 +44,8 @@ _EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 _F32 = np.dtype(np.float32)
 _BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}  # com.microsoft's, same-shape operands
 _UNARY = {"Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu"}  # lookup tables of the 256 codes
-_MOVES = ("Split", "MaxPool")  # the same op on the bytes, where the parameters are the same on both sides
+# the same op on the bytes, where the parameters are the same on both sides
+_MOVES = ("Split", "MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze")
 
 
 def fuse_qdq_conv(graph, ctx):
@@ -104,13 +108,84 @@ def fuse_qdq_conv(graph, ctx):
         changes.append(f"{node.op_type} '{node.name}' between DequantizeLinear and QuantizeLinear of the same "
                        f"parameters -> {node.op_type} of the 8-bit values")
 
+    def int32_bias(name, scale, n):
+        """(the int32 bias constant's name, or a float32 constant bias quantized here, as
+        onnxruntime's BiasQuantization does it: round(bias / scale), scale = x_scale · w_scale
+        per column; or None where it is neither: a DequantizeLinear of an int32 constant in
+        that scale, zero point 0, or a float32 constant of one value per column."""
+        b_dq = producer.get(name)
+        want = np.broadcast_to(scale, (n,))
+        if b_dq is not None and b_dq.op_type == "DequantizeLinear" and not b_dq.domain \
+                and not set(b_dq.attrs) - {"axis"}:
+            bq, bs = consts.get(b_dq.inputs[0]), consts.get(b_dq.inputs[1])
+            bz = consts.get(b_dq.inputs[2]) if len(b_dq.inputs) > 2 and b_dq.inputs[2] else None
+            if bq is None or bq.dtype != np.int32 or bq.shape != (n,) or bs is None or bs.dtype != _F32 \
+                    or (bz is not None and bz.any()) or np.broadcast_to(bs.reshape(-1), (n,)).tolist() != want.tolist():
+                return None
+            maybe_dead.add(b_dq.outputs[0])
+            return b_dq.inputs[0], None
+        b = consts.get(name)
+        if b is None or b.dtype != _F32 or b.shape != (n,):
+            return None
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            q = np.rint(b / want)  # (QuantizeLinear's float32 division, rounded half to even)
+        if not np.all(np.isfinite(q)) or np.abs(q).max(initial=0) >= 2 ** 31 - 128:
+            return None
+        return None, q.astype(np.int32)
+
+    new_consts = {}
     for node in graph.nodes:
-        if node.domain or node.op_type not in ("Conv", "Concat", *_BINARY, *_UNARY) or len(node.outputs) != 1:
+        if node.domain or node.op_type not in ("Conv", "Concat", "GlobalAveragePool", "Gemm", *_BINARY, *_UNARY) \
+                or len(node.outputs) != 1:
             continue
         q = quantized_by(node)
         if q is None:
             continue
-        if node.op_type == "Concat":
+        if node.op_type == "GlobalAveragePool":
+            x = per_tensor_dq(node.inputs[0])
+            shape = known_shape(types, node.inputs[0])
+            if x is None or shape is None or len(shape) < 3 or consts[x[3]].dtype != consts[q.inputs[2]].dtype:
+                continue
+            fused = Node("QLinearGlobalAveragePool", MS, [x[1], x[2], x[3], q.inputs[1], q.inputs[2]], [q.outputs[0]],
+                         {"channels_last": 0}, node.name, 1,
+                         origin=origin(node, f"GlobalAveragePool '{node.name}' of a DequantizeLinear output, "
+                                             f"quantized by '{q.name}'"))
+            maybe_dead.add(x[0].outputs[0])
+        elif node.op_type == "Gemm":
+            a = per_tensor_dq(node.inputs[0]) if len(node.inputs) >= 2 else None
+            w_dq = producer.get(node.inputs[1]) if a is not None else None
+            trans_b = int(node.attrs.get("transB", 0))
+            if a is None or w_dq is None or w_dq.op_type != "DequantizeLinear" or w_dq.domain \
+                    or set(w_dq.attrs) - {"axis"} or len(w_dq.inputs) < 3 or int(node.attrs.get("transA", 0)) \
+                    or float(node.attrs.get("alpha", 1.0)) != 1.0 or float(node.attrs.get("beta", 1.0)) != 1.0 \
+                    or consts[q.inputs[2]].dtype != consts[a[3]].dtype:
+                continue
+            w, ws, wz = (consts.get(i) for i in w_dq.inputs[:3])
+            if w is None or w.dtype not in _EIGHT_BIT or w.ndim != 2 or ws is None or ws.dtype != _F32 \
+                    or wz is None or wz.dtype != w.dtype or wz.shape != ws.shape:
+                continue
+            n = w.shape[0] if trans_b else w.shape[1]
+            column_axis = 0 if trans_b else 1
+            if ws.size != 1 and (ws.shape != (n,) or int(w_dq.attrs.get("axis", 1)) % 2 != column_axis):
+                continue
+            bias = ("", None)
+            if len(node.inputs) > 2 and node.inputs[2]:
+                scale = (consts[a[2]].reshape(()) * ws.reshape(-1)).astype(_F32)
+                bias = int32_bias(node.inputs[2], scale, n)
+                if bias is None:
+                    continue
+            c = bias[0]
+            if bias[1] is not None:
+                c = f"{node.outputs[0]}/bias_quantized"
+                new_consts[c] = bias[1]
+            inputs = [a[1], a[2], a[3], w_dq.inputs[0], w_dq.inputs[1], w_dq.inputs[2], c, q.inputs[1], q.inputs[2]]
+            fused = Node("QGemm", MS, inputs, [q.outputs[0]], {"transB": trans_b}, node.name, 1,
+                         origin=origin(node, f"Gemm '{node.name}' of DequantizeLinear outputs, quantized by "
+                                             f"'{q.name}'" + ("; its float bias quantized in x_scale · w_scale, as "
+                                                              "onnxruntime does" if bias[1] is not None else "")))
+            maybe_dead.add(a[0].outputs[0])
+            maybe_dead.add(w_dq.outputs[0])
+        elif node.op_type == "Concat":
             xs = [per_tensor_dq(i) for i in node.inputs]
             y_dt = consts[q.inputs[2]].dtype
             if not xs or any(x is None or consts[x[3]].dtype != y_dt for x in xs) or "axis" not in node.attrs:
@@ -194,4 +269,4 @@ def fuse_qdq_conv(graph, ctx):
     # a DequantizeLinear whose every reader was fused goes too (one read by a float op stays)
     nodes = drop_unread(rebuild(graph.nodes, replaced, dropped), graph, maybe_dead)
     opsets = {**graph.opsets, MS: 1} if any(n.domain == MS for n in nodes) else dict(graph.opsets)
-    return replace(graph, nodes=nodes, opsets=opsets), changes
+    return replace(graph, nodes=nodes, opsets=opsets, initializers={**graph.initializers, **new_consts}), changes
