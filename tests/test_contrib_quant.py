@@ -1339,3 +1339,67 @@ def test_glassrt_check_passes_for_the_sequence_ops(op):
         assert any(r.check == check and r.status == "pass" for r in rows), check
     decomposed = any(r.check == "decomposition" and r.status == "pass" for r in rows)
     assert decomposed == (op != "DynamicQuantizeLSTM")
+
+
+INFINITE_RANGES = [[1, 2, np.inf, -3, 0.5, -1], [1, 2, 3, -np.inf, 0.5, 1], [1e30, -1e30, 1, 2, 3, 4],
+                   [np.inf, -np.inf, 1, 2, 3, 4]]
+
+
+def _dql_model(shape):
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [onnx.ValueInfoProto(name=o) for o in "ysz"])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("values", INFINITE_RANGES)
+def test_dynamic_quantization_of_infinities_is_onnxruntimes(values, compiled, monkeypatch):
+    """DynamicQuantizeLinear and DynamicQuantizeMatMul on data with infinities: an infinite
+    range gives onnxruntime's zero point (its std::min keeps 255 for the NaN of -inf / inf),
+    no crash, and the codes onnxruntime writes."""
+    from glassrt.kernels.cpu import quantize as cpu_quantize
+
+    if compiled:
+        pytest.importorskip("numba")
+    monkeypatch.setattr(cpu_quantize, "use_compiled", lambda path, after=64: compiled)
+    x = np.array(values * 3, F32).reshape(3, 6)
+    m = _dql_model(x.shape)
+    with np.errstate(all="ignore"):
+        got = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})
+        for g, r in zip(got, _ort(m, {"x": x})):
+            np.testing.assert_array_equal(g, r)
+        b = np.arange(-12, 12, dtype=np.int8).reshape(6, 4)
+        compare("DynamicQuantizeMatMul", [x, b, scale(0.05), np.zeros((), np.int8)], consts={1, 2, 3})
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_dynamic_quantization_leaves_nan_out_of_the_range(compiled, monkeypatch):
+    """NaN is left out of DynamicQuantizeLinear's range and quantizes to code 0. (onnxruntime's
+    MLAS leaves NaN out too, except where one lands last in its vector lanes, where it
+    spreads to the whole range: which, depends on the NaN's position and the CPU's kernel.)"""
+    from glassrt.kernels.cpu import quantize as cpu_quantize
+
+    if compiled:
+        pytest.importorskip("numba")
+    monkeypatch.setattr(cpu_quantize, "use_compiled", lambda path, after=64: compiled)
+    x = RNG_NAN.standard_normal((4, 50)).astype(F32)
+    clean = x.copy()
+    x[[0, 1, 3], [0, 17, 49]] = np.nan
+    clean[[0, 1, 3], [0, 17, 49]] = 0.0  # (inside the range: it already holds 0)
+    sess = glassrt.InferenceSession(_dql_model(x.shape), providers=["cpu"])
+    with np.errstate(all="ignore"):
+        y, s, z = sess.run(None, {"x": x})
+    y_clean, s_clean, z_clean = sess.run(None, {"x": clean})
+    assert s == s_clean and z == z_clean
+    assert (y[[0, 1, 3], [0, 17, 49]] == 0).all()
+    keep = ~np.isnan(x)
+    np.testing.assert_array_equal(y[keep], y_clean[keep])
+    with np.errstate(all="ignore"):
+        all_nan = sess.run(None, {"x": np.full(x.shape, np.nan, F32)})
+    assert not all_nan[0].any() and all_nan[2] == 0
+
+
+RNG_NAN = np.random.default_rng(77)

@@ -1294,10 +1294,14 @@ def _dynamic_quantize(a):
     """onnxruntime's per-tensor uint8 parameters of A (GetQuantizationParameter: the range
     widened to include 0, scale = range / 255 or 1 for an all-zero A, zero point rounded
     half to even), and A quantized with them (MlasQuantizeLinear)."""
-    lo = min(F32.type(a.min()), F32.type(0)) if a.size else F32.type(0)
-    hi = max(F32.type(a.max()), F32.type(0)) if a.size else F32.type(0)
+    from ..kernels.cpu.quantize import data_range  # (NaN left out of the range, as MLAS leaves it)
+
+    a_min, a_max = data_range(a)
+    lo, hi = min(F32.type(a_min), F32.type(0)), max(F32.type(a_max), F32.type(0))
     scale = F32.type(1) if hi == lo else (hi - lo) / F32.type(255)
-    zp = int(np.rint(np.clip(F32.type(0) - lo / scale, F32.type(0), F32.type(255))))
+    with np.errstate(invalid="ignore"):
+        initial = float(F32.type(0) - lo / scale)
+    zp = round(max(0.0, min(255.0, initial)))  # (std::min's order: NaN, from an infinite range, gives 255)
     return _quantize(a, scale, zp, U8), np.asarray(scale, F32), zp
 
 

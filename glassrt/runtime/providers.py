@@ -130,7 +130,7 @@ class OnednnProvider(Provider):
         self.unavailable = capi.UNAVAILABLE
         self.openmp_pool = not self.unavailable
         if not self.unavailable:
-            from ..kernels.onednn import gelu, int8, kernels, matmul, rnn, rows, transpose  # noqa: F401  (registers them)
+            from ..kernels.onednn import gelu, int8, kernels, matmul, quantize, rnn, rows, transpose  # noqa: F401,E501  (registers them)
             from . import threads
 
             threads.refresh()  # its OpenMP library joins the thread pools set per run

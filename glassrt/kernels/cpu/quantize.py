@@ -254,22 +254,43 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, out=None, axis=1, block_
 # ---------------------------------------------------------------- DynamicQuantizeLinear
 
 
+def data_range(x) -> tuple[float, float]:
+    """DynamicQuantizeLinear's (min, max) of x: NaN left out, as onnxruntime's MLAS leaves it
+    out (all NaN or empty: (0, 0), so the range is [0, 0])."""
+    if not x.size:
+        return 0.0, 0.0
+    lo, hi = float(np.fmin.reduce(x, axis=None)), float(np.fmax.reduce(x, axis=None))
+    return (0.0, 0.0) if lo != lo else (lo, hi)
+
+
+def dynamic_range_params(x_min: float, x_max: float):
+    """DynamicQuantizeLinear's (scale, zero point) as float32, from the data's range."""
+    f32 = np.float32
+    hi = f32(max(0.0, x_max))
+    lo = f32(min(0.0, x_min))
+    scale = f32(1.0) / f32(255) if hi == lo else f32(hi - lo) / f32(255)
+    # round_half_even(max(0, min(255, 0 - lo / scale))) in float32, in onnxruntime's order:
+    # its std::min keeps 255 where the value is NaN (an infinite range: -inf / inf), and
+    # Python's min does too. Python's min/max and round (half to even, as rint) on the exact
+    # float value: NumPy's clip and rint on one scalar cost ~10 us a call (a quantized
+    # BERT-base runs 49 of these a pass)
+    with np.errstate(invalid="ignore"):
+        initial = float(f32(0) - lo / scale)
+    zp = f32(round(max(0.0, min(255.0, initial))))
+    return scale, zp
+
+
 @kernel("DynamicQuantizeLinear", dtypes=[np.float32], multi=True, out=True)
 def dynamic_quantize_linear(x, *, out=(None, None, None)):
     """uint8 quantization with scale / zero point taken from the data range (which always includes 0)."""
     f32 = np.float32
-    hi = f32(max(0.0, float(x.max()))) if x.size else f32(0)
-    lo = f32(min(0.0, float(x.min()))) if x.size else f32(0)
-    scale = f32(1.0) / f32(255) if hi == lo else f32(hi - lo) / f32(255)
-    # rint(clip(0 - lo / scale, 0, 255)) in float32, with Python's min/max and round (half
-    # to even, as rint) on the exact float value: NumPy's clip and rint on one scalar cost
-    # ~10 us a call (a quantized BERT-base runs 49 of these a pass)
-    zp = f32(round(min(max(float(f32(0) - lo / scale), 0.0), 255.0)))
+    scale, zp = dynamic_range_params(*data_range(x))
 
     def quantize(v):
         with np.errstate(invalid="ignore"):
             y = np.asarray(np.rint(v / scale) + zp)  # an array even for 0-d x (clipped in place below)
-        np.clip(y, 0, 255, out=y)
+        np.fmax(y, 0, out=y)  # (NaN -> 0, as the compiled loop and onnxruntime's MLAS write it)
+        np.minimum(y, 255, out=y)
         return y.astype(np.uint8)
 
     y_out, scale_out, zp_out = (tuple(out) + (None,) * 3)[:3]

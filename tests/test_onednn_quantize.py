@@ -1,0 +1,47 @@
+"""DynamicQuantizeLinear on oneDNN's OpenMP pool (glassrt/kernels/onednn/quantize.py): the
+codes shared out over the threads, cpu's kernel's bytes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glassrt.kernels.onednn import capi
+
+pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason=str(capi.UNAVAILABLE))
+pytest.importorskip("numba")  # loaded in this process, as a quantized model's other kernels load it
+
+from glassrt.kernels.cpu import quantize as cpu  # noqa: E402
+from glassrt.kernels.onednn import quantize  # noqa: E402
+
+RNG = np.random.default_rng(5)
+
+
+def _cases():
+    big = quantize.SHARED_FROM * 3 + 7  # (blocks of unequal sizes)
+    x = RNG.standard_normal(big).astype(np.float32) * 3
+    yield "random", x
+    yield "one sign", np.abs(x) + 0.5
+    yield "negative", -np.abs(x)
+    yield "zeros", np.zeros(big, np.float32)
+    special = x.copy()
+    special[[0, 5, big - 1]] = [np.inf, -np.inf, 1e30]
+    yield "inf", special
+    nan = x.copy()
+    nan[big // 2] = np.nan
+    yield "nan", nan
+    yield "ties", (np.arange(big, dtype=np.float32) % 512 - 255.5) / 2  # (codes on rounding ties)
+    yield "small", x[:100]
+
+
+@pytest.mark.parametrize("case", [c for c, _ in _cases()])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threaded_codes_are_cpus_bytes(case, threads, monkeypatch):
+    x = dict(_cases())[case].reshape(1, -1)
+    if quantize._why_not() is not None:
+        pytest.skip(quantize._why_not())
+    monkeypatch.setattr(capi, "get_max_threads", lambda: threads)
+    got = quantize.dynamic_quantize_linear_threads(x, out=(np.empty(x.shape, np.uint8), None, None))
+    want = cpu.dynamic_quantize_linear(x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+        assert g.dtype == w.dtype and g.shape == w.shape
