@@ -18,14 +18,14 @@ import numpy as np
 
 from ..buffers import as_out
 from ..cpu._jit import compiled, jit, numba_threads
-from ..cpu.quantize import _quantize8, data_range, dynamic_quantize_linear, dynamic_range_params
 from ..registry import kernel
 from . import capi, row_panels
 from .kernels import _unavailable
 
 SHARED_FROM = 16384  # values: below this one thread's pass is a few microseconds
 
-prange = range  # numba.prange once the loops are compiled (_compile)
+prange = range  # numba.prange once the loops are compiled (_why_not)
+_quantize8 = None  # cpu's loop, bound when the loops are compiled (cpu's module loads ml_dtypes: not before)
 
 
 @jit(parallel=True, boundscheck=False)
@@ -46,7 +46,9 @@ def _why_not() -> str | None:
         try:
             import numba
 
-            globals()["prange"] = numba.prange
+            from ..cpu import quantize as cpu
+
+            globals()["prange"], globals()["_quantize8"] = numba.prange, compiled(cpu._quantize8)
             compiled(_codes)(np.zeros(1, np.float32), np.float32(1), np.float32(0), np.zeros(1, np.uint8), 1)
             _READY.append(None)
         except Exception as e:  # noqa: BLE001 - a Numba that cannot compile them: cpu's kernel runs
@@ -64,6 +66,8 @@ def dynamic_quantize_linear_threads(x, *, out=(None, None, None)):
     """cpu's DynamicQuantizeLinear, its range and codes shared out over OpenMP's threads
     (see the module's doc). Measured in a quantize_dynamic BERT-base (49 calls a pass):
     see the README's int8 table."""
+    from ..cpu.quantize import data_range, dynamic_quantize_linear, dynamic_range_params
+
     y_out, scale_out, zp_out = (tuple(out) + (None,) * 3)[:3]
     threads = max(1, capi.get_max_threads())
     if threads == 1 or x.size < SHARED_FROM or not x.flags.c_contiguous \
