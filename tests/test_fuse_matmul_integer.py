@@ -116,3 +116,80 @@ def test_a_model_quantized_by_onnxruntime_runs_fused_as_onnxruntime_computes_it(
     import onnx
 
     np.testing.assert_allclose(sess.run(None, {"x": X})[0], _ort(onnx.load(str(dst))), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- ConvInteger -> glassrt::ConvIntegerToFloat
+
+IMAGE = RNG.standard_normal((1, 8, 12, 14)).astype(np.float32)
+
+
+def _cnn():
+    """conv 3x3 (bias) -> Relu -> depthwise 3x3 stride 2 (bias) -> Clip -> conv 1x1 (no bias)."""
+    w = lambda *s: (RNG.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="dw", pads=[1, 1, 1, 1], strides=[2, 2],
+                              group=16),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"], name="clip"),
+             helper.make_node("Conv", ["r2", "w3"], ["y"], name="conv3")]
+    return model(nodes, [tensor("x", list(IMAGE.shape))], [tensor("y", None)],
+                 [init("w1", w(16, 8, 3, 3)), init("b1", w(16)), init("w2", w(16, 1, 3, 3)), init("b2", w(16)),
+                  init("lo", np.array(0, np.float32)), init("hi", np.array(6, np.float32)), init("w3", w(10, 16, 1, 1))],
+                 opset=13, ir_version=8)
+
+
+def _dynamic(tmp_path, weight_type="QInt8", per_channel=False):
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src, dst = tmp_path / "f32.onnx", tmp_path / "int8.onnx"
+    src.write_bytes(_cnn().SerializeToString())
+    quantize_dynamic(str(src), str(dst), weight_type=getattr(QuantType, weight_type), per_channel=per_channel,
+                     op_types_to_quantize=["Conv"])
+    return onnx.load(str(dst))
+
+
+@needs_vnni
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_dynamically_quantized_conv_becomes_one_convolution_with_the_same_bits(tmp_path, per_channel):
+    """quantize_dynamic's ConvInteger -> Cast -> Mul(x_scale · w_scale) [-> Add bias] becomes
+    glassrt::ConvIntegerToFloat on oneDNN (the sums scaled and biased as they are written):
+    the chain's bits (fusion off), onnxruntime's bits; its output channels-last between
+    the convolution and the oneDNN activation after it."""
+    m = _dynamic(tmp_path, per_channel=per_channel)
+    sess = glassrt.InferenceSession(m)
+    ops = op_types(sess)
+    assert ops.count("ConvIntegerToFloat") == 3 and not {"ConvInteger", "Cast"} & set(ops), ops
+    kernels = {r["kernel"] for r in sess.explain()["nodes"] if r["op"] == "ConvIntegerToFloat"}
+    assert kernels == {"onednn.ConvIntegerToFloat.int8"}
+    got = sess.run(None, {"x": IMAGE})[0]
+    chain = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(fusion=False))
+    assert "ConvInteger" in op_types(chain)
+    np.testing.assert_array_equal(got, chain.run(None, {"x": IMAGE})[0])
+    np.testing.assert_array_equal(got, ort_outputs(m, {"x": IMAGE})[0])
+    assert any(v == "nhwc" for v in next(iter(sess.runner.plans.values())).layouts.values())
+
+
+@needs_vnni
+def test_a_dynamically_quantized_conv_with_uint8_weights_keeps_its_chain(tmp_path):
+    m = _dynamic(tmp_path, weight_type="QUInt8")
+    sess = glassrt.InferenceSession(m)
+    assert "ConvIntegerToFloat" not in op_types(sess) and "ConvInteger" in op_types(sess)
+    np.testing.assert_allclose(sess.run(None, {"x": IMAGE})[0], ort_outputs(m, {"x": IMAGE})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_the_conv_chain_is_not_fused_without_an_exact_int8_engine(tmp_path):
+    m = _dynamic(tmp_path)
+    assert "ConvIntegerToFloat" not in op_types(glassrt.InferenceSession(m, providers=["cpu"]))
+
+
+def test_glassrt_check_passes_on_conv_integer_to_float():
+    """`glassrt check`: the kernel against the contract's decomposition (ConvInteger -> Cast ->
+    Mul -> Add) and its meta against what it returns, on uint8 and int8 x, per-tensor and
+    per-channel scales, with and without a bias."""
+    from glassrt.tools import check as checks
+
+    rows = checks.run_checks("ConvIntegerToFloat", builtins=True)
+    assert {r.check for r in rows} >= {"meta_vs_real", "decomposition"}
+    assert all(r.status == "pass" for r in rows), [(r.check, r.message) for r in rows]

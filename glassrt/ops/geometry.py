@@ -100,3 +100,15 @@ def spatial_pads(in_shape, kernel, strides, dilations, pads, auto_pad, ceil_mode
         end.append(e)
         out.append(o)
     return begin, end, out, strides, dilations
+
+
+def per_channel_size(shape, m) -> int | None:
+    """1 or m where a tensor of `shape` broadcasts against a convolution's (N, m, H, W) output
+    one value per output channel or one in all (shape (), (1,), (m, 1, 1), (1, m, 1, 1), ...),
+    else None (a scale or bias laid along another axis, or one that would widen the output)."""
+    if shape is None or len(shape) > 4 or not all(isinstance(d, int) for d in shape):
+        return None
+    full = (1,) * (4 - len(shape)) + tuple(shape)
+    if full[0] != 1 or full[2:] != (1, 1) or full[1] not in (1, m):
+        return None
+    return full[1]

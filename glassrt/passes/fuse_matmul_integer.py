@@ -27,7 +27,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..ir import Node, TensorType
-from ._rewrite import Readers, bias_add, drop_unread, origin, producers, rebuild
+from ..ops.geometry import per_channel_size
+from ._rewrite import Readers, bias_add, drop_unread, known_shape, origin, producers, rebuild
 from .fuse_qdq_matmul import MS, int8_engine_reason
 
 _F32 = np.dtype(np.float32)
@@ -42,7 +43,8 @@ def _one_value(types, consts, name) -> bool:
 
 
 def fuse_matmul_integer(graph, ctx):
-    if not any(n.op_type == "MatMulInteger" for n in graph.nodes) or int8_engine_reason(ctx.providers):
+    if not any(n.op_type in ("MatMulInteger", "ConvInteger") for n in graph.nodes) \
+            or int8_engine_reason(ctx.providers):
         return graph, []
     consts, types = graph.constants(), ctx.types
     readers = Readers(graph, graph.nodes)
@@ -63,6 +65,56 @@ def fuse_matmul_integer(graph, ctx):
                 return a, w
         return None
 
+    def chain(node):
+        """(Cast, Mul, the scale) where node's int32 output is cast to float32 and multiplied by
+        one other value, each read by the next alone; else None."""
+        cast = readers.single(node.outputs[0])
+        if cast is None or cast.op_type != "Cast" or cast.domain or int(cast.attrs.get("to", 0)) != 1:
+            return None
+        mul = readers.single(cast.outputs[0])
+        if mul is None or mul.op_type != "Mul" or mul.domain or len(mul.inputs) != 2:
+            return None
+        s = mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0]
+        return None if s == cast.outputs[0] else (cast, mul, s)
+
+    for conv in graph.nodes:
+        if conv.op_type != "ConvInteger" or conv.domain or len(conv.inputs) < 2:
+            continue
+        w = consts.get(conv.inputs[1])
+        w_zp = conv.inputs[3] if len(conv.inputs) > 3 else ""
+        x_shape = types.get(conv.inputs[0])
+        if w is None or w.ndim != 4 or w.dtype != np.int8 or (w_zp and (w_zp not in consts or consts[w_zp].any())) \
+                or not isinstance(x_shape, TensorType) or x_shape.rank != 4:
+            continue
+        found = chain(conv)
+        if found is None:
+            continue
+        cast, mul, s = found
+        m = w.shape[0]
+        if getattr(types.get(s), "dtype", None) != _F32 or per_channel_size(known_shape(types, s), m) is None:
+            continue
+        add, bias = readers.single(mul.outputs[0]), ""
+        if add is not None and add.op_type == "Add" and not add.domain and len(add.inputs) == 2:
+            other = add.inputs[1] if add.inputs[0] == mul.outputs[0] else add.inputs[0]
+            c = consts.get(other)
+            if c is not None and c.dtype == _F32 and per_channel_size(c.shape, m) is not None:
+                bias = other
+        if not bias:
+            add = None
+        last = add or mul
+        why = origin(conv, f"ConvInteger '{conv.name}', Cast '{cast.name}' and Mul '{mul.name}'"
+                           + (f" and bias Add '{add.name}'" if bias else ""))
+        inputs = [conv.inputs[0], conv.inputs[1], conv.inputs[2] if len(conv.inputs) > 2 else "", w_zp, s, bias]
+        while not inputs[-1]:
+            inputs.pop()
+        attrs = {k: v for k, v in conv.attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads",
+                                                             "strides")}
+        replaced[id(last)] = [Node("ConvIntegerToFloat", "glassrt", inputs, [last.outputs[0]], attrs, conv.name, 1,
+                                   origin=why)]
+        dropped.update(id(x) for x in (conv, cast, mul) if x is not last)
+        changes.append(f"ConvInteger '{conv.name}' + Cast + Mul{' + bias' if bias else ''} -> glassrt::"
+                       f"ConvIntegerToFloat (w int8{list(w.shape)})")
+
     for mmi in graph.nodes:
         if mmi.op_type != "MatMulInteger" or mmi.domain or len(mmi.inputs) < 2:
             continue
@@ -77,15 +129,10 @@ def fuse_matmul_integer(graph, ctx):
             continue  # (a nonzero zero point needs MatMulInteger's corrections)
         if a_zp and not _one_value(types, consts, a_zp):
             continue
-        cast = readers.single(mmi.outputs[0])
-        if cast is None or cast.op_type != "Cast" or cast.domain or int(cast.attrs.get("to", 0)) != 1:
+        found = chain(mmi)
+        if found is None:
             continue
-        mul = readers.single(cast.outputs[0])
-        if mul is None or mul.op_type != "Mul" or mul.domain or len(mul.inputs) != 2:
-            continue
-        s = mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0]
-        if s == cast.outputs[0]:
-            continue
+        cast, mul, s = found
         found = scales(s, n)
         if found is None:
             continue
@@ -108,4 +155,4 @@ def fuse_matmul_integer(graph, ctx):
         return graph, []
     # a scale product nothing reads any more (each layer's a_scale · w_scale) goes too
     nodes = drop_unread(rebuild(graph.nodes, replaced, dropped), graph, products)
-    return replace(graph, nodes=nodes, opsets={MS: 1, **graph.opsets}), changes
+    return replace(graph, nodes=nodes, opsets={MS: 1, "glassrt": 1, **graph.opsets}), changes

@@ -736,10 +736,25 @@ def _internal_samples():
             np.dtype(t_dt)), None))
         lut_samples.append((SimpleNamespace(name=f"lookup_table_{np.dtype(x_dt).name}_{np.dtype(t_dt).name}",
                                             model=m), ins))
+    cif_samples = []
+    for x_dt, per_channel, bias, attrs in ((np.uint8, False, True, {"pads": [1, 1, 1, 1]}),
+                                           (np.uint8, True, False, {"strides": [2, 2], "group": 2}),
+                                           (np.int8, True, True, {"pads": [0, 1, 0, 1], "dilations": [2, 1]})):
+        info = np.iinfo(x_dt)
+        x = rng.integers(info.min, info.max + 1, (1, 4, 7, 9)).astype(x_dt)
+        w = rng.integers(-127, 128, (6, 4 // attrs.get("group", 1), 3, 3)).astype(np.int8)
+        scale = rng.uniform(1e-4, 1e-2, (6, 1, 1) if per_channel else ()).astype(np.float32)
+        ins = [x, w, np.array(3, x_dt), np.zeros((), np.int8), scale] + \
+            ([rng.standard_normal((6, 1, 1)).astype(np.float32)] if bias else [])
+        m = single_node_model("ConvIntegerToFloat", ins, attrs, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
+        cif_samples.append((SimpleNamespace(name=f"conv_integer_to_float_{np.dtype(x_dt).name}_"
+                                                 f"{'per_channel' if per_channel else 'per_tensor'}"
+                                                 f"{'_bias' if bias else ''}", model=m), ins))
     return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples,
             ("glassrt", "FusedMatMul"): mm_samples, ("glassrt", "ChannelShuffle"): shuffle_samples,
             ("glassrt", "ScaledDotProductAttention"): sdpa_samples, ("glassrt", "QuantizeDequantize"): qdq_samples,
-            ("glassrt", "LookupTable"): lut_samples}
+            ("glassrt", "LookupTable"): lut_samples, ("glassrt", "ConvIntegerToFloat"): cif_samples}
 
 
 def _differentiable_without_backward(op_filter):

@@ -437,6 +437,18 @@ def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, out=None, auto_p
     return acc if out is None else as_out(acc, out, cast=True)
 
 
+@kernel("ConvIntegerToFloat", domain="glassrt", dtypes=_I8, out=True)
+def conv_integer_to_float(x, w, x_zero_point=None, w_zero_point=None, scale=None, b=None, *, out=None,
+                          auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """float32(ConvInteger(x, w, ...)) · scale [+ b]: the chain's steps (its decomposition)."""
+    acc = conv_integer(x, w, x_zero_point, w_zero_point, auto_pad=auto_pad, dilations=dilations, group=group,
+                       kernel_shape=kernel_shape, pads=pads, strides=strides)
+    y = acc.astype(np.float32) * scale
+    if b is not None:
+        y = y + b
+    return as_out(y, out)
+
+
 @kernel("QLinearConv", dtypes=_I8, out=True)
 def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, out=None,
                  auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):

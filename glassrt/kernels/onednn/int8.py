@@ -30,7 +30,7 @@ from ..registry import kernel
 from . import capi, dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
 from .capi import ARG_ATTR_SCALES, ARG_ATTR_ZERO_POINTS
-from ...ops.geometry import spatial_pads
+from ...ops.geometry import per_channel_size, spatial_pads
 from .kernels import _unavailable, packed_weights, shared_pd
 from ..buffers import NHWC
 from ..cpu._jit import jit
@@ -290,7 +290,9 @@ class _RequantizingConv:
     """QLinearConv whole on oneDNN: a u8 x s8 convolution whose int32 sums oneDNN scales,
     biases, rounds and saturates as it writes them (its jit / AMX kernels' output stage), so
     the sums never reach memory. Weights s8 with zero point 0 (x's zero point is oneDNN's
-    runtime zero point, padding included); y u8 or s8 with its zero point.
+    runtime zero point, padding included); y u8 or s8 with its zero point, or float32 (then
+    no zero point: glassrt::ConvIntegerToFloat, float32(sums)·scale + bias, which oneDNN
+    forms as that chain does, measured bit for bit on its jit, VNNI and AMX kernels).
 
     Requantized in float32 as onnxruntime does it, in another order: oneDNN forms
     acc·M + b·M (M = x_scale·w_scale/y_scale per filter, as onnxruntime forms it), onnxruntime
@@ -303,15 +305,17 @@ class _RequantizingConv:
         m = w_s8.shape[0]
         self.y_shape = (n, m, *_out_hw((h, w), w_s8.shape[2:], strides, dil, begin, end))
         self.m, self.bias = m, bias
+        self.quantized = np.dtype(y_dtype) != np.float32  # (a float32 y has no zero point)
         wshape = dnnl.grouped_weights_shape(w_s8.shape, group)
         mask = (0b11 if group > 1 else 0b1) if per_filter else 0
         key = ("int8 requantizing conv", tuple(x_shape), wshape, tuple(strides), tuple(dil), tuple(begin), tuple(end),
                np.dtype(y_dtype).str, mask, bias)
+        zero_points = {ARG_SRC: 0, ARG_DST: 0} if self.quantized else {ARG_SRC: 0}
         self.pd = shared_pd(key, lambda: dnnl.convolution(
             MemoryDesc.create(x_shape, np.uint8, "acdb"), MemoryDesc.create(wshape, np.int8, "any"),
             MemoryDesc.create(self.y_shape, y_dtype, "acdb"), MemoryDesc.create((m,), np.float32, "a") if bias else None,
             strides=list(strides), dilations=[d - 1 for d in dil], padding_l=list(begin), padding_r=list(end),
-            attr=dnnl.Attr(scales={ARG_WEIGHTS: mask}, zero_points={ARG_SRC: 0, ARG_DST: 0})))
+            attr=dnnl.Attr(scales={ARG_WEIGHTS: mask}, zero_points=zero_points)))
         self.weights, self.n_scales, self.y_dtype = w_s8.reshape(wshape), m if per_filter else 1, y_dtype
         self._packed, self._steps, self._written = None, {}, {}
 
@@ -327,7 +331,9 @@ class _RequantizingConv:
             one = lambda dt, k: dnnl.Memory(MemoryDesc.create((k,), dt, "a"), np.zeros(k, dt))  # noqa: E731
             args = {ARG_SRC: None, ARG_WEIGHTS: self._packed.memory, ARG_DST: None,
                     ARG_ATTR_SCALES | ARG_WEIGHTS: one(np.float32, self.n_scales),
-                    ARG_ATTR_ZERO_POINTS | ARG_SRC: one(np.int32, 1), ARG_ATTR_ZERO_POINTS | ARG_DST: one(np.int32, 1)}
+                    ARG_ATTR_ZERO_POINTS | ARG_SRC: one(np.int32, 1)}
+            if self.quantized:
+                args[ARG_ATTR_ZERO_POINTS | ARG_DST] = one(np.int32, 1)
             if self.bias:
                 args[ARG_BIAS] = one(np.float32, self.m)
             step = self._steps[key] = self.pd.primitive().bind(args)
@@ -335,7 +341,8 @@ class _RequantizingConv:
             xz, mult, bias, yz = params
             step[ARG_ATTR_SCALES | ARG_WEIGHTS].array[:] = mult
             step[ARG_ATTR_ZERO_POINTS | ARG_SRC].array[0] = xz
-            step[ARG_ATTR_ZERO_POINTS | ARG_DST].array[0] = yz
+            if self.quantized:
+                step[ARG_ATTR_ZERO_POINTS | ARG_DST].array[0] = yz
             if self.bias:
                 step[ARG_BIAS].array[:] = bias
             self._written[key] = params
@@ -573,17 +580,27 @@ def _requantizing_conv(ctx, geometry):
     consts = [ctx.const(i) if ctx.has(i) else None for i in (1, 2, 4, 6, 7)]
     fixed = params(ctx.dtype(0), *consts) if all(c is not None or not ctx.has(i) for c, i in
                                                  zip(consts, (1, 2, 4, 6, 7))) else None
-
-    # The NHWC views of the last x and output: a plan hands a step the same arena views every
-    # run, and the same view objects let the bound primitive skip re-pointing its memories
-    # (two checked handle updates a call). Views only: a copy's bytes change with x's.
-    seen = {"x": None, "x_nhwc": None, "y": None, "y_nhwc": None}
+    run = _nhwc_runner(conv, y_dt)
 
     def step(x, x_scale, x_zero_point, w_, w_scale, w_zero_point, y_scale, y_zero_point=None, b_=None, *, out=None):
-        p = fixed or params(x.dtype, x_scale, x_zero_point, w_scale, y_scale, y_zero_point)
+        return run(x, fixed or params(x.dtype, x_scale, x_zero_point, w_scale, y_scale, y_zero_point), out)
+
+    return step
+
+
+def _nhwc_runner(conv, y_dt):
+    """run(x, params, out) -> y: `conv` (a _RequantizingConv) over x's NHWC bytes (an int8 x
+    as u8: x + 128, its zero point in params already) into out's (a new y if None).
+
+    The NHWC views of the last x and output are kept: a plan hands a step the same arena
+    views every run, and the same view objects let the bound primitive skip re-pointing its
+    memories (two checked handle updates a call). Views only: a copy's bytes change with x's."""
+    seen = {"x": None, "x_nhwc": None, "y": None, "y_nhwc": None}
+
+    def run(x, p, out):
         if x is seen["x"]:
             x_nhwc = seen["x_nhwc"]
-        elif x.dtype == np.int8:  # as u8: x + 128 (its zero point too: params)
+        elif x.dtype == np.int8:
             x_nhwc = _nhwc_bytes(x.view(np.uint8) ^ np.uint8(0x80))
         else:
             x_nhwc = _nhwc_bytes(x)
@@ -603,6 +620,64 @@ def _requantizing_conv(ctx, geometry):
             conv.run(x_nhwc, p, dst)
             np.copyto(y_nhwc, dst)
         return y
+
+    return run
+
+
+# ---------------------------------------------------------------- glassrt::ConvIntegerToFloat
+
+
+def conv_integer_to_float_reason(ctx):
+    why = _conv_integer_reason(ctx, w_at=1, wz_at=3, impl=False)
+    if why:
+        return why
+    w, wz = ctx.const(1), ctx.const(3) if ctx.has(3) else None
+    if w.dtype != np.int8 or (wz is not None and wz.any()):
+        return "w is not int8 with zero point 0 (oneDNN's scaling takes the exact sums only then)"
+    m = int(w.shape[0])
+    if ctx.dtype(4) != np.float32 or per_channel_size(ctx.shape(4), m) is None:
+        return "the scale is not float32, one value or one per output channel"
+    if ctx.has(5):
+        b = ctx.const(5)
+        if b is None or b.dtype != np.float32 or per_channel_size(b.shape, m) is None:
+            return "B is not a float32 constant, one value or one per output channel"
+    conv = _float_conv(ctx)
+    if conv.pd.impl.startswith(("ref", "gemm:")):
+        return f"oneDNN has only its generic implementation ({conv.pd.impl}) for this 8-bit convolution"
+    return None
+
+
+def _float_conv(ctx):
+    x_shape, k, begin, end, out_hw, strides, dil = _conv_integer_geometry(ctx)
+    w = ctx.const(1)
+    m = int(w.shape[0])
+    per_filter = per_channel_size(ctx.shape(4), m) == m and m > 1
+    return _RequantizingConv(x_shape, np.ascontiguousarray(w), int(ctx.attrs.get("group", 1)), strides, dil, begin,
+                             end, np.float32, per_filter, ctx.has(5))
+
+
+@kernel("ConvIntegerToFloat", provider="onednn", domain="glassrt", dtypes=_I8, out=True, bind=True,
+        accepts=conv_integer_to_float_reason, static_only=True, name="int8", layouts=(NHWC,))
+def conv_integer_to_float(ctx):
+    """float32(ConvInteger(x, w, x_zero_point)) · scale + B as one oneDNN convolution: the
+    exact u8 x s8 sums (x's zero point oneDNN's, padding included, as onnxruntime's
+    ConvInteger pads with it), scaled and biased as they are written, in the chain's float32
+    steps (measured bit for bit). The scale is read at every run (a quantize_dynamic model's
+    x_scale · w_scale: x's scale is its DynamicQuantizeLinear's)."""
+    conv = _float_conv(ctx)
+    b = ctx.const(5) if ctx.has(5) else None
+    bias = None if b is None else np.broadcast_to(b.reshape(-1), (conv.m,)).astype(np.float32)
+    run = _nhwc_runner(conv, np.dtype(np.float32))
+
+    def step(x, w_, x_zero_point=None, w_zero_point=None, scale=None, b_=None, *, out=None):
+        if x_zero_point is not None and (x_zero_point.size != 1 or x_zero_point.dtype != x.dtype):
+            raise ValueError(f"x_zero_point must be one value of x's type {x.dtype}, got "
+                             f"{x_zero_point.dtype}{list(x_zero_point.shape)}")
+        xz = (0 if x_zero_point is None else int(x_zero_point.reshape(-1)[0])) + (128 if x.dtype == np.int8 else 0)
+        if scale.size not in (1, conv.n_scales) or scale.dtype != np.float32:
+            raise ValueError(f"the scale must be float32 with one value or {conv.n_scales}, got "
+                             f"{scale.dtype}{list(scale.shape)}")
+        return run(x, (xz, scale.reshape(-1), bias, 0), out)
 
     return step
 
