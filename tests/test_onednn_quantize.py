@@ -45,3 +45,32 @@ def test_threaded_codes_are_cpus_bytes(case, threads, monkeypatch):
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
         assert g.dtype == w.dtype and g.shape == w.shape
+
+
+@pytest.mark.parametrize("kernel", ["threads", "cpu"])
+def test_channels_last_values_give_the_same_codes(kernel, monkeypatch):
+    """DynamicQuantizeLinear takes channels-last views (a quantize_dynamic CNN's activations
+    between its convolutions): the codes of each element land in its place, the same bytes
+    as for plain arrays; every mix of layouts."""
+    from glassrt.runtime.layout import channels_last_view
+
+    shape = (1, 24, 30, 40)  # (28,800 values: the threaded path's size)
+    x = RNG.standard_normal(shape).astype(np.float32) * 4
+    if kernel == "threads":
+        if quantize._why_not() is not None:
+            pytest.skip(quantize._why_not())
+        monkeypatch.setattr(capi, "get_max_threads", lambda: 2)
+        fn = quantize.dynamic_quantize_linear_threads
+    else:
+        monkeypatch.setattr(cpu, "use_compiled", lambda path, after=64: True)
+        fn = cpu.dynamic_quantize_linear
+    want = cpu.dynamic_quantize_linear(x)
+
+    def nhwc(a, dt):
+        return channels_last_view(np.ascontiguousarray(a.transpose(0, 2, 3, 1)).reshape(-1).astype(dt), a.shape)
+
+    for xs in (x, nhwc(x, np.float32)):
+        for y in (np.empty(shape, np.uint8), nhwc(np.zeros(shape), np.uint8), None):
+            got = fn(xs, out=(y, None, None))
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)

@@ -263,6 +263,19 @@ def data_range(x) -> tuple[float, float]:
     return (0.0, 0.0) if lo != lo else (lo, hi)
 
 
+def codes_pair(x, y_out):
+    """(x's elements, the codes' buffer, as 1-D arrays in one order, and y) for a pass element
+    by element: y_out (or a new array) and x laid out alike (C-contiguous or channels-last),
+    or a C-contiguous y_out and x read into that order; None for any other y_out."""
+    y = np.empty(x.shape, np.uint8) if y_out is None else y_out
+    if y.shape != x.shape:
+        return None
+    flat = same_layout(x, y)
+    if flat is not None:
+        return flat[0], flat[1], y
+    return (np.ascontiguousarray(x).reshape(-1), y.reshape(-1), y) if y.flags.c_contiguous else None
+
+
 def dynamic_range_params(x_min: float, x_max: float):
     """DynamicQuantizeLinear's (scale, zero point) as float32, from the data's range."""
     f32 = np.float32
@@ -280,9 +293,11 @@ def dynamic_range_params(x_min: float, x_max: float):
     return scale, zp
 
 
-@kernel("DynamicQuantizeLinear", dtypes=[np.float32], multi=True, out=True)
+@kernel("DynamicQuantizeLinear", dtypes=[np.float32], multi=True, out=True, layouts=(NHWC,))
 def dynamic_quantize_linear(x, *, out=(None, None, None)):
-    """uint8 quantization with scale / zero point taken from the data range (which always includes 0)."""
+    """uint8 quantization with scale / zero point taken from the data range (which always includes 0).
+    Any layout (a range, then each element on its own): a quantize_dynamic CNN's activations
+    stay channels-last between its convolutions."""
     f32 = np.float32
     scale, zp = dynamic_range_params(*data_range(x))
 
@@ -294,11 +309,11 @@ def dynamic_quantize_linear(x, *, out=(None, None, None)):
         return y.astype(np.uint8)
 
     y_out, scale_out, zp_out = (tuple(out) + (None,) * 3)[:3]
-    if (y_out is None or (y_out.flags.c_contiguous and y_out.shape == x.shape)) \
-            and use_compiled("DynamicQuantizeLinear"):
+    flat = codes_pair(x, y_out) if use_compiled("DynamicQuantizeLinear") else None
+    if flat is not None:
         # the same float32 steps in one compiled pass (QuantizeLinear's loop)
-        y = np.empty(x.shape, np.uint8) if y_out is None else y_out
-        _quantize8(np.ascontiguousarray(x).reshape(-1), f32(scale), f32(zp), f32(0), f32(255), y.reshape(-1))
+        _quantize8(flat[0], f32(scale), f32(zp), f32(0), f32(255), flat[1])
+        y = flat[2]
     else:
         y = write_elementwise(y_out, quantize, x)
     return (y, as_out(np.asarray(scale, dtype=np.float32), scale_out), as_out(np.asarray(zp, dtype=np.uint8), zp_out))

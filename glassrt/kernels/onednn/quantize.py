@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..buffers import as_out
+from ..buffers import NHWC, as_out
 from ..cpu._jit import compiled, jit, numba_threads
 from ..registry import kernel
 from . import capi, row_panels
@@ -61,20 +61,20 @@ def _reason(ctx):
 
 
 @kernel("DynamicQuantizeLinear", provider="onednn", dtypes=[np.float32], multi=True, out=True,
-        accepts=_reason, name="threads")
+        accepts=_reason, name="threads", layouts=(NHWC,))
 def dynamic_quantize_linear_threads(x, *, out=(None, None, None)):
     """cpu's DynamicQuantizeLinear, its range and codes shared out over OpenMP's threads
     (see the module's doc). Measured in a quantize_dynamic BERT-base (49 calls a pass):
     see the README's int8 table."""
-    from ..cpu.quantize import data_range, dynamic_quantize_linear, dynamic_range_params
+    from ..cpu.quantize import codes_pair, data_range, dynamic_quantize_linear, dynamic_range_params
 
     y_out, scale_out, zp_out = (tuple(out) + (None,) * 3)[:3]
     threads = max(1, capi.get_max_threads())
-    if threads == 1 or x.size < SHARED_FROM or not x.flags.c_contiguous \
-            or (y_out is not None and not (y_out.flags.c_contiguous and y_out.shape == x.shape)) or _why_not():
+    flat = None if threads == 1 or x.size < SHARED_FROM or _why_not() else codes_pair(x, y_out)
+    if flat is None:
         return dynamic_quantize_linear(x, out=out)
     numba_threads(threads)  # (per thread; another session may have set its own since)
     scale, zp = dynamic_range_params(*data_range(x))  # (NumPy's reductions: vector code already)
-    y = np.empty(x.shape, np.uint8) if y_out is None else y_out
-    compiled(_codes)(x.reshape(-1), scale, zp, y.reshape(-1), threads)
+    compiled(_codes)(flat[0], scale, zp, flat[1], threads)
+    y = flat[2]
     return y, as_out(np.asarray(scale, np.float32), scale_out), as_out(np.asarray(zp, np.uint8), zp_out)
