@@ -441,3 +441,27 @@ def test_a_broadcast_that_grows_the_value_is_not_taken():
     rng = np.random.default_rng(6)
     f = {"a": rng.standard_normal((1, 8, 1, 1)).astype(np.float32), "b": rng.standard_normal((1, 1, 4, 4)).astype(np.float32)}
     np.testing.assert_array_equal(fast.run(None, f)[0], cpu.run(None, f)[0])
+
+
+@pytest.mark.parametrize("op", ["Mul", "Add"])
+def test_a_same_shape_binary_step_has_the_cpu_kernels_bits(op):
+    """Two computed values of one shape (a SiLU's x · sigmoid(x) left unfused, a residual Add)
+    on oneDNN's binary kernel in the NHWC region, bit for bit: convolutions of small integers
+    (exact in any order of sums) make both operands, a 1x1 identity conv reads the result
+    (each element in its place, in either layout)."""
+    rng = np.random.default_rng(9)
+    w1 = rng.integers(-2, 3, (5, 5, 3, 3)).astype(np.float32)
+    w2 = rng.integers(-2, 3, (5, 5, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="c1"),
+             helper.make_node("Relu", ["c1"], ["r1"], name="r1"),
+             helper.make_node("Conv", ["x", "w2"], ["c2"], name="c2"),
+             helper.make_node("Relu", ["c2"], ["r2"], name="r2"),
+             helper.make_node(op, ["r1", "r2"], ["m"], name="bin"),
+             helper.make_node("Conv", ["m", "eye"], ["y"], name="c3")]
+    m = model(nodes, [tensor("x", [2, 5, 6, 7])], [tensor("y", None)],
+              [init("w1", w1), init("w2", w2), init("eye", np.eye(5, dtype=np.float32).reshape(5, 5, 1, 1))], opset=17)
+    fast, cpu = _sessions(m)
+    assert {r["name"]: r for r in fast.explain()["nodes"]}["bin"]["kernel"] == f"onednn.{op}.binary"
+    assert fast.placement.layouts.get("m") == "nhwc"
+    x = rng.integers(-3, 4, (2, 5, 6, 7)).astype(np.float32)
+    np.testing.assert_array_equal(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0])

@@ -817,7 +817,7 @@ def _add_order(ctx):
     """(the input read as src0, its layout, src1's layout, the output's layout). oneDNN 3.2's
     binary has jit kernels only where src0 and dst share a layout (NCHW + NCHW -> NHWC is
     its reference kernel: 7.2 ms against 13 us at (1, 24, 80, 112), rapidocr-det's FPN):
-    the operand in the output's layout goes first (Add commutes, bit for bit)."""
+    the operand in the output's layout goes first (Add and Mul commute, bit for bit)."""
     layouts = [ctx.layout(n) for n in ctx.node.inputs[:2]]
     out_layout = ctx.layout(ctx.node.outputs[0])
     first = 1 if layouts[0] != out_layout and layouts[1] == out_layout else 0
@@ -831,18 +831,22 @@ def _add_workspace(ctx):
     return _LayoutChange.workspace(ctx, src0, out_layout, ctx.shape(0))
 
 
-@kernel(["Add"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_add_reason, layouts=LAYOUTS,
+@kernel(["Add", "Mul"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_add_reason, layouts=LAYOUTS,
         static_only=True, name="binary", workspace=_add_workspace)
 def add(ctx):
-    """oneDNN's binary add; where neither input is in the output's layout (both NCHW, the
-    output NHWC), it writes the inputs' layout into the workspace and a reorder the output."""
+    """oneDNN's binary add or mul of two same-shape values (a residual Add; a SiLU's x ·
+    sigmoid(x) where the convolution before it is not fused with it: a quantize_dynamic
+    CNN's); where neither input is in the output's layout (both NCHW, the output NHWC),
+    it writes the inputs' layout into the workspace and a reorder the output. One IEEE
+    operation per element, as NumPy's: the same bits."""
     x = [int(d) for d in ctx.shape(0)]
     first, src0, src1, out_layout = _add_order(ctx)
     change = _LayoutChange(ctx, src0, out_layout, x)
+    alg = ctx.node.op_type.lower()
 
     def build():
         pd = dnnl.binary(MemoryDesc.create(x, np.float32, _fmt(src0)), MemoryDesc.create(x, np.float32, _fmt(src1)),
-                         MemoryDesc.create(x, np.float32, change.dst_format), "add")
+                         MemoryDesc.create(x, np.float32, change.dst_format), alg)
         return pd.primitive().bind({ARG_SRC_0: None, ARG_SRC_1: None, ARG_DST: None}), change.reorder()
 
     prims = _PerThreads(build)
@@ -889,7 +893,7 @@ def _broadcast_binary_reason(ctx):
     found = _broadcast_operand(ctx)
     if found is None:
         return ("not a 4-D value and a float32 constant that broadcasts into it, or a computed one with a value "
-                "per channel (same-shape Add: the binary kernel)")
+                "per channel (same-shape Add or Mul: the binary kernel)")
     if ctx.layouts is not None and ctx.layout(ctx.node.inputs[found[0]]) != NHWC \
             and ctx.layout(ctx.node.outputs[0]) != NHWC:
         # (a plan's layouts are known: placement judged the node before they were chosen)
