@@ -175,12 +175,48 @@ def test_a_dynamically_quantized_conv_becomes_one_convolution_with_the_same_bits
     assert inner and all(plan.layouts.get(v) == "nhwc" for v in inner), plan.layouts
 
 
+def _old_style_conv(w_dtype, w_zp):
+    """x -> DynamicQuantizeLinear -> ConvInteger(., W, x_zp, w_zp) -> Add(the bias quantized at
+    run time in x_scale · w_scale, int32, (M, 1, 1)) -> Cast -> Mul(x_scale · w_scale): what
+    older onnxruntime.quantization writes (ddddocr's models: uint8 weights, zero point 121)."""
+    info = np.iinfo(w_dtype)
+    m = 12
+    w = RNG.integers(info.min, info.max + 1, (m, 8, 3, 3)).astype(w_dtype)
+    b = (RNG.standard_normal(m) * 2).astype(np.float32)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dql"),
+             helper.make_node("Mul", ["xs", "ws"], ["s"], name="scales"),
+             helper.make_node("Div", ["b", "s"], ["bq_f"], name="bias_div"),
+             helper.make_node("Round", ["bq_f"], ["bq_r"], name="bias_round"),
+             helper.make_node("Cast", ["bq_r"], ["bq"], name="bias_cast", to=TensorProto.INT32),
+             helper.make_node("Reshape", ["bq", "shape"], ["bq3"], name="bias_shape"),
+             helper.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["acc"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["acc", "bq3"], ["acc_b"], name="bias_add"),
+             helper.make_node("Cast", ["acc_b"], ["f"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["f", "s"], ["y"], name="scale")]
+    return model(nodes, [tensor("x", list(IMAGE.shape))], [tensor("y", None)],
+                 [init("w", w), init("wz", np.array(w_zp, w_dtype)), init("ws", np.array(0.004, np.float32)),
+                  init("b", b), init("shape", np.array([m, 1, 1], np.int64))], opset=13, ir_version=8)
+
+
 @needs_vnni
-def test_a_dynamically_quantized_conv_with_uint8_weights_keeps_its_chain(tmp_path):
-    m = _dynamic(tmp_path, weight_type="QUInt8")
+@pytest.mark.parametrize("w_dtype, w_zp", [(np.uint8, 121), (np.uint8, 128), (np.int8, 3), (np.int8, 0)])
+def test_older_quantize_dynamic_convs_fuse_over_the_exact_sums(w_dtype, w_zp):
+    """uint8 weights, a weight zero point, an int32 bias added to the sums (computed at run
+    time): glassrt::ConvIntegerToFloat on oneDNN's exact sums (corrected for the weights'
+    offset) and one compiled pass of the chain's steps: the chain's bits, onnxruntime's."""
+    m = _old_style_conv(w_dtype, w_zp)
     sess = glassrt.InferenceSession(m)
-    assert "ConvIntegerToFloat" not in op_types(sess) and "ConvInteger" in op_types(sess)
-    np.testing.assert_allclose(sess.run(None, {"x": IMAGE})[0], ort_outputs(m, {"x": IMAGE})[0], rtol=1e-5, atol=1e-5)
+    ops = op_types(sess)
+    names = {n.name for n in sess.placement.graph.nodes}
+    assert "ConvIntegerToFloat" in ops and "ConvInteger" not in ops and not {"bias_add", "cast", "scale"} & names
+    assert {r["kernel"] for r in sess.explain()["nodes"] if r["op"] == "ConvIntegerToFloat"} == \
+        {"onednn.ConvIntegerToFloat.int8"}
+    pytest.importorskip("numba")
+    for x in (IMAGE, IMAGE * 3 - 1):
+        got = sess.run(None, {"x": x})[0]
+        chain = glassrt.InferenceSession(m, sess_options=glassrt.SessionOptions(fusion=False))
+        np.testing.assert_array_equal(got, chain.run(None, {"x": x})[0])
+        np.testing.assert_array_equal(got, ort_outputs(m, {"x": x})[0])
 
 
 def test_the_conv_chain_is_not_fused_without_an_exact_int8_engine(tmp_path):

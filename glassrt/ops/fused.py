@@ -459,22 +459,24 @@ register_custom(OpContract(DOMAIN, "LookupTable", 1, LOOKUP_TABLE, meta=_lookup_
 
 CONV_INTEGER_TO_FLOAT = CustomSchema(
     DOMAIN, "ConvIntegerToFloat",
-    [("X", False), ("W", False), ("x_zero_point", True), ("w_zero_point", True), ("scale", False), ("B", True)],
+    [("X", False), ("W", False), ("x_zero_point", True), ("w_zero_point", True), ("scale", False), ("B", True),
+     ("B_sums", True)],
     dict(_CONV_ATTRS), ["Y"], "glassrt::ConvIntegerToFloat(Tensor X, Tensor W, Tensor? x_zero_point, "
-                              "Tensor? w_zero_point, Tensor scale, Tensor? B, <Conv attributes>) -> Tensor")
+                              "Tensor? w_zero_point, Tensor scale, Tensor? B, Tensor? B_sums, <Conv attributes>) "
+                              "-> Tensor")
 
 
 def _conv_integer_to_float_meta(ctx):
-    """ConvInteger's output shape, float32; the scale and B must broadcast into it (one value,
-    or one per output channel, laid along axis 1)."""
+    """ConvInteger's output shape, float32; the scale, B and B_sums must broadcast into it (one
+    value, or one per output channel, laid along axis 1)."""
     if ctx.dtype(0) is not None and ctx.dtype(0) not in (np.uint8, np.int8):
         ctx.fail(f"X must be uint8 or int8, got {ctx.dtype(0)}")
     shape = conv_shape(ctx, 0, 1, None)
-    for i, what in ((4, "scale"), (5, "B")):
+    for i, what, dt in ((4, "scale", np.float32), (5, "B", np.float32), (6, "B_sums", np.int32)):
         if not ctx.has(i):
             continue
-        if ctx.dtype(i) not in (None, np.float32):
-            ctx.fail(f"{what} must be float32, got {ctx.dtype(i)}")
+        if ctx.dtype(i) not in (None, dt):
+            ctx.fail(f"{what} must be {np.dtype(dt).name}, got {ctx.dtype(i)}")
         s = ctx.shape(i)
         if shape is not None and s is not None and (len(s) > len(shape) or any(
                 isinstance(a, int) and isinstance(b, int) and a not in (1, b) for a, b in zip(s[::-1], shape[::-1]))):
@@ -483,22 +485,26 @@ def _conv_integer_to_float_meta(ctx):
 
 
 def _conv_integer_to_float_decomposition(node, input_types, visible):
-    """ConvInteger -> Cast(float) -> Mul(scale) [-> Add(B)]: the chain a quantize_dynamic
-    model writes after each ConvInteger."""
+    """ConvInteger [-> Add(B_sums)] -> Cast(float) -> Mul(scale) [-> Add(B)]: the chain a
+    quantize_dynamic model writes after each ConvInteger (older ones add an int32 bias to
+    the sums, newer ones a float32 bias to the scaled result)."""
     from onnx import TensorProto, helper
 
     from ..onnx_io import nodes_from_protos
 
-    x, w, xz, wz, scale = (node.inputs + [""] * 6)[:5]
-    b = node.inputs[5] if len(node.inputs) > 5 else ""
+    x, w, xz, wz, scale, b, b_sums = (node.inputs + [""] * 7)[:7]
     name, y = node.name, node.outputs[0]
     attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
     ints = [x, w, xz, wz]
     while not ints[-1]:
         ints.pop()
-    protos = [helper.make_node("ConvInteger", ints, [f"{name}/sums"], name=f"{name}/conv", **attrs),
-              helper.make_node("Cast", [f"{name}/sums"], [f"{name}/float"], name=f"{name}/cast", to=TensorProto.FLOAT),
-              helper.make_node("Mul", [f"{name}/float", scale], [f"{name}/scaled" if b else y], name=f"{name}/scale")]
+    protos = [helper.make_node("ConvInteger", ints, [f"{name}/sums"], name=f"{name}/conv", **attrs)]
+    sums = f"{name}/sums"
+    if b_sums:
+        protos.append(helper.make_node("Add", [sums, b_sums], [f"{name}/biased"], name=f"{name}/bias_sums"))
+        sums = f"{name}/biased"
+    protos += [helper.make_node("Cast", [sums], [f"{name}/float"], name=f"{name}/cast", to=TensorProto.FLOAT),
+               helper.make_node("Mul", [f"{name}/float", scale], [f"{name}/scaled" if b else y], name=f"{name}/scale")]
     if b:
         protos.append(helper.make_node("Add", [f"{name}/scaled", b], [y], name=f"{name}/bias"))
     return nodes_from_protos(protos, {"": 13}, visible, f"expanded from ConvIntegerToFloat '{name}'")
@@ -506,6 +512,6 @@ def _conv_integer_to_float_decomposition(node, input_types, visible):
 
 register_custom(OpContract(DOMAIN, "ConvIntegerToFloat", 1, CONV_INTEGER_TO_FLOAT, meta=_conv_integer_to_float_meta,
                            category=COMPOSITE, decomposition=_conv_integer_to_float_decomposition,
-                           notes=["float32(ConvInteger(X, W, x_zero_point, w_zero_point)) * scale + B: a dynamically "
-                                  "quantized convolution (quantize_dynamic's chain), fused by "
+                           notes=["float32(ConvInteger(X, W, x_zero_point, w_zero_point) + B_sums) * scale + B: a "
+                                  "dynamically quantized convolution (quantize_dynamic's chain), fused by "
                                   "passes/fuse_matmul_integer.py"]))

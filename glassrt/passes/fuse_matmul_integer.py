@@ -19,6 +19,15 @@ It fires only where the onednn provider's exact int8 kernel will take the node (
 among the providers, VNNI or AMX; W int8 with zero point 0, its scale one value or one per
 column, A's scale and zero point one value each): elsewhere cpu's MatMulIntegerToFloat would
 convert the weights to float at every call, slower than MatMulInteger's own kernel.
+
+A quantize_dynamic convolution likewise: ConvInteger(x_q, W_q, x_zp, w_zp) [-> Add(int32
+bias: older versions quantize the bias at run time)] -> Cast -> Mul(scale) [-> Add(float
+bias)] becomes one glassrt::ConvIntegerToFloat (ops/fused.py: its decomposition is that
+chain), the scale and biases one value or one per output channel, W a constant 4-D 8-bit
+tensor. On oneDNN (kernels/onednn/int8.py) the convolution scales and biases its exact sums
+as it writes them (int8 weights, zero point 0, no int32 bias), or the exact sums are
+corrected and the chain's steps applied in one compiled pass; the chain's bits either way,
+channels-last between the model's convolutions (its DynamicQuantizeLinears take NHWC too).
 """
 from __future__ import annotations
 
@@ -77,20 +86,34 @@ def fuse_matmul_integer(graph, ctx):
         s = mul.inputs[1] if mul.inputs[0] == cast.outputs[0] else mul.inputs[0]
         return None if s == cast.outputs[0] else (cast, mul, s)
 
+    def sums_bias(node, m):
+        """(the Add, the int32 bias) where node's sums are read by one Add of an int32 value of
+        one per channel (older quantize_dynamic models add the bias to the sums, quantized at
+        run time in x's scale), else (None, "")."""
+        add = readers.single(node.outputs[0])
+        if add is None or add.op_type != "Add" or add.domain or len(add.inputs) != 2:
+            return None, ""
+        other = add.inputs[1] if add.inputs[0] == node.outputs[0] else add.inputs[0]
+        if other == node.outputs[0] or getattr(types.get(other), "dtype", None) != np.int32 \
+                or per_channel_size(known_shape(types, other), m) is None:
+            return None, ""
+        return add, other
+
     for conv in graph.nodes:
         if conv.op_type != "ConvInteger" or conv.domain or len(conv.inputs) < 2:
             continue
         w = consts.get(conv.inputs[1])
         w_zp = conv.inputs[3] if len(conv.inputs) > 3 else ""
         x_shape = types.get(conv.inputs[0])
-        if w is None or w.ndim != 4 or w.dtype != np.int8 or (w_zp and (w_zp not in consts or consts[w_zp].any())) \
+        if w is None or w.ndim != 4 or w.dtype not in (np.int8, np.uint8) or (w_zp and w_zp not in consts) \
                 or not isinstance(x_shape, TensorType) or x_shape.rank != 4:
             continue
-        found = chain(conv)
+        m = w.shape[0]
+        sums_add, b_sums = sums_bias(conv, m)
+        found = chain(sums_add or conv)
         if found is None:
             continue
         cast, mul, s = found
-        m = w.shape[0]
         if getattr(types.get(s), "dtype", None) != _F32 or per_channel_size(known_shape(types, s), m) is None:
             continue
         add, bias = readers.single(mul.outputs[0]), ""
@@ -102,18 +125,19 @@ def fuse_matmul_integer(graph, ctx):
         if not bias:
             add = None
         last = add or mul
-        why = origin(conv, f"ConvInteger '{conv.name}', Cast '{cast.name}' and Mul '{mul.name}'"
-                           + (f" and bias Add '{add.name}'" if bias else ""))
-        inputs = [conv.inputs[0], conv.inputs[1], conv.inputs[2] if len(conv.inputs) > 2 else "", w_zp, s, bias]
+        why = origin(conv, f"ConvInteger '{conv.name}'" + (f", int32 bias Add '{sums_add.name}'" if b_sums else "")
+                     + f", Cast '{cast.name}' and Mul '{mul.name}'" + (f" and bias Add '{add.name}'" if bias else ""))
+        inputs = [conv.inputs[0], conv.inputs[1], conv.inputs[2] if len(conv.inputs) > 2 else "", w_zp, s, bias,
+                  b_sums]
         while not inputs[-1]:
             inputs.pop()
         attrs = {k: v for k, v in conv.attrs.items() if k in ("auto_pad", "dilations", "group", "kernel_shape", "pads",
                                                              "strides")}
         replaced[id(last)] = [Node("ConvIntegerToFloat", "glassrt", inputs, [last.outputs[0]], attrs, conv.name, 1,
                                    origin=why)]
-        dropped.update(id(x) for x in (conv, cast, mul) if x is not last)
-        changes.append(f"ConvInteger '{conv.name}' + Cast + Mul{' + bias' if bias else ''} -> glassrt::"
-                       f"ConvIntegerToFloat (w int8{list(w.shape)})")
+        dropped.update(id(x) for x in (conv, sums_add, cast, mul) if x is not None and x is not last)
+        changes.append(f"ConvInteger '{conv.name}'{' + int32 bias' if b_sums else ''} + Cast + Mul"
+                       f"{' + bias' if bias else ''} -> glassrt::ConvIntegerToFloat (w {w.dtype}{list(w.shape)})")
 
     for mmi in graph.nodes:
         if mmi.op_type != "MatMulInteger" or mmi.domain or len(mmi.inputs) < 2:

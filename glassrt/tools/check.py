@@ -737,20 +737,26 @@ def _internal_samples():
         lut_samples.append((SimpleNamespace(name=f"lookup_table_{np.dtype(x_dt).name}_{np.dtype(t_dt).name}",
                                             model=m), ins))
     cif_samples = []
-    for x_dt, per_channel, bias, attrs in ((np.uint8, False, True, {"pads": [1, 1, 1, 1]}),
-                                           (np.uint8, True, False, {"strides": [2, 2], "group": 2}),
-                                           (np.int8, True, True, {"pads": [0, 1, 0, 1], "dilations": [2, 1]})):
-        info = np.iinfo(x_dt)
+    for x_dt, w_dt, per_channel, bias, attrs in (
+            (np.uint8, np.int8, False, "float", {"pads": [1, 1, 1, 1]}),
+            (np.uint8, np.int8, True, "", {"strides": [2, 2], "group": 2}),
+            (np.int8, np.int8, True, "float", {"pads": [0, 1, 0, 1], "dilations": [2, 1]}),
+            (np.uint8, np.uint8, False, "sums", {"pads": [1, 1, 1, 1]})):  # (older quantize_dynamic's)
+        info, w_info = np.iinfo(x_dt), np.iinfo(w_dt)
         x = rng.integers(info.min, info.max + 1, (1, 4, 7, 9)).astype(x_dt)
-        w = rng.integers(-127, 128, (6, 4 // attrs.get("group", 1), 3, 3)).astype(np.int8)
+        w = rng.integers(w_info.min, w_info.max + 1, (6, 4 // attrs.get("group", 1), 3, 3)).astype(w_dt)
         scale = rng.uniform(1e-4, 1e-2, (6, 1, 1) if per_channel else ()).astype(np.float32)
-        ins = [x, w, np.array(3, x_dt), np.zeros((), np.int8), scale] + \
-            ([rng.standard_normal((6, 1, 1)).astype(np.float32)] if bias else [])
+        ins = [x, w, np.array(3, x_dt), np.array(121 if w_dt == np.uint8 else 0, w_dt), scale]
+        if bias == "float":
+            ins.append(rng.standard_normal((6, 1, 1)).astype(np.float32))
+        elif bias == "sums":
+            ins += [None, rng.integers(-5000, 5000, (6, 1, 1)).astype(np.int32)]
         m = single_node_model("ConvIntegerToFloat", ins, attrs, domain="glassrt", opset=21)
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
-        cif_samples.append((SimpleNamespace(name=f"conv_integer_to_float_{np.dtype(x_dt).name}_"
+        cif_samples.append((SimpleNamespace(name=f"conv_integer_to_float_{np.dtype(x_dt).name}_{np.dtype(w_dt).name}_"
                                                  f"{'per_channel' if per_channel else 'per_tensor'}"
-                                                 f"{'_bias' if bias else ''}", model=m), ins))
+                                                 f"{'_' + bias + '_bias' if bias else ''}", model=m),
+                            [v for v in ins if v is not None]))
     return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples,
             ("glassrt", "FusedMatMul"): mm_samples, ("glassrt", "ChannelShuffle"): shuffle_samples,
             ("glassrt", "ScaledDotProductAttention"): sdpa_samples, ("glassrt", "QuantizeDequantize"): qdq_samples,

@@ -453,11 +453,14 @@ def conv_integer(x, w, x_zero_point=None, w_zero_point=None, *, out=None, auto_p
 
 
 @kernel("ConvIntegerToFloat", domain="glassrt", dtypes=_I8, out=True)
-def conv_integer_to_float(x, w, x_zero_point=None, w_zero_point=None, scale=None, b=None, *, out=None,
+def conv_integer_to_float(x, w, x_zero_point=None, w_zero_point=None, scale=None, b=None, b_sums=None, *, out=None,
                           auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    """float32(ConvInteger(x, w, ...)) · scale [+ b]: the chain's steps (its decomposition)."""
+    """float32(ConvInteger(x, w, ...) [+ b_sums]) · scale [+ b]: the chain's steps (its
+    decomposition; the int32 sum wraps as onnxruntime's int32 Add does)."""
     acc = conv_integer(x, w, x_zero_point, w_zero_point, auto_pad=auto_pad, dilations=dilations, group=group,
                        kernel_shape=kernel_shape, pads=pads, strides=strides)
+    if b_sums is not None:
+        acc = acc + b_sums  # (int32 + int32: NumPy wraps)
     y = acc.astype(np.float32) * scale
     if b is not None:
         y = y + b

@@ -631,20 +631,27 @@ def conv_integer_to_float_reason(ctx):
     why = _conv_integer_reason(ctx, w_at=1, wz_at=3, impl=False)
     if why:
         return why
-    w, wz = ctx.const(1), ctx.const(3) if ctx.has(3) else None
-    if w.dtype != np.int8 or (wz is not None and wz.any()):
-        return "w is not int8 with zero point 0 (oneDNN's scaling takes the exact sums only then)"
-    m = int(w.shape[0])
+    m = int(ctx.const(1).shape[0])
     if ctx.dtype(4) != np.float32 or per_channel_size(ctx.shape(4), m) is None:
         return "the scale is not float32, one value or one per output channel"
     if ctx.has(5):
         b = ctx.const(5)
         if b is None or b.dtype != np.float32 or per_channel_size(b.shape, m) is None:
             return "B is not a float32 constant, one value or one per output channel"
-    conv = _float_conv(ctx)
-    if conv.pd.impl.startswith(("ref", "gemm:")):
-        return f"oneDNN has only its generic implementation ({conv.pd.impl}) for this 8-bit convolution"
-    return None
+    if ctx.has(6) and (ctx.dtype(6) != np.int32 or per_channel_size(ctx.shape(6), m) is None):
+        return "B_sums is not int32, one value or one per output channel"
+    if _scaling(ctx):
+        conv = _float_conv(ctx)
+        if not conv.pd.impl.startswith(("ref", "gemm:")):
+            return None
+    return _conv_integer_reason(ctx, w_at=1, wz_at=3)  # (the exact sums' descriptor answers)
+
+
+def _scaling(ctx) -> bool:
+    """Whether oneDNN can scale and bias the sums as it writes them: int8 weights of zero
+    point 0 (no correction of the sums after the convolution) and no bias added to the sums."""
+    w, wz = ctx.const(1), ctx.const(3) if ctx.has(3) else None
+    return w.dtype == np.int8 and (wz is None or not wz.any()) and not ctx.has(6)
 
 
 def _float_conv(ctx):
@@ -656,30 +663,82 @@ def _float_conv(ctx):
                              end, np.float32, per_filter, ctx.has(5))
 
 
+def _channel_values(ctx, i, m, dt):
+    """Input i (a constant, one value or one per channel) as m values of dt; zeros if absent."""
+    return np.zeros(m, dt) if not ctx.has(i) else np.broadcast_to(ctx.const(i).reshape(-1), (m,)).astype(dt)
+
+
 @kernel("ConvIntegerToFloat", provider="onednn", domain="glassrt", dtypes=_I8, out=True, bind=True,
         accepts=conv_integer_to_float_reason, static_only=True, name="int8", layouts=(NHWC,))
 def conv_integer_to_float(ctx):
-    """float32(ConvInteger(x, w, x_zero_point)) · scale + B as one oneDNN convolution: the
-    exact u8 x s8 sums (x's zero point oneDNN's, padding included, as onnxruntime's
-    ConvInteger pads with it), scaled and biased as they are written, in the chain's float32
-    steps (measured bit for bit). The scale is read at every run (a quantize_dynamic model's
-    x_scale · w_scale: x's scale is its DynamicQuantizeLinear's)."""
-    conv = _float_conv(ctx)
-    b = ctx.const(5) if ctx.has(5) else None
-    bias = None if b is None else np.broadcast_to(b.reshape(-1), (conv.m,)).astype(np.float32)
-    run = _nhwc_runner(conv, np.dtype(np.float32))
+    """float32(ConvInteger(x, w, x_zero_point) [+ B_sums]) · scale [+ B] on oneDNN. With int8
+    weights of zero point 0 and no B_sums, one convolution: the exact u8 x s8 sums (x's zero
+    point oneDNN's, padding included, as onnxruntime's ConvInteger pads with it), scaled and
+    biased as they are written, in the chain's float32 steps (measured bit for bit).
+    Otherwise (uint8 weights, a weight zero point, an int32 bias: older quantize_dynamic
+    models) the exact sums, corrected, and the chain's steps in one compiled pass from them
+    into the output. The scale is read at every run (x_scale · w_scale: x's scale is its
+    DynamicQuantizeLinear's)."""
+    m = int(ctx.const(1).shape[0])
+    fbias = _channel_values(ctx, 5, m, np.float32)
 
-    def step(x, w_, x_zero_point=None, w_zero_point=None, scale=None, b_=None, *, out=None):
+    def check(x, x_zero_point, scale, n_scales):
         if x_zero_point is not None and (x_zero_point.size != 1 or x_zero_point.dtype != x.dtype):
             raise ValueError(f"x_zero_point must be one value of x's type {x.dtype}, got "
                              f"{x_zero_point.dtype}{list(x_zero_point.shape)}")
-        xz = (0 if x_zero_point is None else int(x_zero_point.reshape(-1)[0])) + (128 if x.dtype == np.int8 else 0)
-        if scale.size not in (1, conv.n_scales) or scale.dtype != np.float32:
-            raise ValueError(f"the scale must be float32 with one value or {conv.n_scales}, got "
+        if scale.size not in (1, n_scales) or scale.dtype != np.float32:
+            raise ValueError(f"the scale must be float32 with one value or {n_scales}, got "
                              f"{scale.dtype}{list(scale.shape)}")
-        return run(x, (xz, scale.reshape(-1), bias, 0), out)
+
+    if _scaling(ctx):
+        conv = _float_conv(ctx)
+        run = _nhwc_runner(conv, np.dtype(np.float32))
+        bias = fbias if ctx.has(5) else None
+
+        def step(x, w_, x_zero_point=None, w_zero_point=None, scale=None, b_=None, b_sums_=None, *, out=None):
+            check(x, x_zero_point, scale, conv.n_scales)
+            xz = (0 if x_zero_point is None else int(x_zero_point.reshape(-1)[0])) + (128 if x.dtype == np.int8 else 0)
+            return run(x, (xz, scale.reshape(-1), bias, 0), out)
+
+        return step
+
+    from ..cpu._jit import compiled
+
+    sums = _int8_conv(ctx, *_conv_integer_geometry(ctx), ctx.const(1), ctx.const(3) if ctx.has(3) else None, raw=True)
+    fixed_ibias = _channel_values(ctx, 6, m, np.int32) if not ctx.has(6) or ctx.const(6) is not None else None
+    has_fbias = ctx.has(5)
+    y_shape = (int(ctx.shape(0)[0]), m, *[int(d) for d in ctx.out_shape(0)[2:]])
+
+    def step(x, w_, x_zero_point=None, w_zero_point=None, scale=None, b_=None, b_sums=None, *, out=None):
+        check(x, x_zero_point, scale, m)
+        ibias = fixed_ibias
+        if ibias is None:  # (quantized at run time, in x's scale: older quantize_dynamic models)
+            if b_sums.dtype != np.int32 or b_sums.size not in (1, m):
+                raise ValueError(f"B_sums must be int32 with one value or {m}, got {b_sums.dtype}{list(b_sums.shape)}")
+            ibias = np.ascontiguousarray(np.broadcast_to(b_sums.reshape(-1), (m,)))
+        acc, xz, c1 = sums(x, x_zero_point)
+        y = np.empty(y_shape, np.float32) if out is None else out
+        compiled(_dequantize_nhwc)(acc, xz, c1, ibias, np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (m,))),
+                                   fbias, has_fbias, y.transpose(0, 2, 3, 1))
+        return y
 
     return step
+
+
+@jit(error_model="numpy", boundscheck=False)
+def _dequantize_nhwc(acc, xz, c1, ibias, scale, fbias, has_fbias, out):  # pragma: no cover - compiled
+    """out = float32(int32(acc - xz·c1 + ibias)) · scale [+ fbias], channel last: acc (N, H, W, M)
+    int32 sums, c1 (H, W, M), out an (N, H, W, M) view of the output in any layout. The chain's
+    steps: ConvInteger's int32 sums, the int32 Add (wrapping), the float32 cast, product and
+    sum (the sum only where there is a bias: x + 0.0 would turn -0.0 into 0.0)."""
+    n, h, w, m = acc.shape
+    for a in range(n):
+        for i in range(h):
+            for j in range(w):
+                for c in range(m):
+                    s = np.int32(np.int64(acc[a, i, j, c]) - np.int64(xz) * np.int64(c1[i, j, c]))
+                    v = np.float32(np.int32(np.int64(s) + np.int64(ibias[c]))) * scale[c]
+                    out[a, i, j, c] = v + fbias[c] if has_fbias else v
 
 
 @jit(error_model="numpy", boundscheck=False)
