@@ -367,6 +367,27 @@ def test_qlinear_global_average_pool(dt, shape, channels_last):
                                              scale(rng.uniform(0.005, 0.2)), zp(rng, dt)], channels_last=channels_last)
 
 
+@pytest.mark.parametrize("dt", QTYPES)
+@pytest.mark.parametrize("compiled", [True, False])
+def test_qlinear_global_average_pool_reads_channels_last_values(dt, compiled, monkeypatch):
+    """A quantized CNN's head reads channels-last bytes (its last QLinearConv's output): each
+    pixel's channels summed by a compiled pass, the same bytes as the plain array's sums."""
+    from glassrt.contrib import microsoft_quant as mq
+    from glassrt.runtime.layout import channels_last_view
+
+    if compiled:
+        pytest.importorskip("numba")
+    monkeypatch.setattr(mq, "use_compiled", lambda path: compiled)
+    rng = rng_for("gap-nhwc", dt)
+    x = q(rng, dt, 2, 37, 7, 5)
+    nhwc = channels_last_view(np.ascontiguousarray(x.transpose(0, 2, 3, 1)).reshape(-1), x.shape)
+    kernel = mq.qlinear_global_average_pool.kernels["cpu"]
+    for params in ([scale(0.05), zp(rng, dt), scale(0.02), zp(rng, dt)], [scale(0.3), None, scale(0.001), None]):
+        want = kernel(x, *params)
+        np.testing.assert_array_equal(kernel(nhwc, *params), want)
+        np.testing.assert_array_equal(kernel(nhwc, *params, out=np.empty(want.shape, dt)), want)
+
+
 POOLS = [
     ((2, 3, 9, 8), {"kernel_shape": [3, 3]}),
     ((2, 3, 9, 8), {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]}),
