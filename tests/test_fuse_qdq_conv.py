@@ -248,17 +248,34 @@ def _head_cnn():
                  opset=13, ir_version=8)
 
 
-def _float_bias(m):
-    """m with the Gemm's int32 bias DequantizeLinear replaced by its float32 values (as some
-    exports write it)."""
+def _float_bias(m, op="Gemm"):
+    """m with each `op`'s int32 bias DequantizeLinear replaced by its float32 values (as some
+    quantizers write them)."""
     consts = {i.name: onnx.numpy_helper.to_array(i) for i in m.graph.initializer}
-    gemm = next(n for n in m.graph.node if n.op_type == "Gemm")
-    dq = next(n for n in m.graph.node if n.output[0] == gemm.input[2])
-    values = consts[dq.input[0]].astype(np.float32) * consts[dq.input[1]]
-    m.graph.node.remove(dq)
-    m.graph.initializer.append(onnx.numpy_helper.from_array(values.astype(np.float32), "float_bias"))
-    gemm.input[2] = "float_bias"
+    for k, node in enumerate([n for n in m.graph.node if n.op_type == op and len(n.input) > 2]):
+        dq = next(n for n in m.graph.node if n.output[0] == node.input[2])
+        values = consts[dq.input[0]].astype(np.float32) * consts[dq.input[1]]
+        m.graph.node.remove(dq)
+        m.graph.initializer.append(onnx.numpy_helper.from_array(values.astype(np.float32), f"float_bias{k}"))
+        node.input[2] = f"float_bias{k}"
     return m
+
+
+@needs_vnni
+def test_a_conv_with_a_float_bias_quantizes_it_as_onnxruntime_does(tmp_path):
+    """A QDQ Conv whose bias is float32 (no DequantizeLinear of int32): QLinearConv with the
+    bias quantized in x_scale · w_scale (onnxruntime's BiasQuantization), within a step of
+    onnxruntime's output; explain's origin says so."""
+    m = _float_bias(_quantized(tmp_path), op="Conv")
+    floats = {i.name for i in m.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    assert all(n.input[2] in floats for n in m.graph.node if n.op_type == "Conv")  # (every bias float32 now)
+    sess = glassrt.InferenceSession(m)
+    assert _ops(sess).count("QLinearConv") == 3
+    rows = {r["name"]: r for r in sess.explain()["nodes"]}
+    assert "bias quantized" in rows["conv1"]["origin"]
+    x = RNG.standard_normal(SHAPE).astype(np.float32)
+    diff = np.abs(sess.run(None, {"x": x})[0] - _run_ort(m, x))
+    assert diff.max() <= _step(m) * 1.01 and np.count_nonzero(diff) <= 0.02 * diff.size
 
 
 @needs_vnni

@@ -28,7 +28,9 @@ It fires only where that is the program: per-tensor activations (one scale and z
 each, constants, 8-bit), weights int8 constants with zero point 0 (per tensor, or per filter
 along axis 0), an int32 bias whose scale is x_scale · w_scale and zero point 0, the float
 result read by its QuantizeLinear alone, no attribute but the axis on the Q/DQ nodes; and
-only where the onednn provider's exact 8-bit engine runs it (VNNI or AMX), 2-D images.
+only where the onednn provider's exact 8-bit engine runs it (VNNI or AMX), 2-D images. A
+float32 bias of a Conv or Gemm is quantized in x_scale · w_scale, as onnxruntime's
+BiasQuantization does it.
 """
 from __future__ import annotations
 
@@ -89,9 +91,10 @@ def fuse_qdq_conv(graph, ctx):
     for node in graph.nodes:
         if node.domain or node.op_type not in _MOVES or len(node.outputs) < 1 or not node.inputs:
             continue
-        # a Split / MaxPool of a dequantized value whose every piece is quantized again with the
-        # same scale and zero point: the same op on the bytes (max and slicing commute with
-        # the monotone dequantization, and quantizing a dequantized code gives the code back)
+        # a Split, MaxPool, reshape... (_MOVES) of a dequantized value whose every result is
+        # quantized again with the same scale and zero point: the same op on the bytes (max and
+        # moving values commute with the monotone dequantization, and quantizing a dequantized
+        # code gives the code back)
         x = per_tensor_dq(node.inputs[0])
         qs = [quantized_by(node, k) if o else None for k, o in enumerate(node.outputs)]
         if x is None or any(o and (q is None or not same_params(x, q)) for o, q in zip(node.outputs, qs)) \
@@ -108,11 +111,18 @@ def fuse_qdq_conv(graph, ctx):
         changes.append(f"{node.op_type} '{node.name}' between DequantizeLinear and QuantizeLinear of the same "
                        f"parameters -> {node.op_type} of the 8-bit values")
 
-    def int32_bias(name, scale, n):
-        """(the int32 bias constant's name, or a float32 constant bias quantized here, as
-        onnxruntime's BiasQuantization does it: round(bias / scale), scale = x_scale · w_scale
-        per column; or None where it is neither: a DequantizeLinear of an int32 constant in
-        that scale, zero point 0, or a float32 constant of one value per column."""
+    new_consts = {}  # the float biases quantized here
+
+    def quantized_bias(node, scale, n):
+        """The name of node's int32 bias in `scale` (x_scale · w_scale, per output column or
+        filter), "" without one, None where it cannot be had: the input of a DequantizeLinear
+        of an int32 constant in that scale with zero point 0 (quantize_static's), or a float32
+        constant of one value per column quantized here, as onnxruntime's BiasQuantization
+        does it (QuantizeLinear's float32 round(bias / scale), half to even; one that would
+        not fit int32 leaves the node float)."""
+        if len(node.inputs) < 3 or not node.inputs[2]:
+            return ""
+        name = node.inputs[2]
         b_dq = producer.get(name)
         want = np.broadcast_to(scale, (n,))
         if b_dq is not None and b_dq.op_type == "DequantizeLinear" and not b_dq.domain \
@@ -123,17 +133,21 @@ def fuse_qdq_conv(graph, ctx):
                     or (bz is not None and bz.any()) or np.broadcast_to(bs.reshape(-1), (n,)).tolist() != want.tolist():
                 return None
             maybe_dead.add(b_dq.outputs[0])
-            return b_dq.inputs[0], None
+            return b_dq.inputs[0]
         b = consts.get(name)
         if b is None or b.dtype != _F32 or b.shape != (n,):
             return None
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            q = np.rint(b / want)  # (QuantizeLinear's float32 division, rounded half to even)
+            q = np.rint(b / want)
         if not np.all(np.isfinite(q)) or np.abs(q).max(initial=0) >= 2 ** 31 - 128:
             return None
-        return None, q.astype(np.int32)
+        quantized = f"{node.outputs[0]}/bias_quantized"
+        new_consts[quantized] = q.astype(np.int32)
+        return quantized
 
-    new_consts = {}
+    def quantized_note(bias):
+        return "; its float bias quantized in x_scale · w_scale, as onnxruntime does" if bias in new_consts else ""
+
     for node in graph.nodes:
         if node.domain or node.op_type not in ("Conv", "Concat", "GlobalAveragePool", "Gemm", *_BINARY, *_UNARY) \
                 or len(node.outputs) != 1:
@@ -168,21 +182,13 @@ def fuse_qdq_conv(graph, ctx):
             column_axis = 0 if trans_b else 1
             if ws.size != 1 and (ws.shape != (n,) or int(w_dq.attrs.get("axis", 1)) % 2 != column_axis):
                 continue
-            bias = ("", None)
-            if len(node.inputs) > 2 and node.inputs[2]:
-                scale = (consts[a[2]].reshape(()) * ws.reshape(-1)).astype(_F32)
-                bias = int32_bias(node.inputs[2], scale, n)
-                if bias is None:
-                    continue
-            c = bias[0]
-            if bias[1] is not None:
-                c = f"{node.outputs[0]}/bias_quantized"
-                new_consts[c] = bias[1]
-            inputs = [a[1], a[2], a[3], w_dq.inputs[0], w_dq.inputs[1], w_dq.inputs[2], c, q.inputs[1], q.inputs[2]]
+            bias = quantized_bias(node, (consts[a[2]].reshape(()) * ws.reshape(-1)).astype(_F32), n)
+            if bias is None:
+                continue
+            inputs = [a[1], a[2], a[3], w_dq.inputs[0], w_dq.inputs[1], w_dq.inputs[2], bias, q.inputs[1], q.inputs[2]]
             fused = Node("QGemm", MS, inputs, [q.outputs[0]], {"transB": trans_b}, node.name, 1,
                          origin=origin(node, f"Gemm '{node.name}' of DequantizeLinear outputs, quantized by "
-                                             f"'{q.name}'" + ("; its float bias quantized in x_scale · w_scale, as "
-                                                              "onnxruntime does" if bias[1] is not None else "")))
+                                             f"'{q.name}'" + quantized_note(bias)))
             maybe_dead.add(a[0].outputs[0])
             maybe_dead.add(w_dq.outputs[0])
         elif node.op_type == "Concat":
@@ -236,20 +242,9 @@ def fuse_qdq_conv(graph, ctx):
             m = w.shape[0]
             if ws.size != 1 and (ws.shape != (m,) or int(w_dq.attrs.get("axis", 1)) != 0):
                 continue
-            bias = ""
-            if len(node.inputs) > 2 and node.inputs[2]:
-                b_dq = producer.get(node.inputs[2])
-                if b_dq is None or b_dq.op_type != "DequantizeLinear" or b_dq.domain or set(b_dq.attrs) - {"axis"}:
-                    continue
-                bq, bs = consts.get(b_dq.inputs[0]), consts.get(b_dq.inputs[1])
-                bz = consts.get(b_dq.inputs[2]) if len(b_dq.inputs) > 2 and b_dq.inputs[2] else None
-                want = (consts[x[2]].reshape(()) * ws.reshape(-1)).astype(_F32)  # the bias scale QLinearConv implies
-                if bq is None or bq.dtype != np.int32 or bq.shape != (m,) or bs is None or bs.dtype != _F32 \
-                        or (bz is not None and bz.any()) or np.broadcast_to(bs.reshape(-1), (m,)).tolist() \
-                        != np.broadcast_to(want, (m,)).tolist():
-                    continue
-                bias = b_dq.inputs[0]
-                maybe_dead.add(b_dq.outputs[0])
+            bias = quantized_bias(node, (consts[x[2]].reshape(()) * ws.reshape(-1)).astype(_F32), m)
+            if bias is None:
+                continue
             inputs = [x[1], x[2], x[3], w_dq.inputs[0], w_dq.inputs[1], w_dq.inputs[2], q.inputs[1], q.inputs[2]]
             if bias:
                 inputs.append(bias)
@@ -257,7 +252,7 @@ def fuse_qdq_conv(graph, ctx):
                                                                  "pads", "strides")}
             fused = Node("QLinearConv", "", inputs, [q.outputs[0]], attrs, node.name, node.opset,
                          origin=origin(node, f"Conv '{node.name}' of DequantizeLinear outputs, quantized by "
-                                             f"'{q.name}'"))
+                                             f"'{q.name}'" + quantized_note(bias)))
             maybe_dead.add(x[0].outputs[0])
             maybe_dead.add(w_dq.outputs[0])
         replaced[id(q)] = [fused]  # where the QuantizeLinear was: every input is computed by then
