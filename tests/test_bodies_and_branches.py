@@ -137,8 +137,8 @@ def test_if_typing_with_one_failing_branch_and_an_unknown_condition():
     """The condition fed at run time; the plan's shapes (3, 4) are static, and the else
     branch (Squeeze of a dim of 4) cannot run on them. Typing it no longer fails the plan:
     the then branch's types stand, a run taking it works, and a run taking the other fails
-    there, naming its node. (Declared symbolic: a branch that fails on the declared shapes
-    themselves is refused when the model loads, as before.)"""
+    there, naming its node. (A branch that fails on the declared static shapes themselves
+    loads too: the next test.)"""
     then_g = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["ty"], name="t_mul")], "then", [],
                                [tensor("ty", None)])
     else_g = helper.make_graph([helper.make_node("Squeeze", ["x", "one_v"], ["ey"], name="e_sq")], "else", [],
@@ -153,6 +153,45 @@ def test_if_typing_with_one_failing_branch_and_an_unknown_condition():
     assert isinstance(t, TensorType) and t.shape == (3, 4)
     with pytest.raises(glassrt.GlassrtError, match="e_sq"):
         sess.run(None, {"x": x, "flag": np.array(False)})
+
+
+@pytest.mark.parametrize("op", ["If", "Loop"])
+def test_a_body_that_cannot_run_on_the_declared_shapes_fails_only_when_it_runs(op):
+    """A guard's branch (or a loop body) that cannot run on the model's declared static shapes
+    (a Reshape of (2, 3) into 7 values) loads, as onnxruntime loads it: the run that takes
+    the other branch (or no iteration) works, and the one that runs it fails there, naming
+    its node, with onnxruntime failing too."""
+    good = helper.make_graph([helper.make_node("Reshape", ["x", "six"], ["gy"], name="g_reshape")], "good", [],
+                             [tensor("gy", None)])
+    bad_nodes = [helper.make_node("Reshape", ["x", "seven"], ["by"], name="bad_reshape")]
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    inits = [init("six", np.array([6], np.int64)), init("seven", np.array([7], np.int64))]
+    if op == "If":
+        bad = helper.make_graph(bad_nodes, "bad", [], [tensor("by", None)])
+        node = helper.make_node("If", ["flag"], ["y"], name="guard", then_branch=good, else_branch=bad)
+        m = model([node], [tensor("x", [2, 3]), tensor("flag", [], TensorProto.BOOL)], [tensor("y", None)], inits)
+        works, fails = {"x": x, "flag": np.array(True)}, {"x": x, "flag": np.array(False)}
+        want = x.reshape(6)
+    else:  # (a carried value: what a loop of no iterations returns is then its input)
+        body = helper.make_graph(bad_nodes + [helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep"),
+                                              helper.make_node("ReduceSum", ["by"], ["s"], name="total", keepdims=0),
+                                              helper.make_node("Add", ["v_in", "s"], ["v_out"], name="acc")],
+                                 "body", [tensor("i", [], TensorProto.INT64), tensor("cond_in", [], TensorProto.BOOL),
+                                          tensor("v_in", [])],
+                                 [tensor("cond_out", [], TensorProto.BOOL), tensor("v_out", [])])
+        node = helper.make_node("Loop", ["trips", "", "v0"], ["y"], name="loop", body=body)
+        m = model([node], [tensor("x", [2, 3]), tensor("trips", [], TensorProto.INT64)], [tensor("y", None)],
+                  inits + [init("v0", np.array(1.5, np.float32))])
+        works, fails = {"x": x, "trips": np.array(0, np.int64)}, {"x": x, "trips": np.array(2, np.int64)}
+        want = np.array(1.5, np.float32)
+    sess = glassrt.InferenceSession(m)
+    got = sess.run(None, works)[0]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, _ort(m, works)[0])
+    with pytest.raises(glassrt.GlassrtError, match="bad_reshape"):
+        sess.run(None, fails)
+    with pytest.raises(Exception):
+        _ort(m, fails)
 
 
 def test_comparisons_and_logic_propagate_known_values():

@@ -71,7 +71,7 @@ def _expand_subgraphs(node, ctx, types, values, changes):
             continue
         expanded = []
         for g in graphs:
-            res = infer(g, {}, outer_types=types, outer_values=values, strict=False)
+            res = infer(g, {}, outer_types=types, outer_values=values, strict=False, subgraph=True)
             expanded.append(_expand(g, ctx, {**types, **res.types}, {**values, **res.values}, changes))
         if any(e is not g for e, g in zip(expanded, graphs)):
             new_attrs[attr] = expanded if isinstance(v, list) else expanded[0]

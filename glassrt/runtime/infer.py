@@ -43,9 +43,13 @@ def _normalize(t):
 
 
 def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=None,
-          strict: bool = True, reuse: Inference | None = None) -> Inference:
+          strict: bool = True, reuse: Inference | None = None, subgraph: bool = False) -> Inference:
     """strict=False (symbolic planning) records a node's failure and carries on with
-    unknown outputs, unless the node's inputs are fully static (then the model is wrong).
+    unknown outputs, unless the node's inputs are fully static (then the model is wrong)
+    and the graph is the model's own: in a subgraph (subgraph=True: an If branch, a loop
+    body, and what they hold) such a node fails only if it runs (an If's guard that never
+    takes its branch, a Loop of zero iterations), as onnxruntime loads such a model; its
+    plan, built when it runs, says so then.
 
     reuse: an earlier inference (of this graph before passes rewrote parts of it, or of the
     same graph on other input types). A node it typed, given equal input types and the very
@@ -74,7 +78,7 @@ def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=Non
         in_types = [types.get(i) if i else None for i in node.inputs]
         in_values = [vals.get(i) if i else None for i in node.inputs]
         if reuse is None or not _take_over(reuse, node, in_types, in_values, types, vals):
-            infer_node(graph, node, types, vals, problems, strict, in_types, in_values)
+            infer_node(graph, node, types, vals, problems, strict, in_types, in_values, subgraph)
         seen[id(node)] = (node, in_types, in_values)
     own = lambda m: dict(m.maps[0]) if isinstance(m, ChainMap) else m  # noqa: E731
     return Inference(own(types), own(vals), problems, seen)
@@ -97,8 +101,9 @@ def _take_over(reuse: Inference, node, in_types, in_values, types, vals) -> bool
     return True
 
 
-def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_values=None):
-    """in_types, in_values: the node's inputs' types and values, where the caller has them."""
+def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_values=None, subgraph=False):
+    """in_types, in_values: the node's inputs' types and values, where the caller has them;
+    subgraph: the node is in a subgraph (see infer)."""
     contract = get_contract(node.domain, node.op_type, node.opset)
     if in_types is None:
         in_types = [types.get(i) if i else None for i in node.inputs]
@@ -111,7 +116,7 @@ def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_val
 
     def infer_subgraph(sub: Graph, sub_input_types):
         feed = {vi.name: t for vi, t in zip(sub.inputs, sub_input_types)}
-        res = infer(sub, feed, outer_types=types, outer_values=vals, strict=strict)
+        res = infer(sub, feed, outer_types=types, outer_values=vals, strict=strict, subgraph=True)
         return [res.types.get(v.name) for v in sub.outputs]
 
     if in_values is None:
@@ -121,7 +126,7 @@ def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_val
         check_ranks(ctx)
         out = contract.meta(ctx)
     except ShapeInferenceError as e:
-        if strict or _static_inputs(node, in_types):
+        if strict or (_static_inputs(node, in_types) and not subgraph):
             raise
         problems[node.name] = str(e)
         out = [None] * len(node.outputs)
@@ -129,7 +134,7 @@ def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_val
         raise
     except Exception as e:  # a bug in a meta rule must still name the node
         msg = f"{describe_node(node)}: shape inference failed ({type(e).__name__}: {e})"
-        if strict or _static_inputs(node, in_types):
+        if strict or (_static_inputs(node, in_types) and not subgraph):
             raise ShapeInferenceError(msg) from e
         problems[node.name] = msg
         out = [None] * len(node.outputs)

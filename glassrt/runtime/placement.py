@@ -140,8 +140,8 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
         for attr, v in node.attrs.items():
             graphs = v if isinstance(v, list) else [v]
             if graphs and all(isinstance(g, Graph) for g in graphs):
-                ps = [place(g, infer(g, {}, outer_types=types, outer_values=values, strict=False), providers,
-                            outer_types=types, outer_values=values, expansion_failures=failures,
+                ps = [place(g, infer(g, {}, outer_types=types, outer_values=values, strict=False, subgraph=True),
+                            providers, outer_types=types, outer_values=values, expansion_failures=failures,
                             mark_unsupported=mark_unsupported) for g in graphs]
                 unsupported += [u for p in ps for u in getattr(p, "_unsupported", [])]
                 subs[attr] = ps if isinstance(v, list) else ps[0]

@@ -50,11 +50,21 @@ def if_(ctx):
 
 @meta("Loop")
 def loop(ctx):
+    """The carried values' and the scans' types from the body's. A body that cannot run on
+    these shapes is an error only if it runs (as the If's untaken branch): unless the trip
+    count is a constant above 0, the body's declared output types stand, and a run with
+    iterations fails in the body, naming its node; a loop of none returns its inputs."""
     body = ctx.attrs["body"]
     carried = [ctx.type(i) for i in range(2, ctx.n_inputs)]
     n_carried = len(carried)
     body_in = _subgraph_inputs(body, [TensorType(np.dtype(np.int64), ()), TensorType(np.dtype(np.bool_), ())] + carried)
-    body_out = ctx.infer_subgraph(body, body_in)
+    try:
+        body_out = ctx.infer_subgraph(body, body_in)
+    except ShapeInferenceError:
+        trips = ctx.const(0) if ctx.has(0) else None
+        if trips is not None and trips.size == 1 and int(trips.reshape(-1)[0]) > 0:
+            raise
+        body_out = [vi.type for vi in body.outputs]
     if len(body_out) < 1 + n_carried:
         ctx.fail(f"body has {len(body_out)} outputs; expected cond + {n_carried} loop-carried values")
     final = [merge(c, o) if c is not None else o for c, o in zip(carried, body_out[1:1 + n_carried])]
