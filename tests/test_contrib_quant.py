@@ -275,6 +275,15 @@ def test_qlinear_concat_takes_channels_last_values():
                     ([nhwc(parts[0]), parts[1]], channels_last_view(np.empty(int(np.prod(shape)), U8), shape))):
         got = step(*y_params, xs[0], *params[:2], xs[1], *params[2:], out=out)
         np.testing.assert_array_equal(got, plain)
+    # the same arrays again with other bytes (a plan's arena views, run after run): the kept
+    # spans read the new bytes
+    xs, out = [nhwc(p) for p in parts], channels_last_view(np.empty(int(np.prod(shape)), U8), shape)
+    step(*y_params, xs[0], *params[:2], xs[1], *params[2:], out=out)
+    for x in xs:
+        x[...] = 255 - x
+    again = mq._qlinear_concat(*y_params, 255 - parts[0], *params[:2], 255 - parts[1], *params[2:],
+                               out=np.empty(shape, U8), axis=1)
+    np.testing.assert_array_equal(step(*y_params, xs[0], *params[:2], xs[1], *params[2:], out=out), again)
 
 
 BROADCASTS = [

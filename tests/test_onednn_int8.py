@@ -274,14 +274,7 @@ def test_qlinear_conv_is_the_cpu_kernel_within_a_code_at_ties(x_dt, w_dt, per_ch
     consts = {"xs": np.array(0.05, np.float32), "xz": _codes(rng, x_dt, ()), "w": w, "ws": w_scale, "wz": w_zp,
               "ys": np.array(0.2, np.float32), "yz": _codes(rng, x_dt, ()),
               "b": rng.integers(-500, 500, (m_out,)).astype(np.int32)}
-    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], name="conv",
-                            **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(
-        "x", helper.np_dtype_to_tensor_dtype(np.dtype(x_dt)), [1, 6, 9, 11])],
-        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(x_dt)), None)],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
+    m = _qlinear_conv_model(consts, (1, 6, 9, 11), x_dt, **attrs)
     sess = glassrt.InferenceSession(m)
     assert _kernel(sess, "conv")["kernel"] == "onednn.QLinearConv.int8"
     x = _codes(rng, x_dt, (1, 6, 9, 11))
@@ -342,13 +335,7 @@ def test_qlinear_conv_with_uint8_weights_requantizes_in_one_pass_as_cpu_does(mon
     consts = {"xs": np.array(0.05, np.float32), "xz": np.array(77, U8), "w": _codes(rng, U8, (12, 5, 3, 3)),
               "ws": np.array(0.004, np.float32), "wz": np.array(128, U8), "ys": np.array(0.3, np.float32),
               "yz": np.array(140, U8), "b": rng.integers(-900, 900, (12,)).astype(np.int32)}
-    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], name="conv",
-                            pads=[1, 0, 1, 2])
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 5, 13, 10])],
-                          [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
-                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
+    m = _qlinear_conv_model(consts, (1, 5, 13, 10), pads=[1, 0, 1, 2])
     x = _codes(rng, U8, (1, 5, 13, 10))
     cpu = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0]
     for compiled in (True, False):
@@ -356,6 +343,20 @@ def test_qlinear_conv_with_uint8_weights_requantizes_in_one_pass_as_cpu_does(mon
         sess = glassrt.InferenceSession(m)
         assert _kernel(sess, "conv")["kernel"] == "onednn.QLinearConv.int8"
         np.testing.assert_array_equal(sess.run(None, {"x": x})[0], cpu)
+
+
+def _qlinear_conv_model(consts, x_shape, x_dt=U8, **attrs):
+    """One QLinearConv node 'conv' reading graph input x and the constants xs, xz, w, ws, wz,
+    ys, yz, b; its output y of x's type."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(x_dt))
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], name="conv",
+                            **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, list(x_shape))],
+                          [helper.make_tensor_value_info("y", elem, None)],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
 
 
 def _within_a_code(got, want, share=1e-3):
@@ -374,13 +375,7 @@ def test_qlinear_conv_requantized_by_onednn_rarely_moves_a_code():
               "ws": rng.uniform(0.001, 0.01, (64,)).astype(np.float32), "wz": np.zeros((64,), I8),
               "ys": np.array(0.15, np.float32), "yz": np.array(131, U8),
               "b": rng.integers(-3000, 3000, (64,)).astype(np.int32)}
-    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], name="conv",
-                            pads=[1, 1, 1, 1])
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 32, 56, 56])],
-                          [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
-                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
+    m = _qlinear_conv_model(consts, (1, 32, 56, 56), pads=[1, 1, 1, 1])
     x = _codes(rng, U8, (1, 32, 56, 56))
     got = glassrt.InferenceSession(m).run(None, {"x": x})[0]
     _within_a_code(got, glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0], share=1e-4)

@@ -16,6 +16,10 @@ from glassrt.kernels.onednn import quantize  # noqa: E402
 RNG = np.random.default_rng(5)
 
 
+def _not_called(*args, **kwargs):
+    raise AssertionError("cpu's kernel ran where the threaded pass should have")
+
+
 def _cases():
     big = quantize.SHARED_FROM * 3 + 7  # (blocks of unequal sizes)
     x = RNG.standard_normal(big).astype(np.float32) * 3
@@ -40,8 +44,10 @@ def test_threaded_codes_are_cpus_bytes(case, threads, monkeypatch):
     if quantize._why_not() is not None:
         pytest.skip(quantize._why_not())
     monkeypatch.setattr(capi, "get_max_threads", lambda: threads)
-    got = quantize.dynamic_quantize_linear_threads(x, out=(np.empty(x.shape, np.uint8), None, None))
     want = cpu.dynamic_quantize_linear(x)
+    if x.size >= quantize.SHARED_FROM:  # (the threaded pass must run, not cpu's kernel as its fallback)
+        monkeypatch.setattr(cpu, "dynamic_quantize_linear", _not_called)
+    got = quantize.dynamic_quantize_linear_threads(x, out=(np.empty(x.shape, np.uint8), None, None))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
         assert g.dtype == w.dtype and g.shape == w.shape
@@ -64,13 +70,19 @@ def test_channels_last_values_give_the_same_codes(kernel, monkeypatch):
     else:
         monkeypatch.setattr(cpu, "use_compiled", lambda path, after=64: True)
         fn = cpu.dynamic_quantize_linear
-    want = cpu.dynamic_quantize_linear(x)
+    real = cpu.dynamic_quantize_linear
+    want = real(x)
 
     def nhwc(a, dt):
         return channels_last_view(np.ascontiguousarray(a.transpose(0, 2, 3, 1)).reshape(-1).astype(dt), a.shape)
 
     for xs in (x, nhwc(x, np.float32)):
         for y in (np.empty(shape, np.uint8), nhwc(np.zeros(shape), np.uint8), None):
+            # the threaded pass must run (not cpu's kernel as its fallback) but for plain values
+            # into channels-last codes, which it leaves to cpu's tile path
+            falls_back = xs is x and y is not None and not y.flags.c_contiguous
+            monkeypatch.setattr(cpu, "dynamic_quantize_linear",
+                                _not_called if kernel == "threads" and not falls_back else real)
             got = fn(xs, out=(y, None, None))
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)

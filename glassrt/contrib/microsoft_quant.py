@@ -821,19 +821,31 @@ def _qlinear_concat_kernel(ctx):
         fixed = _concat_tables(dt, ctx.const(0), ctx.const(1),
                                [np.zeros((), dt) if (i - 2) % 3 == 0 else ctx.const(i) for i in range(2, n)])
 
+    # the spans of the last inputs and output (views of them, ~25 us to work out for four
+    # inputs): a plan hands the step the same arena arrays every run
+    last = [(), None, None]
+
     def step(y_scale, y_zp, *inputs, out=None):
         xs = inputs[::3]
-        if out is not None and use_compiled("QLinearConcat") and all(isinstance(x, np.ndarray) for x in xs) \
+        if out is not None and out is last[1] and len(xs) == len(last[0]) \
+                and all(a is b for a, b in zip(xs, last[0])) and use_compiled("QLinearConcat"):
+            placed = last[2]
+        elif out is not None and use_compiled("QLinearConcat") and all(isinstance(x, np.ndarray) for x in xs) \
                 and all(x.dtype == out.dtype and x.ndim == out.ndim for x in xs) and out.ndim:
             placed = _concat_spans(xs, out, axis) if -out.ndim <= axis < out.ndim else None
-            if placed is not None and sum(x.shape[axis] for x in xs) == out.shape[axis]:
-                tables = fixed or _concat_tables(_q8(y_zp, "Y_zero_point"), y_scale, y_zp, inputs)
-                flat, spans = placed
-                for span, table in zip(spans, tables):
-                    if span is not None:
-                        compiled(_concat_rows)(span[0], table, *span[1:], flat)
-                return out
-        return _qlinear_concat(y_scale, y_zp, *inputs, out=out, axis=axis)
+            if placed is not None and sum(x.shape[axis] for x in xs) != out.shape[axis]:
+                placed = None
+            last[:] = [xs, out, placed] if placed is not None else [(), None, None]
+        else:
+            placed = None
+        if placed is None:
+            return _qlinear_concat(y_scale, y_zp, *inputs, out=out, axis=axis)
+        tables = fixed or _concat_tables(_q8(y_zp, "Y_zero_point"), y_scale, y_zp, inputs)
+        flat, spans = placed
+        for span, table in zip(spans, tables):
+            if span is not None:
+                compiled(_concat_rows)(span[0], table, *span[1:], flat)
+        return out
 
     return step
 

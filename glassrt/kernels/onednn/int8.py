@@ -31,7 +31,7 @@ from . import capi, dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
 from .capi import ARG_ATTR_SCALES, ARG_ATTR_ZERO_POINTS
 from ...ops.geometry import per_channel_size, spatial_pads
-from .kernels import _unavailable, packed_weights, shared_pd
+from .kernels import KeptViews, _unavailable, packed_weights, shared_pd
 from ..buffers import NHWC
 from ..cpu._jit import jit
 
@@ -395,6 +395,11 @@ def _conv_integer_reason(ctx, w_at=1, wz_at=3, impl=True):
     return None
 
 
+def _nhwc_view(y):
+    """y (N, C, H, W) as (N, H, W, C): a view, whatever y's layout."""
+    return y.transpose(0, 2, 3, 1)
+
+
 def _nhwc_bytes(x):
     """The (N, H, W, C) buffer oneDNN reads for an 8-bit x: the bytes themselves where x is a
     channels-last view (the plan keeps 8-bit values NHWC between these kernels), else a copy."""
@@ -590,32 +595,21 @@ def _requantizing_conv(ctx, geometry):
 
 def _nhwc_runner(conv, y_dt):
     """run(x, params, out) -> y: `conv` (a _RequantizingConv) over x's NHWC bytes (an int8 x
-    as u8: x + 128, its zero point in params already) into out's (a new y if None).
-
-    The NHWC views of the last x and output are kept: a plan hands a step the same arena
-    views every run, and the same view objects let the bound primitive skip re-pointing its
-    memories (two checked handle updates a call). Views only: a copy's bytes change with x's."""
-    seen = {"x": None, "x_nhwc": None, "y": None, "y_nhwc": None}
+    as u8: x + 128, its zero point in params already) into out's (a new y if None). The
+    NHWC views of x and out are kept (KeptViews): the bound primitive then skips
+    re-pointing its memories (two checked handle updates a call)."""
+    x_views, out_views = KeptViews(_nhwc_bytes), KeptViews(_nhwc_view)
 
     def run(x, p, out):
-        if x is seen["x"]:
-            x_nhwc = seen["x_nhwc"]
-        elif x.dtype == np.int8:
-            x_nhwc = _nhwc_bytes(x.view(np.uint8) ^ np.uint8(0x80))
+        if x.dtype == np.int8:
+            x_nhwc = _nhwc_bytes(x.view(np.uint8) ^ np.uint8(0x80))  # (a new array every run)
         else:
-            x_nhwc = _nhwc_bytes(x)
-            if np.may_share_memory(x_nhwc, x):  # (a view: a copy never overlaps)
-                seen["x"], seen["x_nhwc"] = x, x_nhwc
+            x_nhwc = x_views(0, x)
         y = np.empty(conv.y_shape, y_dt) if out is None else out
-        if y is seen["y"]:
-            conv.run(x_nhwc, p, seen["y_nhwc"])
-            return y
-        y_nhwc = y.transpose(0, 2, 3, 1)
+        y_nhwc = out_views(0, y) if out is not None else _nhwc_view(y)
         if y_nhwc.flags.c_contiguous:
             conv.run(x_nhwc, p, y_nhwc)
-            if out is not None:
-                seen["y"], seen["y_nhwc"] = y, y_nhwc
-        else:
+        else:  # (an output not laid out channels-last: written through a dense buffer)
             dst = np.empty(y_nhwc.shape, y_dt)
             conv.run(x_nhwc, p, dst)
             np.copyto(y_nhwc, dst)

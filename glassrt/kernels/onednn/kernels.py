@@ -54,21 +54,39 @@ def _buffer(a: np.ndarray, layout: str) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-class _Views:
-    """`_buffer` with memory: while a slot gets the same array as last run (the plan's arena
-    views are the same objects every run), it returns the same buffer view, so Step.run sees
-    an unchanged argument and does not re-point its memory (a checked set costs ~10 µs, as
-    much as a small primitive: 1.4 ms of shufflenet's 8)."""
+class KeptViews:
+    """Per argument slot, what make(a, *args) gives for array a (a view of it: a layout's
+    buffer, a reshape), kept while the same array object comes back: a plan hands its kernels
+    the same arena views every run, so a run makes no new view, and a bound oneDNN memory
+    sees an unchanged argument and is not re-pointed (a checked set costs ~10 µs, as much as
+    a small primitive: 1.4 ms of shufflenet's 8). Only views are kept: a copy (a strided
+    array made dense, another dtype) holds the values of the run that made it, so it is made
+    again every run."""
 
-    __slots__ = ("arrays", "views")
+    __slots__ = ("last", "make")
+
+    def __init__(self, make):
+        self.last, self.make = {}, make
+
+    def __call__(self, slot, a: np.ndarray, *args) -> np.ndarray:
+        hit = self.last.get(slot)
+        if hit is not None and hit[0] is a:
+            return hit[1]
+        v = self.make(a, *args)
+        if np.may_share_memory(v, a):
+            self.last[slot] = a, v
+        else:
+            self.last.pop(slot, None)
+        return v
+
+
+class _Views(KeptViews):
+    """views(slot, a, layout): `_buffer` of a value in its layout, kept (KeptViews)."""
+
+    __slots__ = ()
 
     def __init__(self):
-        self.arrays, self.views = {}, {}
-
-    def __call__(self, slot, a: np.ndarray, layout: str) -> np.ndarray:
-        if self.arrays.get(slot) is not a:
-            self.arrays[slot], self.views[slot] = a, _buffer(a, layout)
-        return self.views[slot]
+        super().__init__(_buffer)
 
 
 def _workspace_views(ws, *sizes):
@@ -130,24 +148,18 @@ class _LayoutChange:
             reorder.run({ARG_TO: views("to", out, self.out_layout)})
 
 
-class ContiguousViews:
-    """Per argument slot, the array as C-contiguous float32 of a given shape, kept while the
-    same array object comes back (a plan's arena buffers are the same every run: a run then
-    makes no view, and a oneDNN memory bound to it keeps its pointer). Only a view of the
-    array is kept: one that had to be copied (strided, another dtype) is copied again every
-    run, since its values change between runs."""
+def _contiguous32(a, shape=(-1,)):
+    return np.ascontiguousarray(a, np.float32).reshape(shape)
+
+
+class ContiguousViews(KeptViews):
+    """views(slot, a[, shape]): the array as C-contiguous float32 of a given shape, kept
+    (KeptViews: a view of a C-contiguous float32 array; anything else copied every run)."""
+
+    __slots__ = ()
 
     def __init__(self):
-        self.last = {}
-
-    def __call__(self, slot, a, shape=(-1,)):
-        hit = self.last.get(slot)
-        if hit is not None and hit[0] is a:
-            return hit[1]
-        v = np.ascontiguousarray(a, np.float32).reshape(shape)
-        if a.flags.c_contiguous and a.dtype == np.float32:  # v is a view of a
-            self.last[slot] = a, v
-        return v
+        super().__init__(_contiguous32)
 
 
 class _PerThreads:
