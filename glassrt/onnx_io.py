@@ -275,10 +275,12 @@ class _Parser:
                                         f"{TensorProto.DataType.Name(t.data_type)} and shape {list(shape)} "
                                         f"({len(raw)} bytes of raw data, {nbytes} needed)")
             return np.frombuffer(raw, dtype).reshape(shape)
-        from onnx import numpy_helper  # typed fields (float_data, int32_data...): onnx decodes them
-
         try:
-            arr = numpy_helper.to_array(t)
+            arr = _typed_field_array(t, dtype, shape)
+            if arr is None:  # packed, 8-bit float, bfloat16, complex, string: onnx decodes them
+                from onnx import numpy_helper
+
+                arr = numpy_helper.to_array(t)
         except Exception as e:
             raise InvalidModelError(
                 f"{where}: tensor data does not match its declared type "
@@ -414,6 +416,41 @@ def _weight_array(shape, dtype, nbytes: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
+# Element types whose typed field NumPy decodes alone, as onnx.numpy_helper.to_array does:
+# {type: (field, the field's values as, then how they become the element type)}. Scales and
+# zero points (quantization tools write them so) and small constants are stored this way;
+# importing onnx to decode them cost ~30 ms of a session's creation (numpy_helper imports
+# the package). The rest (bfloat16, 8- and 4-bit floats, packed ints, complex, strings) go
+# to numpy_helper.
+def _typed_fields() -> dict:
+    T = TensorProto
+    via_u16 = lambda dt: lambda a: a.view(np.uint32).astype(np.uint16).view(dt)  # noqa: E731
+    return {T.FLOAT: ("float_data", np.float32, None), T.DOUBLE: ("double_data", np.float64, None),
+            T.INT64: ("int64_data", np.int64, None), T.INT32: ("int32_data", np.int32, None),
+            T.INT8: ("int32_data", np.int32, lambda a: a.astype(np.int8)),
+            T.UINT8: ("int32_data", np.int32, lambda a: a.astype(np.uint8)),
+            T.INT16: ("int32_data", np.int32, via_u16(np.int16)),
+            T.UINT16: ("int32_data", np.int32, via_u16(np.uint16)),
+            T.FLOAT16: ("int32_data", np.int32, via_u16(np.float16)),
+            T.BOOL: ("int32_data", np.int32, lambda a: a.view(np.uint32).astype(np.uint8).view(np.bool_)),
+            T.UINT32: ("uint64_data", np.uint64, lambda a: a.astype(np.uint32)),
+            T.UINT64: ("uint64_data", np.uint64, None)}
+
+
+_TYPED_FIELDS = _typed_fields()
+
+
+def _typed_field_array(t: TensorProto, dtype, shape) -> np.ndarray | None:
+    """The tensor from its typed field (float_data, int32_data...), or None where
+    numpy_helper must decode it. A count that does not fit the shape raises ValueError."""
+    how = _TYPED_FIELDS.get(t.data_type) if dtype is not None else None
+    if how is None:
+        return None
+    field, stored, convert = how
+    a = np.asarray(getattr(t, field), stored)
+    return (a if convert is None else convert(a)).reshape(shape)
+
+
 def _mappable_dtype(data_type: int) -> np.dtype | None:
     """The NumPy dtype whose bytes are ONNX's raw data of this element type, or None."""
     import sys

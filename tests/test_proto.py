@@ -11,6 +11,7 @@ import pytest
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from glassrt import dtypes
+from glassrt.errors import InvalidModelError
 
 
 def test_element_types_match_onnx_helper():
@@ -88,9 +89,12 @@ def test_a_session_runs_without_importing_onnx_and_onnx_imports_after(tmp_path):
     (not the package: 11.7 MiB and ~100 ms); importing onnx afterwards gives the same classes
     and a working package."""
     m = helper.make_model(helper.make_graph(
-        [helper.make_node("Mul", ["x", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"], axis=-1)], "g",
+        [helper.make_node("Mul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+         helper.make_node("Softmax", ["a"], ["y"], axis=-1)], "g",
         [helper.make_tensor_value_info("x", 1, ["n", 3])], [helper.make_tensor_value_info("y", 1, ["n", 3])],
-        [numpy_helper.from_array(np.array([1, 2, 3], np.float32), "w")]), opset_imports=[helper.make_opsetid("", 17)])
+        # w in raw_data, b in float_data (as quantization tools write scales): neither needs onnx
+        [numpy_helper.from_array(np.array([1, 2, 3], np.float32), "w"),
+         helper.make_tensor("b", TensorProto.FLOAT, [3], [0.5, 0.0, -1.0])]), opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "m.onnx"
     path.write_bytes(m.SerializeToString())
     code = f"""
@@ -115,3 +119,39 @@ print(glassrt.InferenceSession(model).run(None, {{"x": np.ones((1, 3), np.float3
     assert "onnx imported: ['onnx.onnx_ml_pb2']" in runs[1].stdout
     assert "ml_dtypes imported: False" in runs[1].stdout  # a float32 model needs none of its types
     assert "(1, 3)" in runs[1].stdout
+
+
+def test_typed_fields_decode_as_numpy_helper_does():
+    """The element types NumPy decodes from their typed fields without onnx give
+    numpy_helper's arrays, byte for byte, values out of their type's range included; a
+    count that does not fit the shape is a load error."""
+    from glassrt import onnx_io
+
+    ints = [0, 1, -1, 127, 128, 255, 256, 300, -129, 65535, 65536, -32768, 2**31 - 1, -2**31]
+    cases = [(dt, "int32_data", ints) for dt in (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16,
+                                                  TensorProto.UINT16, TensorProto.FLOAT16, TensorProto.BOOL,
+                                                  TensorProto.INT32)]
+    cases += [(TensorProto.FLOAT, "float_data", [1.5, -0.0, float("nan"), float("inf"), 1e-45, 3.4e38]),
+              (TensorProto.DOUBLE, "double_data", [1.5, -2.0, 1e300]),
+              (TensorProto.INT64, "int64_data", [1, -2**63, 2**63 - 1]),
+              (TensorProto.UINT64, "uint64_data", [0, 2**64 - 1]),
+              (TensorProto.UINT32, "uint64_data", [0, 2**32 - 1, 2**32 + 5])]
+    for dt, field, values in cases:
+        for dims in ([len(values)], [1, len(values)]):
+            t = TensorProto(data_type=dt, dims=dims)
+            getattr(t, field).extend(values)
+            want = numpy_helper.to_array(t)
+            got = onnx_io.from_proto(_model_with_initializer(t), None).initializers["t"]
+            assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), dt
+    scalar = TensorProto(data_type=TensorProto.FLOAT, float_data=[2.5])
+    assert onnx_io.from_proto(_model_with_initializer(scalar), None).initializers["t"].shape == ()
+    short = TensorProto(data_type=TensorProto.FLOAT, dims=[4], float_data=[1.0])
+    with pytest.raises(InvalidModelError, match="does not match its declared type"):
+        onnx_io.from_proto(_model_with_initializer(short), None)
+
+
+def _model_with_initializer(t):
+    t.name = "t"
+    return helper.make_model(helper.make_graph([helper.make_node("Identity", ["t"], ["y"])], "g", [],
+                                               [helper.make_tensor_value_info("y", t.data_type, None)], [t]),
+                             opset_imports=[helper.make_opsetid("", 17)])
