@@ -359,6 +359,49 @@ def _qlinear_conv_model(consts, x_shape, x_dt=U8, **attrs):
     return m
 
 
+@needs_vnni
+@pytest.mark.parametrize("ta", [U8, I8])
+@pytest.mark.parametrize("m, per_column, alpha, c_shape", [
+    (1, True, 1.0, (300,)), (7, False, 0.5, None), (3, True, 2.0, (1,)), (2, False, 1.0, (1, 300)), (1, True, 1.0, ())])
+def test_qgemm_with_zero_point_free_int8_weights_requantizes_on_onednn(monkeypatch, ta, m, per_column, alpha, c_shape):
+    """QGemm as quantize_static writes a classifier (B int8, zero point 0, every parameter a
+    constant): one oneDNN matmul that requantizes as it writes; at most a code from cpu's
+    kernel and onnxruntime's (at a rounding tie), and rarely."""
+    from glassrt.kernels.onednn.int8 import Int8Weights
+    from tests.test_contrib_quant import _model, _ort, _qgemm_inputs
+
+    calls = []
+    real = Int8Weights.requantized
+    monkeypatch.setattr(Int8Weights, "requantized", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    rng = rng_for("qgemm-requantized", ta, m, per_column, c_shape)
+    ins = _qgemm_inputs(rng, ta, I8, m, 1280, 300, 0, 1, per_column, c_shape, True)
+    ins[5] = np.zeros_like(ins[5])  # B's zero point
+    model, feeds = _model("QGemm", ins, consts=set(range(1, len(ins))), alpha=alpha, transB=1)
+    got = glassrt.InferenceSession(model).run(None, feeds)[0]
+    assert calls and got.dtype == ta and got.shape == (m, 300)
+    _within_a_code(got, glassrt.InferenceSession(model, providers=["cpu"]).run(None, feeds)[0], share=1e-2)
+    _within_a_code(got, _ort(model, feeds, True)[0], share=1e-2)
+
+
+@needs_vnni
+def test_qgemm_with_c_per_row_keeps_the_exact_sums(monkeypatch):
+    """A C that broadcasts along rows (M, 1) is not the per-column bias oneDNN adds: that
+    QGemm keeps the exact int32 sums and cpu's float32 steps (the same bytes)."""
+    from glassrt.kernels.onednn.int8 import Int8Weights
+    from tests.test_contrib_quant import _model, _ort, _qgemm_inputs
+
+    rng = rng_for("qgemm-c-per-row")
+    ins = _qgemm_inputs(rng, U8, I8, 5, 64, 5, 0, 1, True, (5, 1), True)
+    ins[5] = np.zeros_like(ins[5])
+    model, feeds = _model("QGemm", ins, consts=set(range(1, len(ins))), transB=1)
+    called = []
+    real = Int8Weights.requantized
+    monkeypatch.setattr(Int8Weights, "requantized", lambda self, *a, **k: called.append(1) or real(self, *a, **k))
+    got = glassrt.InferenceSession(model).run(None, feeds)[0]
+    assert not called
+    np.testing.assert_array_equal(got, _ort(model, feeds, True)[0])
+
+
 def _within_a_code(got, want, share=1e-3):
     """8-bit outputs requantized in another float order: at most a code apart, and rarely."""
     d = np.abs(got.astype(np.int64) - want)

@@ -68,7 +68,7 @@ class Int8Weights(Prepared):
         else:
             self.bs = np.ascontiguousarray(b)
             d = -z
-        self.d = d.reshape(-1) if d.size > 1 else (d.reshape(()) if d.any() else None)
+        self.d = None if not d.any() else (d.reshape(-1) if d.size > 1 else d.reshape(()))  # (zero: none)
         self.colsum = self.bs.sum(axis=0, dtype=np.int32)
         self._packed = {}  # weights layout -> packed B (kept alive while this is)
         self._steps = {}  # (OpenMP threads, rows) -> bound primitive
@@ -95,15 +95,22 @@ class Int8Weights(Prepared):
         oneDNN's own zero-point compensation (A's only) gives the exact sums."""
         return self.d is None and self.bs.dtype == np.int8
 
-    def _scaled_step(self, m: int, bias: bool):
-        key = (capi.get_max_threads(), m, "scaled", bias)
+    def _scaled_pd(self, m: int, bias: bool, y_dtype=np.float32):
+        """The scaled matmul's descriptor: float32 y, or 8-bit y with its zero point."""
+        quantized = np.dtype(y_dtype) != np.float32
+        attr = dnnl.Attr(scales={ARG_SRC: 0, ARG_WEIGHTS: 2},
+                         zero_points={ARG_SRC: 0, ARG_DST: 0} if quantized else {ARG_SRC: 0})
+        key = ("int8 scaled matmul", m, self.k, self.n, bias, np.dtype(y_dtype).str)
+        return shared_pd(key, lambda: dnnl.matmul(
+            MemoryDesc.create((m, self.k), np.uint8, "ab"), MemoryDesc.create((self.k, self.n), np.int8, "any"),
+            MemoryDesc.create((m, self.n), y_dtype, "ab"),
+            MemoryDesc.create((1, self.n), np.float32, "ab") if bias else None, attr=attr))
+
+    def _scaled_step(self, m: int, bias: bool, y_dtype=np.float32):
+        key = (capi.get_max_threads(), m, "scaled", bias, np.dtype(y_dtype).str)
         step = self._steps.get(key)
         if step is None:
-            attr = dnnl.Attr(scales={ARG_SRC: 0, ARG_WEIGHTS: 2}, zero_points={ARG_SRC: 0})
-            pd = dnnl.matmul(MemoryDesc.create((m, self.k), np.uint8, "ab"),
-                             MemoryDesc.create((self.k, self.n), np.int8, "any"),
-                             MemoryDesc.create((m, self.n), np.float32, "ab"),
-                             MemoryDesc.create((1, self.n), np.float32, "ab") if bias else None, attr=attr)
+            pd = self._scaled_pd(m, bias, y_dtype)
             wmd = pd.weights_md()
             if wmd not in self._packed:
                 self._packed[wmd] = packed_weights(self.bs, None, wmd)
@@ -115,10 +122,45 @@ class Int8Weights(Prepared):
                     ARG_ATTR_SCALES | ARG_WEIGHTS: dnnl.Memory(MemoryDesc.create((self.n,), np.float32, "a"),
                                                                np.zeros(self.n, np.float32)),
                     ARG_ATTR_ZERO_POINTS | ARG_SRC: one(np.int32)}
+            if np.dtype(y_dtype) != np.float32:
+                args[ARG_ATTR_ZERO_POINTS | ARG_DST] = one(np.int32)
             if bias:
                 args[ARG_BIAS] = None
             step = self._steps[key] = pd.primitive().bind(args)
         return step
+
+    def requantizes(self, y_dtype) -> bool:
+        """Whether `requantized` runs on a fast oneDNN kernel for y_dtype (and one row)."""
+        return self.scalable and not self._scaled_pd(1, True, y_dtype).impl.startswith(("ref", "gemm:"))
+
+    def requantized(self, a: np.ndarray, za, mult: np.ndarray, bias, y_zero_point: int, y_dtype,
+                    out=None) -> np.ndarray:
+        """8-bit y = saturate(round_half_even((a - za) @ B · mult + bias) + y_zero_point),
+        mult and bias float32 per column (N,), bias None for none: QGemm's requantization
+        (mult = alpha · a_scale · b_scale / y_scale, bias = C · mult) written by oneDNN as it
+        forms the sums, which never reach memory. onnxruntime rounds (acc + C) · mult: where
+        that and acc · mult + C · mult fall on two sides of a rounding tie, the code differs
+        by one (as _RequantizingConv's). Only where `scalable`."""
+        if not self.scalable:
+            raise ValueError("B has a zero point (or is uint8): its sums need product()'s corrections")
+        m = a.shape[0]
+        z = 0 if za is None else int(np.asarray(za).reshape(()))
+        if a.dtype == np.int8:
+            a, z = a.view(np.uint8) ^ np.uint8(0x80), z + 128
+        a = np.ascontiguousarray(a)
+        dense = out is not None and out.flags.c_contiguous and out.shape == (m, self.n) and out.dtype == y_dtype
+        y = out if dense else np.empty((m, self.n), y_dtype)
+        if m:
+            step = self._scaled_step(m, bias is not None, y_dtype)
+            step[ARG_ATTR_SCALES | ARG_SRC].array[0] = 1.0
+            step[ARG_ATTR_SCALES | ARG_WEIGHTS].array[:] = mult
+            step[ARG_ATTR_ZERO_POINTS | ARG_SRC].array[0] = z
+            step[ARG_ATTR_ZERO_POINTS | ARG_DST].array[0] = y_zero_point
+            buffers = {ARG_SRC: a, ARG_DST: y}
+            if bias is not None:
+                buffers[ARG_BIAS] = bias.reshape(1, self.n)
+            step.run(buffers)
+        return as_out(y, out) if out is not None and not dense else y
 
     def scaled(self, a: np.ndarray, za, a_scale, b_scale, bias=None, out=None) -> np.ndarray:
         """float32 (a - za) @ B · a_scale · b_scale (+ bias): the exact integer sums, scaled
