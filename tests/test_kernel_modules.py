@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from onnx import helper
 
 # Every op's cpu kernels (names, in order) after the modules are imported op by op, in the
@@ -84,3 +85,34 @@ print(sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("glassrt.k
     loaded = eval(_run(code, tmp_path / "cache").strip().splitlines()[-1])
     families = set(loaded) - {"_util", "_jit", "erf", "rows"}  # helpers, not families
     assert families == {"elementwise", "shape"}, loaded
+
+
+def test_onednns_kernel_modules_are_imported_per_op_too(tmp_path):
+    """The onednn provider's modules come in as the cpu provider's: a Conv model imports
+    oneDNN's convolution module, not its RNN, GELU or matmul ones; the cached map is what
+    importing every module registers."""
+    pytest.importorskip("glassrt.kernels.onednn.capi")
+    from glassrt.kernels.onednn import capi
+
+    if capi.UNAVAILABLE:
+        pytest.skip(capi.UNAVAILABLE)
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+        [helper.make_tensor_value_info("x", 1, [1, 8, 9, 9])], [helper.make_tensor_value_info("y", 1, [1, 4, 9, 9])],
+        [helper.make_tensor("w", 1, [4, 8, 3, 3], [0.01] * 288)]), opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    code = f"""
+import sys, numpy as np, glassrt
+s = glassrt.InferenceSession({str(path)!r})
+assert s.explain()["nodes"][0]["provider"] == "onednn"
+s.run(None, {{"x": np.ones((1, 8, 9, 9), np.float32)}})
+print(sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("glassrt.kernels.onednn.")))
+"""
+    _run(code, tmp_path / "cache")  # writes the maps
+    loaded = set(eval(_run(code, tmp_path / "cache").strip().splitlines()[-1]))
+    assert "kernels" in loaded and not loaded & {"rnn", "gelu", "matmul", "transpose", "rows"}, loaded
+    cached = json.loads(next((tmp_path / "cache").glob("onednn-kernels-*.json")).read_text())["ops"]
+    fresh = json.loads(_run("import json; from glassrt.kernels.onednn import FAMILIES; "
+                            "print(json.dumps(FAMILIES.build_map()))", tmp_path / "other"))
+    assert cached == fresh and cached["\tConv"] == ["kernels"] and cached["\tLSTM"] == ["rnn"]

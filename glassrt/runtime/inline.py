@@ -93,6 +93,10 @@ def _identities(node, branch, provider):
         from . import _load_cpu_kernels
 
         _load_cpu_kernels("", "Identity")
+    elif provider == "onednn":
+        from ..kernels.onednn import FAMILIES
+
+        FAMILIES.load_for("", "Identity")
     kernels = kernels_for(provider, "", "Identity")
     if not kernels or len(branch.graph.outputs) != len(node.outputs):
         return None

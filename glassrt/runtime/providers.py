@@ -129,8 +129,7 @@ class OnednnProvider(Provider):
 
         self.unavailable = capi.UNAVAILABLE
         self.openmp_pool = not self.unavailable
-        if not self.unavailable:
-            from ..kernels.onednn import gelu, int8, kernels, matmul, quantize, rnn, rows, transpose  # noqa: F401,E501  (registers them)
+        if not self.unavailable:  # (its kernel modules are imported per op: kernels())
             from . import threads
 
             threads.refresh()  # its OpenMP library joins the thread pools set per run
@@ -142,6 +141,9 @@ class OnednnProvider(Provider):
     def kernels(self, domain, op_type, opset):
         if self.unavailable:
             return []
+        from ..kernels.onednn import FAMILIES
+
+        FAMILIES.load_for(domain, op_type)
         ks = kernels_for("onednn", domain, op_type)
         if self.options.get("nhwc", True) is False:
             from dataclasses import replace

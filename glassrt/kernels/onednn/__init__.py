@@ -11,5 +11,16 @@ and zero-copy memory objects over NumPy buffers, primitive descriptors for the C
 concat, batch/layer normalization, LRN, softmax) and bound steps whose run costs only
 set_data_handle + execute + stream wait.
 
-Neither module is imported by `glassrt.kernels`; import them explicitly.
+Neither module is imported by `glassrt.kernels`; import them explicitly. The kernel modules
+are imported per op by the provider (FAMILIES below).
 """
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..families import KernelFamilies
+
+# The modules that register the onednn provider's kernels, imported per op as the cpu
+# provider's are (kernels/families.py); `kernels` first, as every other one imports it.
+FAMILIES = KernelFamilies(__name__, Path(__file__).parent,
+                          ("kernels", "gelu", "int8", "matmul", "quantize", "rnn", "rows", "transpose"), "onednn")
