@@ -608,3 +608,40 @@ def test_qgemm_on_onednn_is_cpus_bytes(ta, tb, trans_a, trans_b, per_column, alp
     got = sess.run(None, feeds)[0]
     np.testing.assert_array_equal(got, glassrt.InferenceSession(model, providers=["cpu"]).run(None, feeds)[0])
     np.testing.assert_array_equal(got, _ort(model, feeds, True)[0])
+
+
+@needs_vnni
+@pytest.mark.parametrize("requantizing", [True, False])
+def test_int8_convolution_runs_on_a_descriptor_made_for_the_runs_thread_count(monkeypatch, requantizing):
+    """oneDNN fixes how many threads a convolution starts when its descriptor is made: a run
+    under one OpenMP thread (a 1-thread session, the thread choice under load) must not use
+    the descriptor placement made under two (it ran on two: 116 us a call where one thread
+    takes 227, a 1x1 conv of 16 to 96 channels at 112x112)."""
+    from glassrt.kernels.onednn import dnnl, int8
+
+    made = []
+    real = dnnl.convolution
+    monkeypatch.setattr(dnnl, "convolution", lambda *a, **k: made.append(capi.get_max_threads()) or real(*a, **k))
+    rng = rng_for("int8-conv-threads", requantizing)
+    w = _codes(rng, I8, (24, 16, 1, 1))
+    before = capi.get_max_threads()
+    try:
+        capi.set_num_threads(2)
+        shape = (1, 16, 9, 7 + requantizing)  # (a geometry no other test makes: its descriptors are new)
+        if requantizing:
+            conv = int8._RequantizingConv(shape, w, 1, [1, 1], [1, 1], [0, 0], [0, 0], U8, True, True)
+            y = np.empty((1, 9, shape[3], 24), U8)
+            run = lambda: conv.run(_codes(rng, U8, (1, 9, shape[3], 16)), (3, np.full(24, 0.01, np.float32),  # noqa: E731
+                                                                               np.zeros(24, np.float32), 5), y)
+        else:
+            conv = int8._Int8Conv(shape, w, 1, [1, 1], [1, 1], [0, 0], [0, 0])
+            run = lambda: conv.run(_codes(rng, U8, (1, 9, shape[3], 16)))  # noqa: E731
+        assert made == [2]
+        capi.set_num_threads(1)
+        run()
+        assert made == [2, 1]  # a descriptor of its own for one thread
+        capi.set_num_threads(2)
+        run()
+        assert made == [2, 1]  # (the first one's, kept)
+    finally:
+        capi.set_num_threads(before)

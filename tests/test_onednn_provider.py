@@ -465,3 +465,41 @@ def test_a_same_shape_binary_step_has_the_cpu_kernels_bits(op):
     assert fast.placement.layouts.get("m") == "nhwc"
     x = rng.integers(-3, 4, (2, 5, 6, 7)).astype(np.float32)
     np.testing.assert_array_equal(fast.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0])
+
+
+def test_one_thread_asked_stays_one_after_numba_loads(tmp_path):
+    """intra_op_num_threads=1 holds for oneDNN's primitives after the run that loads Numba:
+    Numba's first launch of its OpenMP layer sets the calling thread's OpenMP count to every
+    core (NUMBA_NUM_THREADS), which ran a 1-thread session's 8-bit convolutions on two."""
+    import subprocess
+    import sys
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    from glassrt.kernels.onednn import capi
+
+    if capi.UNAVAILABLE:
+        pytest.skip(capi.UNAVAILABLE)
+    pytest.importorskip("numba")
+    s, z = numpy_helper.from_array(np.array(0.05, np.float32), "s"), numpy_helper.from_array(np.array(3, np.uint8), "z")
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("QLinearAdd", ["x", "s", "z", "x", "s", "z", "s", "z"], ["y"], domain="com.microsoft")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 8, 16, 16])], [s, z]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    code = f"""
+import sys, numpy as np, glassrt
+from glassrt.kernels.onednn import capi
+s = glassrt.InferenceSession({str(path)!r}, glassrt.SessionOptions(intra_op_num_threads=1))
+x = np.full((1, 8, 16, 16), 7, np.uint8)
+for _ in range(3):
+    s.run(None, {{"x": x}})
+assert "numba" in sys.modules  # (loaded by the second run, for QLinearAdd's compiled loop)
+print("openmp threads", capi.get_max_threads())
+"""
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "openmp threads 1" in r.stdout, r.stdout

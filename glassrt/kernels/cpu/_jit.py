@@ -106,7 +106,16 @@ def numba_threads(n: int) -> None:
     through numba.set_num_threads is not seen)."""
     if getattr(_set_here, "n", None) != n:
         numba = sys.modules["numba"]
+        # Numba's first launch of its OpenMP threading layer sets the calling thread's OpenMP
+        # count to NUMBA_NUM_THREADS, and no later set_num_threads lowers it: oneDNN's
+        # primitives made after ran on every core whatever the session asked (measured:
+        # intra_op_num_threads=1 ran its 8-bit convolutions on two threads from the second
+        # run, when Numba loads). So OpenMP's count is put back as it was.
+        capi = sys.modules.get("glassrt.kernels.onednn.capi")
+        openmp = capi.get_max_threads() if capi is not None and capi.lib is not None else None
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        if openmp is not None and capi.get_max_threads() != openmp:
+            capi.set_num_threads(openmp)
         _set_here.n = n
 
 

@@ -296,32 +296,54 @@ def _window_validity(size, out, k, stride, dil, begin):
     return ((pos >= 0) & (pos < size)).astype(np.int64)
 
 
+class _ThreadCountPds:
+    """A convolution's descriptor for the OpenMP thread count a run has: oneDNN fixes a
+    primitive's work split, and how many threads it starts, when its descriptor is made, so
+    a primitive made from the descriptor placement asked (at the session's creation) ran on
+    that many threads whatever the run's count (measured: a session of intra_op_num_threads=1,
+    or one that moved to one thread under load, ran its 8-bit convolutions on two)."""
+
+    __slots__ = ("key", "make", "packed")
+
+    def pd(self, key, make):
+        """The descriptor for the current thread count (shared_pd), remembering how to make it."""
+        self.key, self.make, self.packed = key, make, {}
+        return shared_pd(key, make)
+
+    def now(self, weights):
+        """(the descriptor for the current thread count, `weights` packed for it)."""
+        pd = shared_pd(self.key, self.make)
+        wmd = pd.weights_md()
+        if wmd not in self.packed:
+            self.packed[wmd] = packed_weights(weights, None, wmd)
+        return pd, self.packed[wmd]
+
+
 class _Int8Conv:
     """One 2-D u8 x s8 -> s32 convolution, NHWC activations, weights packed once."""
 
     def __init__(self, x_shape, w_s8, group, strides, dil, begin, end):
+        self._pds = _ThreadCountPds()
         n, c, h, w = x_shape
         m = w_s8.shape[0]
         self.y_shape = (n, m, *_out_hw((h, w), w_s8.shape[2:], strides, dil, begin, end))
         wshape = dnnl.grouped_weights_shape(w_s8.shape, group)
         # one descriptor per geometry: placement asks its implementation, the binding runs it
         key = ("int8 conv", tuple(x_shape), wshape, tuple(strides), tuple(dil), tuple(begin), tuple(end))
-        self.pd = shared_pd(key, lambda: dnnl.convolution(
+        self.pd = self._pds.pd(key, lambda: dnnl.convolution(
             MemoryDesc.create(x_shape, np.uint8, "acdb"), MemoryDesc.create(wshape, np.int8, "any"),
             MemoryDesc.create(self.y_shape, np.int32, "acdb"), strides=list(strides),
             dilations=[d - 1 for d in dil], padding_l=list(begin), padding_r=list(end)))
         self.weights = w_s8.reshape(wshape)
-        self._packed, self._steps = None, {}
+        self._steps = {}
 
     def run(self, x_nhwc: np.ndarray, into: np.ndarray | None = None) -> np.ndarray:
         """The s32 output, NHWC: `into` (a C-contiguous int32 array of that shape) or a new array."""
         key = capi.get_max_threads()
         step = self._steps.get(key)
         if step is None:
-            if self._packed is None:
-                self._packed = packed_weights(self.weights, None, self.pd.weights_md())
-            step = self._steps[key] = self.pd.primitive().bind(
-                {ARG_SRC: None, ARG_WEIGHTS: self._packed.memory, ARG_DST: None})
+            pd, packed = self._pds.now(self.weights)
+            step = self._steps[key] = pd.primitive().bind({ARG_SRC: None, ARG_WEIGHTS: packed.memory, ARG_DST: None})
         n, m, oh, ow = self.y_shape
         y = np.empty((n, oh, ow, m), np.int32) if into is None else into
         step.run({ARG_SRC: x_nhwc, ARG_DST: y})
@@ -353,13 +375,14 @@ class _RequantizingConv:
         key = ("int8 requantizing conv", tuple(x_shape), wshape, tuple(strides), tuple(dil), tuple(begin), tuple(end),
                np.dtype(y_dtype).str, mask, bias)
         zero_points = {ARG_SRC: 0, ARG_DST: 0} if self.quantized else {ARG_SRC: 0}
-        self.pd = shared_pd(key, lambda: dnnl.convolution(
+        self._pds = _ThreadCountPds()
+        self.pd = self._pds.pd(key, lambda: dnnl.convolution(
             MemoryDesc.create(x_shape, np.uint8, "acdb"), MemoryDesc.create(wshape, np.int8, "any"),
             MemoryDesc.create(self.y_shape, y_dtype, "acdb"), MemoryDesc.create((m,), np.float32, "a") if bias else None,
             strides=list(strides), dilations=[d - 1 for d in dil], padding_l=list(begin), padding_r=list(end),
             attr=dnnl.Attr(scales={ARG_WEIGHTS: mask}, zero_points=zero_points)))
         self.weights, self.n_scales, self.y_dtype = w_s8.reshape(wshape), m if per_filter else 1, y_dtype
-        self._packed, self._steps, self._written = None, {}, {}
+        self._steps, self._written = {}, {}
 
     def run(self, x_nhwc, params: tuple, y_nhwc) -> None:
         """y_nhwc (N, OH, OW, M) = the requantized conv of x_nhwc (u8); params (x's zero point,
@@ -368,17 +391,16 @@ class _RequantizingConv:
         key = capi.get_max_threads()
         step = self._steps.get(key)
         if step is None:
-            if self._packed is None:
-                self._packed = packed_weights(self.weights, None, self.pd.weights_md())
+            pd, packed = self._pds.now(self.weights)
             one = lambda dt, k: dnnl.Memory(MemoryDesc.create((k,), dt, "a"), np.zeros(k, dt))  # noqa: E731
-            args = {ARG_SRC: None, ARG_WEIGHTS: self._packed.memory, ARG_DST: None,
+            args = {ARG_SRC: None, ARG_WEIGHTS: packed.memory, ARG_DST: None,
                     ARG_ATTR_SCALES | ARG_WEIGHTS: one(np.float32, self.n_scales),
                     ARG_ATTR_ZERO_POINTS | ARG_SRC: one(np.int32, 1)}
             if self.quantized:
                 args[ARG_ATTR_ZERO_POINTS | ARG_DST] = one(np.int32, 1)
             if self.bias:
                 args[ARG_BIAS] = one(np.float32, self.m)
-            step = self._steps[key] = self.pd.primitive().bind(args)
+            step = self._steps[key] = pd.primitive().bind(args)
         if self._written.get(key) is not params:
             xz, mult, bias, yz = params
             step[ARG_ATTR_SCALES | ARG_WEIGHTS].array[:] = mult
