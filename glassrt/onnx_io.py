@@ -415,7 +415,6 @@ def _weight_array(shape, dtype, nbytes: int) -> np.ndarray:
     return os_buffer(nbytes, promoted=False).view(dtype).reshape(shape)
 
 
-@functools.lru_cache(maxsize=None)
 # Element types whose typed field NumPy decodes alone, as onnx.numpy_helper.to_array does:
 # {type: (field, the field's values as, then how they become the element type)}. Scales and
 # zero points (quantization tools write them so) and small constants are stored this way;
@@ -451,6 +450,7 @@ def _typed_field_array(t: TensorProto, dtype, shape) -> np.ndarray | None:
     return (a if convert is None else convert(a)).reshape(shape)
 
 
+@functools.lru_cache(maxsize=None)
 def _mappable_dtype(data_type: int) -> np.dtype | None:
     """The NumPy dtype whose bytes are ONNX's raw data of this element type, or None."""
     import sys
