@@ -273,3 +273,34 @@ def test_glassrt_never_imports_sympy():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_sampled_shortcut_changes_no_decision(seed, monkeypatch):
+    """bounds._both_sides answers None where values on both sides of the comparison are
+    found; the full search must agree on every comparison (it can never decide one that
+    holds only for some values)."""
+    from glassrt.symbolic import bounds
+    from glassrt.symbolic.expr import _poly
+
+    trees = _trees(90 + seed, 120, depth=3)
+    pairs = [(x, y) for (x, _), (y, _) in zip(trees, trees[1:])]
+    with_shortcut = [bounds.decide(_poly(x - y), t) for x, y in pairs for t in (0, 1)]
+    monkeypatch.setattr(bounds, "_both_sides", lambda p, t: False)
+    assert with_shortcut == [bounds.decide(_poly(x - y), t) for x, y in pairs for t in (0, 1)]
+
+
+def test_independent_symbols_are_undecided_without_the_search(monkeypatch):
+    """A YOLOv8's broadcast compares products of Range and Resize lengths (independent
+    symbols): values on both sides are found by evaluating, not by the relaxations' search
+    (~9 ms a comparison, 0.1 s of that model's session creation)."""
+    from glassrt.symbolic import bounds
+    from glassrt.symbolic.expr import _poly
+
+    r = [symbolic.symbol(f"range__{i}") for i in range(4)]
+    h, w = symbolic.symbol("resize__0"), symbolic.symbol("resize__1")
+    d = r[0] * r[1] + r[2] * r[3] - h * w - (h // 2) * (w // 2) - 2
+    monkeypatch.setattr(bounds, "_lower", lambda p: pytest.fail("searched"))
+    assert bounds.decide(_poly(d), 0) is None and bounds.decide(_poly(-d), 0) is None
+    with pytest.raises(TypeError, match="cannot determine truth value"):
+        bool(d >= 0)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...ops.meta.vision import resize_geometry
 from ..registry import kernel
-from ._jit import jit, numba_missing
+from ._jit import jit, use_compiled
 from ._util import NUMERIC, cast_result, cubic_weights, interp_dtype
 
 BOOL = np.dtype(np.bool_)
@@ -186,6 +186,11 @@ class _ResizePlan:
             cur, cdt = (x if x.dtype == self.cdt else x.astype(self.cdt)), self.cdt
         last = len(self.passes) - 1
         direct = False
+        # the compiled passes once the process has Numba or runs the model again; until then
+        # their NumPy twins, the same bits (a model run once, an OCR detector's first run,
+        # no longer pays Numba's import there: ~0.45 s against onnxruntime's 7 ms)
+        loops = _COMPILED if use_compiled("Resize") else _NUMPY
+        gather_2d, interp_2d, gather_last, interp_last, gather_inner, interp_inner = loops
         for k, (src_shape, dst_shape, axes) in enumerate(self.passes):
             src = cur.reshape(src_shape)
             direct = k == last and (self.nearest or out.dtype == cdt) and out.flags.c_contiguous
@@ -194,16 +199,16 @@ class _ResizePlan:
             if rest:  # the fused last two axes
                 iw, ww, fill_w = rest[0]
                 if w is None:
-                    _gather_2d(src, idx[0], iw[0], dst)
+                    gather_2d(src, idx[0], iw[0], dst)
                 else:
-                    _interp_2d(src, idx, w, iw, ww, dst)
+                    interp_2d(src, idx, w, iw, ww, dst)
                 if fill_w is not None:
                     dst[:, :, fill_w] = fv
             elif src_shape[2] == 1:
                 src2, dst2 = src.reshape(src_shape[:2]), dst.reshape(dst_shape[:2])
-                _gather_last(src2, idx[0], dst2) if w is None else _interp_last(src2, idx, w, dst2)
+                gather_last(src2, idx[0], dst2) if w is None else interp_last(src2, idx, w, dst2)
             else:
-                _gather_inner(src, idx[0], dst) if w is None else _interp_inner(src, idx, w, dst)
+                gather_inner(src, idx[0], dst) if w is None else interp_inner(src, idx, w, dst)
             if fill is not None:
                 dst[:, fill, :] = fv
             cur = dst
@@ -305,6 +310,49 @@ def _gather_2d(src, ih, iw, dst):
                     d[q] = s[iw[q]]
 
 
+# ---------------------------------------------------------------- their NumPy twins
+#
+# The same products and sums in the same order, element by element (the compiled loops are
+# built without fastmath: no fused multiply-adds), so the same bits; tested against them.
+
+
+def _np_interp_inner(src, idx, w, dst):
+    np.multiply(w[0][None, :, None], src[:, idx[0], :], out=dst)
+    for k in range(1, idx.shape[0]):
+        dst += w[k][None, :, None] * src[:, idx[k], :]
+
+
+def _np_interp_last(src, idx, w, dst):
+    np.multiply(w[0][None, :], src[:, idx[0]], out=dst)
+    for k in range(1, idx.shape[0]):
+        dst += w[k][None, :] * src[:, idx[k]]
+
+
+def _np_gather_inner(src, idx, dst):
+    np.take(src, idx, axis=1, out=dst)
+
+
+def _np_gather_last(src, idx, dst):
+    np.take(src, idx, axis=1, out=dst)
+
+
+def _np_interp_2d(src, ih, wh, iw, ww, dst):
+    rows = wh[0][None, :, None] * src[:, ih[0], :]
+    for k in range(1, ih.shape[0]):
+        rows += wh[k][None, :, None] * src[:, ih[k], :]
+    np.multiply(ww[0][None, None, :], rows[:, :, iw[0]], out=dst)
+    for k in range(1, iw.shape[0]):
+        dst += ww[k][None, None, :] * rows[:, :, iw[k]]
+
+
+def _np_gather_2d(src, ih, iw, dst):
+    np.take(np.take(src, ih, axis=1), iw, axis=2, out=dst)
+
+
+_COMPILED = (_gather_2d, _interp_2d, _gather_last, _interp_last, _gather_inner, _interp_inner)
+_NUMPY = (_np_gather_2d, _np_interp_2d, _np_gather_last, _np_interp_last, _np_gather_inner, _np_interp_inner)
+
+
 def _resize_step(params, in_type_shape, dtype, consts, unpack):
     """A step that looks up (or builds) the plan for each distinct input shape and scales/sizes/roi."""
     cache = {}
@@ -340,7 +388,7 @@ def _key(a):
 def _resize_accepts(ctx):
     if ctx.attrs.get("mode", "nearest") != "nearest" and ctx.dtype(0) == BOOL:
         return "bool input needs mode=nearest"
-    return numba_missing()
+    return None  # (Numba optional: its NumPy twins run without it, the same bits)
 
 
 @kernel("Resize", dtypes=RESIZE_DTYPES, versions=(10, None), out=True, bind=True, accepts=_resize_accepts)
