@@ -645,3 +645,24 @@ def test_int8_convolution_runs_on_a_descriptor_made_for_the_runs_thread_count(mo
         assert made == [2, 1]  # (the first one's, kept)
     finally:
         capi.set_num_threads(before)
+
+
+def test_conv_integer_to_float_numpy_twin_is_the_compiled_pass_bit_for_bit():
+    """The exact-sums path's output step (older quantize_dynamic models) runs as NumPy until
+    the process has Numba: the same bits as the compiled pass, wrapping int32 sums included."""
+    pytest.importorskip("numba")
+    from glassrt.kernels.onednn import int8
+
+    rng = rng_for("conv-integer-to-float-twin")
+    n, h, w, m = 2, 3, 5, 7
+    acc = rng.integers(-2**31, 2**31 - 1, (n, h, w, m), dtype=np.int64).astype(np.int32)
+    acc[0, 0, 0, :3] = [2**31 - 1, -2**31, 0]
+    c1 = rng.integers(-2**20, 2**20, (h, w, m), dtype=np.int32)
+    ibias = rng.integers(-2**31, 2**31 - 1, m, dtype=np.int64).astype(np.int32)
+    scale = rng.uniform(1e-6, 1e-2, m).astype(np.float32)
+    fbias = rng.standard_normal(m).astype(np.float32)
+    for xz, has_fbias in ((0, False), (255, True), (131, False)):
+        got, want = (np.empty((n, m, h, w), np.float32) for _ in range(2))
+        int8._dequantize_nhwc_numpy(acc, xz, c1, ibias, scale, fbias, has_fbias, got.transpose(0, 2, 3, 1))
+        int8._dequantize_nhwc(acc, xz, c1, ibias, scale, fbias, has_fbias, want.transpose(0, 2, 3, 1))
+        assert got.tobytes() == want.tobytes()
