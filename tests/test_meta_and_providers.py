@@ -272,3 +272,38 @@ def test_own_meta_rules_keep_symbolic_dims_and_refuse_bad_attributes():
                           opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(glassrt.GlassrtError, match="channels 6 is not divisible by 4"):
         glassrt.InferenceSession(m).run(None, {"x": x})
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_recurrent_meta_is_onnxs_inference(op, layout, direction):
+    """LSTM, GRU and RNN have a meta of their own (onnx's generic inference imports the onnx
+    package at a session's creation): the shapes onnx infers, static and symbolic, every
+    output count; hidden_size from the attribute, or from R where onnx leaves it unknown."""
+    from onnx import shape_inference
+
+    from glassrt import onnx_io
+    from glassrt.runtime.infer import infer_symbolic
+
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    dirs, hidden = (2 if direction == "bidirectional" else 1), 3
+    for x_shape, n_out, hidden_attr in (([5, 2, 4], 1, True), (["s", "b", 4], 2, False), ([7, 1, 4], 3, True)):
+        if n_out > (3 if op == "LSTM" else 2):
+            continue
+        xs = x_shape if layout == 0 else [x_shape[1], x_shape[0], x_shape[2]]
+        outs = ["Y", "Y_h", "Y_c"][:n_out]
+        attrs = {"direction": direction, "layout": layout, **({"hidden_size": hidden} if hidden_attr else {})}
+        m = helper.make_model(helper.make_graph(
+            [helper.make_node(op, ["X", "W", "R"], outs, **attrs)], "g",
+            [helper.make_tensor_value_info("X", 1, xs), helper.make_tensor_value_info("W", 1, [dirs, gates * hidden, 4]),
+             helper.make_tensor_value_info("R", 1, [dirs, gates * hidden, hidden])],
+            [helper.make_tensor_value_info(o, 1, None) for o in outs]), opset_imports=[helper.make_opsetid("", 14)])
+        want = {o.name: [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim]
+                for o in shape_inference.infer_shapes(m, strict_mode=True).graph.output}
+        types = infer_symbolic(onnx_io.load(m.SerializeToString())).types
+        for o in outs:
+            got = [d if isinstance(d, int) else str(d) for d in types[o].shape]
+            # (where onnx leaves hidden_size unknown without the attribute, glassrt reads R's)
+            want_o = [hidden if isinstance(w, str) and w.startswith("unk__") else w for w in want[o]]
+            assert got == want_o, (o, got, want[o])
