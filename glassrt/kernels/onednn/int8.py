@@ -141,6 +141,18 @@ class Int8Weights(Prepared):
         forms the sums, which never reach memory. onnxruntime rounds (acc + C) · mult: where
         that and acc · mult + C · mult fall on two sides of a rounding tie, the code differs
         by one (as _RequantizingConv's). Only where `scalable`."""
+        return self._scaled_run(a, za, 1.0, mult, bias, y_dtype, y_zero_point, out)
+
+    def scaled(self, a: np.ndarray, za, a_scale, b_scale, bias=None, out=None) -> np.ndarray:
+        """float32 (a - za) @ B · a_scale · b_scale (+ bias): the exact integer sums, scaled
+        and biased by oneDNN as it writes them (onnxruntime's MatMulIntegerToFloat; B's
+        scale one value or one per column). Only where `scalable`."""
+        return self._scaled_run(a, za, np.float32(np.asarray(a_scale).reshape(())),
+                                np.broadcast_to(np.asarray(b_scale, np.float32).reshape(-1), (self.n,)),
+                                bias, np.float32, None, out)
+
+    def _scaled_run(self, a, za, src_scale, weight_scales, bias, y_dtype, y_zero_point, out):
+        """The scaled matmul of `scaled` and `requantized` (y_zero_point None: float32 y)."""
         if not self.scalable:
             raise ValueError("B has a zero point (or is uint8): its sums need product()'s corrections")
         m = a.shape[0]
@@ -152,39 +164,16 @@ class Int8Weights(Prepared):
         y = out if dense else np.empty((m, self.n), y_dtype)
         if m:
             step = self._scaled_step(m, bias is not None, y_dtype)
-            step[ARG_ATTR_SCALES | ARG_SRC].array[0] = 1.0
-            step[ARG_ATTR_SCALES | ARG_WEIGHTS].array[:] = mult
+            step[ARG_ATTR_SCALES | ARG_SRC].array[0] = src_scale
+            step[ARG_ATTR_SCALES | ARG_WEIGHTS].array[:] = weight_scales
             step[ARG_ATTR_ZERO_POINTS | ARG_SRC].array[0] = z
-            step[ARG_ATTR_ZERO_POINTS | ARG_DST].array[0] = y_zero_point
-            buffers = {ARG_SRC: a, ARG_DST: y}
-            if bias is not None:
-                buffers[ARG_BIAS] = bias.reshape(1, self.n)
-            step.run(buffers)
-        return as_out(y, out) if out is not None and not dense else y
-
-    def scaled(self, a: np.ndarray, za, a_scale, b_scale, bias=None, out=None) -> np.ndarray:
-        """float32 (a - za) @ B · a_scale · b_scale (+ bias): the exact integer sums, scaled
-        and biased by oneDNN as it writes them (onnxruntime's MatMulIntegerToFloat; B's
-        scale one value or one per column). Only where `scalable`."""
-        if not self.scalable:
-            raise ValueError("B has a zero point (or is uint8): its sums need product()'s corrections")
-        m = a.shape[0]
-        z = 0 if za is None else int(np.asarray(za).reshape(()))
-        if a.dtype == np.int8:
-            a, z = a.view(np.uint8) ^ np.uint8(0x80), z + 128
-        a = np.ascontiguousarray(a)
-        y = out if out is not None else np.empty((m, self.n), np.float32)
-        if m:
-            step = self._scaled_step(m, bias is not None)
-            step[ARG_ATTR_SCALES | ARG_SRC].array[0] = np.float32(np.asarray(a_scale).reshape(()))
-            step[ARG_ATTR_SCALES | ARG_WEIGHTS].array[:] = np.broadcast_to(np.asarray(b_scale, np.float32).reshape(-1),
-                                                                            (self.n,))
-            step[ARG_ATTR_ZERO_POINTS | ARG_SRC].array[0] = z
+            if y_zero_point is not None:
+                step[ARG_ATTR_ZERO_POINTS | ARG_DST].array[0] = y_zero_point
             buffers = {ARG_SRC: a, ARG_DST: y}
             if bias is not None:
                 buffers[ARG_BIAS] = np.ascontiguousarray(bias, np.float32).reshape(1, self.n)
             step.run(buffers)
-        return y
+        return as_out(y, out) if out is not None and not dense else y
 
     def product(self, a: np.ndarray, za=None) -> np.ndarray:
         if a.ndim != 2 or a.shape[1] != self.k or a.dtype not in (np.int8, np.uint8):
