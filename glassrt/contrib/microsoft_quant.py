@@ -1058,8 +1058,9 @@ def _requantizing_qgemm(ctx, weights, attrs):
     a code apart from cpu's kernel at a rounding tie, as QLinearConv's), or None where it
     does not apply: B int8 with zero point 0, A not transposed, an 8-bit Y, every scale,
     zero point and C a constant (quantize_static's classifier), C one value or one per
-    column. A MobileNetV2's 1280 -> 1000 classifier: 76 -> ~25 us alone (the exact int32
-    sums, then NumPy's float32 steps)."""
+    column. A MobileNetV2's 1280 -> 1000 classifier: 185 -> 78 us in its plan's profile (the
+    exact int32 sums, then NumPy's float32 steps, before); a session of that node alone
+    107 -> 54 us a run."""
     n = weights.n
     consts = {i: ctx.const(i) for i in (1, 2, 4, 6, 7, 8) if ctx.has(i)}
     if attrs.get("transA", 0) or not ctx.has(8) or any(v is None for v in consts.values()) \
