@@ -1433,3 +1433,30 @@ def test_dynamic_quantization_leaves_nan_out_of_the_range(compiled, monkeypatch)
 
 
 RNG_NAN = np.random.default_rng(77)
+
+
+def test_qlinear_add_fused_loop_is_the_float64_emulation_on_every_code_pair():
+    """Where the CPU has FMA instructions QLinearAdd's compiled pass is float32 with the
+    compiler fusing a·r + c (fastmath "contract"); it must round as the exact float64
+    emulation of two FMAs does (onnxruntime's AVX2 kernel): every pair of codes, for
+    random scales and zero points."""
+    pytest.importorskip("numba")
+    import llvmlite.binding as llvm
+
+    from glassrt.contrib import microsoft_quant as mq
+
+    if not llvm.get_host_cpu_features().get("fma"):
+        pytest.skip("no FMA instructions on this CPU: the float64 emulation runs")
+    assert mq._qlinear_add_loop_here().__name__ == "_qlinear_add_loop_fused"
+    rng = rng_for("qlinear-add-fused")
+    for dt in (U8, I8):
+        codes = np.arange(256, dtype=np.uint8).view(dt)
+        a, b = np.repeat(codes, 256), np.tile(codes, 256)
+        for _ in range(40):
+            s = [np.array(v, F32) for v in rng.uniform(1e-3, 0.3, 3)]
+            z = [np.array(v).astype(dt) for v in rng.integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, 3)]
+            args = mq._qlinear_add_constants(*mq._binary_params(a[:1], s[0], z[0], b[:1], s[1], z[1], s[2], z[2]))
+            fused, exact = np.empty(a.size, dt), np.empty(a.size, dt)
+            mq._qlinear_add_loop_fused(a, b, *args, fused)
+            mq._qlinear_add_loop(a, b, *args, exact)
+            np.testing.assert_array_equal(fused, exact)

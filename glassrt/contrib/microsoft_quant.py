@@ -41,6 +41,7 @@ output-sized result and copy it in.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -304,6 +305,27 @@ def _qlinear_add_loop(a, b, ra, rb, c, lo, hi, out):  # pragma: no cover - compi
         out[i] = np.rint(v)
 
 
+@jit(error_model="numpy", fastmath={"contract"})
+def _qlinear_add_loop_fused(a, b, ra, rb, c, lo, hi, out):  # pragma: no cover - compiled
+    """_qlinear_add_loop in float32, each product and sum left to the compiler to fuse into
+    one FMA instruction ("contract": only where the CPU has them, _qlinear_add_loop_here):
+    the same single roundings, in vectors twice as wide (a 56x56x24 residual: 38 -> 9 us)."""
+    for i in range(a.size):
+        inner = np.float32(b[i]) * rb + c
+        v = np.float32(a[i]) * ra + inner
+        v = min(max(v, lo), hi)
+        out[i] = np.rint(v)
+
+
+@functools.cache
+def _qlinear_add_loop_here():
+    """The fused loop where the CPU has FMA instructions (LLVM then fuses each a·r + c, as
+    MLAS's AVX2 kernel does); else the float64 emulation. (Numba is imported by then.)"""
+    import llvmlite.binding as llvm
+
+    return _qlinear_add_loop_fused if llvm.get_host_cpu_features().get("fma") else _qlinear_add_loop
+
+
 def _qlinear_mul(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=None, *, out=None):
     """C = saturate(round((A - za)(B - zb) · sa·sb/sc) + zc): the integer product (exact),
     times the float32 ratio (sa·sb)/sc, plus zc, two float32 roundings, unfused (MLAS's
@@ -341,7 +363,8 @@ def _binary_kernel(name, eager, constants, loop):
     views), one compiled pass over the bytes in memory order; else the tile-by-tile NumPy
     steps (`eager`: broadcasting, mixed layouts), the same bits. The scales and zero points
     are checked and turned into the pass's constants once, here, when they are constants
-    (quantize_static's): per call that was 15-50 us of a 10-40 us pass."""
+    (quantize_static's): per call that was 15-50 us of a 10-40 us pass. `loop()` gives the
+    compiled pass (QLinearAdd's is chosen by the CPU: _qlinear_add_loop_here)."""
 
     def bind(ctx):
         at = (1, 2, 4, 5, 6, 7)
@@ -358,7 +381,7 @@ def _binary_kernel(name, eager, constants, loop):
                 flat = same_layout(a, b, out)  # (one layout for the three, or the tile path)
                 if flat is not None:
                     args = fixed or constants(*_binary_params(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp))
-                    compiled(loop)(flat[0], flat[1], *args, flat[2])
+                    compiled(loop())(flat[0], flat[1], *args, flat[2])
                     return out
             return eager(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp, out=out)
 
@@ -368,9 +391,9 @@ def _binary_kernel(name, eager, constants, loop):
 
 
 qlinear_add.register_kernel("cpu", _binary_kernel("QLinearAdd", _qlinear_add, _qlinear_add_constants,
-                                                  _qlinear_add_loop), bind=True, out=True, layouts=(NHWC,))
+                                                  _qlinear_add_loop_here), bind=True, out=True, layouts=(NHWC,))
 qlinear_mul.register_kernel("cpu", _binary_kernel("QLinearMul", _qlinear_mul, _qlinear_mul_constants,
-                                                  _qlinear_mul_loop), bind=True, out=True, layouts=(NHWC,))
+                                                  lambda: _qlinear_mul_loop), bind=True, out=True, layouts=(NHWC,))
 
 
 def _binary_decomposition(op):
