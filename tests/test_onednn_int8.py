@@ -666,3 +666,26 @@ def test_conv_integer_to_float_numpy_twin_is_the_compiled_pass_bit_for_bit():
         int8._dequantize_nhwc_numpy(acc, xz, c1, ibias, scale, fbias, has_fbias, got.transpose(0, 2, 3, 1))
         int8._dequantize_nhwc(acc, xz, c1, ibias, scale, fbias, has_fbias, want.transpose(0, 2, 3, 1))
         assert got.tobytes() == want.tobytes()
+
+
+
+@needs_vnni
+def test_requantizing_conv_is_made_once_per_binding_context(monkeypatch):
+    """Placement asks the kernel's reason on its own context (once); a plan asks the reason
+    and binds the kernel with one context: one requantizing convolution made there, not two."""
+    from glassrt.kernels.onednn import int8
+
+    rng = rng_for("int8-requantizing-once")
+    consts = {"xs": np.array(0.02, np.float32), "xz": np.array(119, U8), "w": _codes(rng, I8, (16, 8, 3, 3)),
+              "ws": rng.uniform(0.001, 0.01, (16,)).astype(np.float32), "wz": np.zeros((16,), I8),
+              "ys": np.array(0.15, np.float32), "yz": np.array(131, U8),
+              "b": rng.integers(-3000, 3000, (16,)).astype(np.int32)}
+    m = _qlinear_conv_model(consts, (1, 8, 10, 10), pads=[1, 1, 1, 1])
+    made = []
+    real = int8._make_requantizing
+    monkeypatch.setattr(int8, "_make_requantizing", lambda ctx, g: made.append(1) or real(ctx, g))
+    sess = glassrt.InferenceSession(m)
+    at_placement = len(made)
+    sess.run(None, {"x": _codes(rng, U8, (1, 8, 10, 10))})
+    assert at_placement == 1 and len(made) == 2
+    assert [st.kernel.name for p in sess.runner.plans.values() for st in p.steps] == ["onednn.QLinearConv.int8"]

@@ -1094,7 +1094,7 @@ def _requantizing_qgemm(ctx, weights, attrs):
         return None
     try:  # the checks and the multiplier as the cpu kernel makes them (its messages for bad constants)
         a_dt = ctx.dtype(0)
-        _zero_point(consts.get(2), a_dt, "a_zero_point")
+        za = _zero_point(consts.get(2), a_dt, "a_zero_point")
         sa = _scale(consts[1], "a_scale")
         bs = _column_param(consts[4], n, "b_scale")
         mult = F32.type(attrs.get("alpha", 1.0)) * sa * bs / _scale(consts[7], "y_scale", divisor=True)
@@ -1105,7 +1105,6 @@ def _requantizing_qgemm(ctx, weights, attrs):
         return None
     mult = np.ascontiguousarray(np.broadcast_to(np.asarray(mult, F32), (n,)))
     bias = None if c is None else np.ascontiguousarray(np.broadcast_to(c.reshape(-1).astype(F32), (n,)) * mult)
-    za = consts.get(2)
 
     def step(a, a_scale, a_zp, b_, b_scale, b_zp, c=None, y_scale=None, y_zp=None, *, out=None):
         _q8(a, "A")

@@ -42,6 +42,15 @@ class BindContext:
     # value name -> "nhwc" where not plain NCHW (runtime/layout.py); None where layouts are
     # not chosen yet (placement judging the node): every value reads as plain then
     layouts: dict | None = None
+    # what a kernel worked out from this context, kept for its binding with the same one (a
+    # plan asks a kernel's reason, then binds it): not copied by dataclasses.replace
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def cached(self, key, make):
+        """make()'s result, made once per context and key."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     def layout(self, name) -> str:
         return self.layouts.get(name, "nchw") if name and self.layouts else "nchw"

@@ -89,14 +89,9 @@ def _identities(node, branch, provider):
     """[(Identity node, its Decision)] giving the If's outputs the branch's, or None."""
     from .placement import Decision
 
-    if provider == "cpu":
-        from . import _load_cpu_kernels
+    from . import _load_kernels
 
-        _load_cpu_kernels("", "Identity")
-    elif provider == "onednn":
-        from ..kernels.onednn import FAMILIES
-
-        FAMILIES.load_for("", "Identity")
+    _load_kernels(provider, "", "Identity")
     kernels = kernels_for(provider, "", "Identity")
     if not kernels or len(branch.graph.outputs) != len(node.outputs):
         return None

@@ -141,9 +141,9 @@ class OnednnProvider(Provider):
     def kernels(self, domain, op_type, opset):
         if self.unavailable:
             return []
-        from ..kernels.onednn import FAMILIES
+        from . import _load_kernels
 
-        FAMILIES.load_for(domain, op_type)
+        _load_kernels("onednn", domain, op_type)
         ks = kernels_for("onednn", domain, op_type)
         if self.options.get("nhwc", True) is False:
             from dataclasses import replace

@@ -328,11 +328,7 @@ def _np_interp_last(src, idx, w, dst):
         dst += w[k][None, :] * src[:, idx[k]]
 
 
-def _np_gather_inner(src, idx, dst):
-    np.take(src, idx, axis=1, out=dst)
-
-
-def _np_gather_last(src, idx, dst):
+def _np_gather(src, idx, dst):  # (P, I[, Q]) -> (P, O[, Q]): _gather_inner's and _gather_last's twin
     np.take(src, idx, axis=1, out=dst)
 
 
@@ -350,7 +346,7 @@ def _np_gather_2d(src, ih, iw, dst):
 
 
 _COMPILED = (_gather_2d, _interp_2d, _gather_last, _interp_last, _gather_inner, _interp_inner)
-_NUMPY = (_np_gather_2d, _np_interp_2d, _np_gather_last, _np_interp_last, _np_gather_inner, _np_interp_inner)
+_NUMPY = (_np_gather_2d, _np_interp_2d, _np_gather, _np_interp_last, _np_gather, _np_interp_inner)
 
 
 def _resize_step(params, in_type_shape, dtype, consts, unpack):

@@ -156,7 +156,7 @@ class Int8Weights(Prepared):
         if not self.scalable:
             raise ValueError("B has a zero point (or is uint8): its sums need product()'s corrections")
         m = a.shape[0]
-        z = 0 if za is None else int(np.asarray(za).reshape(()))
+        z = za if type(za) is int else (0 if za is None else int(np.asarray(za).reshape(())))
         if a.dtype == np.int8:
             a, z = a.view(np.uint8) ^ np.uint8(0x80), z + 128
         a = np.ascontiguousarray(a)
@@ -595,10 +595,7 @@ def _requantizing(ctx, geometry):
     not int8 with zero point 0, y not 8-bit, scales per tensor or per filter (float32), the
     bias a constant int32 per filter. Made once per context: a plan asks the kernel's reason
     and then binds it with the same one (~90 us a conv, 52 in a MobileNetV2's first run)."""
-    memo = ctx.__dict__
-    if "_requantizing" not in memo:
-        memo["_requantizing"] = _make_requantizing(ctx, geometry)
-    return memo["_requantizing"]
+    return ctx.cached("requantizing conv", lambda: _make_requantizing(ctx, geometry))
 
 
 def _make_requantizing(ctx, geometry):

@@ -41,11 +41,11 @@ def recurrent(ctx):
     if direction not in ("forward", "reverse", "bidirectional"):
         ctx.fail(f"direction must be forward, reverse or bidirectional, got {direction!r}")
     dirs = 2 if direction == "bidirectional" else 1
-    hidden = ctx.attr("hidden_size", None)
-    r_shape = ctx.shape(2)
-    if hidden is None:
+    hidden, r_shape = ctx.attr("hidden_size", None), ctx.shape(2)
+    if hidden is not None:
+        hidden = int(hidden)
+    else:  # (onnx leaves it unknown; R [directions, gates·hidden, hidden] says it)
         hidden = r_shape[2] if r_shape is not None else symbolic.fresh("hidden")
-    hidden = int(hidden) if isinstance(hidden, (int, float)) else hidden
     batch_first = int(ctx.attr("layout", 0)) == 1
     if x is None:
         seq, batch = symbolic.fresh("seq"), symbolic.fresh("batch")
