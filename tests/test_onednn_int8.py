@@ -345,6 +345,15 @@ def test_qlinear_conv_with_uint8_weights_requantizes_in_one_pass_as_cpu_does(mon
         np.testing.assert_array_equal(sess.run(None, {"x": x})[0], cpu)
 
 
+def _requantizing_consts(rng, c_in, c_out):
+    """A 3x3 QLinearConv's constants as quantize_static writes them (int8 weights of zero
+    point 0, scales per filter, an int32 bias): the requantizing convolution's case."""
+    return {"xs": np.array(0.02, np.float32), "xz": np.array(119, U8), "w": _codes(rng, I8, (c_out, c_in, 3, 3)),
+            "ws": rng.uniform(0.001, 0.01, (c_out,)).astype(np.float32), "wz": np.zeros((c_out,), I8),
+            "ys": np.array(0.15, np.float32), "yz": np.array(131, U8),
+            "b": rng.integers(-3000, 3000, (c_out,)).astype(np.int32)}
+
+
 def _qlinear_conv_model(consts, x_shape, x_dt=U8, **attrs):
     """One QLinearConv node 'conv' reading graph input x and the constants xs, xz, w, ws, wz,
     ys, yz, b; its output y of x's type."""
@@ -414,11 +423,7 @@ def test_qlinear_conv_requantized_by_onednn_rarely_moves_a_code():
     cpu's float64 requantization agree but at a few ties; onnxruntime's float32 ((acc + b)·M)
     sits as close."""
     rng = rng_for("int8-qconv-ties")
-    consts = {"xs": np.array(0.02, np.float32), "xz": np.array(119, U8), "w": _codes(rng, I8, (64, 32, 3, 3)),
-              "ws": rng.uniform(0.001, 0.01, (64,)).astype(np.float32), "wz": np.zeros((64,), I8),
-              "ys": np.array(0.15, np.float32), "yz": np.array(131, U8),
-              "b": rng.integers(-3000, 3000, (64,)).astype(np.int32)}
-    m = _qlinear_conv_model(consts, (1, 32, 56, 56), pads=[1, 1, 1, 1])
+    m = _qlinear_conv_model(_requantizing_consts(rng, 32, 64), (1, 32, 56, 56), pads=[1, 1, 1, 1])
     x = _codes(rng, U8, (1, 32, 56, 56))
     got = glassrt.InferenceSession(m).run(None, {"x": x})[0]
     _within_a_code(got, glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0], share=1e-4)
@@ -676,11 +681,7 @@ def test_requantizing_conv_is_made_once_per_binding_context(monkeypatch):
     from glassrt.kernels.onednn import int8
 
     rng = rng_for("int8-requantizing-once")
-    consts = {"xs": np.array(0.02, np.float32), "xz": np.array(119, U8), "w": _codes(rng, I8, (16, 8, 3, 3)),
-              "ws": rng.uniform(0.001, 0.01, (16,)).astype(np.float32), "wz": np.zeros((16,), I8),
-              "ys": np.array(0.15, np.float32), "yz": np.array(131, U8),
-              "b": rng.integers(-3000, 3000, (16,)).astype(np.int32)}
-    m = _qlinear_conv_model(consts, (1, 8, 10, 10), pads=[1, 1, 1, 1])
+    m = _qlinear_conv_model(_requantizing_consts(rng, 8, 16), (1, 8, 10, 10), pads=[1, 1, 1, 1])
     made = []
     real = int8._make_requantizing
     monkeypatch.setattr(int8, "_make_requantizing", lambda ctx, g: made.append(1) or real(ctx, g))
