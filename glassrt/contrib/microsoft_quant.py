@@ -160,7 +160,7 @@ def _dequantized_codes(dt, scale, zp):
 def _lookup(x, table, out=None):
     """table[byte of x], written into out (a tile at a time) when given; one compiled pass
     where x and out share a layout and the path keeps running (kernels/cpu/quantize.py)."""
-    from ..kernels.cpu.quantize import lookup_bytes  # (with ml_dtypes: imported where an 8-bit op runs)
+    from ..kernels.cpu.quantize import lookup_bytes  # (imported where an 8-bit op runs)
 
     if out is not None and lookup_bytes(x, table, out) is not None:
         return out
@@ -391,9 +391,9 @@ def _binary_kernel(name, eager, constants, loop):
 
 
 qlinear_add.register_kernel("cpu", _binary_kernel("QLinearAdd", _qlinear_add, _qlinear_add_constants,
-                                                  _qlinear_add_loop_here), bind=True, out=True, layouts=(NHWC,))
+                                                  _qlinear_add_loop_here), bind=True, out=True, layouts=(NHWC,), blas=False)
 qlinear_mul.register_kernel("cpu", _binary_kernel("QLinearMul", _qlinear_mul, _qlinear_mul_constants,
-                                                  lambda: _qlinear_mul_loop), bind=True, out=True, layouts=(NHWC,))
+                                                  lambda: _qlinear_mul_loop), bind=True, out=True, layouts=(NHWC,), blas=False)
 
 
 def _binary_decomposition(op):
@@ -457,13 +457,13 @@ _TABLES: dict = {}  # (activation, dtype, scales and zero points) -> its 256-ent
 
 
 
-@qlinear_sigmoid.register_kernel("cpu", out=True, layouts=(NHWC,))
+@qlinear_sigmoid.register_kernel("cpu", out=True, layouts=(NHWC,), blas=False)
 def _qlinear_sigmoid(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out=None):
     """Y = quantize(sigmoid(dequantize(X))), through onnxruntime's 256-entry table."""
     return _unary_table(x, x_scale, x_zp, y_scale, y_zp, mlas_math.logistic, out, key="sigmoid")
 
 
-@qlinear_leaky_relu.register_kernel("cpu", out=True, layouts=(NHWC,))
+@qlinear_leaky_relu.register_kernel("cpu", out=True, layouts=(NHWC,), blas=False)
 def _qlinear_leaky_relu(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out=None, alpha=0.01):
     """Y = quantize(leaky_relu(dequantize(X), alpha)), through onnxruntime's 256-entry table."""
     a = F32.type(alpha)
@@ -535,7 +535,7 @@ def _qlinear_global_average_pool_meta(x, x_scale, x_zp, y_scale, y_zp, channels_
     return Meta(x.dtype, tuple(1 if k in spatial else d for k, d in enumerate(x.shape)))
 
 
-@qlinear_global_average_pool.register_kernel("cpu", out=True, layouts=(NHWC,))
+@qlinear_global_average_pool.register_kernel("cpu", out=True, layouts=(NHWC,), blas=False)
 def _qlinear_global_average_pool(x, x_scale, x_zp, y_scale, y_zp, *, out=None, channels_last=0):
     """The mean over the spatial dims (2.. or, channels_last, 1..-2), in integers."""
     dt, sx, zx, sy, zy = _pool_params(x, x_scale, x_zp, y_scale, y_zp)
@@ -638,7 +638,7 @@ def _qlinear_average_pool_meta(x, x_scale, x_zp, y_scale, y_zp, kernel_shape, au
     return Meta(x.dtype, (x.shape[0], x.shape[1], *out))
 
 
-@qlinear_average_pool.register_kernel("cpu", out=True)
+@qlinear_average_pool.register_kernel("cpu", out=True, blas=False)
 def _qlinear_average_pool(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out=None, kernel_shape,
                           auto_pad="NOTSET", ceil_mode=0, channels_last=0, count_include_pad=0, pads=(), strides=()):
     """onnxruntime's quantized average pool: X dequantized to float32, each window summed
@@ -882,7 +882,8 @@ def _qlinear_concat_kernel(ctx):
 
 
 # The first input is the output's float32 scale: that is the dtype the kernel is chosen by.
-qlinear_concat.register_kernel("cpu", _qlinear_concat_kernel, dtypes=[F32], bind=True, out=True, layouts=(NHWC,))
+qlinear_concat.register_kernel("cpu", _qlinear_concat_kernel, dtypes=[F32], bind=True, out=True, layouts=(NHWC,),
+                               blas=False)
 
 
 @qlinear_concat.register_decomposition
@@ -939,7 +940,7 @@ def _qlinear_where(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp, *, o
 
 
 # The first input is the bool condition: that is the dtype the kernel is chosen by.
-qlinear_where.register_kernel("cpu", _qlinear_where, dtypes=[np.bool_], out=True)
+qlinear_where.register_kernel("cpu", _qlinear_where, dtypes=[np.bool_], out=True, blas=False)
 
 
 @qlinear_where.register_decomposition

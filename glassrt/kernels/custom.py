@@ -55,7 +55,7 @@ class CustomOp:
         self._publish()
         return fn
 
-    def register_kernel(self, provider, fn=None, *, dtypes=None, bind=False, out=False, layouts=()):
+    def register_kernel(self, provider, fn=None, *, dtypes=None, bind=False, out=False, layouts=(), blas=True):
         """fn(*inputs, **attrs) -> array or tuple of arrays, for `provider` ("cpu"...).
 
         With bind=True, fn(ctx) is called once per compiled plan and returns
@@ -73,9 +73,13 @@ class CustomOp:
 
         layouts=("nhwc",): the kernel computes the same on channels-last values (3-D and 4-D
         arrays whose bytes lie (N, *spatial, C): kernels/buffers.py's memory_order), so a
-        value between it and oneDNN's convolutions need not change layout."""
+        value between it and oneDNN's convolutions need not change layout.
+
+        blas=False: the kernel never calls NumPy's BLAS (a plan of such kernels alone leaves
+        BLAS's thread count as it is; left True, glassrt sets it to the session's first)."""
         if fn is None:
-            return lambda f: self.register_kernel(provider, f, dtypes=dtypes, bind=bind, out=out, layouts=layouts)
+            return lambda f: self.register_kernel(provider, f, dtypes=dtypes, bind=bind, out=out, layouts=layouts,
+                                                  blas=blas)
 
         unregister(provider, self.domain, self.name)
         n_out = len(self.schema.outputs)
@@ -89,7 +93,7 @@ class CustomOp:
                         domain=self.domain, op_type=self.name, fn=call, multi=multi, builder=bind, out=out,
                         dtypes=frozenset(np.dtype(d) for d in declared) if declared else None,
                         attrs=None, doc=(fn.__doc__ or "").strip().split("\n")[0] or "user kernel",
-                        layouts=frozenset(layouts)))
+                        layouts=frozenset(layouts), blas=blas))
         self.kernels[provider] = fn if not bind else _Bound(fn)
         self._publish()
         return self

@@ -112,6 +112,10 @@ class Kernel:
     # A static_only kernel for dims of 1 (a decode step's one-row products): placement judges
     # it with the symbolic dims bound to 1, where other kernels are judged at a larger stand-in.
     one_row: bool = False
+    # May call NumPy's BLAS, whose thread count is then set before a run (runner.py): not an
+    # alias or elementwise kernel, nor one declared blas=False (threadpoolctl's import and
+    # scan cost a first run ~4 ms that a plan without BLAS need not pay)
+    blas: bool = True
     doc: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -185,7 +189,7 @@ def _dtype_set(dtypes) -> frozenset:
 def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), dtypes=None,
            out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
            accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None, layouts=(),
-           static_only: bool = False, any_shape: bool = False, one_row: bool = False):
+           static_only: bool = False, any_shape: bool = False, one_row: bool = False, blas: bool | None = None):
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
@@ -199,7 +203,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
                 dtypes=kdtypes,
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
                 workspace=workspace, priority=priority, layouts=frozenset(layouts), static_only=static_only,
-                any_shape=any_shape, one_row=one_row,
+                any_shape=any_shape, one_row=one_row, blas=not (alias or inplace) if blas is None else blas,
                 attrs=kattrs,
                 doc=(fn.__doc__ or "").strip().split("\n")[0],
             ))

@@ -221,10 +221,10 @@ class GraphRunner:
                                                     self.options.adaptive_threads, start=self.threads_hint)
             n = plan.threads.choose()
             if plan.uses_blas is None:
-                # a step that may call NumPy's BLAS: a kernel of such a provider that computes
-                # (an alias, a Reshape's view, does not); a plan of oneDNN's kernels alone needs
-                # no BLAS count set (threadpoolctl's import and scan: ~4 ms of a first run)
-                plan.uses_blas = any(st.provider in self.blas_providers and not st.kernel.alias for st in plan.steps)
+                # a step that may call NumPy's BLAS: a kernel of such a provider that may
+                # (Kernel.blas); a plan of oneDNN's kernels and elementwise or quantizing steps
+                # needs no BLAS count set (threadpoolctl's import and scan: ~4 ms of a first run)
+                plan.uses_blas = any(st.provider in self.blas_providers and st.kernel.blas for st in plan.steps)
             threads.use_threads(n, self.openmp_pool, blas=plan.uses_blas)
             # (the CPU time tells a starved multi-thread run; a one-thread run's is not
             # needed, and the clock is a system call in some virtual machines)

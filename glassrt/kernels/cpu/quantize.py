@@ -10,7 +10,6 @@ computed whole (int32) and copied into theirs.
 """
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from ... import dtypes
@@ -20,10 +19,12 @@ from ..buffers import NHWC, memory_order, same_layout
 from ._jit import jit, use_compiled
 from ._util import as_out, norm_axis, pad_spatial, spatial_pads, windows, write_elementwise
 
-_INT_QUANT = [np.int8, np.uint8, np.int16, np.uint16] + sorted(dtypes.SMALL_INTS, key=str)
-_FLOAT8 = dtypes.FLOAT8 - {np.dtype(ml_dtypes.float8_e8m0fnu)}
+# DTypeSets: the ml_dtypes members (int4, float8...) are named, so that an 8-bit model's
+# first run does not import ml_dtypes (~7 ms) for types it never meets
+_INT_QUANT = dtypes.DTypeSet([np.int8, np.uint8, np.int16, np.uint16]) | dtypes.SMALL_INTS
+_FLOAT8 = dtypes.FLOAT8 - dtypes.DTypeSet((), ["FLOAT8E8M0"])
 _QUANT_FLOATS = _FLOAT8 | dtypes.FLOAT4  # float8 / float6 / float4 targets (no integer rounding)
-_QUANT_TYPES = frozenset(map(np.dtype, _INT_QUANT)) | _QUANT_FLOATS
+_QUANT_TYPES = _INT_QUANT | _QUANT_FLOATS
 _I8 = [np.int8, np.uint8]
 
 
@@ -32,7 +33,12 @@ def _np(elem_type):
 
 
 def _int_range(dt):
-    info = ml_dtypes.iinfo(dt) if dt in dtypes.SMALL_INTS else np.iinfo(dt)
+    if dt in dtypes.SMALL_INTS:
+        import ml_dtypes  # (loaded already: the dtype is one of its)
+
+        info = ml_dtypes.iinfo(dt)
+    else:
+        info = np.iinfo(dt)
     return int(info.min), int(info.max)
 
 
@@ -71,6 +77,8 @@ def _float_of(dt):
 def _saturate_float(v, dt, saturate):
     """Cast to a float8/float4 type; with `saturate`, out-of-range values (and ±inf) clamp to ±max."""
     if saturate or dt in dtypes.FLOAT4:
+        import ml_dtypes  # (loaded already: the dtype is one of its)
+
         m = float(ml_dtypes.finfo(dt).max)
         v = np.clip(v, -m, m)  # NaN stays NaN
     return v.astype(dt)
@@ -79,7 +87,7 @@ def _saturate_float(v, dt, saturate):
 # ---------------------------------------------------------------- QuantizeLinear
 
 
-@kernel("QuantizeLinear", versions=(10, None), dtypes=dtypes.FLOATS_BF16 | {np.dtype(np.int32)}, out=True,
+@kernel("QuantizeLinear", versions=(10, None), dtypes=dtypes.FLOATS_BF16 | {np.dtype(np.int32)}, out=True, blas=False,
         layouts=(NHWC,))
 def quantize_linear(x, y_scale, y_zero_point=None, *, out=None, axis=1, saturate=1, block_size=0, output_dtype=0,
                     precision=0):
@@ -203,7 +211,7 @@ def _dequantize8(x, s, z, out):  # pragma: no cover - compiled
 
 
 @kernel("DequantizeLinear", versions=(10, None),
-        dtypes=frozenset(map(np.dtype, _INT_QUANT + [np.int32])) | _QUANT_FLOATS, out=True, layouts=(NHWC,))
+        dtypes=_INT_QUANT | {np.dtype(np.int32)} | _QUANT_FLOATS, out=True, layouts=(NHWC,), blas=False)
 def dequantize_linear(x, x_scale, x_zero_point=None, *, out=None, axis=1, block_size=0, output_dtype=0):
     """y = (x - x_zero_point) * x_scale, in the output type's precision (float32 for half types)."""
     out_dt = _np(output_dtype) if output_dtype else x_scale.dtype
@@ -293,7 +301,7 @@ def dynamic_range_params(x_min: float, x_max: float):
     return scale, zp
 
 
-@kernel("DynamicQuantizeLinear", dtypes=[np.float32], multi=True, out=True, layouts=(NHWC,))
+@kernel("DynamicQuantizeLinear", dtypes=[np.float32], multi=True, out=True, layouts=(NHWC,), blas=False)
 def dynamic_quantize_linear(x, *, out=(None, None, None)):
     """uint8 quantization with scale / zero point taken from the data range (which always includes 0).
     Any layout (a range, then each element on its own): a quantize_dynamic CNN's activations
@@ -385,7 +393,7 @@ def _requantize(acc, mult, y_zero_point, fallback_dt):
     return np.clip(r, lo, hi, out=r).astype(out_dt)
 
 
-@kernel("QLinearMatMul", versions=(10, None), dtypes=list(_I8) + sorted(_FLOAT8, key=str), out=True)
+@kernel("QLinearMatMul", versions=(10, None), dtypes=dtypes.DTypeSet(_I8) | _FLOAT8, out=True)
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None, *, out=None):
     """Quantized matmul: exact integer product, then one requantization to y's scale/zero point."""
     az = _row_param(a_zero_point, a.shape, "a_zero_point") if a_zero_point is not None else None
@@ -493,7 +501,7 @@ def qlinear_conv_output(acc, x, x_scale, w, w_scale, y_scale, y_zero_point, b=No
 # ---------------------------------------------------------------- glassrt::QuantizeDequantize
 
 
-@kernel("QuantizeDequantize", domain="glassrt", dtypes=[np.float32], out=True, bind=True, layouts=(NHWC,))
+@kernel("QuantizeDequantize", domain="glassrt", dtypes=[np.float32], out=True, bind=True, layouts=(NHWC,), blas=False)
 def quantize_dequantize(ctx):
     """QuantizeLinear then DequantizeLinear with one scale and zero point, in one pass:
     (clip(rint(x / s) + z, lo, hi) - z) * s, every step in float32 as the two kernels take
@@ -569,7 +577,7 @@ def _gather_bytes(x, table, out):  # pragma: no cover - compiled
         out[i] = table[x[i]]
 
 
-@kernel("LookupTable", domain="glassrt", dtypes=[np.uint8, np.int8], out=True, layouts=(NHWC,))
+@kernel("LookupTable", domain="glassrt", dtypes=[np.uint8, np.int8], out=True, layouts=(NHWC,), blas=False)
 def lookup_table(x, table, *, out=None):
     """Y = table[byte of X] (a 256-entry table; any layout: each byte on its own)."""
     if table.shape != (256,):
