@@ -282,7 +282,7 @@ class Session:
         if missing:
             raise UnknownOutputError(f"unknown output name(s) {missing}; the model's outputs are {names}")
         feeds = self._check_feeds(input_feed)
-        run_started()  # (a second run of a model is when its optional compiled loops pay Numba's import: _jit)
+        run_started()  # (a second run of a model is when Numba starts loading for its optional compiled loops: _jit)
         if run_options is None and not self.options.enable_profiling:
             outs = self.runner.run(feeds, into=into)  # (no guard: the context manager costs ~1 us a run)
             return outs if not output_names else [outs[names.index(n)] for n in output_names]

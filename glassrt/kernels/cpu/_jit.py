@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import sys
 import threading
 
@@ -59,20 +60,81 @@ def run_started() -> None:
 
 def use_compiled(path: str, after: int = 64) -> bool:
     """Whether an optional compiled loop (one whose NumPy twin gives the same bits) should
-    run now: Numba is installed and the process has imported it already, or this path is
-    asked in a later session run than the one that first asked it, or `after` times in
-    all: a process that runs a model again pays Numba's import once (~0.45 s with its
-    first cache load), in that second run, and every later run has the compiled loops; a
-    process that runs a model once never pays it. (The import used to wait for the 64th
-    call: a quantized MobileNetV2 ran its second to fifth runs on the NumPy twins, 4.5 ms
-    against 2.5, and stalled in its sixth.)"""
+    run now: Numba is installed and loaded (imported, its CPU target set up). Where it is
+    not, the NumPy twin runs, and Numba starts loading on another thread (numba_warmup)
+    once this path is asked in a later session run than the one that first asked it, or
+    `after` times in all: a process that runs a model once never loads it, and one that
+    keeps running it gets the compiled loops once the load is done, its runs meanwhile on
+    the twins. (The second run used to import Numba itself: 0.5-1.1 s for a quantized
+    MobileNetV2, whose runs take 2-5 ms; and before that the sixth.)"""
     if numba_missing() is not None:
         return False
-    if "numba" in sys.modules:
+    if numba_loaded():
         return True
     first = _FIRST_RUN.setdefault(path, _RUNS[0])
     _CALLS[path] = _CALLS.get(path, 0) + 1
-    return _CALLS[path] > after or _RUNS[0] > first
+    if _CALLS[path] > after or _RUNS[0] > first:
+        numba_warmup()
+    return False
+
+
+_warmup: threading.Thread | None = None
+_warmup_lock = threading.Lock()
+_warm = threading.Event()  # set once Numba is imported and its CPU target set up
+
+
+def numba_loaded() -> bool:
+    """Numba imported whole (by numba_warmup, a kernel that needs it, or the caller): not
+    merely in sys.modules, where it is from the start of its import on."""
+    if _warm.is_set():
+        return True
+    mod = sys.modules.get("numba")
+    return mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False) \
+        and (_warmup is None or not _warmup.is_alive())
+
+
+def numba_warmup() -> None:
+    """Load Numba on a thread of its own, once per process: its import and its CPU target's
+    set-up (the registries its first compilation or cache load reads; with SciPy installed,
+    Numba imports it there) take 0.5-1 s, which a run would otherwise stall for. Runs go on
+    meanwhile, slower while the two share the GIL and the cores (measured on 2 cores, a
+    quantized MobileNetV2 in a loop: runs of 3-177 ms for ~0.6 s, against one run of
+    0.5-1.1 s). A fork, and the interpreter's exit, wait for it (a child forked mid-import
+    would find the import's locks held by a thread it does not have)."""
+    global _warmup
+    if _warmup is not None:
+        return
+    with _warmup_lock:
+        if _warmup is not None:
+            return
+        _warmup = threading.Thread(target=_load_numba, name="glassrt-load-numba")  # (not a daemon: joined at exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(before=wait_for_numba)
+        _warmup.start()
+
+
+def _load_numba() -> None:
+    try:
+        import numba  # noqa: F401
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.core.registry import cpu_target
+
+        # what a dispatcher's first compilation or cache load does first (Numba's own calls,
+        # under the lock its compilations hold: a kernel that needs Numba may compile now)
+        with global_compiler_lock:
+            cpu_target.target_context.refresh()
+            cpu_target.typing_context.refresh()
+    except Exception as e:  # noqa: BLE001 - an installed Numba that cannot load: the twins stay
+        _REASON[:] = [f"numba unavailable (its import failed: {type(e).__name__}: {e})"]
+    else:
+        _warm.set()
+
+
+def wait_for_numba() -> None:
+    """Until a background load of Numba (if one started) has ended."""
+    t = _warmup
+    if t is not None and t.is_alive() and t is not threading.current_thread():
+        t.join()
 
 
 def _import_numba():
@@ -80,6 +142,7 @@ def _import_numba():
         import numba
     except Exception as e:  # pragma: no cover - numba is a dependency
         raise RuntimeError(f"this kernel needs Numba, which failed to import: {type(e).__name__}: {e}") from e
+    _warm.set()
     if _threads:
         numba_threads(_threads.pop())
     return numba
@@ -90,7 +153,7 @@ def limit_threads(n: int) -> None:
     but for row_panels' loops, a custom op's need not be). Applied now if Numba is imported
     (a custom op's module did), else when the first compiled kernel imports it: a session
     whose nodes need no Numba then never pays its import (0.3-0.5 s)."""
-    if "numba" in sys.modules:
+    if numba_loaded():
         numba_threads(n)
     else:
         _threads[:] = [n]

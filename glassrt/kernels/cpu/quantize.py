@@ -528,8 +528,8 @@ def quantize_dequantize(ctx):
         y = np.empty(x.shape, np.float32) if out is None else out
         if y.shape != x.shape:
             raise ValueError(f"the output {list(y.shape)} is not the input's shape {list(x.shape)}")
-        # the compiled loop once the process has Numba or this path keeps running (_jit.use_compiled:
-        # a QDQ model's first run then does not import Numba, ~0.4 s of it), in the output's
+        # the compiled loop once the process has Numba loaded (this path running again starts it:
+        # _jit.use_compiled; a QDQ model's first run then does not import Numba, ~0.4 s of it), in the output's
         # memory order (plain or channels-last); NumPy tile by tile otherwise
         pair = _flat_pair(np.asarray(x, np.float32), y) if use_compiled("QuantizeDequantize") else None
         if pair is not None:

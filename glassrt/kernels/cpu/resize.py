@@ -186,8 +186,8 @@ class _ResizePlan:
             cur, cdt = (x if x.dtype == self.cdt else x.astype(self.cdt)), self.cdt
         last = len(self.passes) - 1
         direct = False
-        # the compiled passes once the process has Numba or runs the model again; until then
-        # their NumPy twins, the same bits (a model run once, an OCR detector's first run,
+        # the compiled passes once the process has Numba loaded (a second run starts it:
+        # _jit); until then their NumPy twins, the same bits (a model run once, an OCR detector's first run,
         # no longer pays Numba's import there: ~0.45 s against onnxruntime's 7 ms)
         loops = _COMPILED if use_compiled("Resize") else _NUMPY
         gather_2d, interp_2d, gather_last, interp_last, gather_inner, interp_inner = loops

@@ -770,8 +770,8 @@ def conv_integer_to_float(ctx):
             ibias = np.ascontiguousarray(np.broadcast_to(b_sums.reshape(-1), (m,)))
         acc, xz, c1 = sums(x, x_zero_point)
         y = np.empty(y_shape, np.float32) if out is None else out
-        # the compiled pass once the process has Numba or runs the model again; its NumPy
-        # twin until then (a first run no longer pays Numba's import: ddddocr's 0.45 s)
+        # the compiled pass once the process has Numba loaded (a second run starts it: _jit);
+        # its NumPy twin until then (a first run no longer pays Numba's import: ddddocr's 0.45 s)
         dequantize = compiled(_dequantize_nhwc) if use_compiled("ConvIntegerToFloat") else _dequantize_nhwc_numpy
         dequantize(acc, xz, c1, ibias, np.ascontiguousarray(np.broadcast_to(scale.reshape(-1), (m,))), fbias,
                    has_fbias, y.transpose(0, 2, 3, 1))
