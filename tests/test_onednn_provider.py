@@ -173,6 +173,39 @@ def test_a_symbolic_conv_onednn_has_only_generic_code_for_goes_to_cpu_at_placeme
     assert "16x the work" in node["reason"]
 
 
+def test_a_symbolic_batch_is_judged_at_1_so_a_batch_1_plan_makes_no_descriptor_again(monkeypatch):
+    """Placement judges a static_only kernel on a stand-in binding of the symbolic dims, the
+    batch (an input's leading symbol) at 1 first: the conv descriptor its predicate makes is
+    the one a batch-1 plan binds, and that plan makes none (another batch makes its own)."""
+    from glassrt.kernels.onednn import dnnl
+    from glassrt.runtime.placement import batch_symbols
+
+    made = []
+    conv = dnnl.conv
+    monkeypatch.setattr(dnnl, "conv", lambda x, *a, **k: made.append(tuple(x)) or conv(x, *a, **k))
+    w = np.random.default_rng(7).standard_normal((13, 7, 3, 3)).astype(np.float32)  # (a shape no other test makes)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+              [tensor("x", ["n", 7, 9, 9])], [tensor("y", None)], [init("w", w)], opset=17)
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    assert batch_symbols(sess.placement.graph) == {"n"} and made == [(1, 7, 9, 9)]
+    x = np.random.default_rng(8).standard_normal((3, 7, 9, 9)).astype(np.float32)
+    cpu = glassrt.InferenceSession(m, providers=["cpu"])
+    np.testing.assert_allclose(sess.run(None, {"x": x[:1]})[0], cpu.run(None, {"x": x[:1]})[0], rtol=1e-4, atol=1e-4)
+    assert made == [(1, 7, 9, 9)]
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], cpu.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert made == [(1, 7, 9, 9), (3, 7, 9, 9)]
+
+
+def test_batch_symbols_lead_inputs_of_rank_2_or_more():
+    from glassrt.runtime.placement import batch_symbols
+
+    m = model([helper.make_node("Identity", ["a"], ["y"]), helper.make_node("Identity", ["s"], ["z"]),
+               helper.make_node("Identity", ["t"], ["u"])],
+              [tensor("a", ["b", "seq"]), tensor("s", ["samples"]), tensor("t", [2, "k"])],
+              [tensor("y", None), tensor("z", None), tensor("u", None)], [], opset=17)
+    assert batch_symbols(glassrt.InferenceSession(m, providers=["cpu"]).placement.graph) == {"b"}
+
+
 # ---------------------------------------------------------------- one pool of threads
 
 

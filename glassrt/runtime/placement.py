@@ -18,6 +18,7 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from .. import symbolic
 from ..errors import UnsupportedOperatorError, describe_node
 from ..ir import Graph, Node, TensorType
 from ..kernels.registry import BindContext
@@ -116,7 +117,8 @@ def _fallback_reason(d: Decision) -> str:
 
 
 def place(graph: Graph, inference: Inference, providers, *, outer_types=None, outer_values=None,
-          expansion_failures: dict | None = None, mark_unsupported: bool = False) -> Placement:
+          expansion_failures: dict | None = None, mark_unsupported: bool = False,
+          batch: frozenset | None = None) -> Placement:
     """Decide a provider for every node of `graph` (typed by `inference`). Subgraphs (If,
     Loop and Scan bodies) are typed against the enclosing scope and placed the same way.
     `expansion_failures` (node name -> why its decomposition failed, from the expand pass)
@@ -124,12 +126,13 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
     UnsupportedOperatorError, or with `mark_unsupported` (for explain) gets a Decision with
     provider None and the reason, listed in `Placement.unsupported`."""
     failures = expansion_failures or {}
+    batch = batch_symbols(graph) if batch is None else batch
     types, values = dict(outer_types or {}), dict(outer_values or {})
     types.update(inference.types)
     values.update(inference.values)
     decisions, subgraphs, unsupported = {}, {}, []
     for node in graph.nodes:
-        decision, why_not = decide(node, types, values, providers, failures.get(node.name))
+        decision, why_not = decide(node, types, values, providers, failures.get(node.name), batch)
         if decision is None:
             unsupported.append((node, why_not))
             if mark_unsupported:
@@ -142,7 +145,7 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
             if graphs and all(isinstance(g, Graph) for g in graphs):
                 ps = [place(g, infer(g, {}, outer_types=types, outer_values=values, strict=False, subgraph=True),
                             providers, outer_types=types, outer_values=values, expansion_failures=failures,
-                            mark_unsupported=mark_unsupported) for g in graphs]
+                            mark_unsupported=mark_unsupported, batch=batch) for g in graphs]
                 unsupported += [u for p in ps for u in getattr(p, "_unsupported", [])]
                 subs[attr] = ps if isinstance(v, list) else ps[0]
         if subs:
@@ -170,7 +173,15 @@ def unsupported_error(unsupported, providers) -> UnsupportedOperatorError:
                     for n, why in unsupported))
 
 
-def decide(node, types, values, providers, expansion_failure=None) -> tuple[Decision | None, str]:
+def batch_symbols(graph: Graph) -> frozenset:
+    """The symbols that lead a graph input of rank 2 or more: its batch, as exporters write
+    it (a 1-D input's symbol is a length: Silero's samples). Judged at 1 first (select.py)."""
+    return frozenset(n for v in graph.inputs
+                     if isinstance(v.type, TensorType) and v.type.shape is not None and len(v.type.shape) >= 2
+                     and not isinstance(v.type.shape[0], int) for n in symbolic.free_names(v.type.shape[0]))
+
+
+def decide(node, types, values, providers, expansion_failure=None, batch=frozenset()) -> tuple[Decision | None, str]:
     """(the decision, "") or (None, why no provider can run the node). A partial provider's
     choice also records the next providers' (decided only if a plan asks): a plan may see
     what placement could not, symbolic dims made concrete, the layouts it chose, or an If
@@ -182,7 +193,7 @@ def decide(node, types, values, providers, expansion_failure=None) -> tuple[Deci
     ctx = node_context(node, contract, types, values)
     rejected, shape_bound = [], []
     for rank, p in enumerate(providers):
-        ks, why, accepted, shape_free = provider_verdict_checked(p, node, contract, ctx)
+        ks, why, accepted, shape_free = provider_verdict_checked(p, node, contract, ctx, batch)
         if ks:
             passed_complete = any(not q.partial for q in providers[:rank])
             d = Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete,
@@ -192,7 +203,7 @@ def decide(node, types, values, providers, expansion_failure=None) -> tuple[Deci
                 # whose kernels judge a plan's layouts too: the next providers' choice, for
                 # plans whose shapes or layouts its kernels refuse (decided only if one does)
                 d.later = functools.partial(_later_providers, node, types, values, providers[rank + 1:],
-                                            list(rejected), p, passed_complete)
+                                            list(rejected), p, passed_complete, batch)
             return d, ""
         rejected.append((p.name, why))
         if p.partial and shape_free and not is_static(ctx):  # refused on shapes it could not see
@@ -202,8 +213,8 @@ def decide(node, types, values, providers, expansion_failure=None) -> tuple[Deci
     return None, "; ".join(f"{p}: {r}" for p, r in rejected)
 
 
-def _later_providers(node, types, values, later, rejected, provider, passed_complete) -> Decision | None:
-    alt, _ = decide(node, types, values, later)
+def _later_providers(node, types, values, later, rejected, provider, passed_complete, batch) -> Decision | None:
+    alt, _ = decide(node, types, values, later, batch=batch)
     if alt is not None:
         alt.rejected = rejected + [(provider.name, "refused the plan's shapes")] + alt.rejected
         alt.fallback = alt.fallback or passed_complete or not provider.partial

@@ -89,10 +89,11 @@ def provider_verdict(provider, node, contract, ctx) -> tuple[list, str]:
     return candidates, why
 
 
-def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, bool, bool]:
+def provider_verdict_checked(provider, node, contract, ctx, batch=frozenset()) -> tuple[list, str, bool, bool]:
     """provider_verdict, whether a candidate passed every check on these very types (not
     only on a stand-in binding of symbolic dims), and whether some kernel passed the checks
-    that do not depend on the shapes: placement asks, and the checks were made here already."""
+    that do not depend on the shapes: placement asks, and the checks were made here already.
+    `batch`: the symbols a stand-in binding takes as 1 first (see STAND_IN_DIM)."""
     why_not = provider.excluded(node.op_type) if hasattr(provider, "excluded") else None
     if why_not:
         return [], why_not, False, False
@@ -115,8 +116,10 @@ def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, 
             # A kernel bound per concrete shape judges a stand-in binding of the symbolic
             # dims (ranks, channels and kernel sizes are what its predicate looks at); each
             # plan re-checks its own shapes and moves the node on if it refuses them.
-            for value in (1,) if k.one_row else (STAND_IN_DIM, STAND_IN_LARGE):
-                r = kernel_reason(k, _stand_in(ctx, value))
+            bindings = [(1, ())] if k.one_row else \
+                [(STAND_IN_DIM, batch)] * bool(batch) + [(STAND_IN_DIM, ()), (STAND_IN_LARGE, ())]
+            for value, ones in bindings:
+                r = kernel_reason(k, _stand_in(ctx, value, ones))
                 if not r:
                     break
             if r:
@@ -133,29 +136,33 @@ def provider_verdict_checked(provider, node, contract, ctx) -> tuple[list, str, 
 
 
 STAND_IN_DIM = 32  # what a symbolic dim is taken to be when judging a static_only kernel
+# ... but first with the model's batch symbols (placement.batch_symbols) at 1, the size a
+# served model runs most: a kernel that makes its oneDNN descriptor to judge then makes the
+# one a batch-1 plan binds (shared_pd), not one for 32 never run (a MobileNetV2's 52
+# convolutions: 3.5-4.5 ms of its first plan's compilation) ...
 # ... and, where a kernel refuses that, once more: sizes that small can be what it refuses
 # (Silero VAD's STFT, a 256-wide conv over `samples + 128`, has no output at 32 samples)
 STAND_IN_LARGE = 1024
 
 
 @functools.lru_cache(maxsize=4096)
-def _stand_in_dim(d, value: int = STAND_IN_DIM) -> int:
-    """A symbolic dim with every symbol bound to `value` (a dim the binding leaves
-    non-positive or undefined becomes `value` too). Cached: a model's nodes share a few dims
-    (batch, sequence, batch*sequence)."""
+def _stand_in_dim(d, value: int = STAND_IN_DIM, ones: frozenset | tuple = ()) -> int:
+    """A symbolic dim with every symbol bound to `value`, those in `ones` to 1 (a dim the
+    binding leaves non-positive or undefined becomes `value`). Cached: a model's nodes
+    share a few dims (batch, sequence, batch*sequence)."""
     try:
-        v = symbolic.evaluate(d, {n: value for n in symbolic.free_names(d)})
+        v = symbolic.evaluate(d, {n: 1 if n in ones else value for n in symbolic.free_names(d)})
         return v if isinstance(v, int) and v > 0 else value
     except (TypeError, ValueError, ZeroDivisionError):
         return value
 
 
-def _stand_in(ctx, value: int = STAND_IN_DIM):
-    """ctx with every symbolic dim bound to `value` (see _stand_in_dim)."""
+def _stand_in(ctx, value: int = STAND_IN_DIM, ones: frozenset | tuple = ()):
+    """ctx with every symbolic dim bound to `value`, the symbols in `ones` to 1 (see _stand_in_dim)."""
     def bind(t):
         if not isinstance(t, TensorType) or t.shape is None or t.is_static:
             return t
-        return TensorType(t.dtype, tuple(d if isinstance(d, int) else _stand_in_dim(d, value) for d in t.shape))
+        return TensorType(t.dtype, tuple(d if isinstance(d, int) else _stand_in_dim(d, value, ones) for d in t.shape))
     return replace(ctx, input_types=[bind(t) for t in ctx.input_types], output_types=[bind(t) for t in ctx.output_types])
 
 
