@@ -11,10 +11,12 @@ to 2 MiB.
 
 They start on small pages, and move onto huge pages when a plan has run STRAIGHT_AFTER
 times (runtime/plan.py: a plan that keeps running, a served model or a decoding loop):
-`promote` then advises the whole huge pages of every buffer mapped since (the partial page
-at a buffer's end stays small, so no buffer grows beyond its size, but for an arena, which
-is written whole) and has the kernel collapse them at once (MADV_COLLAPSE, Linux 6.1; on an
-older kernel the advice alone lets khugepaged do it over time). Why not on huge pages from
+`promote_when_idle` then queues the whole huge pages of every buffer mapped since (the
+partial page at a buffer's end stays small, so no buffer grows beyond its size, but for an
+arena, which is written whole), and a thread advises them and has the kernel collapse them
+(MADV_COLLAPSE, Linux 6.1; on an older kernel the advice alone lets khugepaged do it over
+time) one huge page at a time, only while no plan run goes on (`promote` does it all at
+once, in the caller). Why not on huge pages from
 the start: a first touch of fresh memory costs more on a huge page wherever the host takes
 back what a guest frees (free page reporting: Firecracker, WSL2, cloud microVMs): the guest
 hands a huge page out of the 2 MiB blocks it has reported, which the host must fault in
@@ -24,9 +26,9 @@ batch 8's first run (its 340 MB of weights packed): 3.0-3.9 s on huge pages from
 small pages against huge pages: 0.98x, 1.07x, 1.07x (16 alternating 32-token rounds each).
 In steady runs the huge pages pay (`benchmarks/huge_pages.py`, twelve GPT-2 layers'
 one-row products through NumPy's BLAS, ms per pass over 4 KiB / huge pages: 17.8 / 16.0,
-15.5 / 15.1, 17.2 / 16.3), and by then the collapse is a cost paid once, in the run that
-triggers it (GPT-2's 300-455 MB: 0.5-5.2 s on that VM, a tenth of that where a machine's
-memory is its own). Weights read from a model file are mapped here too (onnx_io), but
+15.5 / 15.1, 17.2 / 16.3), and the collapse is a cost paid once (GPT-2's 300-455 MB: 0.5-5.2
+s on that VM, a tenth of that where a machine's memory is its own), in idle time: paid in
+the run that triggered it, it stalled that run (see IDLE_S). Weights read from a model file are mapped here too (onnx_io), but
 promote leaves them unless a kernel reads one where it lies (promote_with_the_rest): most
 are packed on the first run and never read again.
 GLASSRT_HUGE_PAGES=0 turns the advice off (the buffers are still mapped the same way);
@@ -132,25 +134,26 @@ def _os_mapping(nbytes: int, whole_pages: bool = False, promoted: bool = True) -
 
 
 def pending_bytes() -> int:
-    """Bytes of live buffers still on small pages that promote would move."""
+    """Bytes of live buffers still on small pages that promote would move, or that
+    promote_when_idle queued and has not moved yet."""
     with _pending_lock:
-        return sum(e[4] for e in _pending if e[5] and e[0]() is not None)
+        waiting = sum(e[4] for e in _pending if e[5] and e[0]() is not None)
+    return waiting + moving_bytes()
 
 
 def promote() -> int:
-    """Move the buffers mapped since the last call onto huge pages (bytes advised): their
-    whole huge pages are advised and collapsed now (MADV_COLLAPSE copies each 2 MiB into a
-    huge page; on a kernel without it khugepaged collapses the advised ranges in its own
-    time). Called when a plan keeps running (runtime/plan.py), in that run: on the
-    development VM it cost 0.5-5.2 s for GPT-2's 300-455 MB, once (a collapse in a thread
-    of its own was no better: the runs meanwhile wait on the pages being copied, 30 ms
-    decode steps took 150-1,100 ms). The slab being carved waits for the next call (its
-    unused end would become resident)."""
+    """Move the buffers mapped since the last call onto huge pages now (bytes advised): their
+    whole huge pages are advised and collapsed (MADV_COLLAPSE copies each 2 MiB into a huge
+    page; on a kernel without it khugepaged collapses the advised ranges in its own time).
+    Plans call promote_when_idle instead: done here, in a run, it cost that run 0.5-5.2 s for
+    GPT-2's 300-455 MB; a thread collapsing them all beside the runs was no better (the runs
+    wait on the pages being copied: 30 ms decode steps took 150-1,100 ms). The slab being
+    carved waits for the next call (its unused end would become resident)."""
     if not advice_enabled():
         return 0
     with _slab_lock:
         carving = _slab[2]
-    return _move(lambda e: e[5] and e[0]() is not carving)
+    return _move(lambda e: e[5] and e[0]() is not carving) + _move_queued()
 
 
 def promote_with_the_rest(arr: np.ndarray) -> bool:
@@ -201,6 +204,127 @@ def _move(chosen) -> int:
     stats.advised_bytes += moved
     stats.promote_seconds += time.perf_counter() - t0
     return moved
+
+
+# ---------------------------------------------------------------- moving in idle time
+
+# A huge page's move starts once the process has run no plan for this long, so that no run
+# waits on pages being copied: a move in the run that triggered it stalled that run (GPT-2's
+# 18th decode step: 1.1-6.8 s on the 2-core AMD VM, where the steady steps took 17.1 ms
+# after it and 17.7 without huge pages at all; resnet50's 16th run 0.22-0.44 s, its later
+# runs 43-51 ms against 40-47 without).
+IDLE_S = 0.05
+_activity = threading.Lock()
+_in_flight = [0, 0.0]  # plan runs going on now, when the last one ended (time.monotonic)
+_queue: list = []  # [(mapping weakly, first byte, bytes)] of whole huge pages due to move
+_queue_lock = threading.Lock()
+_wake = threading.Event()
+_mover: list = [None]  # the thread that moves them
+
+
+def run_began() -> None:
+    """A plan run starts (runtime/plan.py): no huge page starts moving until it ends."""
+    with _activity:
+        _in_flight[0] += 1
+
+
+def run_ended() -> None:
+    with _activity:
+        _in_flight[0] -= 1
+        _in_flight[1] = time.monotonic()
+
+
+def promote_when_idle() -> int:
+    """What promote moves (bytes returned), moved instead a huge page at a time by a thread
+    of its own, each page only once the process has run nothing for IDLE_S: a process that
+    runs plans back to back (a benchmark's loop) keeps small pages, one with pauses (a
+    server between requests) moves them in its pauses. A run that starts while a page is
+    being copied waits for that page alone (milliseconds), where it reads it."""
+    if not advice_enabled():
+        return 0
+    with _slab_lock:
+        carving = _slab[2]
+    with _pending_lock:
+        live = [e for e in _pending if e[0]() is not None]
+        todo = [e for e in live if e[5] and e[0]() is not carving]
+        _pending[:] = [e for e in live if not (e[5] and e[0]() is not carving)]
+    with _queue_lock:
+        for ref, address, _, start, n, _ in todo:
+            _queue.extend((ref, address + start + k, min(HUGE_PAGE, n - k)) for k in range(0, n, HUGE_PAGE))
+        if _queue and (_mover[0] is None or not _mover[0].is_alive()):  # (none yet, or a forked child's)
+            _mover[0] = threading.Thread(target=_move_pages, name="glassrt-huge-pages", daemon=True)
+            _mover[0].start()
+    _wake.set()
+    return sum(e[4] for e in todo)
+
+
+def _wait_for_idle() -> None:
+    while True:
+        with _activity:
+            running, last = _in_flight
+        wait = IDLE_S if running else IDLE_S - (time.monotonic() - last)
+        if wait <= 0:
+            return
+        time.sleep(wait)
+
+
+def _move_pages() -> None:
+    while True:
+        _wake.wait()
+        while True:
+            _wait_for_idle()
+            with _queue_lock:
+                if not _queue:
+                    _wake.clear()
+                    break
+                page = _queue.pop(0)
+            _move_page(*page)
+
+
+def _move_queued() -> int:
+    """Every queued page moved now, in the caller (promote); bytes advised."""
+    moved = 0
+    while True:
+        with _queue_lock:
+            if not _queue:
+                return moved
+            page = _queue.pop(0)
+        moved += _move_page(*page)
+
+
+def _move_page(ref, address: int, n: int) -> int:
+    import ctypes
+
+    region = ref()  # (held while its page moves: the mapping cannot go away meanwhile)
+    if region is None or region.closed:
+        return 0
+    t0, madvise, moved = time.perf_counter(), _madvise(), 0
+    if madvise(address, n, mmap.MADV_HUGEPAGE) == 0:
+        stats.advised_bytes += n
+        moved = n
+        if _collapse_works[0]:
+            if madvise(address, n, MADV_COLLAPSE) == 0:
+                stats.collapsed_bytes += n
+            elif ctypes.get_errno() == errno.EINVAL:  # not this kernel (before 6.1): khugepaged will
+                _collapse_works[0] = False
+    stats.promote_seconds += time.perf_counter() - t0
+    return moved
+
+
+def moving_bytes() -> int:
+    """Bytes queued by promote_when_idle and not moved yet."""
+    with _queue_lock:
+        return sum(n for _, _, n in _queue)
+
+
+def wait_until_moved(timeout: float = 30.0) -> bool:
+    """Until promote_when_idle's queue is empty (tests, benchmarks); False on timeout."""
+    deadline = time.monotonic() + timeout
+    while moving_bytes() or (_wake.is_set() and _mover[0] is not None and _mover[0].is_alive()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 # ---------------------------------------------------------------- small buffers from shared slabs

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -99,8 +100,9 @@ def test_a_dead_buffer_is_not_promoted(monkeypatch):
 
 
 def test_a_plan_that_keeps_running_moves_its_arena_onto_huge_pages(monkeypatch):
-    """runtime/plan.py calls promote when a plan has run STRAIGHT_AFTER times; its results
-    stay the same across the move."""
+    """runtime/plan.py asks for the move (promote_when_idle) when a plan has run
+    STRAIGHT_AFTER times, and it happens once no run goes on; the results stay the same
+    across the move."""
     import glassrt
     from glassrt.runtime.plan import STRAIGHT_AFTER
     from onnx import TensorProto, helper
@@ -118,8 +120,30 @@ def test_a_plan_that_keeps_running_moves_its_arena_onto_huge_pages(monkeypatch):
     before = pages.stats.advised_bytes
     for _ in range(STRAIGHT_AFTER + 1):
         out = sess.run(None, {"x": x})[0]
+    assert pages.wait_until_moved()
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], first)
     np.testing.assert_array_equal(out, first)
     assert pages.stats.advised_bytes > before and pages.pending_bytes() <= pages.SLAB  # (the slab being carved waits)
+
+
+def test_huge_pages_move_only_while_no_run_goes_on(monkeypatch):
+    """promote_when_idle queues the buffers' whole huge pages; its thread moves them once no
+    plan run has gone on for IDLE_S: a run in flight (or runs back to back) holds them."""
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    _promote_or_skip()
+    buf = pages.os_buffer(2 * pages.HUGE_PAGE)
+    buf[...] = 5
+    before = pages.stats.advised_bytes
+    pages.run_began()
+    try:
+        assert pages.promote_when_idle() == 2 * pages.HUGE_PAGE
+        time.sleep(4 * pages.IDLE_S)
+        assert pages.moving_bytes() == 2 * pages.HUGE_PAGE and pages.stats.advised_bytes == before
+    finally:
+        pages.run_ended()
+    assert pages.wait_until_moved() and pages.moving_bytes() == 0
+    assert pages.stats.advised_bytes - before == 2 * pages.HUGE_PAGE and int(buf.sum()) == 5 * buf.nbytes
+    assert pages.promote_when_idle() == 0  # each buffer once
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")

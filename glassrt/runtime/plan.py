@@ -501,6 +501,14 @@ def _new_output(fresh):
 def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False, into=None):
     """The outputs in graph order; with keep_env, (outputs, {value name: value}). `into`:
     {output name: array} the caller owns, written instead of a new array (io_binding)."""
+    pages.run_began()  # (huge pages move only while no run goes on: pages.promote_when_idle)
+    try:
+        return _run_plan(plan, feeds, outer, profile, keep_env, into)
+    finally:
+        pages.run_ended()
+
+
+def _run_plan(plan: Plan, feeds: dict, outer, profile, keep_env: bool, into):
     guard = run_guard.current()
     if guard is not None:
         guard.check()
@@ -521,7 +529,7 @@ def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool =
             if plan.runs == STRAIGHT_AFTER:  # a plan that is replayed: worth compiling its steps
                 plan.straight = straight.compile_steps(plan.steps, pool, execute_step, node_error, check_outputs,
                                                        {i for i, v in enumerate(plan.template) if v is not None})
-                pages.promote()  # and its arena and packed weights worth moving onto huge pages (pages.py)
+                pages.promote_when_idle()  # and its arena and packed weights worth moving onto huge pages (pages.py)
         if plan.executed:
             for st in plan.steps:
                 execute_step(st, env, pool, guard, profile)
