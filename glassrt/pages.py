@@ -28,9 +28,9 @@ In steady runs the huge pages pay (`benchmarks/huge_pages.py`, twelve GPT-2 laye
 one-row products through NumPy's BLAS, ms per pass over 4 KiB / huge pages: 17.8 / 16.0,
 15.5 / 15.1, 17.2 / 16.3), and the collapse is a cost paid once (GPT-2's 300-455 MB: 0.5-5.2
 s on that VM, a tenth of that where a machine's memory is its own), in idle time: paid in
-the run that triggered it, it stalled that run (see IDLE_S). Weights read from a model file are mapped here too (onnx_io), but
-promote leaves them unless a kernel reads one where it lies (promote_with_the_rest): most
-are packed on the first run and never read again.
+the run that triggered it, it stalled that run (see IDLE_S). Weights read from a model file
+are mapped here too (onnx_io), but promote leaves them unless a kernel reads one where it
+lies (promote_with_the_rest): most are packed on the first run and never read again.
 GLASSRT_HUGE_PAGES=0 turns the advice off (the buffers are still mapped the same way);
 `explain` shows the kernel's setting, what was advised and what collapsed.
 """
@@ -212,7 +212,7 @@ def _move(chosen) -> int:
 # waits on pages being copied: a move in the run that triggered it stalled that run (GPT-2's
 # 18th decode step: 1.1-6.8 s on the 2-core AMD VM, where the steady steps took 17.1 ms
 # after it and 17.7 without huge pages at all; resnet50's 16th run 0.22-0.44 s, its later
-# runs 43-51 ms against 40-47 without).
+# runs 42-53 ms against 40-49 without).
 IDLE_S = 0.05
 _activity = threading.Lock()
 _in_flight = [0, 0.0]  # plan runs going on now, when the last one ended (time.monotonic)

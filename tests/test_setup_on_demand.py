@@ -87,7 +87,8 @@ def test_an_8_bit_model_needs_no_ml_dtypes(tmp_path):
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
     model = helper.make_model(helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [s, z]), opset_imports=[helper.make_opsetid("", 19)])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [s, z]),
+        opset_imports=[helper.make_opsetid("", 19)])
     path = tmp_path / "q.onnx"
     path.write_bytes(model.SerializeToString())
     code = (f"import sys, numpy as np, glassrt\ns = glassrt.InferenceSession({str(path)!r})\n"

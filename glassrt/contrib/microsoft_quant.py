@@ -391,9 +391,11 @@ def _binary_kernel(name, eager, constants, loop):
 
 
 qlinear_add.register_kernel("cpu", _binary_kernel("QLinearAdd", _qlinear_add, _qlinear_add_constants,
-                                                  _qlinear_add_loop_here), bind=True, out=True, layouts=(NHWC,), blas=False)
+                                                  _qlinear_add_loop_here), bind=True, out=True, layouts=(NHWC,),
+                            blas=False)
 qlinear_mul.register_kernel("cpu", _binary_kernel("QLinearMul", _qlinear_mul, _qlinear_mul_constants,
-                                                  lambda: _qlinear_mul_loop), bind=True, out=True, layouts=(NHWC,), blas=False)
+                                                  lambda: _qlinear_mul_loop), bind=True, out=True, layouts=(NHWC,),
+                            blas=False)
 
 
 def _binary_decomposition(op):
