@@ -20,7 +20,7 @@ from . import dtypes, onnx_io, symbolic, weights
 from .errors import (FallbackError, GlassrtError, InputShapeError, InputTypeError, InvalidArgumentError,
                       MissingInputError, UnknownInputError, UnknownOutputError, UnsupportedOperatorError)
 from .ir import MapType, OptionalType, SequenceType, TensorType
-from .kernels.cpu._jit import run_started
+from .kernels.cpu._jit import run_started, warm_numba_soon
 from .kernels.onednn import preload as onednn_preload
 from .passes import run_passes
 from .runtime import providers as providers_mod
@@ -198,6 +198,8 @@ class Session:
         else:
             self.runner = GraphRunner(self.placement, self.options, adapt_threads=True, openmp_pool=openmp_pool,
                                       blas_providers=frozenset(p.name for p in self.providers if p.numpy_blas))
+        if any(k.warms_numba for d in self.placement.all_decisions() if d.provider for k in d.kernels):
+            warm_numba_soon()  # (a kernel that will need Numba: its load starts now, on its thread: _jit)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
         # what each run checks its feeds against, worked out once (a decode step feeds 25
         # tensors: per dim, a fixed size, a named symbol or nothing to check)

@@ -210,3 +210,26 @@ def test_an_optimized_file_carries_the_decomposition_onnxruntime_runs(tmp_path):
     for sess in (ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]), _session(written)):
         for got, ref in zip(sess.run(None, feeds), want):
             np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_session_with_the_fused_attention_starts_loading_numba_as_it_is_made(tmp_path):
+    """Its one-row loop (a decode step's) needs Numba and has no NumPy twin of the same bits:
+    a session whose placement chose the kernel (Kernel.warms_numba) starts loading Numba on
+    its own thread as its creation ends, so that the first decode step does not wait for the
+    import; a session without such a kernel starts nothing. Fresh processes: imports are
+    process state."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "attention.onnx"
+    path.write_bytes(_attention().SerializeToString())
+    plain = tmp_path / "relu.onnx"
+    plain.write_bytes(model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2, 3])], [tensor("y", None)],
+                            [], opset=17).SerializeToString())
+    code = ("import sys, glassrt\nfrom glassrt.kernels.cpu import _jit\n"
+            "s = glassrt.InferenceSession(sys.argv[1], providers=['cpu'])\n"
+            "started = _jit._warmup is not None\n_jit.wait_for_numba()\n"
+            "print(started, _jit.numba_loaded())")
+    outs = [subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120,
+                           check=True).stdout.split() for p in (path, plain)]
+    assert outs == [["True", "True"], ["False", "False"]], outs

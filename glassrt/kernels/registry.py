@@ -116,6 +116,11 @@ class Kernel:
     # alias or elementwise kernel, nor one declared blas=False (threadpoolctl's import and
     # scan cost a first run ~4 ms that a plan without BLAS need not pay)
     blas: bool = True
+    # Compiles with Numba for some inputs that have no NumPy twin of the same bits (a decode
+    # step's one-row attention loop): a session whose placement chose it starts loading
+    # Numba on its own thread as its creation ends, so that the run that first needs the
+    # loop (a prompt's next run) does not wait for the import (0.4-0.8 s)
+    warms_numba: bool = False
     doc: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -189,7 +194,8 @@ def _dtype_set(dtypes) -> frozenset:
 def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), dtypes=None,
            out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
            accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None, layouts=(),
-           static_only: bool = False, any_shape: bool = False, one_row: bool = False, blas: bool | None = None):
+           static_only: bool = False, any_shape: bool = False, one_row: bool = False, blas: bool | None = None,
+           warms_numba: bool = False):
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
@@ -204,6 +210,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
                 workspace=workspace, priority=priority, layouts=frozenset(layouts), static_only=static_only,
                 any_shape=any_shape, one_row=one_row, blas=not (alias or inplace) if blas is None else blas,
+                warms_numba=warms_numba,
                 attrs=kattrs,
                 doc=(fn.__doc__ or "").strip().split("\n")[0],
             ))

@@ -113,6 +113,16 @@ def numba_warmup() -> None:
         _warmup.start()
 
 
+def warm_numba_soon() -> None:
+    """numba_warmup where Numba is installed and not loaded yet: a session whose kernels will
+    need it on some inputs with no NumPy twin (Kernel.warms_numba) calls this as its creation
+    ends, so that the load overlaps what comes before that run (a prompt's run, a server's
+    wait for its first request) instead of stalling it. A process that ends before the load
+    does waits for it at exit."""
+    if numba_missing() is None and not numba_loaded():
+        numba_warmup()
+
+
 def _load_numba() -> None:
     try:
         import numba  # noqa: F401

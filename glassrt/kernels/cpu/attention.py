@@ -520,7 +520,7 @@ def _sdpa_rows(q, k, v, scale, keep, use_keep, fill, mask, use_mask, zero, one, 
                         yi[j] += p * vt[j]
 
 
-@kernel("ScaledDotProductAttention", domain="glassrt", dtypes=[np.float32, np.float64], out=True)
+@kernel("ScaledDotProductAttention", domain="glassrt", dtypes=[np.float32, np.float64], out=True, warms_numba=True)
 def scaled_dot_product_attention(q, k, v, keep=None, mask=None, *, out=None, scale=1.0, fill=0.0):
     """softmax(where(keep, scale·Q·Kᵀ, fill) + mask)·V (passes/fuse_attention.py). A plain
     function of its inputs: in a decode plan the cache length is symbolic, and the output
