@@ -151,9 +151,8 @@ def promote() -> int:
     carved waits for the next call (its unused end would become resident)."""
     if not advice_enabled():
         return 0
-    with _slab_lock:
-        carving = _slab[2]
-    return _move(lambda e: e[5] and e[0]() is not carving) + _move_queued()
+    _queue_due()
+    return _move_queued()
 
 
 def promote_with_the_rest(arr: np.ndarray) -> bool:
@@ -182,37 +181,13 @@ def _madvise():
     return fn
 
 
-def _move(chosen) -> int:
-    import ctypes
-
-    t0 = time.perf_counter()
-    with _pending_lock:
-        live = [e for e in _pending if e[0]() is not None]
-        todo = [e for e in live if chosen(e)]
-        _pending[:] = [e for e in live if not chosen(e)]
-    madvise, moved = _madvise(), 0
-    for ref, address, _, start, n, _ in todo:
-        region = ref()  # (held until moved: its mapping cannot go away meanwhile)
-        if region is None or region.closed or n == 0 or madvise(address + start, n, mmap.MADV_HUGEPAGE) != 0:
-            continue  # (a kernel without THP for anonymous memory: small pages stay)
-        moved += n
-        if _collapse_works[0]:
-            if madvise(address + start, n, MADV_COLLAPSE) == 0:
-                stats.collapsed_bytes += n
-            elif ctypes.get_errno() == errno.EINVAL:  # not this kernel (before 6.1): khugepaged will
-                _collapse_works[0] = False
-    stats.advised_bytes += moved
-    stats.promote_seconds += time.perf_counter() - t0
-    return moved
-
-
 # ---------------------------------------------------------------- moving in idle time
 
 # A huge page's move starts once the process has run no plan for this long, so that no run
 # waits on pages being copied: a move in the run that triggered it stalled that run (GPT-2's
-# 18th decode step: 1.1-6.8 s on the 2-core AMD VM, where the steady steps took 17.1 ms
-# after it and 17.7 without huge pages at all; resnet50's 16th run 0.22-0.44 s, its later
-# runs 42-53 ms against 40-49 without).
+# 18th decode step: 1.1-6.8 s on the 2-core AMD VM; resnet50's 16th run 0.22-0.44 s). A loop
+# that never pauses keeps small pages: GPT-2's decode 16.7-16.8 ms a token against 16.5-18.4
+# moved, unpinned, and 11.45 against 10.1-10.4 with the OpenBLAS pin.
 IDLE_S = 0.05
 _activity = threading.Lock()
 _in_flight = [0, 0.0]  # plan runs going on now, when the last one ended (time.monotonic)
@@ -242,19 +217,29 @@ def promote_when_idle() -> int:
     being copied waits for that page alone (milliseconds), where it reads it."""
     if not advice_enabled():
         return 0
-    with _slab_lock:
-        carving = _slab[2]
-    with _pending_lock:
-        live = [e for e in _pending if e[0]() is not None]
-        todo = [e for e in live if e[5] and e[0]() is not carving]
-        _pending[:] = [e for e in live if not (e[5] and e[0]() is not carving)]
+    queued = _queue_due()
     with _queue_lock:
-        for ref, address, _, start, n, _ in todo:
-            _queue.extend((ref, address + start + k, min(HUGE_PAGE, n - k)) for k in range(0, n, HUGE_PAGE))
         if _queue and (_mover[0] is None or not _mover[0].is_alive()):  # (none yet, or a forked child's)
             _mover[0] = threading.Thread(target=_move_pages, name="glassrt-huge-pages", daemon=True)
             _mover[0].start()
     _wake.set()
+    return queued
+
+
+def _queue_due() -> int:
+    """The whole huge pages of the live buffers due to move (every one mapped since, but
+    those waiting for a kernel to read them where they lie, and the slab being carved: its
+    unused end would become resident) queued, a 2 MiB page an entry; bytes queued."""
+    with _slab_lock:
+        carving = _slab[2]
+    due = lambda e: e[5] and e[0]() is not carving  # noqa: E731
+    with _pending_lock:
+        live = [e for e in _pending if e[0]() is not None]
+        todo = [e for e in live if due(e)]
+        _pending[:] = [e for e in live if not due(e)]
+    with _queue_lock:
+        for ref, address, _, start, n, _ in todo:
+            _queue.extend((ref, address + start + k, min(HUGE_PAGE, n - k)) for k in range(0, n, HUGE_PAGE))
     return sum(e[4] for e in todo)
 
 
