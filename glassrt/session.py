@@ -12,7 +12,7 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -115,7 +115,10 @@ class Session:
     providers.DEFAULT (onednn where installed, cpu, reference). fallback: "warn" (a node
     that passes the complete cpu provider runs on a later one: warn once per node, count
     it), "error" (raise FallbackError at creation listing every such node) or "silent" (as
-    "warn", without the warnings: the fallbacks are still in sess.fallbacks).
+    "warn", without the warnings: the fallbacks are still in sess.fallbacks). A node can
+    also fall back in a plan, when the provider placement chose refuses the plan's concrete
+    shapes (a oneDNN kernel with no implementation for them): warned of and listed in
+    sess.fallbacks when the plan is made; with "error" that run raises FallbackError.
     unsupported: "error" (a node no provider can run raises UnsupportedOperatorError at
     creation) or "mark" (for explain: the session is made, that node is explained with the
     reason, and running the session raises the error instead).
@@ -178,13 +181,14 @@ class Session:
         self.placement = place(self.graph, inference, self.providers, expansion_failures=self._expansion_failures,
                                mark_unsupported=unsupported == "mark")
         self.timings["infer_and_place"] = time.perf_counter() - t0
-        self.fallbacks = self.placement.fallbacks
-        if self.fallbacks and fallback == "error":
+        self._fallback = fallback
+        self._placed_fallbacks, self._plan_fallbacks = self.placement.fallbacks, {}
+        if self._placed_fallbacks and fallback == "error":
             raise FallbackError(
-                f"{len(self.fallbacks)} node(s) would fall back from '{self.providers[0].name}':\n"
-                + "\n".join(f"  {f}" for f in self.fallbacks))
+                f"{len(self._placed_fallbacks)} node(s) would fall back from '{self.providers[0].name}':\n"
+                + "\n".join(f"  {f}" for f in self._placed_fallbacks))
         if fallback == "warn":
-            for f in self.fallbacks:
+            for f in self._placed_fallbacks:
                 warnings.warn(f"glassrt fallback: {f}", FallbackWarning, stacklevel=2)
         openmp_pool = any(p.openmp_pool for p in self.providers)
         if openmp_pool:
@@ -197,7 +201,8 @@ class Session:
             self.runner = _Unrunnable(unsupported_error(self.placement.unsupported, self.providers))
         else:
             self.runner = GraphRunner(self.placement, self.options, adapt_threads=True, openmp_pool=openmp_pool,
-                                      blas_providers=frozenset(p.name for p in self.providers if p.numpy_blas))
+                                      blas_providers=frozenset(p.name for p in self.providers if p.numpy_blas),
+                                      on_fallbacks=self._plan_fell_back)
         if any(k.warms_numba for d in self.placement.all_decisions() if d.provider for k in d.kernels):
             warm_numba_soon()  # (a kernel that will need Numba: its load starts now, on its thread: _jit)
         self._inputs = [v for v in self.graph.inputs if v.name not in self.graph.initializers]
@@ -212,6 +217,39 @@ class Session:
             self._dims[v.name] is not None and v.type.dtype != object for v in self._inputs) else None
         self._lowered = None
         self._profile = Profile()
+
+    @property
+    def fallbacks(self) -> list:
+        """Every node that runs on a later provider than the first that could run it
+        (placement.Fallback): those placement found at creation, then those plans found since,
+        where the provider placement chose refused a plan's shapes (a node once per provider,
+        with the first plan's shapes)."""
+        return [*self._placed_fallbacks, *self._plan_fallbacks.values()]
+
+    def _plan_fell_back(self, plan, shared: bool) -> bool:
+        """The runner's on_fallbacks: a new plan runs nodes on a later provider than placement
+        chose, the chosen one refusing its shapes. Counted and warned of as placement's
+        fallbacks are; with fallback="error" a plan for one shape raises FallbackError (the
+        run fails, the session stays usable for other shapes), and a plan shared by several
+        shapes is refused, each shape then getting a plan of its own (where the placed
+        providers may take every node)."""
+        if self._fallback == "error":
+            if shared:
+                return False
+            raise FallbackError(
+                f"{len(plan.fallbacks)} node(s) would fall back from the provider placement chose for "
+                f"{plan.fallbacks[0].shapes or 'these inputs'} (fallback='error'):\n"
+                + "\n".join(f"  {f}" for f in plan.fallbacks))
+        new = [f for f in plan.fallbacks if (f.node, f.provider) not in self._plan_fallbacks]
+        for f in new:
+            self._plan_fallbacks[(f.node, f.provider)] = f
+        if new and self._fallback == "warn":
+            shown = "".join(f"\n  {replace(f, shapes='')}" for f in new[:5])
+            more = f"\n  ... and {len(new) - 5} more (sess.fallbacks lists them)" if len(new) > 5 else ""
+            warnings.warn(f"glassrt fallback: {len(new)} node(s) run on a later provider than placement chose, "
+                          f"in the plan {'shared by shapes like' if shared else 'for'} {new[0].shapes}:{shown}{more}",
+                          FallbackWarning, stacklevel=2)
+        return True
 
     def lowered_placement(self):
         """The model placed after only the passes it needs to run (level "none"): every node

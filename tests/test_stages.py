@@ -442,6 +442,98 @@ def test_a_plan_moves_a_node_its_placed_provider_refuses_for_the_plans_shapes():
     assert "small for these shapes: " in node["reason"] and "a batch of 40 or more" in node["reason"]
 
 
+def _small_batch_relu(partial: bool):
+    """A model of one Relu, batch symbolic, and a provider whose only kernel takes batches
+    under 40 (known only when a plan's shapes are)."""
+    from glassrt.kernels.registry import Kernel
+    from glassrt.runtime.providers import Provider
+
+    def relu(ctx):
+        return lambda x, *, out: np.maximum(x, 0, out=out)
+
+    class SmallBatches(Provider):
+        name = "small"
+
+        def kernels(self, domain, op_type, opset):
+            if op_type != "Relu":
+                return []
+            return [Kernel("small.Relu", "small", "", "Relu", relu, out=True, builder=True, static_only=True,
+                           accepts=lambda ctx: None if ctx.shape(0)[0] < 40 else "a batch of 40 or more")]
+
+    SmallBatches.partial = partial
+    m = model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [tensor("x", ["n", 3])], [tensor("y", None)])
+    return m, SmallBatches()
+
+
+def _relu_feed(n):
+    return {"x": np.linspace(-1, 1, n * 3, dtype=np.float32).reshape(n, 3)}
+
+
+def test_a_plan_whose_shapes_a_complete_provider_refuses_counts_warns_and_errs_as_a_fallback():
+    """A node placed on a complete provider (one that aims to run everything, as cpu) that a
+    plan's shapes send to the next provider is a fallback, as at placement: listed in
+    sess.fallbacks with the plan's shapes and warned of once; fallback="error" fails that
+    run alone (no plan kept for it), the session still running the shapes it takes."""
+    import warnings
+
+    m, small = _small_batch_relu(partial=False)
+    sess = glassrt.InferenceSession(m, providers=[small, "cpu"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (2, 50, 50, 60):
+            np.testing.assert_array_equal(sess.run(None, _relu_feed(n))[0], np.maximum(_relu_feed(n)["x"], 0))
+    warned = [str(w.message) for w in caught if issubclass(w.category, glassrt.FallbackWarning)]
+    assert len(warned) == 1 and "input x: [50, 3]" in warned[0] and "a batch of 40 or more" in warned[0], warned
+    (f,) = sess.fallbacks
+    assert (f.node, f.op, f.provider, f.shapes) == ("relu", "Relu", "cpu", "input x: [50, 3]"), f
+    assert f.reason.startswith("small: ") and "a batch of 40 or more" in str(f)
+
+    strict = glassrt.InferenceSession(m, providers=[small, "cpu"], fallback="error")
+    with pytest.raises(glassrt.FallbackError, match=r"for input x: \[50, 3\].*a batch of 40 or more"):
+        strict.run(None, _relu_feed(50))
+    np.testing.assert_array_equal(strict.run(None, _relu_feed(2))[0], np.maximum(_relu_feed(2)["x"], 0))
+    assert list(strict.runner.plans) == [(("x", (2, 3), "<f4"),)] and strict.fallbacks == []
+    with pytest.raises(glassrt.FallbackError):
+        strict.run(None, _relu_feed(50))
+
+
+def test_a_partial_provider_refusing_a_plans_shapes_is_no_fallback():
+    """A partial provider (onednn) takes only what it is fast at: a plan's shapes it refuses
+    move the node to the next provider by design, shown by explain, not counted or warned."""
+    import warnings
+
+    m, small = _small_batch_relu(partial=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", glassrt.FallbackWarning)
+        sess = glassrt.InferenceSession(m, providers=[small, "cpu"], fallback="error")
+        sess.run(None, _relu_feed(50))
+    assert sess.fallbacks == [] and sess.runner.plans[(("x", (50, 3), "<f4"),)].moved == ("relu",)
+
+
+def test_a_shared_plan_with_fallbacks_is_not_used_under_fallback_error():
+    """Shapes of one structure come to share a plan with the varying dims symbolic; a
+    complete provider that refuses symbolic dims would fall back there. Under "error" each
+    shape gets a plan of its own instead (where the provider takes the node); under "warn"
+    the shared plan runs, warned of once."""
+    import warnings
+
+    m, small = _small_batch_relu(partial=False)
+    strict = glassrt.InferenceSession(m, providers=[small, "cpu"], fallback="error")
+    for n in range(1, 9):
+        np.testing.assert_array_equal(strict.run(None, _relu_feed(n))[0], np.maximum(_relu_feed(n)["x"], 0))
+    assert all(isinstance(sig, tuple) for sig in strict.runner.plans), list(strict.runner.plans)
+    assert all(st.provider == "small" for p in strict.runner.plans.values() for st in p.steps)
+
+    sess = glassrt.InferenceSession(m, providers=[small, "cpu"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(1, 9):
+            sess.run(None, _relu_feed(n))
+    warned = [str(w.message) for w in caught if issubclass(w.category, glassrt.FallbackWarning)]
+    assert len(warned) == 1 and "shared by shapes like input x: [n, 3]" in warned[0], warned
+    assert [f.shapes for f in sess.fallbacks] == ["input x: [n, 3]"]
+
+
 def test_a_plan_that_moves_a_node_keeps_its_values_plain_and_explain_says_so():
     """Two nodes of a partial NHWC provider: the value between them is NHWC. A plan whose
     shapes the provider refuses runs both on cpu, in plain layouts, and explain reports the

@@ -70,13 +70,19 @@ class Transfer:
 
 @dataclass
 class Fallback:
+    """A node that runs on a later provider than the first that could have run it. Placement
+    finds most (`shapes` empty: every run); a plan finds the rest, where the provider
+    placement chose refuses the plan's shapes (`shapes`: the inputs the plan is for)."""
+
     node: str
     op: str
     provider: str
     reason: str
+    shapes: str = ""
 
     def __str__(self):
-        return f"{self.op} node '{self.node}' ran on {self.provider}: {self.reason}"
+        where = f" for {self.shapes}" if self.shapes else ""
+        return f"{self.op} node '{self.node}' ran on {self.provider}{where}: {self.reason}"
 
 
 @dataclass

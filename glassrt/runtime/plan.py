@@ -23,6 +23,7 @@ from . import folding, run_guard, straight
 from .infer import infer
 from .gc_pause import gc_paused
 from .inline import inline_known_branches
+from .placement import Fallback
 from .layout import channels_last_view
 from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
 from .select import bind_kernel, choose_kernel, is_static, kernel_reason
@@ -81,6 +82,7 @@ class Plan:
     uses_blas: bool | None = None  # a step may call NumPy's BLAS (runner.py; None: not worked out yet)
     straight: object = None  # the steps as one compiled function (straight.py), after STRAIGHT_AFTER runs
     moved: tuple = ()  # nodes whose placed provider refused this plan's shapes (they run on the alternative)
+    fallbacks: tuple = ()  # placement.Fallback of those that passed a complete provider (see _select_or_fold)
     dynamic_steps: int = 0  # steps bound per run (shapes known only then: _DynamicStep)
     inlined: tuple = ()  # (If node, branch): Ifs this plan runs as the branch its shapes take (inline.py)
 
@@ -122,7 +124,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
         # theirs, their oneDNN producers and readers taking plain values at its edges.
         # (A whole plan plain instead sent nudenet-320n's 64 convs through reorders for one
         # small Transpose that moved.) Rarely a second round: a node moved for the layouts.
-        moved_here = set(moved)
+        moved_here = {name for name, _ in moved}
         touched = {v for node, _, _, _ in executed if node.name in moved_here for v in (*node.inputs, *node.outputs)}
         kept = {v: layout for v, layout in layouts.items() if v not in touched}
         if kept == layouts:
@@ -167,7 +169,8 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     plan = Plan(signature=(), steps=steps, slots=slots, template=template,
                 inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
                 types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end,
-                layouts=layouts, moved=tuple(moved), inlined=tuple(inlined),
+                layouts=layouts, moved=tuple(name for name, _ in moved),
+                fallbacks=tuple(replace(f, shapes=_sig_str(input_types)) for _, f in moved if f), inlined=tuple(inlined),
                 dynamic_steps=sum(isinstance(st.fn, _DynamicStep) for st in steps))
     plan.build_seconds = time.perf_counter() - t0
     return plan
@@ -194,7 +197,9 @@ def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runn
     """Per node: fold it if its outputs are known or computable now, else pick its kernel.
     A node whose placed provider refuses these shapes goes to the decision's alternative.
     Returns ([(node, kernel, ctx, decision)] to execute, [folded node names], [Selection],
-    [names of nodes that went to the alternative])."""
+    [(name, Fallback or None) of each node that went to the alternative: a Fallback where
+    that passes a complete provider, as placement counts fallbacks; None where a partial
+    provider refused the shapes, as it may by design])."""
     executed, folded, selections, moved = [], [], [], []
     for node in placement.graph.nodes:
         decision = placement.decisions[node.name]
@@ -217,10 +222,11 @@ def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runn
             if decision.alternative is None:
                 raise
             refused = str(e).split(": ", 1)[-1]
-            decision = decision.alternative
+            placed, decision = placement.decisions[node.name].provider, decision.alternative
             kern, why = choose_kernel(decision, ctx, options, make_runner, subgraphs)
-            why = f"{why} [{placement.decisions[node.name].provider} for these shapes: {refused}]"
-            moved.append(node.name)
+            why = f"{why} [{placed} for these shapes: {refused}]"
+            moved.append((node.name, Fallback(node.name, node.op_type, decision.provider, f"{placed}: {refused}")
+                          if decision.fallback else None))
         if (foldable and options.constant_folding and all(i in consts for i in node.inputs if i)
                 and not (set(node.inputs) & feeds) and folding.within_limit(ctx.output_types, options)):
             for o, r in zip(node.outputs, folding.evaluate(kern, ctx, make_runner, subgraphs)):

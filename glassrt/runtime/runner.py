@@ -16,6 +16,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..errors import GlassrtError
 from ..ir import TensorType, type_of_value  # noqa: F401  (type_of_value re-exported)
 from . import threads
 from .memory import BufferPool
@@ -24,9 +25,14 @@ from .plan import STRAIGHT_AFTER, compile_plan, run_plan
 
 class GraphRunner:
     def __init__(self, placement, options, outer_names=(), adapt_threads=False, openmp_pool=False,
-                 blas_providers=frozenset({"cpu", "reference"})):
+                 blas_providers=frozenset({"cpu", "reference"}), on_fallbacks=None):
         self.placement = placement
         self.options = options
+        # Told of each new plan that runs nodes on a later provider than placement chose
+        # (plan.fallbacks), with whether the plan is one shared by several shapes; returns
+        # whether the plan may be used, or raises (the session: FallbackWarning, "error").
+        self.on_fallbacks = on_fallbacks
+        self._unshared: set = set()  # input structures whose shared plan on_fallbacks refused
         # The session's own runner picks each run's thread count and pool (threads.py);
         # subgraph runners (loop bodies) run inside it and keep what it chose.
         self.adapt_threads = adapt_threads
@@ -49,7 +55,8 @@ class GraphRunner:
         key = id(sub_placement)
         if key not in self._sub_runners:
             self._sub_runners[key] = (sub_placement, GraphRunner(sub_placement, self.options,
-                                                                  sub_placement.graph.outer_names))
+                                                                  sub_placement.graph.outer_names,
+                                                                  on_fallbacks=self.on_fallbacks))
         return self._sub_runners[key][1]
 
     def signature(self, feeds: dict, outer: dict | None) -> tuple:
@@ -94,6 +101,7 @@ class GraphRunner:
         plan = compile_plan(self.placement, {**outer_types, **types}, self.options, self.make_runner, pool=self.pool)
         plan.signature = sig
         plan.compiled_for = {**outer_types, **types}
+        self._admit(plan, shared=False)
         with self._lock:
             self._remember(sig, plan)
         return plan
@@ -105,7 +113,8 @@ class GraphRunner:
         None: compile a plan for exactly this shape (as for a shape asked for a fourth time:
         a hot shape earns a plan of its own)."""
         after = self.options.generalize_after
-        if not after or not all(len(e) == 3 and isinstance(e[1], tuple) for e in sig):
+        if not after or not all(len(e) == 3 and isinstance(e[1], tuple) for e in sig) \
+                or _structure(sig) in self._unshared:
             return None
         count = self._seen.pop(sig, 0)
         self._seen[sig] = count + 1
@@ -142,6 +151,9 @@ class GraphRunner:
         plan = compile_plan(self.placement, types, self.options, self.make_runner, pool=self.pool)
         plan.signature = pattern
         plan.compiled_for = types
+        if not self._admit(plan, shared=True):
+            self._unshared.add(_structure(sig))  # each shape of this structure gets a plan of its own
+            return None
         self._remember(pattern, plan)
         return plan
 
@@ -185,14 +197,26 @@ class GraphRunner:
                     twins.append(plan)
 
     def plan_for_types(self, types: dict):
-        """The plan for these concrete input types, compiled without running anything."""
+        """The plan for these concrete input types, compiled without running anything (for
+        explain: a plan that on_fallbacks refuses is returned to be shown, not kept to run)."""
         sig = tuple(sorted(((n, tuple(t.shape), t.dtype.str) for n, t in types.items()), key=lambda e: e[0]))
         plan = self.plans.get(sig)
         if plan is None:
             plan = compile_plan(self.placement, types, self.options, self.make_runner, pool=self.pool)
             plan.signature, plan.compiled_for = sig, types
-            self._remember(sig, plan)
+            try:
+                admitted = self._admit(plan, shared=False)
+            except GlassrtError:
+                admitted = False
+            if admitted:
+                self._remember(sig, plan)
         return plan
+
+    def _admit(self, plan, shared: bool) -> bool:
+        """Whether a newly compiled plan may run (on_fallbacks decides for one with fallbacks)."""
+        if not plan.fallbacks or self.on_fallbacks is None:
+            return True
+        return self.on_fallbacks(plan, shared)
 
     def _remember(self, sig, plan):
         self.plans[sig] = plan

@@ -91,7 +91,8 @@ def load_model(source: ModelSource, *, providers=None, strict=False, registry=No
     from glassrt.tools.metrics import instrument
 
     # strict: fallback="error" refuses the model at creation, listing every node that would
-    # fall back. Otherwise the fallbacks are logged once here and exported as a metric.
+    # fall back (and a request whose shapes would make one fall back fails with the reason).
+    # Otherwise the fallbacks are logged once here and exported as a metric.
     model, base_dir = (str(source.path), None) if source.data is None else (source.data, str(source.path.parent))
     sess = glassrt.InferenceSession(model, providers=providers, fallback="error" if strict else "silent",
                                     base_dir=base_dir)

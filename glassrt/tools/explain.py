@@ -170,7 +170,9 @@ def explain(sess, dims: dict | None = None) -> dict:
                        "arena_over_lower_bound": None,
                        "unbound_dims": sorted({n for t in types.values() if isinstance(t, TensorType) and t.shape
                                                for d in t.shape for n in symbolic.free_names(d)})}
-    fallbacks = [{"node": f.node, "op": f.op, "provider": f.provider, "reason": f.reason} for f in sess.fallbacks]
+    # (shapes: "" for placement's, the plan's inputs for one found when a plan was made)
+    fallbacks = [{"node": f.node, "op": f.op, "provider": f.provider, "reason": f.reason, "shapes": f.shapes}
+                 for f in sess.fallbacks]
     summary = {
         "nodes": sum(1 for n in nodes if not n.get("depth")), "body_nodes": sum(1 for n in nodes if n.get("depth")),
         "nodes_per_provider": placement.counts(), "fallback_count": len(fallbacks),
@@ -341,7 +343,9 @@ def render(report: dict, console, max_reason: int = 70) -> None:
                       "model cannot run until one can", style="red", highlight=False, markup=False)
     console.print(f"fallbacks: {s['fallback_count']}", style="yellow" if s["fallback_count"] else None)
     for f in s["fallbacks"]:
-        console.print(f"  {f['op']} '{f['node']}' → {f['provider']}: {f['reason']}", highlight=False, markup=False)
+        shapes = f" for {f['shapes']}" if f["shapes"] else ""
+        console.print(f"  {f['op']} '{f['node']}' → {f['provider']}{shapes}: {f['reason']}", highlight=False,
+                      markup=False)
     console.print(f"FLOPs: {fmt_flops(s['flops'])}   transfers: {s['transfers']}", highlight=False, markup=False)
     for t in s["transfer_list"]:
         console.print(f"  '{t['value']}' {t['from']} → {t['to']} ({fmt_bytes(t['bytes'])}) for "
