@@ -82,26 +82,38 @@ def _skip(buf, pos: int, wire: int, end: int) -> int:
     return pos + size
 
 
-def _rewrite(buf, pos: int, end: int, field: int, rewrite) -> bytearray:
-    """The message at buf[pos:end] with each length-delimited `field` replaced by what
-    rewrite(tag, body start, body end, bytes written so far) returns (its tag, length and
-    new body); every other field copied as it is."""
-    out = bytearray()
+def _rewrite(buf, pos: int, end: int, field: int, rewrite) -> list:
+    """The message at buf[pos:end] as a list of byte chunks (joined once by the caller: each
+    copy of a model's message costs its pages' first touch), with each length-delimited
+    `field` replaced by the chunks rewrite(tag, body start, body end, bytes before it) returns
+    (its tag, length and new body), or kept as it is where that returns None; the fields
+    between copied as they are, a run of them one chunk."""
+    out, size, kept = [], 0, pos  # kept: where the run of fields copied as they are starts
     while pos < end:
         start = pos
         tag, pos = _varint(buf, pos, end)
         if tag >> 3 == field and tag & 7 == 2:
             n, at = _length(buf, pos, end)
-            out += rewrite(tag, at, at + n, out)
             pos = at + n
+            chunks = rewrite(tag, at, pos, size + start - kept)
+            if chunks is None:
+                continue
+            if start > kept:
+                out.append(buf[kept:start])
+                size += start - kept
+            out += chunks
+            size += sum(map(len, chunks))
+            kept = pos
         else:
             pos = _skip(buf, pos, tag & 7, end)
-            out += buf[start:pos]
+    if end > kept:
+        out.append(buf[kept:end])
     return out
 
 
-def _field(tag: int, body) -> bytes:
-    return _encode_varint(tag) + _encode_varint(len(body)) + body
+def _field(tag: int, body: list) -> list:
+    """A length-delimited field's chunks: its tag, its length, the body's chunks."""
+    return [_encode_varint(tag) + _encode_varint(sum(map(len, body))), *body]
 
 
 def _tensor(buf, pos: int, end: int) -> tuple[bytes, str | None, tuple | None]:
@@ -127,20 +139,22 @@ def _tensor(buf, pos: int, end: int) -> tuple[bytes, str | None, tuple | None]:
     return bytes(out), name, found
 
 
-def _graph(buf, pos: int, end: int) -> tuple[bytes, dict]:
+def _graph(buf, pos: int, end: int) -> tuple[list, dict]:
+    """The graph message's chunks without large raw_data, and where those lie in the file."""
     raw = {}
 
-    def initializer(tag, at, end_, out):
-        if end_ - at < MIN_BYTES:  # too short to hold a raw_data read apart: copied whole, unwalked
-            return _field(tag, buf[at:end_])
+    def initializer(tag, at, end_, written):
+        if end_ - at < MIN_BYTES:  # too short to hold a raw_data read apart: kept whole, unwalked
+            return None
         body, name, found = _tensor(buf, at, end_)
-        if found:
-            if name is None or name in raw:
-                raise _Unsupported("a large initializer without a name, or two of one name")
-            raw[name] = found
-        return _field(tag, body)
+        if not found:
+            return None
+        if name is None or name in raw:
+            raise _Unsupported("a large initializer without a name, or two of one name")
+        raw[name] = found
+        return _field(tag, [body])
 
-    return bytes(_rewrite(buf, pos, end, _INITIALIZER, initializer)), raw
+    return _rewrite(buf, pos, end, _INITIALIZER, initializer), raw
 
 
 def strip(path: str) -> tuple[bytes, dict] | None:
@@ -152,17 +166,17 @@ def strip(path: str) -> tuple[bytes, dict] | None:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             graphs = []
 
-            def graph(tag, at, end_, out):
+            def graph(tag, at, end_, written):
                 body, raw = _graph(buf, at, end_)
                 graphs.append(raw)
                 return _field(tag, body)
 
-            out = _rewrite(buf, 0, len(buf), _GRAPH, graph)
+            out = b"".join(_rewrite(buf, 0, len(buf), _GRAPH, graph))
     except (_Unsupported, OSError, ValueError, OverflowError, MemoryError):
         return None
     if len(graphs) != 1 or not graphs[0]:  # nothing large inside: the plain parse is as good
         return None
-    return bytes(out), graphs[0]
+    return out, graphs[0]
 
 
 def read_into(path: str, offset: int, arr) -> None:
@@ -190,23 +204,24 @@ def align_raw_data(model_bytes: bytes, align: int = ALIGN) -> bytes:
     input is returned unchanged where its structure is not what `strip` walks."""
     buf = memoryview(model_bytes)
 
-    def graph(tag, at, end, out):
+    def graph(tag, at, end, written):
         size = len(_encode_varint(end - at))
         for _ in range(4):  # the body's file offset depends on its length's varint size
-            base = len(out) + len(_encode_varint(tag)) + size  # where the graph's body will start
+            base = written + len(_encode_varint(tag)) + size  # where the graph's body will start
 
-            def initializer(t, a, e, written, base=base):
+            def initializer(t, a, e, before, base=base):
                 head = _encode_varint(t)
-                return head + _aligned_tensor(buf, a, e, base + len(written) + len(head), align)
+                return [head + _aligned_tensor(buf, a, e, base + before + len(head), align)]
 
             body = _rewrite(buf, at, end, _INITIALIZER, initializer)
-            if len(_encode_varint(len(body))) == size:
+            length = sum(map(len, body))
+            if len(_encode_varint(length)) == size:
                 return _field(tag, body)
-            size = len(_encode_varint(len(body)))
+            size = len(_encode_varint(length))
         raise _Unsupported("the graph's length does not settle")
 
     try:
-        return bytes(_rewrite(buf, 0, len(buf), _GRAPH, graph))
+        return b"".join(_rewrite(buf, 0, len(buf), _GRAPH, graph))
     except (_Unsupported, ValueError, OverflowError):
         return bytes(model_bytes)
 
