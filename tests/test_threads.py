@@ -154,3 +154,24 @@ def test_where_one_thread_is_simply_faster_the_clock_adds_few_tries():
     runs.clock = lambda: 0.0  # a clock that never moves: the run-based tries alone
     without = _drive(runs, latency, 3000)
     assert clock.count(2) <= 1.5 * without.count(2)
+
+
+def test_load_that_stays_brings_no_new_tries_of_a_count_that_lost_under_it():
+    """A big model under steady load: two threads stay faster (just slower than when quiet)
+    and get less than a core each. A try of one thread loses clearly; the same load must not
+    bring another every PROBE_EVERY runs (each try's runs are the slowest a server serves),
+    only the backed-off tries; more load (two threads slowing again) does bring one."""
+    def latency(i, n):
+        if i < 100:
+            return 40.0 if n == 2 else 70.0  # quiet
+        if i < 2000:
+            return 60.0 if n == 2 else 90.0  # three busy processes
+        return 95.0 if n == 2 else 60.0  # more load: one thread now wins
+
+    def cpu_share(i, n):
+        return 1.9 if i < 100 and n == 2 else (0.8 if n == 2 else 0.95)
+
+    used = _drive(_choice(2), latency, 2200, cpu_share=cpu_share)
+    assert 1 in used[100:200]  # the load was noticed and one thread tried
+    assert used[200:2000].count(1) / 1800 < 0.03, used[200:2000].count(1)
+    assert used[2100:].count(1) > 0.9 * 100  # more load: tried again soon, and kept

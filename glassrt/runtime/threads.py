@@ -59,7 +59,9 @@ class ThreadChoice:
     costs its runs' latency, which showed in p90). A sign of load brings the next try
     forward: the count in use slowing to SLOWER times its best, or its runs getting less
     than STARVED CPU seconds per second between all their threads (the main thread alone
-    is always runnable, so a process under that did not get even one core). Load comes
+    is always runnable, so a process under that did not get even one core); once a try
+    has lost clearly under that load, only the count in use slowing SLOWER again since
+    does (_worse_than_at_lost_try), else the backed-off wait. Load comes
     and goes by the clock, not by runs: on fewer threads than requested, the requested
     count is also tried TRY_AFTER_S after the last try, that time doubling (up to
     TRY_MAX_AFTER_S) while such tries lose clearly (measured: a benchmark that met a moment
@@ -80,6 +82,7 @@ class ThreadChoice:
         self.runs = 0
         self.last = self.previous = None  # the counts of this run and the run before
         self._probing, self._probe_left = None, 0
+        self._lost_at = None  # (count in use, its latency) when the last try lost clearly
         self.cpu: dict[int, list] = {a: [] for a in self.arms}  # CPU seconds per second of recent runs
         self._cpu_share: dict[int, float] = {}  # their median, kept by record
         self.wait, self._next_try, self._last_try = PROBE_EVERY, FIRST_TRY, -PROBE_EVERY
@@ -101,8 +104,8 @@ class ThreadChoice:
         else:
             if self._probing is not None:
                 self._judge_try()
-            if self.runs >= self._next_try or (self.runs - self._last_try >= PROBE_EVERY and self._loaded()) \
-                    or self._time_to_retry():
+            if self.runs >= self._next_try or (self.runs - self._last_try >= PROBE_EVERY and self._loaded()
+                                               and self._worse_than_at_lost_try()) or self._time_to_retry():
                 n = next(a for a in self.arms if a != self.current)
                 self._probing, self._probe_left = n, PROBE_RUNS - 1
                 if n != self.current:
@@ -125,17 +128,32 @@ class ThreadChoice:
             return True
         return self.current > 1 and len(self.cpu[self.current]) >= 3 and self._cpu_share[self.current] < STARVED
 
+    def _worse_than_at_lost_try(self) -> bool:
+        """Whether the count in use has slowed (SLOWER) since the last try, if that try lost
+        clearly under the same load: load that stays brings no new tries of a count that
+        lost under it, only the backed-off ones (measured under 3 busy processes: a try of
+        one thread every PROBE_EVERY runs, each its PROBE_RUNS runs ~1.5x slower, made a
+        big model's slowest runs the tries: resnet50 at batch 8 p90 1,282 ms, median 948)."""
+        at = self._lost_at
+        if at is None or at[0] != self.current:
+            return True
+        now = self.latency(self.current)
+        return now is not None and now > SLOWER * at[1]
+
     def _judge_try(self) -> None:
         """After a try: switch when it won clearly; wait longer before the next when it lost clearly."""
         tried, self._probing = self._probing, None
         mine, now = self.latency(tried), self.latency(self.current)
         lost = False
+        self._lost_at = None
         if tried != self.current and mine is not None and now is not None:
             if mine * WINS_BY < now:
                 self.current = tried
                 if tried < self.requested:  # a new spell on fewer threads: retried soon
                     self.wait_s = TRY_AFTER_S
             lost = mine > LOST_BY * now
+            if lost:
+                self._lost_at = (self.current, now)  # (the count kept, its latency then)
             if lost and tried == self.requested:
                 self.wait_s = min(2 * self.wait_s, TRY_MAX_AFTER_S)
         self.wait = min(2 * self.wait, PROBE_MAX_EVERY) if lost else PROBE_EVERY
