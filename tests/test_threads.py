@@ -175,3 +175,14 @@ def test_load_that_stays_brings_no_new_tries_of_a_count_that_lost_under_it():
     assert 1 in used[100:200]  # the load was noticed and one thread tried
     assert used[200:2000].count(1) / 1800 < 0.03, used[200:2000].count(1)
     assert used[2100:].count(1) > 0.9 * 100  # more load: tried again soon, and kept
+
+
+def test_a_try_that_loses_by_far_ends_after_its_first_measured_run():
+    """On one thread under load, a clock try of two threads whose first measured run is
+    over twice as slow is judged there: two slow runs, not PROBE_RUNS (the first try three:
+    a count's first measured run ever is a warm-up, not counted)."""
+    choice = _choice(2, start=1)
+    used = _drive(choice, lambda i, n: 45.0 if n == 2 else 9.0, 400,
+                  cpu_share=lambda i, n: 0.6 if n == 2 else 0.9)
+    spells = [len(s) for s in "".join(map(str, used)).split("1") if s]
+    assert len(spells) >= 3 and spells[0] == 3 and all(n == 2 for n in spells[1:]), spells

@@ -33,6 +33,8 @@ PROBE_RUNS = 3  # runs in a row per try (the first is not measured)
 PROBE_MAX_EVERY = 256  # the longest wait between tries, after tries that lost clearly
 WINS_BY = 1.1  # a try must be this much faster than the count in use to replace it
 LOST_BY = 1.25  # a try this much slower than the count in use doubles the wait before the next
+ABANDON_BY = 2.0  # a try's measured run this much slower ends the try there (measured under load:
+# two-thread tries of shufflenet at 40-200 ms a run against 9 on one thread were its p90)
 SLOWER = 1.5  # the count in use this much slower than its best so far: try the other now
 RECENT = 5  # measured runs per count whose median is its latency
 TRY_AFTER_S = 0.5  # on fewer threads than requested: wall seconds before the requested count is
@@ -53,7 +55,8 @@ class ThreadChoice:
     machine busy for a moment) moves nothing. Only a run whose previous run used the same
     count is measured: the first run after a switch pays for waking (or starting) the
     library's threads. So the other count is tried for PROBE_RUNS runs in a row, on fresh
-    measurements, and replaces the count in use only when WINS_BY faster. Tries come
+    measurements (ending after the first where that is ABANDON_BY slower), and replaces the
+    count in use only when WINS_BY faster. Tries come
     PROBE_EVERY runs after the last one (the first FIRST_TRY runs in); a try that loses
     clearly doubles that wait (up to PROBE_MAX_EVERY: on a quiet machine a one-thread try
     costs its runs' latency, which showed in p90). A sign of load brings the next try
@@ -179,6 +182,10 @@ class ThreadChoice:
             self._cpu_share[arm] = _median(c)
         lat = self._latency[arm] = _median(r)
         self.floor[arm] = min(self.floor.get(arm, lat), lat)
+        if arm == self._probing != self.current and self._probe_left:
+            now = self.latency(self.current)
+            if now is not None and lat > ABANDON_BY * now:
+                self._probe_left = 0  # a try already lost by far: judged at the next run, not run on
 
     @property
     def best(self) -> int:
