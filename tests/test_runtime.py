@@ -74,6 +74,46 @@ def test_explain_keeps_symbols_when_unbound():
     assert "batch" in str(report["summary"]["flops"]) and "seq" in str(report["summary"]["flops"])
 
 
+def test_explain_without_dims_shows_the_kernels_a_batch_1_plan_binds():
+    """A symbolic batch: each node's kernel is what a plan at batch 1 binds (placement keeps
+    every candidate that passes the shape-free checks, best first: the first of them, a 1x1
+    convolution's gemm kernel, is not what a 3x3 convolution runs). On a partial provider
+    that refuses those shapes, the node shows on the provider the plan moves it to."""
+    from glassrt.kernels.registry import Kernel
+    from glassrt.runtime.providers import Provider
+
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor(n, onnx.TensorProto.FLOAT, s, rng.standard_normal(s).astype(np.float32).ravel())
+             for n, s in (("w3", (8, 3, 3, 3)), ("w1", (8, 8, 1, 1)))]
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w3"], ["c3"], pads=[1, 1, 1, 1], name="conv3x3"),
+             helper.make_node("Conv", ["c3", "w1"], ["y"], name="conv1x1")]
+    m = model(nodes, [tensor("x", ["batch", 3, 16, 16])], [tensor("y", None)], initializers=inits)
+
+    def relu(ctx):
+        return lambda x, *, out: np.maximum(x, 0, out=out)
+
+    class BigBatches(Provider):  # partial: takes Relu from a batch of 40 up
+        name, partial = "big", True
+
+        def kernels(self, domain, op_type, opset):
+            if op_type != "Relu":
+                return []
+            return [Kernel("big.Relu", "big", "", "Relu", relu, out=True, builder=True, static_only=True,
+                           accepts=lambda ctx: None if ctx.shape(0)[0] >= 40 else "a batch under 40")]
+
+    for providers in (["cpu"], [BigBatches(), "cpu"]):
+        sess = glassrt.InferenceSession(m, providers=providers)
+        unbound = {n["name"]: n for n in sess.explain()["nodes"]}
+        planned = {n["name"]: n for n in sess.explain({"batch": 1})["nodes"]}
+        for name in ("conv3x3", "conv1x1", "relu"):
+            assert (unbound[name]["provider"], unbound[name]["kernel"]) == \
+                (planned[name]["provider"], planned[name]["kernel"]), (name, unbound[name], planned[name])
+        assert unbound["conv3x3"]["kernel"] != unbound["conv1x1"]["kernel"]
+    assert sess.placement.decisions["relu"].provider == "big" and unbound["relu"]["provider"] == "cpu"
+    assert "a plan at batch 1 runs it on cpu: a batch under 40" in unbound["relu"]["reason"]
+
+
 def test_explain_answers_memory_for_a_batch_size_before_running():
     sess = glassrt.InferenceSession(transformer_encoder())
     small = sess.explain({"batch": 1, "seq": 32})["summary"]["arena_bytes"]

@@ -14,6 +14,7 @@ from ..errors import GlassrtError
 from ..ir import OptionalType, SequenceType, TensorType
 from ..ops.flops import node_flops
 from ..ops.registry import get_contract
+from ..runtime.placement import batch_symbols
 
 
 def _type_json(name, t, dims):
@@ -61,18 +62,52 @@ def _types_str(types) -> str:
     return ", ".join(f"{n}: {list(t.shape)}" for n, t in types.items() if isinstance(t, TensorType) and t.shape is not None)
 
 
-def _as_placed(node, d, types):
-    """(output types, FLOPs, kernel, reason) of a node as placement decided it."""
+def _as_placed(node, d, types, values=None, batch=frozenset()):
+    """(output types, FLOPs, provider, kernel, reason) of a node as placement decided it, the
+    kernel the one a plan binds (_plan_kernel; values None: the first candidate, for a
+    caller that has the plan's own choice)."""
     contract = get_contract(node.domain, node.op_type, node.opset)
     attrs = contract.attrs_with_defaults(node) if contract else node.attrs
     in_t = [types.get(i) if i else None for i in node.inputs]
     out_t = [types.get(o) if o else None for o in node.outputs]
     flops = node_flops(node, attrs, in_t, out_t)
     if d.provider is None:
-        return out_t, flops, None, f"no provider can run it: {d.reason}"
-    kernel = d.kernels[0].name if d.kernels else None
+        return out_t, flops, None, None, f"no provider can run it: {d.reason}"
     reason = "fallback: " + d.skipped() if d.fallback else d.reason + (f" [{d.skipped()}]" if d.rejected else "")
-    return out_t, flops, kernel, reason
+    provider, kernel = d.provider, d.kernels[0].name if d.kernels else None
+    if d.kernels and contract is not None and values is not None:
+        picked = _plan_kernel(node, contract, d, types, values, batch or frozenset())
+        if picked is not None:
+            provider, kernel, moved = picked
+            if moved:
+                reason = f"{reason} [a plan at batch 1 runs it on {provider}: {moved}]"
+    return out_t, flops, provider, kernel, reason
+
+
+def _plan_kernel(node, contract, d, types, values, batch):
+    """(provider, kernel name, why it moved or "") a plan binds: the first candidate, best
+    first, whose checks pass on these types, symbolic dims bound as placement binds them to
+    judge a kernel (the batch symbols at 1, the others at STAND_IN_DIM): what a plan at
+    batch 1 binds. (The candidates are all kernels that pass the shape-free checks: the
+    first can be one the shapes refuse, a 1x1 convolution's kernel for a 3x3 convolution.)
+    Where none passes there, a plan moves the node to the next providers' choice (a partial
+    provider's refusal, GPT-2's small Transposes); None where that has none either."""
+    from ..runtime.placement import node_context
+    from ..runtime.select import STAND_IN_DIM, _stand_in, is_static, kernel_reason
+
+    ctx = node_context(node, contract, types, values)
+    judged = ctx if is_static(ctx) else _stand_in(ctx, STAND_IN_DIM, batch)
+    why = []
+    for k in d.kernels:
+        r = kernel_reason(k, judged)
+        if r is None:
+            return d.provider, k.name, ""
+        why.append(r)
+    alt = d.alternative
+    if alt is None or not alt.kernels:
+        return None
+    k = next((k for k in alt.kernels if kernel_reason(k, judged) is None), None)
+    return (alt.provider, k.name, "; ".join(dict.fromkeys(why))) if k is not None else None
 
 
 def _body_rows(bodies: dict, parent: str, depth: int, dims: dict, outer_types: dict) -> list:
@@ -86,10 +121,10 @@ def _body_rows(bodies: dict, parent: str, depth: int, dims: dict, outer_types: d
             types = {**outer_types, **sub.inference.types}  # a body reads the enclosing graph's values
             for node in sub.graph.nodes:
                 d = sub.decisions[node.name]
-                out_t, flops, kernel, reason = _as_placed(node, d, types)
+                out_t, flops, provider, kernel, reason = _as_placed(node, d, types, {**sub.inference.values})
                 rows.append({
                     "name": node.name, "op": node.op_type, "domain": node.domain, "opset": node.opset,
-                    "provider": d.provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,
+                    "provider": provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,
                     "unsupported": d.provider is None, "origin": node.origin or None, "step": None,
                     "parent": parent, "body": attr + (f"[{k}]" if isinstance(subs, list) else ""), "depth": depth,
                     "outputs": [_type_json(o, t, dims) for o, t in zip(node.outputs, out_t) if o],
@@ -117,6 +152,8 @@ def explain(sess, dims: dict | None = None) -> dict:
                 raise
             plan_error = f"no plan for the inputs {_types_str(types)} (dims without a name taken as 1): {e}"
     inferred = plan.types if plan else placement.inference.types
+    # without a plan, each node's kernel is judged as placement judges one (_plan_kernel)
+    judge = (None, None) if plan else (placement.inference.values, batch_symbols(placement.graph))
 
     selection = {s.node: s for s in plan.selections} if plan else {}
     folded_in_plan = set(plan.folded) if plan else set()
@@ -124,10 +161,9 @@ def explain(sess, dims: dict | None = None) -> dict:
     nodes, total_flops = [], 0
     for node in placement.graph.nodes:
         d = placement.decisions[node.name]
-        out_t, flops, kernel, reason = _as_placed(node, d, inferred)
+        out_t, flops, provider, kernel, reason = _as_placed(node, d, inferred, *judge)
         if flops is not None and node.name not in folded_in_plan:
             total_flops = total_flops + flops
-        provider = d.provider
         if node.name in selection:  # the plan's choice: a later provider where these shapes need it
             provider, kernel, reason = selection[node.name].provider, selection[node.name].kernel, \
                 selection[node.name].reason
@@ -295,7 +331,10 @@ def render(report: dict, console, max_reason: int = 70) -> None:
 
     def node_table(compact: bool, reason_width: int | None = None):
         # compact (narrow consoles): no vertical rules and one space between columns
-        table = Table(title="nodes (kernel = provider.op.algorithm)", title_justify="left",
+        title = "nodes (kernel = provider.op.algorithm" + (
+            "; dims not bound: the kernels a plan at batch 1 binds, --dim for another plan's)"
+            if report["summary"].get("unbound_dims") else ")")
+        table = Table(title=title, title_justify="left",
                       **({"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True} if compact else {}))
         for k in keep:
             table.add_column(columns[k], no_wrap=columns[k] == "node", overflow="fold")
