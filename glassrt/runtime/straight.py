@@ -45,7 +45,8 @@ def compile_steps(steps, pool, execute_step, node_error, check_outputs, constant
     profile: `execute_step` is the loop's body, `node_error` how it reports a kernel's error,
     `check_outputs(st, env)` its check of outputs a kernel allocated against the op's meta
     (called here only when one differs in class, shape or dtype from what the meta says).
-    `constants`: the slots that hold constants (the same values every run).
+    `constants`: the slots that hold constants (the same values every run). A freed value
+    goes back to the pool only from the slots that may hold a pool buffer (Step.give_back).
 
     A view of the plan's own memory (an alias kernel's result: a Reshape, a Split into
     contiguous pieces, a Transpose moving dims of 1), whose other inputs are constants, is
@@ -98,7 +99,8 @@ def compile_steps(steps, pool, execute_step, node_error, check_outputs, constant
                              f"or {value}.dtype != D{k}_{j}:")
                 lines.append(f"            check_outputs(steps[{k}], env)")
         for s in st.free:
-            lines.append(f"        release(env, {s})" if pool is not None else f"        env[{s}] = None")
+            lines.append(f"        release(env, {s})" if pool is not None and s in st.give_back
+                         else f"        env[{s}] = None")
     lines += ["    except GlassrtError:", "        raise",
               "    except Exception as e:",
               "        st = steps[k]",
