@@ -24,7 +24,7 @@ from .kernels.cpu._jit import run_started, warm_numba_soon
 from .kernels.onednn import preload as onednn_preload
 from .passes import run_passes
 from .runtime import providers as providers_mod
-from .runtime.infer import infer_symbolic
+from .runtime.infer import infer_symbolic, subgraph_memo
 from .runtime.gc_pause import gc_paused
 from .io_binding import IOBinding
 from .runtime import run_guard
@@ -125,6 +125,7 @@ class Session:
     """
 
     @gc_paused()  # (see runtime/gc_pause.py)
+    @subgraph_memo()  # (bodies' inferred types kept while the session is made: runtime/infer.py)
     def __init__(self, model, options_or_providers=None, providers=None, *, fallback: str = "warn",
                  sess_options: SessionOptions | None = None, base_dir: str | None = None,
                  unsupported: str = "error", provider_options: list | None = None):

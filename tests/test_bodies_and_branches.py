@@ -301,3 +301,31 @@ def test_the_plain_lstm_path_agrees(with_state, want_y, monkeypatch):
     assert taken, "the short path was not taken"
     for g, want in zip(got, _ort(m, {"x": x})):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_body_is_inferred_once_per_scope_while_a_session_is_made():
+    """While subgraph_memo() is open (a session's creation, a plan's compilation), a body's
+    inference is kept per body and per what it reads from its scope: asked again with equal
+    outer types and values (a small value by its contents) it is answered from the memo; an
+    outer value that differs, or no memo, infers it again."""
+    from glassrt import onnx_io
+    from glassrt.runtime.infer import infer_body, subgraph_memo
+
+    m = helper.make_model(helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=helper.make_graph(
+            [helper.make_node("Reshape", ["x", "shape"], ["t"])], "then", [], [helper.make_tensor_value_info(
+                "t", TensorProto.FLOAT, None)]), else_branch=helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info(
+                "e", TensorProto.FLOAT, None)]))],
+        "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+              helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    body = onnx_io.from_proto(m, None).nodes[0].attrs["then_branch"]
+    types = {"x": TensorType(np.dtype(np.float32), (2, 6)), "shape": TensorType(np.dtype(np.int64), (2,))}
+    with subgraph_memo():
+        a = infer_body(body, {}, types, {"shape": np.array([3, 4])})
+        b = infer_body(body, {}, dict(types), {"shape": np.array([3, 4])})  # equal contents, another array
+        c = infer_body(body, {}, types, {"shape": np.array([4, 3])})
+    assert a is b and a.types["t"].shape == (3, 4) and c.types["t"].shape == (4, 3)
+    assert infer_body(body, {}, types, {"shape": np.array([3, 4])}) is not a  # no memo open: inferred again

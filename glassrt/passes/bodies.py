@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..ir import Graph
-from ..runtime.infer import Inference, infer
+from ..runtime.infer import Inference, infer_body
 from .manager import PassContext, run_pipeline
 
 
@@ -58,7 +58,7 @@ def _optimize_body(body: Graph, passes, ctx: PassContext, scope: Inference, cons
                    where: str) -> Graph:
     def typed(g: Graph) -> Inference:
         """The body's types and known values, with those of the scope it reads from."""
-        own = infer(g, {}, outer_types=scope.types, outer_values=scope.values, strict=False, subgraph=True)
+        own = infer_body(g, {}, scope.types, scope.values)
         return Inference({**scope.types, **own.types}, {**scope.values, **own.values}, own.problems, own.seen)
 
     body = _capture(body, constants, where)

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from ..ir import Graph
 from ..ops.registry import get_contract
-from ..runtime.infer import infer
+from ..runtime.infer import infer, infer_body
 from ..runtime.placement import node_context
 from ..runtime.select import provider_verdict
 
@@ -71,7 +71,7 @@ def _expand_subgraphs(node, ctx, types, values, changes):
             continue
         expanded = []
         for g in graphs:
-            res = infer(g, {}, outer_types=types, outer_values=values, strict=False, subgraph=True)
+            res = infer_body(g, {}, types, values)
             expanded.append(_expand(g, ctx, {**types, **res.types}, {**values, **res.values}, changes))
         if any(e is not g for e, g in zip(expanded, graphs)):
             new_attrs[attr] = expanded if isinstance(v, list) else expanded[0]

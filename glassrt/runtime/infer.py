@@ -7,6 +7,8 @@ per concrete input-shape signature (for the memory plan).
 from __future__ import annotations
 
 from collections import ChainMap
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -116,7 +118,7 @@ def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_val
 
     def infer_subgraph(sub: Graph, sub_input_types):
         feed = {vi.name: t for vi, t in zip(sub.inputs, sub_input_types)}
-        res = infer(sub, feed, outer_types=types, outer_values=vals, strict=strict, subgraph=True)
+        res = infer_body(sub, feed, types, vals, strict)
         return [res.types.get(v.name) for v in sub.outputs]
 
     if in_values is None:
@@ -164,6 +166,73 @@ def _static_inputs(node, in_types) -> bool:
     given = [t for name, t in zip(node.inputs, in_types) if name]
     return bool(given) and all(isinstance(t, TensorType) and t.is_static for t in given) and len(given) == len(in_types) - in_types.count(None) \
         and all(isinstance(t, TensorType) and t.is_static for t in given)
+
+
+# A body's output types (what an If, Loop or Scan's rule asks of its subgraphs) are a
+# function of the body, its input types and the outer values it reads. Creating a session
+# infers the same bodies again and again (the passes, the bodies' own passes, placement):
+# Silero VAD's nested If bodies, ~400 nodes inferred per inference of its 5-node top graph,
+# were 60% of its 130 ms creation. While `subgraph_memo()` is open (a session's creation, a
+# plan's compilation) each such answer is kept, keyed by the body and what it reads.
+_subgraph_memo: ContextVar = ContextVar("glassrt_subgraph_memo", default=None)
+
+
+@contextmanager
+def subgraph_memo():
+    """Keep subgraphs' inferred output types while open (nested: the outermost one's memo)."""
+    token = _subgraph_memo.set({}) if _subgraph_memo.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _subgraph_memo.reset(token)
+
+
+def infer_body(sub: Graph, input_types: dict, outer_types, outer_values, strict: bool = False) -> Inference:
+    """infer() of a subgraph (an If, Loop or Scan body) typed against the scope around it;
+    while subgraph_memo() is open, answered once per body and what it reads from that scope
+    (the Inference is shared: read it, do not change it)."""
+    memo = _subgraph_memo.get()
+    if memo is None:
+        return infer(sub, input_types, outer_types=outer_types, outer_values=outer_values, strict=strict,
+                     subgraph=True)
+    free = _free_names(sub, memo)
+    key = (id(sub), strict, tuple(input_types.items()),
+           tuple((n, outer_types.get(n), _value_key(outer_values.get(n))) for n in free))
+    hit = memo.get(key)
+    if hit is None:
+        res = infer(sub, input_types, outer_types=outer_types, outer_values=outer_values, strict=strict,
+                    subgraph=True)
+        # (the entry holds the body and the values its key names by id: the ids stay theirs)
+        hit = memo[key] = ((sub, [outer_values.get(n) for n in free]), res)
+    return hit[1]
+
+
+def _value_key(v):
+    """A known value as a memo key: a small one by its contents (inference makes such values
+    anew each time, a Shape's or a Gather's), a large one by identity (the memo's entry
+    keeps it alive, so the id stays its own)."""
+    if isinstance(v, np.ndarray) and v.size <= 64 and v.dtype != object:
+        return v.dtype.str, v.shape, v.tobytes()
+    return id(v)
+
+
+def _free_names(g: Graph, memo: dict) -> tuple:
+    """The names a body reads from its enclosing scopes, its nested bodies' included (walked,
+    not taken from outer_names, which passes that rewrite a body do not update)."""
+    key = ("free", id(g))
+    hit = memo.get(key)
+    if hit is not None:
+        return hit[1]
+    own = {v.name for v in g.inputs} | set(g.initializers) | {o for n in g.nodes for o in n.outputs if o}
+    reads = []
+    for n in g.nodes:
+        for i in [*n.inputs, *(x for sg in n.subgraphs() for x in _free_names(sg, memo))]:
+            if i and i not in own and i not in reads:
+                reads.append(i)
+    reads += [v.name for v in g.outputs if v.name not in own and v.name not in reads]
+    memo[key] = (g, tuple(reads))
+    return memo[key][1]
 
 
 def infer_symbolic(graph: Graph, reuse: Inference | None = None):

@@ -20,7 +20,7 @@ from ..ir import TensorType
 from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
 from . import folding, run_guard, straight
-from .infer import infer
+from .infer import infer, subgraph_memo
 from .gc_pause import gc_paused
 from .inline import inline_known_branches
 from .placement import Fallback
@@ -89,6 +89,7 @@ class Plan:
 
 
 @gc_paused()
+@subgraph_memo()
 def compile_plan(placement, input_types: dict, options, make_runner, pool=None, retain: bool = False) -> Plan:
     """retain=True keeps every intermediate value alive and readable after the run (no
     arena reuse, nothing freed): what gradients and `compare` need."""
