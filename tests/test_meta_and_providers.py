@@ -208,7 +208,8 @@ def test_prelu_before_opset_7_has_one_slope_per_channel():
 
 
 _OWN_RULES = {"LayerNormalization", "Pad", "GatherElements", "ScatterElements", "Scatter", "ScatterND", "TensorScatter",
-              "TopK", "QuantizeLinear", "DequantizeLinear", "DepthToSpace", "SpaceToDepth"}
+              "TopK", "QuantizeLinear", "DequantizeLinear", "DepthToSpace", "SpaceToDepth", "DynamicQuantizeLinear",
+              "MatMulInteger", "QLinearMatMul"}
 
 
 def test_own_meta_rules_give_the_node_cases_expected_types_and_agree_with_onnx():

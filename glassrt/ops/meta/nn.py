@@ -182,9 +182,10 @@ def matmul(ctx):
     return [ctx.tensor(ctx.dtype(0), matmul_shape(ctx, ctx.shape(0), ctx.shape(1)))]
 
 
-def matmul_shape(ctx, a, b):
-    """MatMul's output shape for operands of shapes a and b (None where one is unknown)."""
-    if ctx.dtype(0) != ctx.dtype(1):
+def matmul_shape(ctx, a, b, same_dtype: bool = True):
+    """MatMul's output shape for operands of shapes a and b (None where one is unknown);
+    same_dtype: inputs 0 and 1 must share an element type (MatMul's, not the integer ones')."""
+    if same_dtype and ctx.dtype(0) != ctx.dtype(1):
         ctx.fail(f"inputs must share one element type, got {ctx.dtype(0)} and {ctx.dtype(1)}")
     if a is None or b is None:
         return None
