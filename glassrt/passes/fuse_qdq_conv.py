@@ -130,7 +130,8 @@ def fuse_qdq_conv(graph, ctx):
             bq, bs = consts.get(b_dq.inputs[0]), consts.get(b_dq.inputs[1])
             bz = consts.get(b_dq.inputs[2]) if len(b_dq.inputs) > 2 and b_dq.inputs[2] else None
             if bq is None or bq.dtype != np.int32 or bq.shape != (n,) or bs is None or bs.dtype != _F32 \
-                    or (bz is not None and bz.any()) or np.broadcast_to(bs.reshape(-1), (n,)).tolist() != want.tolist():
+                    or bs.size not in (1, n) or (bz is not None and bz.any()) \
+                    or not np.array_equal(np.broadcast_to(bs.reshape(-1), (n,)), want):
                 return None
             maybe_dead.add(b_dq.outputs[0])
             return b_dq.inputs[0]
