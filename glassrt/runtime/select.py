@@ -119,7 +119,7 @@ def provider_verdict_checked(provider, node, contract, ctx, batch=frozenset()) -
             bindings = [(1, ())] if k.one_row else \
                 [(STAND_IN_DIM, batch)] * bool(batch) + [(STAND_IN_DIM, ()), (STAND_IN_LARGE, ())]
             for value, ones in bindings:
-                r = kernel_reason(k, _stand_in(ctx, value, ones))
+                r = kernel_reason(k, stand_in(ctx, value, ones))
                 if not r:
                     break
             if r:
@@ -157,7 +157,7 @@ def _stand_in_dim(d, value: int = STAND_IN_DIM, ones: frozenset | tuple = ()) ->
         return value
 
 
-def _stand_in(ctx, value: int = STAND_IN_DIM, ones: frozenset | tuple = ()):
+def stand_in(ctx, value: int = STAND_IN_DIM, ones: frozenset | tuple = ()):
     """ctx with every symbolic dim bound to `value`, the symbols in `ones` to 1 (see _stand_in_dim)."""
     def bind(t):
         if not isinstance(t, TensorType) or t.shape is None or t.is_static:

@@ -93,10 +93,10 @@ def _plan_kernel(node, contract, d, types, values, batch):
     Where none passes there, a plan moves the node to the next providers' choice (a partial
     provider's refusal, GPT-2's small Transposes); None where that has none either."""
     from ..runtime.placement import node_context
-    from ..runtime.select import STAND_IN_DIM, _stand_in, is_static, kernel_reason
+    from ..runtime.select import STAND_IN_DIM, stand_in, is_static, kernel_reason
 
     ctx = node_context(node, contract, types, values)
-    judged = ctx if is_static(ctx) else _stand_in(ctx, STAND_IN_DIM, batch)
+    judged = ctx if is_static(ctx) else stand_in(ctx, STAND_IN_DIM, batch)
     why = []
     for k in d.kernels:
         r = kernel_reason(k, judged)
