@@ -116,9 +116,10 @@ class Session:
     that passes the complete cpu provider runs on a later one: warn once per node, count
     it), "error" (raise FallbackError at creation listing every such node) or "silent" (as
     "warn", without the warnings: the fallbacks are still in sess.fallbacks). A node can
-    also fall back in a plan, when the provider placement chose refuses the plan's concrete
-    shapes (a oneDNN kernel with no implementation for them): warned of and listed in
-    sess.fallbacks when the plan is made; with "error" that run raises FallbackError.
+    also fall back in a plan, when the complete provider placement chose refuses the plan's
+    concrete shapes (a partial one, onednn, refusing them is its design, as at placement):
+    warned of and listed in sess.fallbacks when the plan is made; with "error" that run
+    raises FallbackError.
     unsupported: "error" (a node no provider can run raises UnsupportedOperatorError at
     creation) or "mark" (for explain: the session is made, that node is explained with the
     reason, and running the session raises the error instead).

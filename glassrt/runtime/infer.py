@@ -168,18 +168,19 @@ def _static_inputs(node, in_types) -> bool:
         and all(isinstance(t, TensorType) and t.is_static for t in given)
 
 
-# A body's output types (what an If, Loop or Scan's rule asks of its subgraphs) are a
-# function of the body, its input types and the outer values it reads. Creating a session
-# infers the same bodies again and again (the passes, the bodies' own passes, placement):
-# Silero VAD's nested If bodies, ~400 nodes inferred per inference of its 5-node top graph,
-# were 60% of its 130 ms creation. While `subgraph_memo()` is open (a session's creation, a
-# plan's compilation) each such answer is kept, keyed by the body and what it reads.
+# A body's inference (what an If, Loop or Scan's rule asks of its subgraphs, what the
+# passes type a body with) is a function of the body, its input types and the outer types
+# and values it reads. Creating a session infers the same bodies again and again (the If
+# rule at every inference of the graph around them, the expand pass, the bodies' own
+# pipelines): Silero VAD's nested If bodies, ~690 nodes under a 5-node top graph, were 60%
+# of its creation. While `subgraph_memo()` is open (a session's creation, a plan's
+# compilation) each is kept, keyed by the body and what it reads (infer_body).
 _subgraph_memo: ContextVar = ContextVar("glassrt_subgraph_memo", default=None)
 
 
 @contextmanager
 def subgraph_memo():
-    """Keep subgraphs' inferred output types while open (nested: the outermost one's memo)."""
+    """Keep bodies' inferences while open (nested: the outermost one's memo)."""
     token = _subgraph_memo.set({}) if _subgraph_memo.get() is None else None
     try:
         yield

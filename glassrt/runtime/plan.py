@@ -174,8 +174,8 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     plan = Plan(signature=(), steps=steps, slots=slots, template=template,
                 inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
                 types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end,
-                layouts=layouts, moved=tuple(name for name, _ in moved),
-                fallbacks=tuple(replace(f, shapes=_sig_str(input_types)) for _, f in moved if f), inlined=tuple(inlined),
+                layouts=layouts, moved=tuple(name for name, _ in moved), inlined=tuple(inlined),
+                fallbacks=tuple(replace(f, shapes=_sig_str(input_types)) for _, f in moved if f),
                 dynamic_steps=sum(isinstance(st.fn, _DynamicStep) for st in steps), pooled=pooled)
     plan.build_seconds = time.perf_counter() - t0
     return plan
