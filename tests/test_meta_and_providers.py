@@ -209,7 +209,7 @@ def test_prelu_before_opset_7_has_one_slope_per_channel():
 
 _OWN_RULES = {"LayerNormalization", "Pad", "GatherElements", "ScatterElements", "Scatter", "ScatterND", "TensorScatter",
               "TopK", "QuantizeLinear", "DequantizeLinear", "DepthToSpace", "SpaceToDepth", "DynamicQuantizeLinear",
-              "MatMulInteger", "QLinearMatMul"}
+              "MatMulInteger", "QLinearMatMul", "GatherND", "OneHot"}
 
 
 def test_own_meta_rules_give_the_node_cases_expected_types_and_agree_with_onnx():
@@ -311,3 +311,39 @@ def test_recurrent_meta_is_onnxs_inference(op, layout, direction):
             # (where onnx leaves hidden_size unknown without the attribute, glassrt reads R's)
             want_o = [hidden if isinstance(w, str) and w.startswith("unk__") else w for w in want[o]]
             assert got == want_o, (o, got, want[o])
+
+
+def test_gather_nd_one_hot_and_nms_have_rules_of_their_own():
+    """GatherND, OneHot and NonMaxSuppression are inferred without onnx's generic inference
+    (which imports the onnx package at a session's creation): symbolic dims kept, a depth
+    known or not, NMS's data-dependent count a symbol, bad shapes refused by name."""
+    from glassrt.ops.registry import _onnx_meta, get_contract
+    from glassrt.runtime.infer import infer_symbolic
+    from glassrt import onnx_io
+
+    for op, v in (("GatherND", 13), ("OneHot", 11), ("NonMaxSuppression", 11)):
+        assert get_contract("", op, v).meta is not _onnx_meta, op
+
+    def typed(nodes, inputs, inits=()):
+        m = model(nodes, inputs, [tensor("y", None, TensorProto.INT64 if nodes[-1].op_type == "NonMaxSuppression"
+                                         else TensorProto.FLOAT)], list(inits), opset=13)
+        g = onnx_io.from_proto(m, None)
+        return infer_symbolic(g).types["y"]
+
+    y = typed([helper.make_node("GatherND", ["d", "i"], ["y"], batch_dims=1)],
+              [tensor("d", ["b", 5, 6, 7]), tensor("i", ["b", 3, 2], TensorProto.INT64)])
+    assert [str(d) for d in y.shape] == ["b", "3", "7"], y
+    y = typed([helper.make_node("OneHot", ["i", "depth", "vals"], ["y"], axis=1)],
+              [tensor("i", ["n", 4], TensorProto.INT64), tensor("vals", [2])],
+              [init("depth", np.array(10, np.int64))])
+    assert [str(d) for d in y.shape] == ["n", "10", "4"], y
+    y = typed([helper.make_node("OneHot", ["i", "depth", "vals"], ["y"])],
+              [tensor("i", ["n"], TensorProto.INT64), tensor("depth", [], TensorProto.INT64), tensor("vals", [2])])
+    assert len(y.shape) == 2 and str(y.shape[0]) == "n" and not isinstance(y.shape[1], int), y
+    y = typed([helper.make_node("NonMaxSuppression", ["boxes", "scores"], ["y"])],
+              [tensor("boxes", [1, "k", 4]), tensor("scores", [1, 3, "k"])])
+    assert y.dtype == np.int64 and y.shape[1] == 3 and not isinstance(y.shape[0], int), y
+    with pytest.raises(glassrt.ShapeInferenceError, match="batch_dims"):
+        glassrt.InferenceSession(model([helper.make_node("GatherND", ["d", "i"], ["y"], batch_dims=2)],
+                                       [tensor("d", [2, 3]), tensor("i", [2, 1], TensorProto.INT64)],
+                                       [tensor("y", None)], opset=13))
