@@ -182,6 +182,7 @@ FLOATS = frozenset(map(np.dtype, [np.float16, np.float32, np.float64]))
 FLOATS_BF16 = DTypeSet(FLOATS, ["BFLOAT16"])
 SIGNED_INTS = frozenset(map(np.dtype, [np.int8, np.int16, np.int32, np.int64]))
 UNSIGNED_INTS = frozenset(map(np.dtype, [np.uint8, np.uint16, np.uint32, np.uint64]))
+EIGHT_BIT = frozenset(map(np.dtype, [np.uint8, np.int8]))  # the 8-bit quantized types
 INTS = SIGNED_INTS | UNSIGNED_INTS
 NUMERIC = FLOATS_BF16 | INTS
 COMPLEX = frozenset(map(np.dtype, [np.complex64, np.complex128]))

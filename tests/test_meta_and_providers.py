@@ -222,7 +222,7 @@ def test_own_meta_rules_give_the_node_cases_expected_types_and_agree_with_onnx()
     from glassrt.ops.contract import MetaContext
     from glassrt.ops.onnx_meta import onnx_meta
 
-    checked = 0
+    checked, seen = 0, set()
     for case in collect_testcases():
         m = case.model
         if len(m.graph.node) != 1 or m.graph.node[0].op_type not in _OWN_RULES:
@@ -231,12 +231,15 @@ def test_own_meta_rules_give_the_node_cases_expected_types_and_agree_with_onnx()
         c = contracts.get_contract(node.domain, node.op_type, node.opset)
         assert c.meta is not None and c.meta.__module__.startswith("glassrt.ops.meta"), node.op_type
         for inputs, outputs in case.data_sets or []:
+            # (a 0-d value may come as a NumPy scalar: OneHot's depth, DynamicQuantizeLinear's scale)
+            inputs, outputs = ([np.asarray(a) if isinstance(a, np.generic) else a for a in x] for x in (inputs, outputs))
             arrays = list(inputs) + list(outputs)
             if not all(isinstance(a, np.ndarray) and a.dtype != object for a in arrays):
                 continue  # float8 / int4 data sets come as protos
             feeds = dict(zip([i.name for i in m.graph.input], inputs))
             types = [ir.type_of_value(feeds[n]) if n in feeds else None for n in node.inputs]
-            values = [feeds[n] if n in feeds and feeds[n].dtype.kind in "iu" and feeds[n].size <= 64 else None
+            # small inputs known, as a model's constants are (OneHot's depth is one, integer or float)
+            values = [feeds[n] if n in feeds and feeds[n].dtype.kind in "iuf" and feeds[n].size <= 64 else None
                       for n in node.inputs]
             ours = c.meta(MetaContext(node, c, types, values))
             theirs = onnx_meta(MetaContext(node, c, types, values))
@@ -244,7 +247,9 @@ def test_own_meta_rules_give_the_node_cases_expected_types_and_agree_with_onnx()
                 assert (ours[k].dtype, tuple(ours[k].shape)) == (expected.dtype, expected.shape), case.name
                 assert ours[k].dtype == theirs[k].dtype and tuple(ours[k].shape) == tuple(theirs[k].shape), case.name
                 checked += 1
+                seen.add(node.op_type)
     assert checked >= 100
+    assert seen == _OWN_RULES, _OWN_RULES - seen  # every rule met by a case
 
 
 def test_own_meta_rules_keep_symbolic_dims_and_refuse_bad_attributes():

@@ -18,9 +18,9 @@ import numpy as np
 
 from ..ir import Node
 from ._rewrite import Readers, origin, producers
+from ..dtypes import EIGHT_BIT as _EIGHT_BIT
 
 _Q_PLAIN = {"axis"}  # attributes with no effect on per-tensor quantization
-_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def fuse_qdq(graph, ctx):

@@ -41,8 +41,8 @@ import numpy as np
 from ..ir import Node
 from ._rewrite import Readers, drop_unread, known_shape, origin, producers, rebuild
 from .fuse_qdq_matmul import MS, int8_engine_reason
+from ..dtypes import EIGHT_BIT as _EIGHT_BIT
 
-_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 _F32 = np.dtype(np.float32)
 _BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}  # com.microsoft's, same-shape operands
 _UNARY = {"Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu"}  # lookup tables of the 256 codes

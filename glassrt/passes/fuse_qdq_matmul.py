@@ -29,8 +29,8 @@ import numpy as np
 
 from ..ir import Node
 from ._rewrite import Readers, bias_add, origin, producers, rebuild
+from ..dtypes import EIGHT_BIT as _EIGHT_BIT
 
-_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 MS = "com.microsoft"
 
 

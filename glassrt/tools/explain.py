@@ -121,7 +121,7 @@ def _body_rows(bodies: dict, parent: str, depth: int, dims: dict, outer_types: d
             types = {**outer_types, **sub.inference.types}  # a body reads the enclosing graph's values
             for node in sub.graph.nodes:
                 d = sub.decisions[node.name]
-                out_t, flops, provider, kernel, reason = _as_placed(node, d, types, {**sub.inference.values})
+                out_t, flops, provider, kernel, reason = _as_placed(node, d, types, sub.inference.values)
                 rows.append({
                     "name": node.name, "op": node.op_type, "domain": node.domain, "opset": node.opset,
                     "provider": provider, "kernel": kernel, "reason": reason, "fallback": d.fallback,

@@ -11,8 +11,8 @@ import numpy as np
 from ... import dtypes
 from ..registry import meta
 from .nn import matmul_shape
+from ...dtypes import EIGHT_BIT as _EIGHT_BIT
 
-_EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def _attr_dtype(ctx, name):
