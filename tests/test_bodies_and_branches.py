@@ -224,9 +224,28 @@ def test_pad_borders_match_numpy():
                     want = np.pad(x, width, mode=mode)
                 except ValueError:
                     continue
-                step = pad(SimpleNamespace(attrs={"mode": mode}, opset=18))
-                for out in (None, np.empty(want.shape, np.float32)):
-                    np.testing.assert_array_equal(step(x, np.array(pads), out=out), want)
+                # the pads computed per run, and known when the step is bound (its geometry kept)
+                for known in (None, np.array(pads)):
+                    step = pad(SimpleNamespace(attrs={"mode": mode}, opset=18, has=lambda i: i < 2,
+                                               const=lambda i, known=known: known if i == 1 else None))
+                    for out in (None, np.empty(want.shape, np.float32), np.empty(want.shape, np.float32)):
+                        np.testing.assert_array_equal(step(x, np.array(pads), out=out), want)
+
+
+def test_pad_keeps_one_geometry_per_shape_and_crops():
+    """The bound Pad keeps its geometry per input shape: a new shape, or negative pads that
+    crop, are worked out anew, never taken from another shape's."""
+    from types import SimpleNamespace
+
+    from glassrt.kernels.cpu.shape import pad
+
+    step = pad(SimpleNamespace(attrs={"mode": "reflect"}, opset=18, has=lambda i: i < 2,
+                               const=lambda i: np.array([0, 2, 0, -1]) if i == 1 else None))
+    for shape in [(2, 5), (3, 7), (2, 5)]:
+        x = RNG.standard_normal(shape).astype(np.float32)
+        want = np.pad(x[:, :-1], [(0, 0), (2, 0)], mode="reflect")
+        np.testing.assert_array_equal(step(x, None), want)
+        np.testing.assert_array_equal(step(x, None, out=np.empty(want.shape, np.float32)), want)
 
 
 def test_explain_says_why_made_up_dims_have_no_plan():

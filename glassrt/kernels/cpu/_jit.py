@@ -185,9 +185,9 @@ def numba_threads(n: int) -> None:
         # intra_op_num_threads=1 ran its 8-bit convolutions on two threads from the second
         # run, when Numba loads). So OpenMP's count is put back as it was.
         capi = sys.modules.get("glassrt.kernels.onednn.capi")
-        openmp = capi.get_max_threads() if capi is not None and capi.lib is not None else None
+        openmp = capi.query_max_threads() if capi is not None and capi.lib is not None else None
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-        if openmp is not None and capi.get_max_threads() != openmp:
+        if openmp is not None and capi.query_max_threads() != openmp:
             capi.set_num_threads(openmp)
         _set_here.n = n
 

@@ -19,25 +19,49 @@ def _reducer(op, compute, types=NUMERIC, into=None):
         keep = bool(ctx.attrs.get("keepdims", 1))
         noop = bool(ctx.attrs.get("noop_with_empty_axes", 0))
         axes_as_input = ctx.since_version >= AXES_AS_INPUT[op]
-        attr_axes = ctx.attrs.get("axes")
+        if axes_as_input:
+            known, fixed = (True, None) if not ctx.has(1) else (ctx.const(1) is not None, _axes(ctx.const(1)))
+        else:
+            known, fixed = True, _axes(ctx.attrs.get("axes"))
+        # per input shape and axes: the sorted axes (None: all; "noop") and the result's shape,
+        # worked out once (a streaming model reduces the same shape every run)
+        geometries: dict = {}
 
         def step(x, axes=None, *, out=None):
-            ax = (None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]) if axes_as_input else attr_axes
-            if ax is None or len(ax) == 0:
-                if noop:
-                    return _put(x.copy() if out is None else x, out)
-                ax = None
-            else:
-                ax = tuple(sorted(norm_axis(int(a), x.ndim) for a in ax))
-            if into is not None and out is not None and x.size and _reduced_shape(x.shape, ax, keep) == out.shape:
-                r = into(x, ax, keep, out)
+            key = (x.shape, fixed if known else _axes(axes))
+            geo = geometries.get(key)
+            if geo is None:
+                if len(geometries) >= 64:
+                    geometries.clear()
+                geo = geometries[key] = _geometry(x.shape, key[1], keep, noop)
+            ax, shape = geo
+            if ax == "noop":
+                return _put(x.copy() if out is None else x, out)
+            if into is not None and x.size and (out is None or shape == out.shape):
+                # (no buffer given: a graph output, allocated per run)
+                r = into(x, ax, keep, np.empty(shape, x.dtype) if out is None else out)
                 if r is not None:
                     return r
             r = compute(x, ax, keep)
             return _put(np.asarray(r, dtype=x.dtype) if np.asarray(r).dtype != x.dtype else np.asarray(r), out)
         return step
 
-    kernel(op, dtypes=types, bind=True, out=True, name=op.lower())(build)
+    kernel(op, dtypes=types, bind=True, out=True, name=op.lower(), any_shape=True, blas=False)(build)
+
+
+def _axes(v) -> tuple | None:
+    return None if v is None else tuple(int(a) for a in np.asarray(v).reshape(-1))
+
+
+def _geometry(shape, axes, keep, noop):
+    """(the axes reduced, sorted and non-negative, None for all or "noop"; the result's shape)."""
+    if not axes:
+        if noop:
+            return "noop", tuple(shape)
+        ax = None
+    else:
+        ax = tuple(sorted(norm_axis(a, len(shape)) for a in axes))
+    return ax, _reduced_shape(shape, ax, keep)
 
 
 def _reduced_shape(shape, ax, keep):
@@ -90,8 +114,17 @@ def _sum(x, ax, keep):
 
 
 _reducer("ReduceSum", _sum, into=_same_type(np.sum, typed=True))
+def _mean_into(x, ax, keep, out):
+    """np.mean's own two steps (its sum, then a division by the count) straight into out:
+    np.mean's Python wrapper cost ~10 us of a small ReduceMean (Silero VAD's)."""
+    if x.dtype.kind != "f" or out.dtype != x.dtype or _acc.get(x.dtype, x.dtype) != x.dtype:
+        return None
+    np.add.reduce(x, axis=ax, keepdims=keep, out=out)
+    return np.true_divide(out, x.size // out.size, out=out)
+
+
 _reducer("ReduceMean", lambda x, ax, keep: np.mean(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, None)),
-         into=lambda x, ax, keep, out: _same_type(np.mean)(x, ax, keep, out) if x.dtype.kind == "f" else None)
+         into=_mean_into)
 _reducer("ReduceMax", _empty_ok(lambda x, ax, keep: np.max(x, axis=ax, keepdims=keep), _low),
          NUMERIC | {np.dtype(bool)}, into=_same_type(np.max))
 _reducer("ReduceMin", _empty_ok(lambda x, ax, keep: np.min(x, axis=ax, keepdims=keep), _high),

@@ -280,17 +280,38 @@ def _put(v, out):
     return out
 
 
-@kernel("Gather", dtypes=ALL, out=True)
-def gather(x, indices, *, out=None, axis=0):
-    a = norm_axis(axis, x.ndim)
-    idx = indices.astype(np.int64, copy=False)
-    n = x.shape[a]
-    if idx.size and (idx.min() < -n or idx.max() >= n):
-        bad = idx[(idx < -n) | (idx >= n)].reshape(-1)[0]
-        raise IndexError(f"index {bad} is out of range for axis {a} of size {n}")
-    # The indices are checked: "wrap" reads a negative one from the end as "raise" would, and
-    # writes straight into out ("raise" gathers into a temporary first).
-    return np.take(x, idx, axis=a, out=out, mode="wrap" if idx.size else "raise")
+@kernel("Gather", dtypes=ALL, out=True, bind=True, any_shape=True, blas=False)
+def gather(ctx):
+    axis = int(ctx.attrs.get("axis", 0))
+    fixed = ctx.const(1)
+    # Constant indices (most models' Gathers: a row of a table, one dim of a shape) are
+    # converted and their range found once: the per-run min() and max() were most of a
+    # small Gather's ~5-9 us (Silero VAD's state rows)
+    if fixed is not None:
+        fixed = fixed.astype(np.int64, copy=False)
+        lo, hi = (int(fixed.min()), int(fixed.max())) if fixed.size else (0, -1)
+
+    def step(x, indices, *, out=None):
+        a = norm_axis(axis, x.ndim)
+        n = x.shape[a]
+        if fixed is not None:
+            idx = fixed
+            if fixed.size and (lo < -n or hi >= n):
+                _out_of_range(idx, a, n)
+        else:
+            idx = indices.astype(np.int64, copy=False)
+            if idx.size and (idx.min() < -n or idx.max() >= n):
+                _out_of_range(idx, a, n)
+        # The indices are checked: "wrap" reads a negative one from the end as "raise" would, and
+        # writes straight into out ("raise" gathers into a temporary first).
+        return np.take(x, idx, axis=a, out=out, mode="wrap" if idx.size else "raise")
+
+    return step
+
+
+def _out_of_range(idx, axis, n):
+    bad = idx[(idx < -n) | (idx >= n)].reshape(-1)[0]
+    raise IndexError(f"index {bad} is out of range for axis {axis} of size {n}")
 
 
 @kernel("Expand", dtypes=ALL, out=True)
@@ -360,35 +381,47 @@ def range_(start, limit, delta, *, out=None):
     return y
 
 
-@kernel("Pad", dtypes=ALL, out=True, bind=True)
+@kernel("Pad", dtypes=ALL, out=True, bind=True, blas=False)
 def pad(ctx):
     mode = ctx.attrs.get("mode", "constant")
     np_mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
+    if ctx.opset < 11:
+        # Pad-1 called the attribute "paddings"; Pad-2 renamed it "pads".
+        fixed_pads = tuple(int(p) for p in (ctx.attrs["pads"] if "pads" in ctx.attrs else ctx.attrs["paddings"]))
+        fixed_axes, fixed_value = None, float(ctx.attrs.get("value", 0.0))
+    else:
+        fixed_pads = _ints(ctx.const(1))
+        fixed_axes = _ints(ctx.const(3)) if ctx.has(3) else None
+        if not ctx.has(2):
+            fixed_value = 0
+        else:
+            value = ctx.const(2)
+            fixed_value = None if value is None else value.reshape(-1)[0] if value.size else 0
+    axes_known = ctx.opset < 11 or not ctx.has(3) or fixed_axes is not None
+    # The geometry (crop, pads, the slices the borders copy) per input shape, pads and axes:
+    # a streaming model pads the same frame every run (Silero VAD's reflect pad took 16 us a
+    # run working it out each time)
+    geometries: dict = {}
 
     def step(x, pads=None, value=None, axes=None, *, out=None):
-        if ctx.opset < 11:
-            # Pad-1 called the attribute "paddings"; Pad-2 renamed it "pads".
-            pads_ = list(ctx.attrs["pads"] if "pads" in ctx.attrs else ctx.attrs["paddings"])
-            cval = float(ctx.attrs.get("value", 0.0))
+        pads_ = fixed_pads if fixed_pads is not None else _ints(pads)
+        axes_ = fixed_axes if axes_known else _ints(axes)
+        key = (x.shape, pads_, axes_)
+        geo = geometries.get(key)
+        if geo is None:
+            if len(geometries) >= 64:
+                geometries.clear()
+            geo = geometries[key] = _pad_geometry(x.shape, pads_, axes_, np_mode)
+        crop, width, shape, inner, borders = geo
+        if crop is not None:
+            x = x[crop]
+        if fixed_value is not None:
+            cval = fixed_value
         else:
-            pads_ = [int(p) for p in pads]
             cval = value.reshape(-1)[0] if value is not None and value.size else 0
-        r = x.ndim
-        ax = list(range(r)) if axes is None else [norm_axis(int(a), r) for a in axes]
-        n = len(ax)
-        if len(pads_) != 2 * n:
-            raise ValueError(f"pads {pads_} must have 2 entries per padded axis ({n})")
-        width = [[0, 0] for _ in range(r)]
-        for i, a in enumerate(ax):
-            width[a] = [pads_[i], pads_[i + n]]
-        # Negative pads crop.
-        crop = tuple(slice(max(0, -b), x.shape[k] - max(0, -e)) for k, (b, e) in enumerate(width))
-        x = x[crop]
-        width = [(max(0, b), max(0, e)) for b, e in width]
-        if not _pads_within(np_mode, x.shape, width) or (np_mode == "constant" and out is None):
+        if borders is None or (np_mode == "constant" and out is None):
             kw = dict(constant_values=cval) if np_mode == "constant" else {}
             return as_out(np.pad(x, width, mode=np_mode, **kw), out)
-        shape = tuple(d + b + e for d, (b, e) in zip(x.shape, width))
         if out is None:
             out = np.empty(shape, x.dtype)
         elif out.shape != shape:
@@ -396,12 +429,37 @@ def pad(ctx):
                              f"{list(out.shape)}")
         if np_mode == "constant":  # the value everywhere (assigned as np.pad assigns it), then the input
             out[...] = np.asarray(cval).ravel()[0]
-        out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, width))] = x
-        if np_mode != "constant":
-            _pad_borders(out, x.shape, width, np_mode)
+        out[inner] = x
+        for dst, src in borders:
+            out[dst] = out[src]
         return out
 
     return step
+
+
+def _ints(v) -> tuple | None:
+    return None if v is None else tuple(int(p) for p in np.asarray(v).reshape(-1))
+
+
+def _pad_geometry(in_shape, pads, axes, mode):
+    """(crop or None, pads per axis after cropping, the padded shape, the input's place in
+    it, the border copies [(to, from)] in order, or None where np.pad must fill them)."""
+    r = len(in_shape)
+    ax = list(range(r)) if axes is None else [norm_axis(int(a), r) for a in axes]
+    n = len(ax)
+    if len(pads) != 2 * n:
+        raise ValueError(f"pads {list(pads)} must have 2 entries per padded axis ({n})")
+    width = [[0, 0] for _ in range(r)]
+    for i, a in enumerate(ax):
+        width[a] = [pads[i], pads[i + n]]
+    # Negative pads crop.
+    crop = tuple(slice(max(0, -b), in_shape[k] - max(0, -e)) for k, (b, e) in enumerate(width))
+    shape = tuple(len(range(*s.indices(d))) for s, d in zip(crop, in_shape))
+    width = [(max(0, b), max(0, e)) for b, e in width]
+    padded = tuple(d + b + e for d, (b, e) in zip(shape, width))
+    inner = tuple(slice(b, b + d) for d, (b, _) in zip(shape, width))
+    borders = _pad_borders(shape, width, mode) if _pads_within(mode, shape, width) else None
+    return crop if shape != tuple(in_shape) else None, width, padded, inner, borders
 
 
 def _pads_within(mode, shape, width) -> bool:
@@ -413,23 +471,28 @@ def _pads_within(mode, shape, width) -> bool:
     return mode == "constant" or all(d > 0 for d, (b, e) in zip(shape, width) if b or e)
 
 
-def _pad_borders(out, shape, width, mode) -> None:
-    """Fill the pads around the input written in the middle of `out`, axis after axis (as
-    np.pad does: a later axis copies the earlier ones' pads into its corners) by slicing:
-    np.pad itself costs ~40 us of Python on a 512-sample frame (Silero VAD's reflect pad)."""
-    full = [slice(None)] * out.ndim
+def _pad_borders(shape, width, mode) -> list:
+    """The copies [(to, from)] that fill the pads around the input once it is written in the
+    middle of the output, axis after axis (as np.pad does: a later axis copies the earlier
+    ones' pads into its corners), by slicing: np.pad itself costs ~40 us of Python on a
+    512-sample frame (Silero VAD's reflect pad). None for "constant" (written beforehand)."""
+    if mode == "constant":
+        return []
+    full = [slice(None)] * len(shape)
 
     def at(axis, s):
         idx = list(full)
         idx[axis] = s
         return tuple(idx)
 
+    copies = []
     for axis, (d, (b, e)) in enumerate(zip(shape, width)):
         end = b + d  # one past the input along this axis
         if b:
             src = {"reflect": slice(2 * b, b, -1), "edge": slice(b, b + 1), "wrap": slice(end - b, end)}[mode]
-            out[at(axis, slice(0, b))] = out[at(axis, src)]
+            copies.append((at(axis, slice(0, b)), at(axis, src)))
         if e:
             src = {"reflect": slice(end - 2, end - 2 - e if end - 2 - e >= 0 else None, -1),
                    "edge": slice(end - 1, end), "wrap": slice(b, b + e)}[mode]
-            out[at(axis, slice(end, end + e))] = out[at(axis, src)]
+            copies.append((at(axis, slice(end, end + e)), at(axis, src)))
+    return copies

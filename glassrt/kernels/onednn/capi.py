@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from ctypes import (
     POINTER,
     c_char,
@@ -559,14 +560,32 @@ def _omp_funcs():
     return _omp
 
 
+# The calling thread's count as last set or read here: a small primitive's step reads it two
+# or three times (its primitives per count, run_alone's save and restore), ~0.3 us a ctypes
+# call. Only glassrt sets the count of the threads that run its plans (threads.use_threads
+# trusts the same), and code that lets another library set it reads query_max_threads.
+_counts = threading.local()
+
+
 def set_num_threads(n: int) -> None:
     """omp_set_num_threads: in libgomp this sets the calling thread's ICV only, so a thread
     that runs primitives must call it itself (threads start with OMP_NUM_THREADS or nproc)."""
     _omp_funcs()[0](int(n))
+    _counts.n = int(n)
 
 
 def get_max_threads() -> int:
-    return _omp_funcs()[1]()
+    """omp_get_max_threads of the calling thread, as last set through set_num_threads."""
+    try:
+        return _counts.n
+    except AttributeError:
+        return query_max_threads()
+
+
+def query_max_threads() -> int:
+    """omp_get_max_threads asked of libgomp (after another library may have set it)."""
+    n = _counts.n = _omp_funcs()[1]()
+    return n
 
 
 def openmp_path() -> str | None:

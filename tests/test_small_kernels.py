@@ -1,0 +1,151 @@
+"""The bound cpu kernels a streaming model runs every few milliseconds (Silero VAD's, a
+wake-word model's): Gather with constant indices, Cast decided at binding, reductions and
+Pad with their geometry kept per shape. Each against NumPy's or onnxruntime's answer, the
+error paths included, and run twice (the second run takes what the first kept)."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import glassrt
+from glassrt.errors import GlassrtError
+
+from .helpers import init, model, ort_outputs, tensor
+
+RNG = np.random.default_rng(11)
+
+
+def _run_twice(m, feeds):
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    first = sess.run(None, feeds)
+    second = sess.run(None, feeds)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    return first
+
+
+@pytest.mark.parametrize("indices", [np.array([2, 0, -1]), np.array(1), np.array([[0, -3], [2, 2]])])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_constant_indices(indices, axis):
+    x = RNG.standard_normal((3, 4, 3)).astype(np.float32)
+    m = model([helper.make_node("Gather", ["x", "i"], ["y"], name="g", axis=axis)],
+              [tensor("x", [3, 4, 3])], [tensor("y", None)], [init("i", indices.astype(np.int64))])
+    (got,) = _run_twice(m, {"x": x})
+    np.testing.assert_array_equal(got, np.take(x, indices, axis=axis))
+
+
+def test_gather_constant_index_out_of_range_names_the_node():
+    """A constant index checked once at binding still fails each run where the data is too
+    short for it (a symbolic dim), naming the node."""
+    m = model([helper.make_node("Gather", ["x", "i"], ["y"], name="rows")],
+              [tensor("x", ["n", 2])], [tensor("y", None)], [init("i", np.array([0, 3], np.int64))])
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    np.testing.assert_array_equal(sess.run(None, {"x": np.arange(8, dtype=np.float32).reshape(4, 2)})[0],
+                                  [[0, 1], [6, 7]])
+    with pytest.raises(GlassrtError, match="rows"):
+        sess.run(None, {"x": np.zeros((3, 2), np.float32)})
+
+
+@pytest.mark.parametrize("src,to", [(np.float32, TensorProto.INT32), (np.float32, TensorProto.FLOAT16),
+                                    (np.float64, TensorProto.FLOAT), (np.int64, TensorProto.FLOAT),
+                                    (np.bool_, TensorProto.FLOAT), (np.float32, TensorProto.BOOL),
+                                    (np.int32, TensorProto.UINT8), (np.float16, TensorProto.FLOAT)])
+def test_cast_as_onnxruntime_and_quiet(src, to):
+    """NaN, infinities and values beyond the target's range as onnxruntime casts them
+    (where it defines them), and no NumPy warning escapes either path."""
+    x = np.array([0, 1.5, -2.5, 300, -70000, 1e30], np.float64)
+    x = x if np.dtype(src).kind == "f" else np.array([0, 1, -2, 300, 7, 1], np.float64)
+    x = x.astype(src) if src is not np.float16 else np.array([0, 1.5, -2.5, 300], np.float16)
+    m = model([helper.make_node("Cast", ["x"], ["y"], name="c", to=to)],
+              [tensor("x", list(x.shape), helper.np_dtype_to_tensor_dtype(x.dtype))], [tensor("y", None, to)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (got,) = _run_twice(m, {"x": x})
+    if np.dtype(src).kind != "f" or to not in (TensorProto.INT32, TensorProto.UINT8):
+        with np.errstate(over="ignore"):
+            np.testing.assert_array_equal(got, x.astype(helper.tensor_dtype_to_np_dtype(to)))
+    ok = np.isfinite(x.astype(np.float64)) & (np.abs(x.astype(np.float64)) < 2 ** 31)
+    np.testing.assert_array_equal(got[ok], ort_outputs(m, {"x": x})[0][ok])
+
+
+def test_cast_float_nan_to_int_does_not_warn():
+    x = np.array([np.nan, np.inf, 2.7], np.float32)
+    m = model([helper.make_node("Cast", ["x"], ["y"], name="c", to=TensorProto.INT64)],
+              [tensor("x", [3])], [tensor("y", None, TensorProto.INT64)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (got,) = _run_twice(m, {"x": x})
+    assert got[2] == 2
+
+
+def test_cast_like_takes_the_target_type():
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    m = model([helper.make_node("CastLike", ["x", "like"], ["y"], name="c")],
+              [tensor("x", [2, 3]), tensor("like", [1], TensorProto.DOUBLE)], [tensor("y", None, TensorProto.DOUBLE)])
+    (got,) = _run_twice(m, {"x": x, "like": np.zeros(1)})
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, x.astype(np.float64))
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax"])
+@pytest.mark.parametrize("axes,keep", [([1], 1), ([1], 0), ([-1, 0], 1), (None, 0), ([], 1)])
+def test_reductions_as_graph_outputs_and_inside(op, axes, keep):
+    """A reduction straight to a graph output (no buffer given: the result allocated per
+    run) and inside the graph (into the arena), both equal to NumPy's."""
+    x = RNG.standard_normal((3, 5, 4)).astype(np.float32)
+    inits = []
+    inputs = ["x"]
+    if axes is not None:
+        inits.append(init("axes", np.array(axes, np.int64)))
+        inputs.append("axes")
+    nodes = [helper.make_node(op, inputs, ["r"], name="red", keepdims=keep),
+             helper.make_node("Neg", ["r"], ["n"], name="neg")]
+    m = model(nodes, [tensor("x", [3, 5, 4])], [tensor("r", None), tensor("n", None)], inits)
+    r, n = _run_twice(m, {"x": x})
+    ax = None if not axes else tuple(a % 3 for a in axes)
+    want = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max}[op](x, axis=ax, keepdims=bool(keep))
+    np.testing.assert_allclose(r, want, rtol=1e-6)
+    np.testing.assert_allclose(n, -want, rtol=1e-6)
+
+
+def test_reduce_noop_with_empty_axes_copies():
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    m = model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], name="red", noop_with_empty_axes=1)],
+              [tensor("x", [2, 3])], [tensor("y", None)], [init("axes", np.array([], np.int64))])
+    (got,) = _run_twice(m, {"x": x})
+    np.testing.assert_array_equal(got, x)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap", "constant"])
+def test_pad_constant_pads_on_new_shapes(mode):
+    """Pads known at binding over a symbolic dim: each new length gets its own geometry."""
+    pads = np.array([0, 2, 0, 3], np.int64)
+    m = model([helper.make_node("Pad", ["x", "pads", "v"], ["y"], name="pad", mode=mode)],
+              [tensor("x", [1, "n"])], [tensor("y", None)], [init("pads", pads), init("v", np.float32(1.5))])
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    for n in (8, 5, 8, 4):
+        x = RNG.standard_normal((1, n)).astype(np.float32)
+        kw = dict(constant_values=1.5) if mode == "constant" else {}
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.pad(x, [(0, 0), (2, 3)], mode=mode, **kw))
+
+
+def test_openmp_count_kept_per_thread():
+    """capi's count is the one set on the calling thread, and query_max_threads asks libgomp
+    again (another library may have set it)."""
+    from glassrt.kernels.onednn import capi
+
+    if capi.lib is None:
+        pytest.skip(capi.UNAVAILABLE)
+    was = capi.query_max_threads()
+    try:
+        capi.set_num_threads(1)
+        assert capi.get_max_threads() == 1
+        capi._omp_funcs()[0](2)  # as another library would, behind capi's back
+        assert capi.get_max_threads() == 1
+        assert capi.query_max_threads() == 2
+        assert capi.get_max_threads() == 2
+    finally:
+        capi.set_num_threads(was)
