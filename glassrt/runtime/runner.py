@@ -17,6 +17,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import GlassrtError
+from ..kernels.cpu._jit import numba_loading
 from ..ir import TensorType, type_of_value  # noqa: F401  (type_of_value re-exported)
 from . import threads
 from .memory import BufferPool
@@ -243,12 +244,21 @@ class GraphRunner:
             if plan.threads is None:
                 plan.threads = threads.ThreadChoice(self.options.intra_op_num_threads or threads.available_cpus(),
                                                     self.options.adaptive_threads, start=self.threads_hint)
-            n = plan.threads.choose()
             if plan.uses_blas is None:
                 # a step that may call NumPy's BLAS: a kernel of such a provider that may
                 # (Kernel.blas); a plan of oneDNN's kernels and elementwise or quantizing steps
                 # needs no BLAS count set (threadpoolctl's import and scan: ~4 ms of a first run)
                 plan.uses_blas = any(st.provider in self.blas_providers and st.kernel.blas for st in plan.steps)
+            if numba_loading():
+                # Numba loads on a thread of its own (kernels/cpu/_jit.py: ~0.6 s, once per
+                # process), which holds one core: a primitive split over two threads waits
+                # for the one whose core it has (a quantized MobileNetV2's 2 ms runs took
+                # 100-190 ms each while it loaded). One core fewer until it is done, unmeasured.
+                spare = max(1, min(plan.threads.requested, threads.available_cpus() - 1))
+                threads.use_threads(spare, self.openmp_pool, blas=plan.uses_blas)
+                plan.threads.last = None  # (the next run's latency is not the one-thread run's)
+                return run_plan(plan, feeds, profile=profile, into=into)
+            n = plan.threads.choose()
             threads.use_threads(n, self.openmp_pool, blas=plan.uses_blas)
             # (the CPU time tells a starved multi-thread run; a one-thread run's is not
             # needed, and the clock is a system call in some virtual machines)

@@ -140,6 +140,13 @@ def _load_numba() -> None:
         _warm.set()
 
 
+def numba_loading() -> bool:
+    """Whether numba_warmup's thread is loading Numba now (it holds a core: runtime/runner.py
+    runs plans on one thread meanwhile)."""
+    t = _warmup
+    return t is not None and t.is_alive()
+
+
 def wait_for_numba() -> None:
     """Until a background load of Numba (if one started) has ended."""
     t = _warmup

@@ -22,13 +22,26 @@ from .erf import scratch_bytes as erf_scratch_bytes
 BOOL = [np.bool_]
 
 
+_SCALARS: dict = {}
+
+
+def _scalar(dt: np.dtype, v: int) -> np.ndarray:
+    """v as a 0-d array of dtype dt, made once: a ufunc converts a Python or NumPy scalar
+    operand on every call (np.maximum(x, x.dtype.type(0)) 1.55 us on 128 floats, against
+    0.69 with a 0-d array: a small model's Relu)."""
+    a = _SCALARS.get((dt, v))
+    if a is None:
+        a = _SCALARS[(dt, v)] = np.full((), v, dt)
+    return a
+
+
 def _unary(op, fn, types=FLOATS_BF16):
     kernel(op, dtypes=types, out=True, inplace=True, name=op.lower())(fn)
 
 
 _unary("Abs", lambda x, *, out=None: np.abs(x, out=out), NUMERIC)
 _unary("Neg", lambda x, *, out=None: np.negative(x, out=out), SIGNED)
-_unary("Relu", lambda x, *, out=None: np.maximum(x, x.dtype.type(0), out=out), SIGNED)
+_unary("Relu", lambda x, *, out=None: np.maximum(x, _scalar(x.dtype, 0), out=out), SIGNED)
 _unary("Tanh", lambda x, *, out=None: np.tanh(x, out=out))
 _unary("Exp", lambda x, *, out=None: np.exp(x, out=out))
 _unary("Log", lambda x, *, out=None: np.log(x, out=out))
@@ -52,7 +65,7 @@ def sigmoid(x, *, out=None):
     y = np.negative(x, out=out)
     with np.errstate(over="ignore"):
         np.exp(y, out=y)
-    y += 1
+    np.add(y, _scalar(y.dtype, 1), out=y)
     return np.reciprocal(y, out=y)
 
 
@@ -74,7 +87,7 @@ def erf_kernel(ctx):
 
 @kernel("Softplus", dtypes=FLOATS_BF16, out=True, inplace=True)
 def softplus(x, *, out=None):
-    return np.logaddexp(x, x.dtype.type(0), out=out)
+    return np.logaddexp(x, _scalar(x.dtype, 0), out=out)
 
 
 # Tile-wise expressions (`write_elementwise`): in place is safe, since a tile of the

@@ -720,9 +720,10 @@ class Step:
         st = capi._execute(self._prim_h, s.handle, self._nargs, self._args)
         if st:
             raise DnnlError(f"dnnl_primitive_execute({self.pd.kind}, {self.pd.impl})", st)
-        st = capi._wait(s.handle)
-        if st:
-            raise DnnlError("dnnl_stream_wait", st)
+        if not capi.BLOCKING:
+            st = capi._wait(s.handle)
+            if st:
+                raise DnnlError("dnnl_stream_wait", st)
 
     def run_ptrs(self, ptrs, strm_handle) -> None:
         """The leanest run: ptrs is [(memory handle, data pointer)], unchecked; for a
@@ -733,7 +734,8 @@ class Step:
         st = capi._execute(self._prim_h, strm_handle, self._nargs, self._args)
         if st:
             raise DnnlError(f"dnnl_primitive_execute({self.pd.kind})", st)
-        capi._wait(strm_handle)
+        if not capi.BLOCKING:
+            capi._wait(strm_handle)
 
 
 # --------------------------------------------------------------------------- constructors
