@@ -15,7 +15,7 @@ import glassrt
 from glassrt.kernels.onednn import capi
 from glassrt.tools import light_models as lm
 
-from .helpers import init, model, passes_in_a_forked_child, tensor
+from .helpers import init, model, ort_outputs, passes_in_a_forked_child, tensor
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason=f"oneDNN: {capi.UNAVAILABLE}")
 
@@ -539,3 +539,71 @@ print("openmp threads", capi.get_max_threads())
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert "openmp threads 1" in r.stdout, r.stdout
+
+
+def test_an_elementwise_cpu_node_stays_inside_the_region():
+    """conv → LeakyRelu (fused) → Max(x, -0.4) → conv, as openWakeWord's embedding model has
+    it 19 times: oneDNN has no kernel for the Max, cpu's follows the region's layout (its
+    values stay NHWC, no reorder around it) and the numbers are cpu's and onnxruntime's."""
+    rng = np.random.default_rng(9)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="c1"),
+             helper.make_node("LeakyRelu", ["c1"], ["l1"], alpha=0.2, name="leaky"),
+             helper.make_node("Max", ["l1", "floor"], ["m"], name="floor"),
+             helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1], name="c2")]
+    m = model(nodes, [tensor("x", [1, 3, 10, 12])], [tensor("y", None)],
+              [init("w1", rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3),
+               init("w2", rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.3),
+               init("floor", np.full((1, 1, 1, 1), -0.4, np.float32))], opset=17)
+    fast, cpu = _sessions(m)
+    report = fast.explain()
+    assert {r["name"]: r for r in report["nodes"]}["floor"]["kernel"] == "cpu.Max"
+    assert fast.placement.layouts.get("l1") == "nhwc" and fast.placement.layouts.get("m") == "nhwc"
+    assert not [e for e in report["summary"]["layouts"]["edges"] if e["node"] == "floor"]
+    x = rng.standard_normal((1, 3, 10, 12)).astype(np.float32)
+    for _ in range(2):
+        got = fast.run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, cpu.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, ort_outputs(m, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["graph_output", "bool_result", "cpu_chain", "plain_operand"])
+def test_elementwise_cpu_nodes_never_change_a_layout(case):
+    """A node whose kernels follow the layout keeps its values in one: where one of them must
+    be plain (a graph output, a bool result, a value from a graph input, an operand read
+    elsewhere in NCHW) all are, and the conv before it writes NCHW itself (a oneDNN reorder,
+    not NumPy changing layout element by element); nor does a chain of them start a region."""
+    rng = np.random.default_rng(10)
+    w = init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    conv = helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv")
+    after = helper.make_node("Conv", ["e", "w2"], ["y"], pads=[1, 1, 1, 1], name="conv2")
+    w2 = init("w2", rng.standard_normal((4, 4, 3, 3)).astype(np.float32))
+    k = init("k", np.array([0.5], np.float32))
+    outs = [tensor("y", None)]
+    if case == "graph_output":
+        nodes, inits, outs = [conv, helper.make_node("Max", ["c", "k"], ["e"], name="elt"), after], [w, w2, k], \
+            [tensor("y", None), tensor("e", None)]
+    elif case == "bool_result":
+        nodes, inits = [conv, helper.make_node("Greater", ["c", "k"], ["g"], name="elt"),
+                        helper.make_node("Where", ["g", "c", "k"], ["e"], name="where"), after], [w, w2, k]
+    elif case == "cpu_chain":
+        nodes, inits = [helper.make_node("Sin", ["x"], ["s"], name="elt"),
+                        helper.make_node("Max", ["s", "k"], ["e0"], name="max"),
+                        helper.make_node("Mul", ["e0", "k"], ["e1"], name="mul"),
+                        helper.make_node("Cos", ["e1"], ["z"], name="cos")], [k]
+        outs = [tensor("z", None)]
+    else:  # the other operand a graph input, plain
+        nodes, inits = [conv, helper.make_node("Sub", ["c", "x2"], ["e"], name="elt"), after], [w, w2]
+    inputs = [tensor("x", [1, 3, 6, 7])] + ([tensor("x2", [1, 4, 6, 7])] if case == "plain_operand" else [])
+    m = model(nodes, inputs, outs, inits, opset=17)
+    fast, cpu = _sessions(m)
+    elt = {r["name"]: r for r in fast.explain()["nodes"]}["elt"]
+    assert elt["kernel"].startswith("cpu."), elt
+    node = next(n for n in fast.placement.graph.nodes if n.name == "elt")
+    assert not [v for v in list(node.inputs) + list(node.outputs) if v in fast.placement.layouts]
+    if case == "cpu_chain":
+        assert not fast.placement.layouts
+    feeds = {"x": rng.standard_normal((1, 3, 6, 7)).astype(np.float32)}
+    if case == "plain_operand":
+        feeds["x2"] = rng.standard_normal((1, 4, 6, 7)).astype(np.float32)
+    for a, b in zip(fast.run(None, feeds), cpu.run(None, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

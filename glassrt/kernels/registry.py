@@ -103,6 +103,10 @@ class Kernel:
     # Layouts besides plain NCHW the kernel reads and writes ("nhwc"): a 4-D value whose
     # producer and readers all take one lives in it (runtime/layout.py).
     layouts: frozenset = frozenset()
+    # Takes any of `layouts` but asks for none (elementwise NumPy: a channels-last view is as
+    # good as a plain array): its values share one layout, that of the region around it
+    # (runtime/layout.py), so it never starts a region nor changes a layout itself.
+    follows_layout: bool = False
     # Bound only to concrete shapes: refused where placement sees symbolic dims.
     static_only: bool = False
     # A builder whose step works for inputs of any shape (its binding reads attributes and
@@ -195,7 +199,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
            out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
            accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None, layouts=(),
            static_only: bool = False, any_shape: bool = False, one_row: bool = False, blas: bool | None = None,
-           warms_numba: bool = False):
+           warms_numba: bool = False, follows_layout: bool = False):
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
@@ -210,7 +214,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
                 workspace=workspace, priority=priority, layouts=frozenset(layouts), static_only=static_only,
                 any_shape=any_shape, one_row=one_row, blas=not (alias or inplace) if blas is None else blas,
-                warms_numba=warms_numba,
+                warms_numba=warms_numba, follows_layout=follows_layout,
                 attrs=kattrs,
                 doc=(fn.__doc__ or "").strip().split("\n")[0],
             ))

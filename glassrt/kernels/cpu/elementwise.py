@@ -13,6 +13,7 @@ import numpy as np
 
 from ... import dtypes
 from ...proto import TensorProto
+from ..buffers import NHWC
 from ..registry import kernel
 from ._util import ALL, FLOATS, FLOATS_BF16, INTS, NUMERIC, SIGNED, as_out, hard_sigmoid_of, write_elementwise
 from .erf import erf  # noqa: F401  (also imported from here by backward/ and contrib/)
@@ -35,8 +36,13 @@ def _scalar(dt: np.dtype, v: int) -> np.ndarray:
     return a
 
 
+# NumPy's ufuncs read and write channels-last views as they do plain arrays: these kernels
+# follow the layout of the region they are in (runtime/layout.py)
+FOLLOWS = {"layouts": (NHWC,), "follows_layout": True}
+
+
 def _unary(op, fn, types=FLOATS_BF16):
-    kernel(op, dtypes=types, out=True, inplace=True, name=op.lower())(fn)
+    kernel(op, dtypes=types, out=True, inplace=True, name=op.lower(), **FOLLOWS)(fn)
 
 
 _unary("Abs", lambda x, *, out=None: np.abs(x, out=out), NUMERIC)
@@ -59,7 +65,7 @@ _unary("Not", lambda x, *, out=None: np.logical_not(x, out=out), BOOL)
 _unary("BitwiseNot", lambda x, *, out=None: np.invert(x, out=out), INTS)
 
 
-@kernel("Sigmoid", dtypes=FLOATS_BF16, out=True, inplace=True)
+@kernel("Sigmoid", dtypes=FLOATS_BF16, out=True, inplace=True, **FOLLOWS)
 def sigmoid(x, *, out=None):
     # 1 / (1 + exp(-x)) written in place; exp overflow to inf gives the right 0.
     y = np.negative(x, out=out)
@@ -227,7 +233,7 @@ def clip_v6(x, *, out=None, min=-3.4028234663852886e38, max=3.4028234663852886e3
 
 
 def _binary(op, fn, types=NUMERIC, inplace=True):
-    kernel(op, dtypes=types, out=True, inplace=inplace, name=op.lower())(fn)
+    kernel(op, dtypes=types, out=True, inplace=inplace, name=op.lower(), **FOLLOWS)(fn)
 
 
 _binary("Add", lambda a, b, *, out=None: np.add(a, b, out=out))
@@ -249,7 +255,7 @@ def equal_strings(a, b, *, out=None):
     return write_elementwise(out, lambda u, v: np.asarray(u == v, dtype=bool), a, b)
 
 
-@kernel("Div", dtypes=NUMERIC, out=True, inplace=True)
+@kernel("Div", dtypes=NUMERIC, out=True, inplace=True, **FOLLOWS)
 def div(a, b, *, out=None):
     if a.dtype.kind in "iu":
         # Tile by tile: the remainder reads `a` after the quotient is formed, and in place
@@ -329,7 +335,7 @@ def _variadic(op, ufunc, types=NUMERIC):
         for x in xs[2:]:
             y = ufunc(y, x, out=None if y.shape != np.broadcast_shapes(y.shape, x.shape) else y)
         return y
-    kernel(op, dtypes=types, out=True, name=op.lower())(fn)
+    kernel(op, dtypes=types, out=True, name=op.lower(), **FOLLOWS)(fn)
 
 
 _variadic("Sum", np.add)
