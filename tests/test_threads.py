@@ -186,3 +186,36 @@ def test_a_try_that_loses_by_far_ends_after_its_first_measured_run():
                   cpu_share=lambda i, n: 0.6 if n == 2 else 0.9)
     spells = [len(s) for s in "".join(map(str, used)).split("1") if s]
     assert len(spells) >= 3 and spells[0] == 3 and all(n == 2 for n in spells[1:]), spells
+
+
+def test_runs_while_numba_loads_leave_it_a_core_and_are_not_measured(monkeypatch):
+    """While Numba loads on its thread (kernels/cpu/_jit.py), which holds a core, a run uses
+    one core fewer than requested and ThreadChoice neither counts nor measures it; once
+    the load is over runs are chosen and measured again."""
+    import numpy as np
+    from onnx import helper
+
+    import glassrt
+    from glassrt.runtime import runner as runner_module, threads
+
+    from .helpers import model, tensor
+
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [4])], [tensor("y", None)], opset=17)
+    so = glassrt.SessionOptions()
+    so.intra_op_num_threads = 2
+    s = glassrt.InferenceSession(m, so, providers=["cpu"])
+    used = []
+    real = threads.use_threads
+    monkeypatch.setattr(threads, "use_threads", lambda n, *a, **k: (used.append(n), real(n, *a, **k)))
+    monkeypatch.setattr(threads, "available_cpus", lambda: 2)
+    loading = [True]
+    monkeypatch.setattr(runner_module, "numba_loading", lambda: loading[0])
+    x = {"x": np.ones(4, np.float32)}
+    for _ in range(3):
+        s.run(None, x)
+    (plan,) = s.runner.plans.values()
+    assert used == [1, 1, 1] and plan.threads.runs == 0 and not plan.threads.recent[2]
+    loading[0] = False
+    for _ in range(3):
+        s.run(None, x)
+    assert used[3:] == [2, 2, 2] and plan.threads.runs == 3 and plan.threads.recent[2]
