@@ -607,3 +607,40 @@ def test_elementwise_cpu_nodes_never_change_a_layout(case):
         feeds["x2"] = rng.standard_normal((1, 4, 6, 7)).astype(np.float32)
     for a, b in zip(fast.run(None, feeds), cpu.run(None, feeds)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_replayed_step_only_executes_and_never_reads_a_stale_copy(monkeypatch):
+    """A conv step called again with the very arrays of its last call (a replayed plan's
+    arena) only executes its primitive, reading the values the arrays hold now; called with
+    a strided array (which its views copy dense) it copies again every call, never reading
+    the last call's copy. Both against the cpu kernels, the input's contents changed in
+    place between calls."""
+    from glassrt.kernels.onednn import kernels as onednn_kernels
+
+    calls = []
+    real = onednn_kernels.KeptViews.__call__
+    monkeypatch.setattr(onednn_kernels.KeptViews, "__call__", lambda self, slot, a, *args: (
+        calls.append(slot), real(self, slot, a, *args))[1])
+    rng = np.random.default_rng(11)
+    m = model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")],
+              [tensor("x", [1, 3, 8, 8])], [tensor("y", None)],
+              [init("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))], opset=17)
+    so = glassrt.SessionOptions()
+    so.intra_op_num_threads, so.adaptive_threads = 1, False
+    fast = glassrt.InferenceSession(m, so, providers=["onednn", "cpu"])
+    cpu = glassrt.InferenceSession(m, providers=["cpu"])
+    fast.run(None, {"x": np.zeros((1, 3, 8, 8), np.float32)})
+    (plan,) = fast.runner.plans.values()
+    (conv,) = [st for st in plan.steps if st.node.name == "conv"]
+    assert conv.kernel.name == "onednn.Conv"
+    out = np.empty((1, 4, 8, 8), np.float32)
+    dense, wide = np.empty((1, 3, 8, 8), np.float32), np.empty((1, 3, 8, 16), np.float32)
+    for x, replayed in ((dense, True), (wide[..., ::2], False)):
+        for i in range(4):
+            x[...] = rng.standard_normal(x.shape)
+            want = cpu.run(None, {"x": np.ascontiguousarray(x)})[0]  # (sets OpenMP's count: before the step)
+            calls.clear()
+            conv.fn(x, out=out)
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+            if i:
+                assert (calls == []) == replayed, calls

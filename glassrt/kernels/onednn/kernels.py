@@ -68,6 +68,11 @@ class KeptViews:
     def __init__(self, make):
         self.last, self.make = {}, make
 
+    def kept(self, slot, a) -> bool:
+        """Whether the last call for `slot` was for `a` and kept a view of it (not a copy)."""
+        hit = self.last.get(slot)
+        return hit is not None and hit[0] is a
+
     def __call__(self, slot, a: np.ndarray, *args) -> np.ndarray:
         hit = self.last.get(slot)
         if hit is not None and hit[0] is a:
@@ -526,9 +531,18 @@ def _conv(ctx, dense_groups: bool):
     dst_nhwc = dst_ws.reshape(y[0], y[2], y[3], y[1]) if out_layout != NHWC else None
 
     views = _Views()
+    last = [None, None, None, None]  # the arrays and primitives of the last run (see _same_as_last)
 
     def step(xa, wa=None, ba=None, za=None, *, out):
-        main, z_arg, to_nhwc, to_nchw = prims.get()
+        p = prims.get()
+        main, z_arg, to_nhwc, to_nchw = p
+        if _same_as_last(last, xa, out, za, p):
+            if to_nhwc is not None:
+                to_nhwc.run()
+            main.run()
+            if to_nchw is not None:
+                to_nchw.run()
+            return out
         if to_nhwc is not None:
             to_nhwc.run({ARG_FROM: views("x", xa, "nchw")})
             src = src_nhwc
@@ -540,6 +554,8 @@ def _conv(ctx, dense_groups: bool):
         main.run(buffers)
         if to_nchw is not None:
             to_nchw.run({ARG_TO: views("y", out, "nchw")})
+        kept = views.kept("x", xa) and views.kept("y", out) and (z_arg is None or views.kept("z", za))
+        last[:] = (xa, out, za, p) if kept else (None,) * 4
         return out
 
     return step
@@ -597,14 +613,32 @@ def _single_primitive(ctx, y_shape, make_pd, params=None):
 
     prims = _PerThreads(build)
     views = _Views()
+    last = [None, None, None, None]
 
     def step(xa, *rest, out):
-        main, reorder = prims.get()
+        p = prims.get()
+        main, reorder = p
+        if _same_as_last(last, xa, out, None, p):
+            main.run()
+            if reorder is not None:
+                reorder.run()
+            return out
         main.run({ARG_SRC: views("x", xa, in_layout), ARG_DST: change.dst(out, views)})
         change.finish(reorder, out, views)
+        kept = views.kept("x", xa) and (change.needed or views.kept("dst", out)) and (
+            reorder is None or views.kept("to", out))
+        last[:] = (xa, out, None, p) if kept else (None,) * 4
         return out
 
     return step
+
+
+def _same_as_last(last: list, x, out, z, prims) -> bool:
+    """Whether a step's arrays and bound primitives are the very objects of its last run,
+    whose every argument was a kept view of them (a copy, made dense, holds that run's
+    values: `last` is cleared then): its memories point at them already, and a replayed
+    plan's step only executes (a conv's views, dict and checks were ~1 us of a small step)."""
+    return last[0] is x and last[1] is out and last[2] is z and last[3] is prims and x is not None
 
 
 def _pool_geometry(ctx):
