@@ -690,3 +690,41 @@ def test_requantizing_conv_is_made_once_per_binding_context(monkeypatch):
     sess.run(None, {"x": _codes(rng, U8, (1, 8, 10, 10))})
     assert at_placement == 1 and len(made) == 2
     assert [st.kernel.name for p in sess.runner.plans.values() for st in p.steps] == ["onednn.QLinearConv.int8"]
+
+
+@needs_vnni
+@pytest.mark.parametrize("x_dt,x_layout", [(U8, "nhwc"), (U8, "nchw"), (I8, "nhwc")])
+def test_a_replayed_qlinear_conv_step_reads_the_values_its_arrays_hold_now(monkeypatch, x_dt, x_layout):
+    """The requantizing conv's step called again with the very arrays of its last call (a
+    plan's channels-last arena views) only executes its primitive; an input it copies (a
+    plain NCHW one, transposed; an int8 one, shifted) never replays. Each call's bytes are
+    the cpu kernel's for what the input holds then, changed in place between calls."""
+    from glassrt.kernels.onednn import int8 as onednn_int8
+    from glassrt.runtime.layout import channels_last_view
+
+    replays = []
+    real = onednn_int8._RequantizingConv.replay
+    monkeypatch.setattr(onednn_int8._RequantizingConv, "replay",
+                        lambda self, step: replays.append(real(self, step)) or replays[-1])
+    rng = rng_for("int8-qconv-replay")
+    consts = _requantizing_consts(rng, 8, 16)
+    if x_dt == I8:
+        consts["xz"], consts["yz"] = np.array(-9, I8), np.array(3, I8)
+    m = _qlinear_conv_model(consts, (1, 8, 10, 10), x_dt=x_dt, pads=[1, 1, 1, 1])
+    so = glassrt.SessionOptions()
+    so.intra_op_num_threads, so.adaptive_threads = 1, False
+    fast = glassrt.InferenceSession(m, so)
+    cpu = glassrt.InferenceSession(m, so, providers=["cpu"])
+    fast.run(None, {"x": _codes(rng, x_dt, (1, 8, 10, 10))})
+    (plan,) = fast.runner.plans.values()
+    (conv,) = plan.steps
+    assert conv.kernel.name == "onednn.QLinearConv.int8"
+    x = channels_last_view(np.empty(800, x_dt), (1, 8, 10, 10)) if x_layout == "nhwc" else np.empty((1, 8, 10, 10), x_dt)
+    out = channels_last_view(np.empty(1600, x_dt), (1, 16, 10, 10))
+    consts_in_order = [np.asarray(consts[k]) for k in ("xs", "xz", "w", "ws", "wz", "ys", "yz", "b")]
+    for _ in range(4):
+        x[...] = _codes(rng, x_dt, x.shape)
+        want = cpu.run(None, {"x": np.ascontiguousarray(x)})[0]
+        conv.fn(x, *consts_in_order, out=out)
+        _within_a_code(out, want, share=1e-2)
+    assert any(replays) == (x_dt == U8 and x_layout == "nhwc"), replays

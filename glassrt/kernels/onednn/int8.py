@@ -401,6 +401,18 @@ class _RequantizingConv:
             self._written[key] = params
         step.run({ARG_SRC: x_nhwc, ARG_DST: y_nhwc})
 
+    def current_step(self):
+        """The bound step for the calling thread's OpenMP count (None before its first run)."""
+        return self._steps.get(capi.get_max_threads())
+
+    def replay(self, step) -> bool:
+        """Execute `step` again as it stands, if it is the current thread count's (its
+        arguments and parameters as the last run wrote them): False where it is not."""
+        if step is None or self._steps.get(capi.get_max_threads()) is not step:
+            return False
+        step.run()
+        return True
+
 
 def _out_hw(hw, k, strides, dil, begin, end):
     return tuple((hw[i] + begin[i] + end[i] - (dil[i] * (k[i] - 1) + 1)) // strides[i] + 1 for i in range(2))
@@ -657,8 +669,12 @@ def _nhwc_runner(conv, y_dt):
     NHWC views of x and out are kept (KeptViews): the bound primitive then skips
     re-pointing its memories (two checked handle updates a call)."""
     x_views, out_views = KeptViews(_nhwc_bytes), KeptViews(_nhwc_view)
+    last = [None, None, None, None]  # x, out, params and the bound step of a call that can be replayed
 
     def run(x, p, out):
+        if x is last[0] and out is last[1] and p is last[2] and x is not None and conv.replay(last[3]):
+            return out  # (the very arrays and parameters of the last call, its step's memories on them)
+        last[:] = None, None, None, None
         if x.dtype == np.int8:
             x_nhwc = _nhwc_bytes(x.view(np.uint8) ^ np.uint8(0x80))  # (a new array every run)
         else:
@@ -667,6 +683,8 @@ def _nhwc_runner(conv, y_dt):
         y_nhwc = out_views(0, y) if out is not None else _nhwc_view(y)
         if y_nhwc.flags.c_contiguous:
             conv.run(x_nhwc, p, y_nhwc)
+            if out is not None and x.dtype != np.int8 and x_views.kept(0, x) and out_views.kept(0, out):
+                last[:] = x, out, p, conv.current_step()
         else:  # (an output not laid out channels-last: written through a dense buffer)
             dst = np.empty(y_nhwc.shape, y_dt)
             conv.run(x_nhwc, p, dst)
