@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,9 @@ def test_bench_against_onnxruntime_writes_every_measure(tmp_path):
         assert len(r["latencies_ms"]) == 3 and 0 < r["median_ms"] <= r["p90_ms"], rt
         assert r["create_s"] > 0 and r["create_and_first_run_s"] >= r["create_s"]
         assert r["peak_rss_bytes"] > 10 * 2**20 and r["blas"] and isinstance(r["threadpools"], list)
+        # the other worker's CPU time during each of this runtime's turns (Linux): a turn of 3 runs
+        if sys.platform.startswith("linux"):
+            assert len(r["others_cpu_s_per_turn"]) == 1 and r["others_cpu_s_per_turn"][0] >= 0, rt
     assert any(p["user_api"] == "blas" for p in m["runtimes"]["glassrt"]["threadpools"])
     # which thread count glassrt's plan ended on, and what each count ran in lately
     (choice,) = m["runtimes"]["glassrt"]["thread_choice"]

@@ -320,9 +320,12 @@ def busy_processes(k: int):
 # ---------------------------------------------------------------- measuring
 
 
-def alternate(workers: dict, settings: Settings, progress) -> dict[str, list[float]]:
+def alternate(workers: dict, settings: Settings, progress, others_cpu: dict | None = None) -> dict[str, list[float]]:
     """settings.runs timed runs from each worker, in turns of settings.block runs; the turn
-    order flips every round so that neither runtime always follows the other."""
+    order flips every round so that neither runtime always follows the other. others_cpu,
+    if given, gets per runtime the CPU seconds the other workers used during each of its
+    turns (Linux; a worker idle between its turns uses none, one whose threads still spin
+    takes the cores the turn measures)."""
     times = {rt: [] for rt in workers}
     order = list(workers)
     while any(len(t) < settings.runs for t in times.values()):
@@ -331,10 +334,25 @@ def alternate(workers: dict, settings: Settings, progress) -> dict[str, list[flo
             if n <= 0:
                 continue
             time.sleep(settings.settle_s)
+            others = [w.proc.pid for other, w in workers.items() if other != rt]
+            before = [cpu_seconds(pid) for pid in others]
             times[rt] += workers[rt].run(n + 1)[1:]  # the first run of a turn is the settling run
+            after = [cpu_seconds(pid) for pid in others]
+            if others_cpu is not None and None not in before + after:
+                others_cpu.setdefault(rt, []).append(round(sum(after) - sum(before), 3))
             progress(n)
         order.reverse()
     return times
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """A process's CPU time so far, all its threads (Linux /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def latency_stats(seconds: list[float]) -> dict:
@@ -431,9 +449,11 @@ def bench_case(case: Case, settings: Settings, status=lambda text: None, progres
             status(f"{case.label}: timing")
             with busy_processes(settings.busy) as pids:
                 result["busy_pids"] = pids
-                times = alternate(workers, settings, progress)
+                others_cpu = {}
+                times = alternate(workers, settings, progress, others_cpu)
             for rt, w in workers.items():
                 result["runtimes"][rt] = _runtime_report(w, times[rt])
+                result["runtimes"][rt]["others_cpu_s_per_turn"] = others_cpu.get(rt, [])
             if "glassrt" in workers and "onnxruntime" in workers:
                 g, o = workers["glassrt"].started, workers["onnxruntime"].started
                 result["agreement"] = agreement(o["output_names"], g["outputs"], o["outputs"], case.tolerance)
