@@ -250,10 +250,11 @@ class GraphRunner:
                 # needs no BLAS count set (threadpoolctl's import and scan: ~4 ms of a first run)
                 plan.uses_blas = any(st.provider in self.blas_providers and st.kernel.blas for st in plan.steps)
             if numba_loading():
-                # Numba loads on a thread of its own (kernels/cpu/_jit.py: ~0.6 s, once per
+                # Numba loads on a thread of its own (kernels/cpu/_jit.py: ~0.5 s, once per
                 # process), which holds one core: a primitive split over two threads waits
-                # for the one whose core it has (a quantized MobileNetV2's 2 ms runs took
-                # 100-190 ms each while it loaded). One core fewer until it is done, unmeasured.
+                # for the one whose core it has. One core fewer until it is done, unmeasured
+                # (a quantized MobileNetV2's 2 ms runs: 100-190 ms each while Numba loaded,
+                # 15-75 ms now; the load itself, sharing the GIL with the runs, no shorter).
                 spare = max(1, min(plan.threads.requested, threads.available_cpus() - 1))
                 threads.use_threads(spare, self.openmp_pool, blas=plan.uses_blas)
                 plan.threads.last = None  # (the next run's latency is not the one-thread run's)

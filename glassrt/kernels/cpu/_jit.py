@@ -142,7 +142,7 @@ def _load_numba() -> None:
 
 def numba_loading() -> bool:
     """Whether numba_warmup's thread is loading Numba now (it holds a core: runtime/runner.py
-    runs plans on one thread meanwhile)."""
+    runs plans on one core fewer meanwhile)."""
     t = _warmup
     return t is not None and t.is_alive()
 
