@@ -17,6 +17,31 @@ SIGNED = dtypes.SIGNED_INTS | dtypes.FLOATS_BF16
 ALL = dtypes.ALL
 
 
+def int_tuple(v) -> tuple | None:
+    """A small integer input or attribute (pads, axes) as a tuple of ints, None for None."""
+    return None if v is None else tuple(int(a) for a in np.asarray(v).reshape(-1))
+
+
+class PerShape:
+    """What a bound kernel works out from an input's shape and small integer inputs (a
+    Pad's border copies, a reduction's axes), kept per key: a streaming model asks the same
+    every run. At most LIMIT keys (a model whose shapes keep changing starts over)."""
+
+    LIMIT = 64
+    __slots__ = ("make", "kept")
+
+    def __init__(self, make):
+        self.make, self.kept = make, {}
+
+    def __call__(self, *key):
+        got = self.kept.get(key)
+        if got is None:
+            if len(self.kept) >= self.LIMIT:
+                self.kept.clear()
+            got = self.kept[key] = self.make(*key)
+        return got
+
+
 def contiguous(x: np.ndarray) -> np.ndarray:
     """C-contiguous x, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
     return x if x.flags.c_contiguous else x.copy(order="C")

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...ops.meta.reduce import AXES_AS_INPUT
 from ..registry import kernel
-from ._util import FLOATS_BF16, NUMERIC, as_out, norm_axis
+from ._util import FLOATS_BF16, NUMERIC, PerShape, as_out, int_tuple, norm_axis
 
 
 def _reducer(op, compute, types=NUMERIC, into=None):
@@ -20,21 +20,15 @@ def _reducer(op, compute, types=NUMERIC, into=None):
         noop = bool(ctx.attrs.get("noop_with_empty_axes", 0))
         axes_as_input = ctx.since_version >= AXES_AS_INPUT[op]
         if axes_as_input:
-            known, fixed = (True, None) if not ctx.has(1) else (ctx.const(1) is not None, _axes(ctx.const(1)))
+            known, fixed = (True, None) if not ctx.has(1) else (ctx.const(1) is not None, int_tuple(ctx.const(1)))
         else:
-            known, fixed = True, _axes(ctx.attrs.get("axes"))
+            known, fixed = True, int_tuple(ctx.attrs.get("axes"))
         # per input shape and axes: the sorted axes (None: all; "noop") and the result's shape,
         # worked out once (a streaming model reduces the same shape every run)
-        geometries: dict = {}
+        geometry = PerShape(lambda shape, axes_: _geometry(shape, axes_, keep, noop))
 
         def step(x, axes=None, *, out=None):
-            key = (x.shape, fixed if known else _axes(axes))
-            geo = geometries.get(key)
-            if geo is None:
-                if len(geometries) >= 64:
-                    geometries.clear()
-                geo = geometries[key] = _geometry(x.shape, key[1], keep, noop)
-            ax, shape = geo
+            ax, shape = geometry(x.shape, fixed if known else int_tuple(axes))
             if ax == "noop":
                 return _put(x.copy() if out is None else x, out)
             if into is not None and x.size and (out is None or shape == out.shape):
@@ -47,10 +41,6 @@ def _reducer(op, compute, types=NUMERIC, into=None):
         return step
 
     kernel(op, dtypes=types, bind=True, out=True, name=op.lower(), any_shape=True, blas=False)(build)
-
-
-def _axes(v) -> tuple | None:
-    return None if v is None else tuple(int(a) for a in np.asarray(v).reshape(-1))
 
 
 def _geometry(shape, axes, keep, noop):

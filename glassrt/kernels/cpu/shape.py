@@ -8,7 +8,7 @@ import numpy as np
 from ... import dtypes
 from ...ops.meta.shape import clamped_slice, constant_value, reshape_dims, uneven_split
 from ..registry import kernel
-from ._util import ALL, as_out, contiguous, new_out, norm_axis
+from ._util import ALL, PerShape, as_out, contiguous, int_tuple, new_out, norm_axis
 
 INT_MAX = 2**63 - 1
 
@@ -390,8 +390,8 @@ def pad(ctx):
         fixed_pads = tuple(int(p) for p in (ctx.attrs["pads"] if "pads" in ctx.attrs else ctx.attrs["paddings"]))
         fixed_axes, fixed_value = None, float(ctx.attrs.get("value", 0.0))
     else:
-        fixed_pads = _ints(ctx.const(1))
-        fixed_axes = _ints(ctx.const(3)) if ctx.has(3) else None
+        fixed_pads = int_tuple(ctx.const(1))
+        fixed_axes = int_tuple(ctx.const(3)) if ctx.has(3) else None
         if not ctx.has(2):
             fixed_value = 0
         else:
@@ -401,18 +401,12 @@ def pad(ctx):
     # The geometry (crop, pads, the slices the borders copy) per input shape, pads and axes:
     # a streaming model pads the same frame every run (Silero VAD's reflect pad took 16 us a
     # run working it out each time)
-    geometries: dict = {}
+    geometry = PerShape(lambda shape, pads_, axes_: _pad_geometry(shape, pads_, axes_, np_mode))
 
     def step(x, pads=None, value=None, axes=None, *, out=None):
-        pads_ = fixed_pads if fixed_pads is not None else _ints(pads)
-        axes_ = fixed_axes if axes_known else _ints(axes)
-        key = (x.shape, pads_, axes_)
-        geo = geometries.get(key)
-        if geo is None:
-            if len(geometries) >= 64:
-                geometries.clear()
-            geo = geometries[key] = _pad_geometry(x.shape, pads_, axes_, np_mode)
-        crop, width, shape, inner, borders = geo
+        crop, width, shape, inner, borders = geometry(
+            x.shape, fixed_pads if fixed_pads is not None else int_tuple(pads),
+            fixed_axes if axes_known else int_tuple(axes))
         if crop is not None:
             x = x[crop]
         if fixed_value is not None:
@@ -435,10 +429,6 @@ def pad(ctx):
         return out
 
     return step
-
-
-def _ints(v) -> tuple | None:
-    return None if v is None else tuple(int(p) for p in np.asarray(v).reshape(-1))
 
 
 def _pad_geometry(in_shape, pads, axes, mode):
