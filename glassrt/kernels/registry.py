@@ -27,6 +27,11 @@ from ..dtypes import DTypeSet
 from ..ir import TensorType
 
 
+# What a provider does as a plan's first run begins, before any step (onednn: the primitives
+# whose descriptors placement and selection made, made on two threads at once: onednn/ahead.py)
+before_first_run: list[Callable[[], None]] = []
+
+
 @dataclass
 class BindContext:
     """What a kernel sees when it is bound into a plan (shapes concrete when known)."""

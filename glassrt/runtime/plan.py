@@ -17,7 +17,7 @@ from .. import dtypes, pages, symbolic
 from ..errors import (GlassrtError, InvalidArgumentError, KernelContractError, MemoryLimitError,
                       NodeExecutionError, describe_node)
 from ..ir import TensorType
-from ..kernels.registry import BindContext
+from ..kernels.registry import BindContext, before_first_run
 from ..ops.registry import get_contract
 from . import folding, run_guard, straight
 from .infer import infer, subgraph_memo
@@ -563,6 +563,8 @@ def _run_plan(plan: Plan, feeds: dict, outer, profile, keep_env: bool, into):
             # collector paused, as for compiling the plan (gc_pause.py; measured with
             # gc.callbacks: 2.8 ms of inception_v1's first run, 5.5 of densenet121's)
             with gc_paused():
+                for prepare in before_first_run:
+                    prepare()
                 for st in plan.steps:
                     execute_step(st, env, pool, guard, profile)
             plan.executed = True

@@ -36,7 +36,7 @@ from ctypes import byref, c_char_p, c_int, c_int32, c_void_p
 import numpy as np
 
 from ...pages import HUGE_PAGE, carve, os_buffer
-from . import capi
+from . import ahead, capi
 from .capi import (  # noqa: F401
     ALG,
     ARG_ATTR_MULTIPLE_POST_OP,
@@ -569,6 +569,7 @@ class PrimitiveDesc(_Owned):
         self.handle, self.kind, self.attr = handle, kind, attr
         self._keep = keep  # descs/attrs that built it (oneDNN copied them; kept for repr/debugging)
         self._prim = None
+        self._ahead = None  # the job making its primitive on another thread (ahead.py)
         # (query, index) -> (descriptor address or None, its bytes): every binding of a shared
         # descriptor asks the same handful (two foreign calls each, and one for the size)
         self._mds: dict = {}
@@ -627,6 +628,9 @@ class PrimitiveDesc(_Owned):
 
     def next_impl(self) -> bool:
         """Move to the next implementation in oneDNN's list; False when there is none."""
+        made = self._take_ahead()  # (first: the worker may be reading the descriptor)
+        if made is not None:
+            Primitive(self, made)  # the implementation before's: destroyed with this object
         st = _lib().dnnl_primitive_desc_next_impl(self.handle)
         if st == capi.last_impl_reached:
             return False
@@ -637,8 +641,18 @@ class PrimitiveDesc(_Owned):
 
     def primitive(self) -> Primitive:
         if self._prim is None:
-            self._prim = Primitive(self)
+            self._prim = Primitive(self, self._take_ahead())
         return self._prim
+
+    def make_ahead(self) -> None:
+        """Have the primitive made on another thread meanwhile (ahead.py): for a descriptor
+        made well before its primitive is needed."""
+        if self._prim is None and self._ahead is None:
+            self._ahead = ahead.submit(self)
+
+    def _take_ahead(self):
+        job, self._ahead = self._ahead, None
+        return None if job is None else ahead.claim(job)
 
     def describe(self) -> dict:
         out = {"kind": self.kind, "impl": self.impl}
@@ -655,10 +669,9 @@ class PrimitiveDesc(_Owned):
 class Primitive(_Owned):
     _destroy = "dnnl_primitive_destroy"
 
-    def __init__(self, pd: PrimitiveDesc):
-        lib = _lib()
+    def __init__(self, pd: PrimitiveDesc, handle: c_void_p | None = None):
         self.pd = pd
-        self.handle = _new_handle(lib.dnnl_primitive_create, pd.handle)
+        self.handle = handle if handle is not None else _new_handle(_lib().dnnl_primitive_create, pd.handle)
 
     def bind(self, args: dict) -> Step:
         return Step(self, args)

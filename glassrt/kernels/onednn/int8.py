@@ -297,7 +297,7 @@ class _ThreadCountPds:
     def pd(self, key, make):
         """The descriptor for the current thread count (shared_pd), remembering how to make it."""
         self.key, self.make, self.packed = key, make, {}
-        return shared_pd(key, make)
+        return shared_pd(key, make, ahead=True)
 
     def now(self, weights):
         """(the descriptor for the current thread count, `weights` packed for it)."""

@@ -33,8 +33,8 @@ import numpy as np
 from ...ops.geometry import spatial_pads
 from ...weights import is_mapped, release_pages
 from ..buffers import NHWC
-from ..registry import kernel
-from . import capi, dnnl
+from ..registry import before_first_run, kernel
+from . import ahead, capi, dnnl
 from .dnnl import ARG_BIAS, ARG_DST, ARG_FROM, ARG_MEAN, ARG_MULTIPLE_SRC, ARG_SCALE, ARG_SHIFT, ARG_SRC, \
     ARG_SRC_0, ARG_SRC_1, ARG_TO, ARG_VARIANCE, ARG_WEIGHTS, MemoryDesc
 
@@ -183,9 +183,10 @@ class _PerThreads:
 
 _SHARED: dict = {}
 _SHARED_LIMIT = 512
+before_first_run.append(ahead.make_queued)
 
 
-def shared_pd(key, make):
+def shared_pd(key, make, ahead: bool = False):
     """The primitive descriptor `make()` gives, shared by every kernel whose primitive has the
     same `key` (what the descriptor is made from) at the same OpenMP thread count (oneDNN's
     kernels are built for it): a model's identical convolutions and reorders then make one
@@ -194,13 +195,19 @@ def shared_pd(key, make):
     shares the compiled kernel between equal descriptors, so sharing changes nothing about how
     they run; each kernel still binds its own memories. Bounded below oneDNN's own primitive
     cache (1,024 by default, ~130 KB of JIT code per convolution measured): what this keeps
-    alive, oneDNN's cache keeps too."""
+    alive, oneDNN's cache keeps too.
+
+    ahead=True: a descriptor that placement or plan selection makes to ask its implementation,
+    before a first run binds it (a conv's, a matmul's): its primitive is queued, made on two
+    threads as that run begins (ahead.py)."""
     key = (capi.get_max_threads(), key)
     pd = _SHARED.get(key)
     if pd is None:
         if len(_SHARED) >= _SHARED_LIMIT:
             _SHARED.pop(next(iter(_SHARED)))
         pd = _SHARED[key] = make()
+        if ahead:
+            pd.make_ahead()
     return pd
 
 
@@ -375,7 +382,7 @@ def _conv_pd(ctx, group: int, z_layout=None):
            _post_spec(ctx, z_layout))
     return shared_pd(key, lambda: dnnl.conv(x, w, group=group, strides=strides, dilations=dil, pads=begin + end,
                                             bias=bias, src_format="acdb", dst_format="acdb",
-                                            post_ops=_post_ops(ctx, y, z_layout)[0]))
+                                            post_ops=_post_ops(ctx, y, z_layout)[0]), ahead=True)
 
 
 def _conv_reason(ctx):

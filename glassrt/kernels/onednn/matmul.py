@@ -184,7 +184,7 @@ def _product_pd(ctx, p):
     y = [int(d) for d in ctx.out_shape(0)]
     key = ("weights", p.rows, p.k, p.n, p.trans_a, p.trans_b, p.unpacked, p.alpha, p.bias is not None,
            p.z_dims(y) if p.z_shape is not None else None, p.act, tuple(p.params))
-    return shared_pd(key, lambda: _primitive(ctx, p))
+    return shared_pd(key, lambda: _primitive(ctx, p), ahead=True)
 
 
 def _weights_md(p):
@@ -407,7 +407,7 @@ def _batched_pd(ctx):
            tuple(ctx.shape(3)) if fused and ctx.has(3) else None,
            float(ctx.attrs.get("alpha", 1.0)) if fused else 1.0, ctx.attrs.get("activation", "") if fused else "",
            tuple(float(v) for v in ctx.attrs.get("activation_params") or []) if fused else ())
-    return shared_pd(key, lambda: _batched_primitive(ctx))
+    return shared_pd(key, lambda: _batched_primitive(ctx), ahead=True)
 
 
 def _batched_primitive(ctx):
