@@ -71,9 +71,10 @@ def test_a_job_still_queued_is_taken_back_by_its_claimer():
     assert job.handle is None
 
 
-def test_each_primitive_is_made_for_the_thread_count_of_its_descriptor():
-    """A descriptor made while this thread ran one OpenMP thread is made (on whichever
-    thread) for one, and the caller's own count is left as it was."""
+def test_a_first_run_makes_the_primitives_of_its_own_thread_count():
+    """Descriptors made while this thread ran one OpenMP thread are made (on whichever
+    thread) for one when a one-thread run begins; those made for two stay queued for a run
+    of two, and the caller's count is left as it was."""
     before = capi.get_max_threads()
     seen = []
     real = ahead.Job.make
@@ -83,22 +84,25 @@ def test_each_primitive_is_made_for_the_thread_count_of_its_descriptor():
         seen.append((job.threads, capi.query_max_threads()))
 
     try:
-        capi.set_num_threads(1)
-        pd = _a_conv_pd(6)
-        pd.make_ahead()
         capi.set_num_threads(2)
+        two = _a_conv_pd(11)
+        two.make_ahead()
+        capi.set_num_threads(1)
+        one = _a_conv_pd(6)
+        one.make_ahead()
         ahead.Job.make = make
         ahead.make_queued()
+        assert capi.get_max_threads() == 1
     finally:
         ahead.Job.make = real
         capi.set_num_threads(before)
     assert seen == [(1, 1)]
-    assert pd._ahead.state == ahead.DONE
+    assert one._ahead.state == ahead.DONE and two._ahead.state == ahead.QUEUED
     x = np.random.default_rng(0).random((1, 9, 9, 4), dtype=np.float32)
-    w = pd.primitive()  # the one made ahead, handed over
-    assert pd._ahead is None and w.handle.value
-    step = w.bind({dnnl.ARG_SRC: None, dnnl.ARG_WEIGHTS: dnnl.Memory(pd.weights_md(), allocate=True),
-                   dnnl.ARG_DST: None})
+    prim = one.primitive()  # the one made ahead, handed over
+    assert one._ahead is None and prim.handle.value
+    step = prim.bind({dnnl.ARG_SRC: None, dnnl.ARG_WEIGHTS: dnnl.Memory(one.weights_md(), allocate=True),
+                      dnnl.ARG_DST: None})
     y = np.full((1, 9, 9, 6), np.nan, np.float32)
     try:
         capi.set_num_threads(1)  # (run as it was made for)
@@ -106,6 +110,7 @@ def test_each_primitive_is_made_for_the_thread_count_of_its_descriptor():
     finally:
         capi.set_num_threads(before)
     np.testing.assert_array_equal(y, 0)  # (zero weights)
+    assert two.primitive().handle.value  # (taken back from the queue, made here)
 
 
 def test_another_implementation_drops_the_primitive_made_for_the_first():

@@ -15,8 +15,9 @@ slowed the steps' two-thread primitives (its core shared): 5-10 ms worse than no
 `claim` is how a primitive is taken (PrimitiveDesc.primitive): a job still queued is taken
 back (the caller makes it), one being made is waited for, one made is handed over. A
 primitive is made with the OpenMP thread count its descriptor was made for (oneDNN builds a
-kernel for the calling thread's count and keys its cache by it). A fork waits for the jobs
-in progress; the child makes what was queued itself. GLASSRT_PRIMITIVES_AHEAD=0: none queued.
+kernel for the calling thread's count and keys its cache by it), and a first run makes those
+of its own count. A fork waits for the jobs in progress; the child makes what was queued
+itself. GLASSRT_PRIMITIVES_AHEAD=0: none queued.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ MAX_QUEUED = 512  # (a session placed and never run leaves its jobs: the oldest 
 
 _cv = threading.Condition()
 _queue: collections.deque = collections.deque()
+_burst: collections.deque = collections.deque()  # what make_queued is making now
 _worker: threading.Thread | None = None
 _running = 0  # jobs being made
 _closing = False
@@ -93,14 +95,21 @@ def claim(job: Job):
 
 
 def make_queued() -> None:
-    """Make every queued primitive now, on this thread and the worker's; returns when all
-    are made. This thread's OpenMP count is left as it was."""
+    """Make the queued primitives for this thread's OpenMP count (the run's) now, on this
+    thread and the worker's; returns when all are made. (Those made for another count stay
+    queued: a session of one thread whose placement asked two-thread descriptors would
+    never bind them.) This thread's count is left as it was."""
     if not _queue:
         return
+    threads = capi.get_max_threads()
     with _cv:
+        for job in [j for j in _queue if j.threads == threads]:
+            _queue.remove(job)
+            _burst.append(job)
+        if not _burst:
+            return
         _start_worker()
         _cv.notify()
-    threads = capi.get_max_threads()
     try:
         while _make_next():
             pass
@@ -121,8 +130,8 @@ def _make_next() -> bool:
     """Make the next queued job here; False when none is left."""
     global _running
     with _cv:
-        while _queue:
-            job = _queue.popleft()
+        while _burst:
+            job = _burst.popleft()
             if job.state == QUEUED:
                 break
         else:
@@ -149,7 +158,7 @@ def _start_worker() -> None:
 def _work() -> None:
     while True:
         with _cv:
-            while not _queue and not _closing:
+            while not _burst and not _closing:
                 _cv.wait()
             if _closing:
                 return
@@ -161,8 +170,9 @@ def _at_exit() -> None:
     global _closing
     with _cv:
         _closing = True
-        while _queue:
-            _drop(_queue.popleft())
+        for q in (_queue, _burst):
+            while q:
+                _drop(q.popleft())
         _cv.notify_all()
         while _running:  # (a primitive half made when the library unloads)
             _cv.wait()
@@ -175,9 +185,9 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _cv, _queue, _worker, _running
+    global _cv, _queue, _burst, _worker, _running
     # the jobs still queued stay QUEUED: the child's claims take each back and make it
-    _cv, _queue, _worker, _running = threading.Condition(), collections.deque(), None, 0
+    _cv, _queue, _burst, _worker, _running = threading.Condition(), collections.deque(), collections.deque(), None, 0
 
 
 if hasattr(os, "register_at_fork"):
