@@ -47,7 +47,6 @@ def test_placed_convs_primitives_are_made_before_the_first_run_and_agree(monkeyp
     assert made == []  # queued at placement, made only as a run begins
     first = sess.run(None, {"x": x})[0]
     assert made.count("convolution") == 3
-    assert ahead._queue.__len__() == 0 and ahead._running == 0
     monkeypatch.setenv("GLASSRT_PRIMITIVES_AHEAD", "0")
     dnnl_free = _session(_conv_net(seed=1))
     expected = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0]

@@ -206,8 +206,8 @@ def shared_pd(key, make, ahead: bool = False):
         if len(_SHARED) >= _SHARED_LIMIT:
             _SHARED.pop(next(iter(_SHARED)))
         pd = _SHARED[key] = make()
-        if ahead:
-            pd.make_ahead()
+        if ahead:  # (a maker may give the descriptor with what binding it needs)
+            (pd[0] if isinstance(pd, tuple) else pd).make_ahead()
     return pd
 
 
