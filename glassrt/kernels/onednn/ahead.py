@@ -98,27 +98,24 @@ def make_queued() -> None:
     """Make the queued primitives for this thread's OpenMP count (the run's) now, on this
     thread and the worker's; returns when all are made. (Those made for another count stay
     queued: a session of one thread whose placement asked two-thread descriptors would
-    never bind them.) This thread's count is left as it was."""
+    never bind them.)"""
+    global _queue
     if not _queue:
         return
     threads = capi.get_max_threads()
     with _cv:
-        for job in [j for j in _queue if j.threads == threads]:
-            _queue.remove(job)
-            _burst.append(job)
-        if not _burst:
+        mine = [j for j in _queue if j.threads == threads]
+        if not mine:
             return
+        _queue = collections.deque(j for j in _queue if j.threads != threads)
+        _burst.extend(mine)
         _start_worker()
         _cv.notify()
-    try:
-        while _make_next():
-            pass
-        with _cv:
-            while _running:
-                _cv.wait()
-    finally:
-        if capi.get_max_threads() != threads:
-            capi.set_num_threads(threads)
+    while _make_next():
+        pass
+    with _cv:
+        while _running:
+            _cv.wait()
 
 
 def _drop(job: Job) -> None:
