@@ -112,6 +112,25 @@ def test_a_first_run_makes_the_primitives_of_its_own_thread_count():
     assert two.primitive().handle.value  # (taken back from the queue, made here)
 
 
+def test_a_primitive_is_made_for_its_descriptors_count_on_any_thread():
+    """The worker thread's own OpenMP count is whatever it started with: a job sets the
+    count its descriptor was made for before making it (oneDNN keys the kernel by it)."""
+    import threading
+
+    before = capi.get_max_threads()
+    try:
+        capi.set_num_threads(5)  # (no machine's default here: a thread starts with its cores)
+        pd = _a_conv_pd(12)
+        pd.make_ahead()
+    finally:
+        capi.set_num_threads(before)
+    job, seen = pd._ahead, []
+    t = threading.Thread(target=lambda: (job.make(), seen.append(capi.query_max_threads())))
+    t.start()
+    t.join()
+    assert job.threads == 5 and seen == [5] and job.handle is not None and job.handle.value
+
+
 def test_another_implementation_drops_the_primitive_made_for_the_first():
     pd = _a_conv_pd(7)
     pd.make_ahead()
