@@ -63,8 +63,10 @@ print(float(np.median(times)))
 def measure(model: str, runtime: str, threads: int, root: Path) -> float:
     """One process's median latency (seconds) of `model` on `runtime`, glassrt from `root`."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    done = subprocess.run([sys.executable, "-c", _LOOP, model, runtime, str(threads)], env=env,
-                          capture_output=True, text=True)
+    # run in `root`: `python -c` puts the working folder first on sys.path, so from this
+    # checkout's root a baseline process would import this checkout's glassrt, not its own
+    done = subprocess.run([sys.executable, "-c", _LOOP, str(Path(model).resolve()), runtime, str(threads)], env=env,
+                          capture_output=True, text=True, cwd=root)
     if done.returncode:
         raise SystemExit(f"{model} on {runtime}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
     return float(done.stdout.strip().splitlines()[-1])

@@ -149,3 +149,66 @@ def test_openmp_count_kept_per_thread():
         assert capi.get_max_threads() == 2
     finally:
         capi.set_num_threads(was)
+
+
+# ---------------------------------------------------------------- ai.onnx.ml linear models, bound once
+
+ML = "ai.onnx.ml"
+
+
+def _ml_model(nodes, inputs, outputs):
+    return model(nodes, inputs, outputs, opset=17, domains={ML: 1}, ir_version=8)
+
+
+@pytest.mark.parametrize("labels", [{"classlabels_ints": [0, 1, 2]}, {"classlabels_strings": ["a", "b", "c"]}])
+@pytest.mark.parametrize("post_transform", ["NONE", "LOGISTIC", "SOFTMAX"])
+@pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])
+def test_linear_classifier_normalizer_zipmap_as_skl2onnx_writes_them(labels, post_transform, norm):
+    """A logistic regression's chain (onnxruntime's logreg_iris.onnx has it): the attributes'
+    arrays made when the plan binds, the results onnxruntime's, a run repeated the same."""
+    strings = "classlabels_strings" in labels
+    nodes = [helper.make_node("LinearClassifier", ["x"], ["label", "scores"], name="lc", domain=ML,
+                              coefficients=RNG.standard_normal(12).tolist(), intercepts=RNG.standard_normal(3).tolist(),
+                              post_transform=post_transform, **labels),
+             helper.make_node("Normalizer", ["scores"], ["normalized"], name="norm", domain=ML, norm=norm),
+             helper.make_node("ZipMap", ["normalized"], ["probabilities"], name="zm", domain=ML,
+                              **({"classlabels_strings": labels["classlabels_strings"]} if strings
+                                 else {"classlabels_int64s": labels["classlabels_ints"]}))]
+    m = _ml_model(nodes, [tensor("x", [None, 4])],
+                  [tensor("label", None, TensorProto.STRING if strings else TensorProto.INT64),
+                   helper.make_value_info("probabilities", helper.make_sequence_type_proto(helper.make_map_type_proto(
+                       TensorProto.STRING if strings else TensorProto.INT64,
+                       helper.make_tensor_type_proto(TensorProto.FLOAT, [])))),
+                   tensor("normalized", None)])
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    label, probabilities, normalized = _run_twice(m, {"x": x})
+    want = ort_outputs(m, {"x": x})
+    assert list(label) == list(want[0])
+    np.testing.assert_allclose(normalized, want[2], rtol=1e-5, atol=1e-6)
+    assert [sorted(d) for d in probabilities] == [sorted(d) for d in want[1]]
+    for got, exp in zip(probabilities, want[1]):
+        assert list(got) == list(exp)  # (onnxruntime's key order)
+        np.testing.assert_allclose([got[k] for k in got], [exp[k] for k in exp], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+@pytest.mark.parametrize("offset, scale", [([1.0, 2.0, 3.0], [0.5, 2.0, -1.0]), ([1.5], [2.0])])
+def test_scaler_and_linear_regressor_bound_once(dtype, offset, scale):
+    elem = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE, np.int64: TensorProto.INT64}[dtype]
+    nodes = [helper.make_node("Scaler", ["x"], ["s"], name="sc", domain=ML, offset=offset, scale=scale),
+             helper.make_node("LinearRegressor", ["s"], ["y"], name="lr", domain=ML,
+                              coefficients=RNG.standard_normal(6).tolist(), intercepts=[0.5, -1.0], targets=2)]
+    m = _ml_model(nodes, [tensor("x", [None, 3], elem)], [tensor("s", None), tensor("y", None)])
+    x = (RNG.standard_normal((4, 3)) * 10).astype(dtype)
+    got = _run_twice(m, {"x": x})
+    for g, w in zip(got, ort_outputs(m, {"x": x})):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unknown_norm_is_refused_naming_the_node():
+    m = _ml_model([helper.make_node("Normalizer", ["x"], ["y"], name="norm", domain=ML, norm="L3")],
+                  [tensor("x", [2, 3])], [tensor("y", None)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(GlassrtError, match=r"Normalizer node 'norm'.*unknown norm 'L3'"):
+            glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": np.ones((2, 3), np.float32)})

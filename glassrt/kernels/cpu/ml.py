@@ -89,34 +89,51 @@ def binarizer(x, *, threshold=0.0):
     return (x > threshold).astype(x.dtype)
 
 
-@kernel("Scaler", out=True, domain=ML, dtypes=NUMBERS)
-@computed_aside
-def scaler(x, *, offset=None, scale=None):
+@kernel("Scaler", out=True, domain=ML, dtypes=NUMBERS, bind=True, attrs=["offset", "scale"])
+@computed_aside(bind=True)
+def scaler(ctx):
+    offset, scale = ctx.attrs.get("offset"), ctx.attrs.get("scale")
     off = np.asarray(offset if offset is not None else [0.0], np.float32)
     sc = np.asarray(scale if scale is not None else [1.0], np.float32)
-    c = x.shape[-1] if x.ndim else 1
-    for name, v in (("offset", off), ("scale", sc)):
-        if v.size not in (1, c):
-            raise ValueError(f"Scaler {name} has {v.size} values for {c} features")
-    return ((x.astype(np.float32) - off) * sc).astype(np.float32)
+
+    def step(x):
+        c = x.shape[-1] if x.ndim else 1
+        for name, v in (("offset", off), ("scale", sc)):
+            if v.size not in (1, c):
+                raise ValueError(f"Scaler {name} has {v.size} values for {c} features")
+        y = x.astype(np.float32)
+        y -= off
+        y *= sc
+        return y
+
+    return step
 
 
-@kernel("Normalizer", out=True, domain=ML, dtypes=NUMBERS)
-@computed_aside
-def normalizer(x, *, norm="MAX"):
-    r = _rows(x).astype(np.float32)
-    if norm == "MAX":
-        d = r.max(axis=1, keepdims=True)
-    elif norm == "L1":
-        d = np.abs(r).sum(axis=1, keepdims=True)
-    elif norm == "L2":
-        d = np.sqrt((r * r).sum(axis=1, keepdims=True))
-    else:
+@kernel("Normalizer", out=True, domain=ML, dtypes=NUMBERS, bind=True, attrs=["norm"])
+@computed_aside(bind=True)
+def normalizer(ctx):
+    norm = ctx.attrs.get("norm", "MAX")
+    norm = norm.decode() if isinstance(norm, bytes) else norm
+    if norm not in ("MAX", "L1", "L2"):
         raise ValueError(f"unknown norm {norm!r} (MAX, L1 or L2)")
-    # A zero norm leaves the row as it is.
-    with np.errstate(invalid="ignore", divide="ignore"):
-        y = np.where(d != 0, r / np.where(d != 0, d, 1), r)
-    return y.reshape(x.shape).astype(np.float32)
+
+    def step(x):
+        r = _rows(x).astype(np.float32)
+        if norm == "MAX":
+            d = r.max(axis=1, keepdims=True)
+        elif norm == "L1":
+            d = np.abs(r).sum(axis=1, keepdims=True)
+        else:
+            d = np.sqrt((r * r).sum(axis=1, keepdims=True))
+        # A zero norm leaves the row as it is.
+        zero = d == 0
+        if zero.any():
+            d[zero] = 1
+        with np.errstate(invalid="ignore", divide="ignore"):  # (an inf or a NaN in a row: NaNs, quietly)
+            np.divide(r, d, out=r)
+        return r.reshape(x.shape)
+
+    return step
 
 
 @kernel("Imputer", out=True, domain=ML, dtypes=NUMBERS)
@@ -312,57 +329,100 @@ def _coefs(coefficients, n_out, c):
     return w.reshape(n_out, c)
 
 
-@kernel("LinearRegressor", out=True, domain=ML, dtypes=NUMBERS)
-@computed_aside
-def linear_regressor(x, *, coefficients=None, intercepts=None, targets=1, post_transform="NONE"):
-    r = _rows(x).astype(np.float64)
-    w = _coefs(coefficients, targets, r.shape[1])
-    y = r @ w.T
-    if intercepts:
-        y = y + np.asarray(intercepts, np.float64)
-    if targets == 1 and post_transform != "PROBIT":
-        return y.astype(np.float32)  # onnxruntime transforms a single target only with PROBIT
-    return _scores_transform(y, post_transform).astype(np.float32)
+def _per_width(make):
+    """make(c) for the feature count c of each call, made once per count (the attributes'
+    arrays: a linear model of a few features costs more to convert than to apply)."""
+    made = {}
+
+    def get(c):
+        hit = made.get(c)
+        if hit is None:
+            hit = made[c] = make(c)
+        return hit
+
+    return get
 
 
-@kernel("LinearClassifier", out=True, domain=ML, dtypes=NUMBERS, multi=True)
-@computed_aside
-def linear_classifier(x, *, coefficients=None, intercepts=None, classlabels_ints=None, classlabels_strings=None,
-                      multi_class=0, post_transform="NONE"):
-    labels = classlabels_strings if classlabels_strings else classlabels_ints
+@kernel("LinearRegressor", out=True, domain=ML, dtypes=NUMBERS, bind=True,
+        attrs=["coefficients", "intercepts", "targets", "post_transform"])
+@computed_aside(bind=True)
+def linear_regressor(ctx):
+    a = ctx.attrs
+    coefficients, targets = a.get("coefficients"), int(a.get("targets", 1))
+    post_transform = _text(a.get("post_transform", "NONE"))
+    intercepts = np.asarray(a["intercepts"], np.float64) if a.get("intercepts") else None
+    single = targets == 1 and post_transform != "PROBIT"  # onnxruntime transforms a single target only with PROBIT
+    transform = None if single else _transform(post_transform) if not (post_transform in ("SOFTMAX", "SOFTMAX_ZERO")
+                                                                       and targets == 1) else (lambda v: v)
+    weights = _per_width(lambda c: np.ascontiguousarray(_coefs(coefficients, targets, c).T))
+
+    def step(x):
+        r = _rows(x).astype(np.float64)
+        y = r @ weights(r.shape[1])
+        if intercepts is not None:
+            y += intercepts
+        return (y if transform is None else transform(y)).astype(np.float32)
+
+    return step
+
+
+@kernel("LinearClassifier", out=True, domain=ML, dtypes=NUMBERS, multi=True, bind=True,
+        attrs=["coefficients", "intercepts", "classlabels_ints", "classlabels_strings", "multi_class",
+               "post_transform"])
+@computed_aside(bind=True)
+def linear_classifier(ctx):
+    a = ctx.attrs
+    strings = a.get("classlabels_strings")
+    labels = strings if strings else a.get("classlabels_ints")
     if not labels:
         raise ValueError("LinearClassifier needs classlabels_ints or classlabels_strings")
-    r = _rows(x).astype(np.float64)
+    labels_arr = np.array([_text(v) for v in labels] if strings else labels, dtype=object if strings else np.int64)
     n_classes = len(labels)
-    c = r.shape[1]
-    coefs = np.asarray(coefficients, np.float64).ravel()
-    # As onnxruntime (and the meta): one score row per intercept, the coefficients read as
-    # [rows, C] from their start. onnxruntime's own logreg_iris.onnx has 12 coefficients
-    # for 3 intercepts over its declared 2 features; onnxruntime uses the first 6.
-    n_rows = len(intercepts) if intercepts else coefs.size // max(c, 1)
-    if coefs.size < n_rows * c:
-        raise ValueError(f"{coefs.size} coefficients do not make {n_rows} rows (one per intercept) of {c} features")
-    w = coefs[:n_rows * c].reshape(n_rows, c)
-    s = r @ w.T
-    if intercepts:
-        s = s + np.asarray(intercepts, np.float64)
-    labels_arr = np.array(labels, dtype=object if classlabels_strings else np.int64)
-    if n_rows == 1:
-        # One score per row: the positive class when it is > 0 (onnxruntime).
-        pos = s[:, 0] > 0
-        if n_classes == 2:
-            # [1 - p, p] with p the (transformed) score of the positive class, as onnxruntime writes it.
-            label = np.where(pos, labels_arr[1], labels_arr[0])
-            p = {"LOGISTIC": _logistic, "PROBIT": _probit}.get(post_transform, lambda v: v)(s[:, 0])
-            z = np.stack([1 - p, p], axis=1)
+    coefs = np.asarray(a.get("coefficients") or [], np.float64).ravel()
+    intercepts = a.get("intercepts")
+    b = np.asarray(intercepts, np.float64) if intercepts else None
+    post_transform = _text(a.get("post_transform", "NONE"))
+    _transform(post_transform)  # (an unknown one is refused here, not at the first run)
+
+    def rows_of(c):
+        # As onnxruntime (and the meta): one score row per intercept, the coefficients read as
+        # [rows, C] from their start. onnxruntime's own logreg_iris.onnx has 12 coefficients
+        # for 3 intercepts over its declared 2 features; onnxruntime uses the first 6.
+        n_rows = len(intercepts) if intercepts else coefs.size // max(c, 1)
+        if coefs.size < n_rows * c:
+            raise ValueError(f"{coefs.size} coefficients do not make {n_rows} rows (one per intercept) of {c} features")
+        return np.ascontiguousarray(coefs[:n_rows * c].reshape(n_rows, c).T)
+
+    weights = _per_width(rows_of)
+    one_score = {"LOGISTIC": _logistic, "PROBIT": _probit}.get(post_transform, lambda v: v)
+
+    def step(x):
+        r = _rows(x).astype(np.float64)
+        s = r @ weights(r.shape[1])
+        if b is not None:
+            s += b
+        if s.shape[1] == 1:
+            # One score per row: the positive class when it is > 0 (onnxruntime).
+            pos = s[:, 0] > 0
+            if n_classes == 2:
+                # [1 - p, p] with p the (transformed) score of the positive class, as onnxruntime writes it.
+                label = np.where(pos, labels_arr[1], labels_arr[0])
+                p = one_score(s[:, 0])
+                z = np.stack([1 - p, p], axis=1)
+            else:
+                label = np.where(pos, 1, 0).astype(labels_arr.dtype) if not strings else \
+                    np.where(pos, "1", "0").astype(object)
+                z = _scores_transform(s, post_transform)
         else:
-            label = np.where(pos, 1, 0).astype(labels_arr.dtype) if not classlabels_strings else \
-                np.where(pos, "1", "0").astype(object)
+            label = labels_arr[np.argmax(s, axis=1)]
             z = _scores_transform(s, post_transform)
-    else:
-        label = labels_arr[np.argmax(s, axis=1)]
-        z = _scores_transform(s, post_transform)
-    return np.asarray(label, dtype=labels_arr.dtype), z.astype(np.float32)
+        return np.asarray(label, dtype=labels_arr.dtype), z.astype(np.float32)
+
+    return step
+
+
+def _text(v):
+    return v.decode() if isinstance(v, bytes) else v
 
 
 # ---------------------------------------------------------------- tree ensembles
@@ -700,25 +760,32 @@ def tree_ensemble(ctx):
 # ---------------------------------------------------------------- ZipMap
 
 
-@kernel("ZipMap", domain=ML, dtypes=[np.float32])
-def zip_map(x, *, classlabels_int64s=None, classlabels_strings=None):
+@kernel("ZipMap", domain=ML, dtypes=[np.float32], bind=True, attrs=["classlabels_int64s", "classlabels_strings"])
+def zip_map(ctx):
     """A list of dicts, one per row, label -> score; keys Python ints or strs and values
     Python floats, as onnxruntime returns them (the float32 scores widened exactly, keys in
     onnxruntime's order)."""
-    if bool(classlabels_int64s) == bool(classlabels_strings):
+    ints, strings = ctx.attrs.get("classlabels_int64s"), ctx.attrs.get("classlabels_strings")
+    if bool(ints) == bool(strings):
         raise ValueError("ZipMap needs exactly one of classlabels_int64s and classlabels_strings")
-    keys = [str(k) for k in classlabels_strings] if classlabels_strings else [int(k) for k in classlabels_int64s]
-    if x.ndim not in (1, 2):
-        raise ValueError(f"ZipMap takes a [N, C] or [C] tensor, got shape {list(x.shape)}")
-    r = x.reshape(1, -1) if x.ndim == 1 else x
-    if r.shape[1] != len(keys):
-        raise ValueError(f"the input has {r.shape[1]} columns (shape {list(x.shape)}) for {len(keys)} class "
-                         "labels: one score per class is expected")
+    keys = [str(_text(k)) for k in strings] if strings else [int(k) for k in ints]
     # onnxruntime builds each map as a std::map: keys in sorted order (strings by their UTF-8
     # bytes, which is code point order), a repeated label keeping its last column.
     last = {k: i for i, k in enumerate(keys)}
     order = sorted(last)
-    return [dict(zip(order, row)) for row in r[:, [last[k] for k in order]].tolist()]
+    columns = [last[k] for k in order]
+    in_order = columns == list(range(len(keys)))
+
+    def step(x):
+        if x.ndim not in (1, 2):
+            raise ValueError(f"ZipMap takes a [N, C] or [C] tensor, got shape {list(x.shape)}")
+        r = x.reshape(1, -1) if x.ndim == 1 else x
+        if r.shape[1] != len(keys):
+            raise ValueError(f"the input has {r.shape[1]} columns (shape {list(x.shape)}) for {len(keys)} class "
+                             "labels: one score per class is expected")
+        return [dict(zip(order, row)) for row in (r if in_order else r[:, columns]).tolist()]
+
+    return step
 
 
 # ---------------------------------------------------------------- maps: CastMap, DictVectorizer; CategoryMapper
