@@ -13,6 +13,7 @@ import numpy as np
 from ... import dtypes
 from ..registry import kernel
 from ..buffers import computed_aside
+from ._jit import jit, use_compiled
 from .norm import softmax
 
 ML = "ai.onnx.ml"
@@ -523,6 +524,8 @@ class _Ensemble:
 
     def scores(self, x):
         """(scores [N, n_out], has [N, n_out]): aggregated leaf values, and which columns got any."""
+        if self.aggregate in ("SUM", "AVERAGE") and use_compiled("TreeEnsemble"):
+            return self._compiled_scores(x)
         lv = self.forest.leaves(x)
         n, t = lv.shape
         has = np.zeros((n, self.n_out), bool)
@@ -541,6 +544,72 @@ class _Ensemble:
                 has |= self.has[lv[:, j]]
             s = np.where(has, s, 0.0)  # a column no tree voted for scores 0
         return s, has
+
+
+    def _compiled_scores(self, x):
+        """scores' sums in one compiled pass: each row down each tree, its leaf's row added, in
+        tree order from 0 (the same additions as the NumPy loop, so the same bits). The NumPy
+        loop is a few dozen array calls a tree level and two a tree: a 100-tree forest's one
+        row took ~0.4 ms, onnxruntime's ~10 us."""
+        f = self.forest
+        x = np.ascontiguousarray(x, np.float64)
+        n, t = x.shape[0], len(f.roots)
+        if f.n_nodes and x.shape[1] <= f.feature.max():
+            raise ValueError(f"the trees read feature {f.feature.max()} but X has {x.shape[1]} features")
+        s, has = np.zeros((n, self.n_out)), np.zeros((n, self.n_out), bool)
+        values, member = (f.values, f.member) if hasattr(f, "values") else (_NO_VALUES, _NO_MEMBER)
+        if not _forest_sums(x, f.roots, f.feature, f.threshold, f.mode, f.missing_true, f.true_next, f.false_next,
+                            f.member_row, values, member, self.w, self.has, s, has):
+            raise ValueError("the tree ensemble has a cycle")
+        if self.aggregate == "AVERAGE" and t:
+            s /= t
+        return s, has
+
+
+_NO_VALUES, _NO_MEMBER = np.zeros(1), np.zeros((1, 1), bool)
+
+
+@jit(error_model="numpy")
+def _forest_sums(x, roots, feature, threshold, mode, missing_true, true_next, false_next, member_row, values,
+                 member, w, w_has, s, has):
+    """_Ensemble.scores for SUM / AVERAGE (before the division): False where a tree cycles."""
+    n_nodes = feature.shape[0]
+    n_out = w.shape[1]
+    for r in range(x.shape[0]):
+        for t in range(roots.shape[0]):
+            nd = roots[t]
+            steps = 0
+            while nd < n_nodes:
+                steps += 1
+                if steps > n_nodes:
+                    return False
+                v = x[r, feature[nd]]
+                m = mode[nd]
+                th = threshold[nd]
+                if m == 0:
+                    go = v <= th
+                elif m == 1:
+                    go = v < th
+                elif m == 2:
+                    go = v >= th
+                elif m == 3:
+                    go = v > th
+                elif m == 4:
+                    go = v == th
+                elif m == 5:
+                    go = v != th
+                else:  # set membership
+                    pos = min(np.searchsorted(values, v), values.shape[0] - 1)
+                    go = values[pos] == v and member[member_row[nd], pos]
+                if v != v and missing_true[nd]:
+                    go = True
+                nd = true_next[nd] if go else false_next[nd]
+            leaf = nd - n_nodes
+            for c in range(n_out):
+                s[r, c] += w[leaf, c]
+                if w_has[leaf, c]:
+                    has[r, c] = True
+    return True
 
 
 def _old_forest(a):
