@@ -554,3 +554,28 @@ def test_category_mapper_as_onnxruntime(defaults):
         assert got.dtype == (np.int64 if want.dtype == np.int64 else object)
         assert sess.get_outputs()[0].type == ("tensor(int64)" if m is to_int else "tensor(string)")
         assert _provider_of(sess, "CategoryMapper")[0] == "cpu"
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 7])
+def test_pairwise_coupling_compiled_loop_gives_the_vectorized_twins_bits(monkeypatch, k):
+    """multiclass_probability's compiled row loop (once Numba is loaded) against its NumPy
+    twin: the same float32 operations in the same order, so the same bits, on rows that stop
+    early, late, on NaN and on certain pairs."""
+    from glassrt.kernels.cpu import svm
+    from glassrt.kernels.cpu._jit import numba_missing
+
+    if numba_missing() is not None:
+        pytest.skip(numba_missing())
+    rng = np.random.default_rng(k)
+    val = rng.random((64, k, k)).astype(np.float32)
+    val[1] = np.float32(1e-7)  # certain of every pair
+    val[2, 0, 1] = np.nan
+    r = np.where(np.eye(k, dtype=bool), np.float32(0), val)
+    upper = np.triu(np.ones((k, k), bool), 1)
+    r = np.where(upper.T, np.float32(1) - np.swapaxes(r, 1, 2), r).astype(np.float32)  # r[j, i] = 1 - r[i, j]
+    got = {}
+    for compiled in (False, True):
+        monkeypatch.setattr(svm, "use_compiled", lambda path, after=64, c=compiled: c)
+        got[compiled] = svm.multiclass_probability(r)
+    np.testing.assert_array_equal(got[False], got[True])
+    assert np.isfinite(got[True][3:]).all()

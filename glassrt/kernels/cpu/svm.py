@@ -36,7 +36,7 @@ import numpy as np
 from ..buffers import computed_aside
 from ..registry import kernel
 from .. import mlas_math
-from ._jit import jit, numba_missing
+from ._jit import jit, numba_missing, use_compiled
 from .ml import _rows
 
 ML = "ai.onnx.ml"
@@ -293,7 +293,14 @@ def _check_post(post):
 def multiclass_probability(r):
     """libsvm's pairwise coupling for every row at once: r [N, K, K] float32 with r[i, j] the
     probability of i against j; returns p [N, K] float32. Each row iterates (at most 100
-    times) until its own stopping test passes, in onnxruntime's float32 order of operations."""
+    times) until its own stopping test passes, in onnxruntime's float32 order of operations.
+    Once Numba is loaded, a compiled loop row by row (_coupling_rows: the same float32
+    operations in the same order, so the same bits): this vectorized twin is a few dozen
+    array calls an iteration, ~0.15 ms for one row of three classes, the loop ~2 us."""
+    if use_compiled("SVMClassifier coupling"):
+        p = np.empty(r.shape[:2], F32)
+        _coupling_rows(np.ascontiguousarray(r, F32), p)
+        return p
     n, k = r.shape[0], r.shape[1]
     q = np.zeros((n, k, k), F32)
     for i in range(k):
@@ -338,6 +345,59 @@ def multiclass_probability(r):
                 pa = pa / one[:, None]
         p[rows] = pa  # rows that used all 100 iterations
     return p
+
+
+@jit(error_model="numpy")
+def _coupling_rows(r, out):
+    """multiclass_probability, one row at a time (float32 throughout, as its twin)."""
+    n, k = r.shape[0], r.shape[1]
+    one, two, zero = np.float32(1), np.float32(2), np.float32(0)
+    eps = np.float32(0.005) / np.float32(k)
+    q = np.zeros((k, k), np.float32)
+    qp = np.zeros(k, np.float32)
+    pa = np.zeros(k, np.float32)
+    for row in range(n):
+        rr = r[row]
+        q[:, :] = zero
+        for i in range(k):
+            for j in range(i):
+                q[i, i] += rr[j, i] * rr[j, i]
+                q[i, j] = q[j, i]
+            for j in range(i + 1, k):
+                q[i, i] += rr[j, i] * rr[j, i]
+                q[i, j] = -rr[j, i] * rr[i, j]
+        for i in range(k):
+            pa[i] = one / np.float32(k)
+        for _ in range(100):
+            for i in range(k):
+                acc = q[i, 0] * pa[0]
+                for j in range(1, k):
+                    acc += q[i, j] * pa[j]
+                qp[i] = acc
+            pqp = zero
+            for i in range(k):
+                pqp += pa[i] * qp[i]
+            err = zero
+            for i in range(k):
+                e = abs(qp[i] - pqp)
+                if e != e:
+                    e = zero  # (a NaN row stops at once, as onnxruntime's `error > max_error`)
+                if e > err:
+                    err = e
+            if err < eps:
+                break
+            for i in range(k):
+                qii = q[i, i]
+                diff = (-qp[i] + pqp) / qii
+                pa[i] += diff
+                d1 = one + diff
+                pqp = (pqp + diff * (diff * qii + two * qp[i])) / d1 / d1
+                for j in range(k):
+                    qp[j] = (qp[j] + diff * q[i, j]) / d1
+                for j in range(k):
+                    pa[j] = pa[j] / d1
+        for i in range(k):
+            out[row, i] = pa[i]
 
 
 # ---------------------------------------------------------------- SVMClassifier
