@@ -348,3 +348,38 @@ def test_a_body_is_inferred_once_per_scope_while_a_session_is_made():
         c = infer_body(body, {}, types, {"shape": np.array([4, 3])})
     assert a is b and a.types["t"].shape == (3, 4) and c.types["t"].shape == (4, 3)
     assert infer_body(body, {}, types, {"shape": np.array([3, 4])}) is not a  # no memo open: inferred again
+
+
+def _growing_loop(trips: int):
+    """Loop: acc = Concat(acc, x * i) each iteration (the carried value grows: its shape
+    changes every iteration), y_scan = ReduceSum(acc) per iteration, x read from outside."""
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=TensorProto.FLOAT, name="cast"),
+         helper.make_node("Mul", ["x", "fi"], ["xi"], name="mul"),
+         helper.make_node("Concat", ["acc_in", "xi"], ["acc_out"], axis=0, name="cat"),
+         helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0, name="sum"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="id")],
+        "body", [tensor("i", [], TensorProto.INT64), tensor("cond_in", [], TensorProto.BOOL), tensor("acc_in", None)],
+        [tensor("cond_out", [], TensorProto.BOOL), tensor("acc_out", None), tensor("total", [])])
+    node = helper.make_node("Loop", ["trips", "", "acc0"], ["acc", "totals"], body=body, name="loop")
+    return model([node], [tensor("x", [2]), tensor("acc0", [0]), tensor("trips", [], TensorProto.INT64)],
+                 [tensor("acc", None), tensor("totals", None)])
+
+
+def test_a_loop_whose_carried_value_grows_keeps_one_plan_per_shape_and_checks_them_in():
+    """The iterations run through GraphRunner.repeated: a new feed shape takes another plan,
+    and after the node (finished or failed) no body plan stays checked out."""
+    m = _growing_loop(4)
+    x, acc0 = np.array([1.0, 2.0], np.float32), np.zeros(0, np.float32)
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    for _ in range(2):
+        got = sess.run(None, {"x": x, "acc0": acc0, "trips": np.array(4, np.int64)})
+        want = _ort(m, {"x": x, "acc0": acc0, "trips": np.array(4, np.int64)})
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w)
+    (body,) = [r for _, r in sess.runner._sub_runners.values()]
+    assert len(body.plans) >= 2 and not body._busy  # (one plan per acc length seen, all checked in)
+    with pytest.raises(glassrt.GlassrtError):
+        sess.run(None, {"x": np.ones(3, np.float32), "acc0": np.zeros((1, 2), np.float32),
+                        "trips": np.array(2, np.int64)})
+    assert not body._busy

@@ -52,17 +52,18 @@ def loop(ctx):
         going = bool(np.asarray(cond).reshape(-1)[0]) if cond is not None else True
         scans = None
         i = 0
-        while going and (max_trip is None or i < max_trip):
-            feeds = {names[0]: np.array(i, dtype=np.int64), names[1]: np.array(going, dtype=np.bool_)}
-            feeds.update(zip(names[2:], carried))
-            outs = runner.run(feeds, outer)
-            going = bool(np.asarray(outs[0]).reshape(-1)[0])
-            carried = outs[1:1 + n_carried]
-            if scans is None:
-                scans = [[] for _ in outs[1 + n_carried:]]
-            for acc, v in zip(scans, outs[1 + n_carried:]):
-                acc.append(v)
-            i += 1
+        with runner.repeated(outer) as run_body:
+            while going and (max_trip is None or i < max_trip):
+                feeds = {names[0]: np.array(i, dtype=np.int64), names[1]: np.array(going, dtype=np.bool_)}
+                feeds.update(zip(names[2:], carried))
+                outs = run_body(feeds)
+                going = bool(np.asarray(outs[0]).reshape(-1)[0])
+                carried = outs[1:1 + n_carried]
+                if scans is None:
+                    scans = [[] for _ in outs[1 + n_carried:]]
+                for acc, v in zip(scans, outs[1 + n_carried:]):
+                    acc.append(v)
+                i += 1
         n_scan = len(ctx.node.outputs) - n_carried
         if scans is None:
             scan_names = [v.name for v in body.outputs[1 + n_carried:]]
@@ -99,14 +100,15 @@ def scan(ctx):
             raise ValueError(f"scan inputs disagree on the sequence length: {sorted(lengths)}")
         seq_len = lengths.pop()
         collected = [[] for _ in range(n_out_scan)]
-        for t in range(seq_len):
-            feeds = dict(zip(names[:n_state], states))
-            for j, (x, a) in enumerate(zip(xs, axes)):
-                feeds[names[n_state + j]] = np.take(x, seq_len - 1 - t if in_dirs[j] else t, axis=a)
-            outs = runner.run(feeds, outer)
-            states = outs[:n_state]
-            for acc, v in zip(collected, outs[n_state:]):
-                acc.append(v)
+        with runner.repeated(outer) as run_body:
+            for t in range(seq_len):
+                feeds = dict(zip(names[:n_state], states))
+                for j, (x, a) in enumerate(zip(xs, axes)):
+                    feeds[names[n_state + j]] = x.take(seq_len - 1 - t if in_dirs[j] else t, axis=a)
+                outs = run_body(feeds)
+                states = outs[:n_state]
+                for acc, v in zip(collected, outs[n_state:]):
+                    acc.append(v)
         results = []
         for j, acc in enumerate(collected):
             if out_dirs[j]:
@@ -151,14 +153,15 @@ def scan_v8(ctx):
             length = int(seq_lens[b]) if seq_lens is not None else max_len
             states = [s[b] for s in states0]
             per_step = [[] for _ in range(n_out_scan)]
-            for t in range(length):
-                feeds = dict(zip(names[:n_state], states))
-                for j, x in enumerate(xs):
-                    feeds[names[n_state + j]] = x[b, length - 1 - t if dirs[j] else t]
-                outs = runner.run(feeds, outer)
-                states = outs[:n_state]
-                for acc, v in zip(per_step, outs[n_state:]):
-                    acc.append(v)
+            with runner.repeated(outer) as run_body:
+                for t in range(length):
+                    feeds = dict(zip(names[:n_state], states))
+                    for j, x in enumerate(xs):
+                        feeds[names[n_state + j]] = x[b, length - 1 - t if dirs[j] else t]
+                    outs = run_body(feeds)
+                    states = outs[:n_state]
+                    for acc, v in zip(per_step, outs[n_state:]):
+                        acc.append(v)
             for acc, s in zip(final_states, states):
                 acc.append(s)
             for acc, steps in zip(scans, per_step):
@@ -178,12 +181,13 @@ def sequence_map(ctx):
         ins, outer = _split_outer(ctx, args)
         seq = ins[0]
         results = [[] for _ in range(n_out)]
-        for i in range(len(seq)):
-            feeds = {names[0]: seq[i]}
-            for name, extra in zip(names[1:], ins[1:]):
-                feeds[name] = extra[i] if isinstance(extra, list) else extra
-            for acc, v in zip(results, runner.run(feeds, outer)):
-                acc.append(v)
+        with runner.repeated(outer) as run_body:
+            for i in range(len(seq)):
+                feeds = {names[0]: seq[i]}
+                for name, extra in zip(names[1:], ins[1:]):
+                    feeds[name] = extra[i] if isinstance(extra, list) else extra
+                for acc, v in zip(results, run_body(feeds)):
+                    acc.append(v)
         return tuple(results)
 
     return step

@@ -99,11 +99,16 @@ def _high(dt):
 _acc = {np.dtype(np.float16): np.float32}
 
 
+# (the ufuncs' reduce, not np.sum / np.max...: the same reduction without their Python
+# wrapper, ~2 us a call of a small model's reductions, or of a Scan body's each iteration)
+_add, _max, _min, _prod = np.add.reduce, np.maximum.reduce, np.minimum.reduce, np.multiply.reduce
+
+
 def _sum(x, ax, keep):
-    return np.sum(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, x.dtype))
+    return _add(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, x.dtype))
 
 
-_reducer("ReduceSum", _sum, into=_same_type(np.sum, typed=True))
+_reducer("ReduceSum", _sum, into=_same_type(_add, typed=True))
 def _mean_into(x, ax, keep, out):
     """np.mean's own two steps (its sum, then a division by the count) straight into out:
     np.mean's Python wrapper cost ~10 us of a small ReduceMean (Silero VAD's)."""
@@ -115,16 +120,16 @@ def _mean_into(x, ax, keep, out):
 
 _reducer("ReduceMean", lambda x, ax, keep: np.mean(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, None)),
          into=_mean_into)
-_reducer("ReduceMax", _empty_ok(lambda x, ax, keep: np.max(x, axis=ax, keepdims=keep), _low),
-         NUMERIC | {np.dtype(bool)}, into=_same_type(np.max))
-_reducer("ReduceMin", _empty_ok(lambda x, ax, keep: np.min(x, axis=ax, keepdims=keep), _high),
-         NUMERIC | {np.dtype(bool)}, into=_same_type(np.min))
-_reducer("ReduceProd", lambda x, ax, keep: np.prod(x, axis=ax, keepdims=keep, dtype=x.dtype),
-         into=_same_type(np.prod, typed=True))
-_reducer("ReduceL1", lambda x, ax, keep: np.sum(np.abs(x), axis=ax, keepdims=keep, dtype=x.dtype))
-_reducer("ReduceL2", lambda x, ax, keep: np.sqrt(np.sum(np.square(x.astype(np.float64)), axis=ax, keepdims=keep)))
-_reducer("ReduceSumSquare", lambda x, ax, keep: np.sum(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype))
-_reducer("ReduceLogSum", lambda x, ax, keep: np.log(np.sum(x, axis=ax, keepdims=keep, dtype=np.float64)), FLOATS_BF16)
+_reducer("ReduceMax", _empty_ok(lambda x, ax, keep: _max(x, axis=ax, keepdims=keep), _low),
+         NUMERIC | {np.dtype(bool)}, into=_same_type(_max))
+_reducer("ReduceMin", _empty_ok(lambda x, ax, keep: _min(x, axis=ax, keepdims=keep), _high),
+         NUMERIC | {np.dtype(bool)}, into=_same_type(_min))
+_reducer("ReduceProd", lambda x, ax, keep: _prod(x, axis=ax, keepdims=keep, dtype=x.dtype),
+         into=_same_type(_prod, typed=True))
+_reducer("ReduceL1", lambda x, ax, keep: _add(np.abs(x), axis=ax, keepdims=keep, dtype=x.dtype))
+_reducer("ReduceL2", lambda x, ax, keep: np.sqrt(_add(np.square(x.astype(np.float64)), axis=ax, keepdims=keep)))
+_reducer("ReduceSumSquare", lambda x, ax, keep: _add(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype))
+_reducer("ReduceLogSum", lambda x, ax, keep: np.log(_add(x, axis=ax, keepdims=keep, dtype=np.float64)), FLOATS_BF16)
 
 
 def _logsumexp(x, ax, keep):
