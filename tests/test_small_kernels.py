@@ -212,3 +212,42 @@ def test_an_unknown_norm_is_refused_naming_the_node():
         warnings.simplefilter("ignore")
         with pytest.raises(GlassrtError, match=r"Normalizer node 'norm'.*unknown norm 'L3'"):
             glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": np.ones((2, 3), np.float32)})
+
+
+@pytest.mark.parametrize("n", [300, 5000])
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_short_and_long_axes_keep_ties_in_index_order(n, largest):
+    """A short axis sorts whole, a long one partitions first (indexing._PARTIAL_FROM): both
+    give the stable order onnxruntime gives, ties (few distinct values) by index."""
+    x = RNG.integers(0, 20, (3, n)).astype(np.float32)
+    m = model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", axis=1, largest=largest)],
+              [tensor("x", [3, n])], [tensor("v", None), tensor("i", None, TensorProto.INT64)],
+              [init("k", np.array([7], np.int64))])
+    values, indices = _run_twice(m, {"x": x})
+    order = np.argsort(-x if largest else x, axis=1, kind="stable")[:, :7]
+    np.testing.assert_array_equal(indices, order)
+    np.testing.assert_array_equal(values, np.take_along_axis(x, order, axis=1))
+    for got, want in zip((values, indices), ort_outputs(m, {"x": x})):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_array_feature_extractor_constant_and_fed_indices(constant):
+    idx = np.array([[2, 0, 2]], np.int64)
+    node = helper.make_node("ArrayFeatureExtractor", ["x", "idx"], ["y"], name="afe", domain=ML)
+    m = _ml_model([node], [tensor("x", [2, 3])] + ([] if constant else [tensor("idx", [1, 3], TensorProto.INT64)]),
+                  [tensor("y", None)])
+    if constant:
+        m.graph.initializer.append(init("idx", idx))
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    feeds = {"x": x} if constant else {"x": x, "idx": idx}
+    (got,) = _run_twice(m, feeds)
+    np.testing.assert_array_equal(got, x[:, [2, 0, 2]])
+    np.testing.assert_array_equal(got, ort_outputs(m, feeds)[0])
+    bad = np.array([[0, 3, 1]], np.int64)
+    if constant:
+        m.graph.initializer[0].CopyFrom(init("idx", bad))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(GlassrtError, match=r"ArrayFeatureExtractor node 'afe'.*index 3 is out of range"):
+            glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": x} if constant else {"x": x, "idx": bad})

@@ -155,15 +155,26 @@ def imputer(x, *, imputed_value_floats=None, imputed_value_int64s=None, replaced
     return np.where(missing, values, x).astype(x.dtype)
 
 
-@kernel("ArrayFeatureExtractor", out=True, domain=ML, dtypes=NUMBERS + [STRING])
-@computed_aside
-def array_feature_extractor(x, indices):
-    idx = indices.reshape(-1).astype(np.int64)
-    n = x.shape[-1]
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-        raise IndexError(f"index {idx[(idx < 0) | (idx >= n)][0]} is out of range for the last axis of size {n}")
-    y = np.take(x, idx, axis=-1)
-    return y.reshape(1, -1) if x.ndim == 1 else y
+@kernel("ArrayFeatureExtractor", out=True, domain=ML, dtypes=NUMBERS + [STRING], bind=True, attrs=[])
+@computed_aside(bind=True)
+def array_feature_extractor(ctx):
+    const = ctx.const(1)
+    fixed = None if const is None else np.asarray(const).reshape(-1).astype(np.int64)
+    checked = {}  # last-axis sizes the constant indices were checked against
+
+    def step(x, indices):
+        n = x.shape[-1]
+        idx = fixed
+        if idx is None or n not in checked:
+            idx = indices.reshape(-1).astype(np.int64) if idx is None else idx
+            if idx.size and (idx.min() < 0 or idx.max() >= n):
+                raise IndexError(f"index {idx[(idx < 0) | (idx >= n)][0]} is out of range for the last axis of size {n}")
+            if fixed is not None:
+                checked[n] = True
+        y = x.take(idx, axis=-1)
+        return y.reshape(1, -1) if x.ndim == 1 else y
+
+    return step
 
 
 @kernel("FeatureVectorizer", out=True, domain=ML, dtypes=NUMBERS)
