@@ -523,9 +523,13 @@ def _new_output(fresh):
     return channels_last_view(np.empty(math.prod(fresh[0]), fresh[1]), fresh[0])
 
 
-def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False, into=None):
+def run_plan(plan: Plan, feeds: dict, outer=None, profile=None, keep_env: bool = False, into=None,
+             nested: bool = False):
     """The outputs in graph order; with keep_env, (outputs, {value name: value}). `into`:
-    {output name: array} the caller owns, written instead of a new array (io_binding)."""
+    {output name: array} the caller owns, written instead of a new array (io_binding).
+    nested: a body's run inside a run already going on (a Loop's iteration)."""
+    if nested:
+        return _run_plan(plan, feeds, outer, profile, keep_env, into)
     pages.run_began()  # (huge pages move only while no run goes on: pages.promote_when_idle)
     try:
         return _run_plan(plan, feeds, outer, profile, keep_env, into)

@@ -298,7 +298,7 @@ class GraphRunner:
                     held[:] = None, None
                 held[1] = self._checkout(merged)
                 held[0] = key
-            return run_plan(held[1], merged)
+            return run_plan(held[1], merged, nested=True)
 
         try:
             yield run

@@ -128,7 +128,9 @@ _reducer("ReduceProd", lambda x, ax, keep: _prod(x, axis=ax, keepdims=keep, dtyp
          into=_same_type(_prod, typed=True))
 _reducer("ReduceL1", lambda x, ax, keep: _add(np.abs(x), axis=ax, keepdims=keep, dtype=x.dtype))
 _reducer("ReduceL2", lambda x, ax, keep: np.sqrt(_add(np.square(x.astype(np.float64)), axis=ax, keepdims=keep)))
-_reducer("ReduceSumSquare", lambda x, ax, keep: _add(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype))
+_reducer("ReduceSumSquare", lambda x, ax, keep: _add(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype),
+         into=lambda x, ax, keep, out: _add(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype, out=out)
+         if out.dtype == x.dtype else None)
 _reducer("ReduceLogSum", lambda x, ax, keep: np.log(_add(x, axis=ax, keepdims=keep, dtype=np.float64)), FLOATS_BF16)
 
 
