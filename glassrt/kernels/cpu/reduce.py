@@ -137,10 +137,14 @@ _reducer("ReduceLogSum", lambda x, ax, keep: np.log(_add(x, axis=ax, keepdims=ke
 def _logsumexp(x, ax, keep):
     xf = x.astype(np.float64)
     if x.size == 0:
-        return np.log(np.sum(np.exp(xf), axis=ax, keepdims=keep))
-    m = np.max(xf, axis=ax, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    r = np.log(np.sum(np.exp(xf - m), axis=ax, keepdims=True)) + m
+        return np.log(_add(np.exp(xf), axis=ax, keepdims=keep))
+    m = _max(xf, axis=ax, keepdims=True)
+    if not np.isfinite(m).all():
+        m[~np.isfinite(m)] = 0
+    np.subtract(xf, m, out=xf)
+    np.exp(xf, out=xf)
+    r = np.log(_add(xf, axis=ax, keepdims=True))
+    r += m
     return r if keep else np.squeeze(r, axis=ax)
 
 
