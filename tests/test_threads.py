@@ -219,3 +219,37 @@ def test_runs_while_numba_loads_leave_it_a_core_and_are_not_measured(monkeypatch
     for _ in range(3):
         s.run(None, x)
     assert used[3:] == [2, 2, 2] and plan.threads.runs == 3 and plan.threads.recent[2]
+
+
+def _drive_quietly(choice, latency, runs):
+    """_drive as the runner drives a plan: a run `unmeasured` says is on the count in use, no clocks."""
+    used, measured = [], 0
+    for i in range(runs):
+        if choice.unmeasured():
+            n = choice.current
+        else:
+            n = choice.choose()
+            choice.record(latency(i, n) / 1e3)
+            measured += 1
+        if isinstance(choice.clock, _Clock):
+            choice.clock.now += latency(i, n) / 1e3
+        used.append(n)
+    return used, measured
+
+
+def test_a_tiny_plan_is_measured_one_run_in_sixteen_and_still_leaves_a_starved_count():
+    from glassrt.runtime.threads import QUIET_RUNS
+
+    c = _choice(2)
+    used, measured = _drive_quietly(c, lambda i, n: 0.05 if n == 2 else 0.08, 3200)
+    assert used[-1] == 2 and measured < 3200 / (QUIET_RUNS + 1) * 1.3
+    assert "one run in 16" in c.to_json()["measured"]
+    # load arrives: two threads' runs take a time slice each now, one thread's stay tiny
+    busy, _ = _drive_quietly(c, lambda i, n: 4.0 if n == 2 else 0.08, 400)
+    assert busy[-200:].count(1) > 0.9 * 200
+
+
+def test_a_plan_of_a_millisecond_is_measured_every_run():
+    c = _choice(2)
+    _, measured = _drive_quietly(c, lambda i, n: 1.0 if n == 2 else 1.6, 500)
+    assert measured == 500 and "measured" not in c.to_json()

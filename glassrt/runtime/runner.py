@@ -260,6 +260,9 @@ class GraphRunner:
                 threads.use_threads(spare, self.openmp_pool, blas=plan.uses_blas)
                 plan.threads.last = None  # (the next run's latency is not the one-thread run's)
                 return run_plan(plan, feeds, profile=profile, into=into)
+            if plan.threads.unmeasured():  # (a tiny plan between two measured runs: threads.TINY_MS)
+                threads.use_threads(plan.threads.current, self.openmp_pool, blas=plan.uses_blas)
+                return run_plan(plan, feeds, profile=profile, into=into)
             n = plan.threads.choose()
             threads.use_threads(n, self.openmp_pool, blas=plan.uses_blas)
             # (the CPU time tells a starved multi-thread run; a one-thread run's is not

@@ -39,6 +39,8 @@ SLOWER = 1.5  # the count in use this much slower than its best so far: try the 
 RECENT = 5  # measured runs per count whose median is its latency
 TRY_AFTER_S = 0.5  # on fewer threads than requested: wall seconds before the requested count is
 TRY_MAX_AFTER_S = 16.0  # tried again, whatever the runs; doubled by each such try that loses clearly
+TINY_MS = 0.2  # a plan whose count in use runs faster than this is measured one run in QUIET_RUNS + 1:
+QUIET_RUNS = 15  # its clocks, choice and bookkeeping (~2.4 us) were a quarter of a one-op model's run
 
 
 def available_cpus() -> int:
@@ -86,11 +88,22 @@ class ThreadChoice:
         self.last = self.previous = None  # the counts of this run and the run before
         self._probing, self._probe_left = None, 0
         self._lost_at = None  # (count in use, its latency) when the last try lost clearly
+        self.quiet = 0  # runs left before the next measured one (a tiny plan: TINY_MS)
         self.cpu: dict[int, list] = {a: [] for a in self.arms}  # CPU seconds per second of recent runs
         self._cpu_share: dict[int, float] = {}  # their median, kept by record
         self.wait, self._next_try, self._last_try = PROBE_EVERY, FIRST_TRY, -PROBE_EVERY
         self.clock = time.monotonic
         self._t_last_try, self.wait_s = self.clock(), TRY_AFTER_S
+
+    def unmeasured(self) -> bool:
+        """Whether this run goes unmeasured, on the count in use (a tiny plan between two
+        measured runs: see TINY_MS). Tries, load signs and the clock's retries are judged on
+        the measured runs alone, so for such a plan they come QUIET_RUNS + 1 times as many
+        runs apart (a 50 us plan measured every 0.8 ms)."""
+        if self.quiet:
+            self.quiet -= 1
+            return True
+        return False
 
     def latency(self, arm: int) -> float | None:
         return self._latency.get(arm) if self.recent[arm] else None
@@ -187,6 +200,8 @@ class ThreadChoice:
             now = self.latency(self.current)
             if now is not None and lat > ABANDON_BY * now:
                 self._probe_left = 0  # a try already lost by far: judged at the next run, not run on
+        if arm == self.current and self._probing is None and len(r) >= 3 and lat < TINY_MS:
+            self.quiet = QUIET_RUNS
 
     @property
     def best(self) -> int:
@@ -197,6 +212,9 @@ class ThreadChoice:
                    0, self._next_try - self.runs) if len(self.arms) > 1 else None,
                "recent_ms_by_threads": {str(a): round(self.latency(a), 3) for a in sorted(self.arms)
                                         if self.recent[a]}}
+        now = self.latency(self.current)
+        if now is not None and now < TINY_MS:
+            out["measured"] = f"one run in {QUIET_RUNS + 1} (runs under {TINY_MS} ms)"
         if fork_note():
             out["note"] = fork_note()
         return out
