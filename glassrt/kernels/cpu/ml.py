@@ -363,9 +363,8 @@ def linear_regressor(ctx):
     coefficients, targets = a.get("coefficients"), int(a.get("targets", 1))
     post_transform = _text(a.get("post_transform", "NONE"))
     intercepts = np.asarray(a["intercepts"], np.float64) if a.get("intercepts") else None
-    single = targets == 1 and post_transform != "PROBIT"  # onnxruntime transforms a single target only with PROBIT
-    transform = None if single else _transform(post_transform) if not (post_transform in ("SOFTMAX", "SOFTMAX_ZERO")
-                                                                       and targets == 1) else (lambda v: v)
+    # onnxruntime transforms a single target only with PROBIT
+    transform = None if targets == 1 and post_transform != "PROBIT" else _transform(post_transform)
     weights = _per_width(lambda c: np.ascontiguousarray(_coefs(coefficients, targets, c).T))
 
     def step(x):
