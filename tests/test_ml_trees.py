@@ -128,3 +128,27 @@ def test_scikit_learn_forests_agree_with_onnxruntime(monkeypatch):
         for u, v, w in zip(numpy_loop, compiled, want):
             np.testing.assert_array_equal(u, v)
             np.testing.assert_allclose(np.asarray(v, np.float64), np.asarray(w, np.float64), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("change, says", [
+    (dict(nodes_trueleafs=[1, 1], nodes_truenodeids=[0, 7]), "true child is node 9, of 2 branch nodes and 2 leaves"),
+    (dict(nodes_falseleafs=[0, 0], nodes_falsenodeids=[-3, 1]), "false child is node -3"),
+    (dict(nodes_featureids=[0, -1]), "reads feature -1"),
+])
+def test_a_hostile_tree_is_refused_naming_the_node_before_anything_runs(monkeypatch, change, says):
+    """Children, roots and features out of range: refused when the plan binds (the compiled
+    pass indexes with them unchecked), on either path."""
+    attrs = dict(n_targets=1, aggregate_function=1, post_transform=0, tree_roots=[0],
+                 nodes_modes=helper.make_tensor("m", TensorProto.UINT8, [2], [0, 0]),
+                 nodes_featureids=[0, 1], nodes_splits=helper.make_tensor("s", TensorProto.FLOAT, [2], [0.0, 1.5]),
+                 nodes_truenodeids=[0, 0], nodes_trueleafs=[1, 1], nodes_falsenodeids=[1, 1],
+                 nodes_falseleafs=[0, 1], leaf_targetids=[0, 0],
+                 leaf_weights=helper.make_tensor("w", TensorProto.FLOAT, [2], [10.0, 20.0]))
+    m = model([helper.make_node("TreeEnsemble", ["x"], ["y"], name="trees", domain=ML, **{**attrs, **change})],
+              [tensor("x", [None, 2])], [tensor("y", None)], opset=21, domains={ML: 5}, ir_version=10)
+    for compiled in (False, True):
+        monkeypatch.setattr(ml, "use_compiled", lambda path, after=64, c=compiled: c)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(glassrt.GlassrtError, match=f"TreeEnsemble node 'trees'.*{says}"):
+                glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": np.ones((3, 2), np.float32)})

@@ -461,6 +461,12 @@ class _Forest:
         self.false_next = np.asarray(false_next, np.int64)
         self.roots = np.asarray(roots, np.int64)
         self.n_nodes = len(self.feature)
+        for name, v in (("thresholds", self.threshold), ("modes", self.mode), ("missing flags", self.missing_true),
+                        ("true children", self.true_next), ("false children", self.false_next)):
+            if len(v) != self.n_nodes:
+                raise ValueError(f"{len(v)} {name} for {self.n_nodes} branch nodes")
+        if self.n_nodes and self.feature.min() < 0:
+            raise ValueError(f"a node reads feature {self.feature.min()}")
         self.modes = sorted(set(self.mode.tolist()))
         self.any_missing = bool(self.missing_true.any())
         # Set membership: one boolean row per MEMBER node over all member values.
@@ -521,6 +527,16 @@ class _Ensemble:
         weight = np.asarray(weight, np.float64)
         if column.size and (column.min() < 0 or column.max() >= n_out):
             raise ValueError(f"a leaf targets column {column.max()} of {n_out}")
+        # every root and child is a branch node or a leaf of this ensemble, every weight a
+        # leaf's: the compiled pass (_forest_sums) indexes with them unchecked
+        reach = forest.n_nodes + n_leaves
+        for name, v in (("a tree root", forest.roots), ("a node's true child", forest.true_next),
+                        ("a node's false child", forest.false_next)):
+            if v.size and (v.min() < 0 or v.max() >= reach):
+                raise ValueError(f"{name} is node {v.max() if v.max() >= reach else v.min()}, of "
+                                 f"{forest.n_nodes} branch nodes and {n_leaves} leaves")
+        if leaf.size and (leaf.min() < 0 or leaf.max() >= n_leaves):
+            raise ValueError(f"a weight is for leaf {leaf.max()} of {n_leaves}")
         self.has = np.zeros((n_leaves, n_out), bool)
         self.has[leaf, column] = True
         if aggregate in ("SUM", "AVERAGE"):
