@@ -473,6 +473,8 @@ class _Forest:
         self.member_row = np.full(self.n_nodes, -1, np.int64)
         if members:
             self.values = np.unique(np.concatenate([np.asarray(sorted(s), np.float64) for s in members.values()]))
+            if not self.values.size:  # every set empty: one value nothing equals (NaN), in no set
+                self.values = np.array([np.nan])
             self.member = np.zeros((len(members), len(self.values)), bool)
             for r, (node, s) in enumerate(members.items()):
                 self.member_row[node] = r
