@@ -383,3 +383,26 @@ def test_a_loop_whose_carried_value_grows_keeps_one_plan_per_shape_and_checks_th
         sess.run(None, {"x": np.ones(3, np.float32), "acc0": np.zeros((1, 2), np.float32),
                         "trips": np.array(2, np.int64)})
     assert not body._busy
+
+
+def test_a_scans_iterations_check_their_body_plan_out_once(monkeypatch):
+    """A Scan over rows of one shape checks its body's plan out once per node run, not once
+    per iteration (GraphRunner.repeated), and gives onnxruntime's result."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["s_in"], ["s_out"], name="keep"),
+         helper.make_node("Sub", ["s_in", "row"], ["d"], name="sub"),
+         helper.make_node("ReduceSumSquare", ["d"], ["dist"], keepdims=0, name="ssq")],
+        "body", [tensor("s_in", [4]), tensor("row", [4])], [tensor("s_out", [4]), tensor("dist", [])])
+    node = helper.make_node("Scan", ["x", "rows"], ["x_out", "dists"], body=body, num_scan_inputs=1, name="scan")
+    m = model([node], [tensor("x", [4]), tensor("rows", [30, 4])], [tensor("x_out", None), tensor("dists", None)])
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    feeds = {"x": RNG.standard_normal(4).astype(np.float32), "rows": RNG.standard_normal((30, 4)).astype(np.float32)}
+    sess.run(None, feeds)  # (compiles the plans)
+    (body_runner,) = [r for _, r in sess.runner._sub_runners.values()]
+    checkouts = []
+    real = body_runner._checkout
+    monkeypatch.setattr(body_runner, "_checkout", lambda f: (checkouts.append(1), real(f))[1])
+    got = sess.run(None, feeds)
+    assert len(checkouts) == 1 and not body_runner._busy
+    for g, w in zip(got, _ort(m, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -275,7 +275,6 @@ class GraphRunner:
         finally:
             self._checkin(plan)
 
-
     @contextlib.contextmanager
     def repeated(self, outer: dict | None):
         """run(feeds) for a control-flow node's iterations (Loop, Scan, SequenceMap), all with

@@ -14,6 +14,7 @@ from ... import dtypes
 from ..registry import kernel
 from ..buffers import computed_aside
 from ._jit import jit, use_compiled
+from ._util import PerShape
 from .norm import softmax
 
 ML = "ai.onnx.ml"
@@ -114,7 +115,6 @@ def scaler(ctx):
 @computed_aside(bind=True)
 def normalizer(ctx):
     norm = ctx.attrs.get("norm", "MAX")
-    norm = norm.decode() if isinstance(norm, bytes) else norm
     if norm not in ("MAX", "L1", "L2"):
         raise ValueError(f"unknown norm {norm!r} (MAX, L1 or L2)")
 
@@ -160,7 +160,7 @@ def imputer(x, *, imputed_value_floats=None, imputed_value_int64s=None, replaced
 def array_feature_extractor(ctx):
     const = ctx.const(1)
     fixed = None if const is None else np.asarray(const).reshape(-1).astype(np.int64)
-    checked = {}  # last-axis sizes the constant indices were checked against
+    checked = set()  # last-axis sizes the constant indices were checked against
 
     def step(x, indices):
         n = x.shape[-1]
@@ -170,7 +170,7 @@ def array_feature_extractor(ctx):
             if idx.size and (idx.min() < 0 or idx.max() >= n):
                 raise IndexError(f"index {idx[(idx < 0) | (idx >= n)][0]} is out of range for the last axis of size {n}")
             if fixed is not None:
-                checked[n] = True
+                checked.add(n)
         y = x.take(idx, axis=-1)
         return y.reshape(1, -1) if x.ndim == 1 else y
 
@@ -341,31 +341,17 @@ def _coefs(coefficients, n_out, c):
     return w.reshape(n_out, c)
 
 
-def _per_width(make):
-    """make(c) for the feature count c of each call, made once per count (the attributes'
-    arrays: a linear model of a few features costs more to convert than to apply)."""
-    made = {}
-
-    def get(c):
-        hit = made.get(c)
-        if hit is None:
-            hit = made[c] = make(c)
-        return hit
-
-    return get
-
-
 @kernel("LinearRegressor", out=True, domain=ML, dtypes=NUMBERS, bind=True,
         attrs=["coefficients", "intercepts", "targets", "post_transform"])
 @computed_aside(bind=True)
 def linear_regressor(ctx):
     a = ctx.attrs
     coefficients, targets = a.get("coefficients"), int(a.get("targets", 1))
-    post_transform = _text(a.get("post_transform", "NONE"))
+    post_transform = a.get("post_transform", "NONE")
     intercepts = np.asarray(a["intercepts"], np.float64) if a.get("intercepts") else None
     # onnxruntime transforms a single target only with PROBIT
     transform = None if targets == 1 and post_transform != "PROBIT" else _transform(post_transform)
-    weights = _per_width(lambda c: np.ascontiguousarray(_coefs(coefficients, targets, c).T))
+    weights = PerShape(lambda c: np.ascontiguousarray(_coefs(coefficients, targets, c).T))
 
     def step(x):
         r = _rows(x).astype(np.float64)
@@ -387,12 +373,12 @@ def linear_classifier(ctx):
     labels = strings if strings else a.get("classlabels_ints")
     if not labels:
         raise ValueError("LinearClassifier needs classlabels_ints or classlabels_strings")
-    labels_arr = np.array([_text(v) for v in labels] if strings else labels, dtype=object if strings else np.int64)
+    labels_arr = np.array(labels, dtype=object if strings else np.int64)
     n_classes = len(labels)
     coefs = np.asarray(a.get("coefficients") or [], np.float64).ravel()
     intercepts = a.get("intercepts")
     b = np.asarray(intercepts, np.float64) if intercepts else None
-    post_transform = _text(a.get("post_transform", "NONE"))
+    post_transform = a.get("post_transform", "NONE")
     _transform(post_transform)  # (an unknown one is refused here, not at the first run)
 
     def rows_of(c):
@@ -404,7 +390,7 @@ def linear_classifier(ctx):
             raise ValueError(f"{coefs.size} coefficients do not make {n_rows} rows (one per intercept) of {c} features")
         return np.ascontiguousarray(coefs[:n_rows * c].reshape(n_rows, c).T)
 
-    weights = _per_width(rows_of)
+    weights = PerShape(rows_of)
     one_score = {"LOGISTIC": _logistic, "PROBIT": _probit}.get(post_transform, lambda v: v)
 
     def step(x):
@@ -430,10 +416,6 @@ def linear_classifier(ctx):
         return np.asarray(label, dtype=labels_arr.dtype), z.astype(np.float32)
 
     return step
-
-
-def _text(v):
-    return v.decode() if isinstance(v, bytes) else v
 
 
 # ---------------------------------------------------------------- tree ensembles
@@ -865,7 +847,7 @@ def zip_map(ctx):
     ints, strings = ctx.attrs.get("classlabels_int64s"), ctx.attrs.get("classlabels_strings")
     if bool(ints) == bool(strings):
         raise ValueError("ZipMap needs exactly one of classlabels_int64s and classlabels_strings")
-    keys = [str(_text(k)) for k in strings] if strings else [int(k) for k in ints]
+    keys = [str(k) for k in strings] if strings else [int(k) for k in ints]
     # onnxruntime builds each map as a std::map: keys in sorted order (strings by their UTF-8
     # bytes, which is code point order), a repeated label keeping its last column.
     last = {k: i for i, k in enumerate(keys)}
