@@ -172,6 +172,69 @@ def test_gemm_on_onednn_equals_numpy(trans_a, trans_b, alpha, beta, c_shape):
     np.testing.assert_allclose(s.run(None, {"a": a})[0], ref, rtol=2e-5, atol=2e-5)
 
 
+GEMMS = [  # transB, alpha, beta, C (shape or "input"), the activation
+    (1, 1.0, 1.0, (6,), "Relu"), (0, 0.5, 1.0, (1, 6), "Sigmoid"), (1, 1.0, 2.0, (6,), "Tanh"),
+    (1, 2.0, 0.5, None, "Relu"), (0, 1.0, 1.0, (5, 1), "LeakyRelu"), (1, 1.0, 0.25, (5, 6), "Relu"),
+    (1, 1.0, 1.0, "input", "Sigmoid"), (0, 1.0, 0.0, (6,), "Relu")]
+
+
+@pytest.mark.parametrize("providers", [["cpu"], pytest.param(None, marks=onednn)], ids=["cpu", "default"])
+@pytest.mark.parametrize("trans_b, alpha, beta, c, act", GEMMS, ids=[f"{g[4]}-{g[3]}-{g[2]}" for g in GEMMS])
+def test_a_gemm_and_its_activation_fuse_and_keep_the_result(trans_b, alpha, beta, c, act, providers):
+    a = RNG.standard_normal((5, 8)).astype(np.float32)
+    b = RNG.standard_normal((6, 8) if trans_b else (8, 6)).astype(np.float32)
+    cv = RNG.standard_normal((5, 6) if c == "input" else c or ()).astype(np.float32)
+    inits, ins = [init("B", b)], [tensor("a", [5, 8])]
+    if c == "input":
+        ins.append(tensor("c", [5, 6]))
+    elif c is not None:
+        inits.append(init("c", cv))
+    nodes = [helper.make_node("Gemm", ["a", "B"] + (["c"] if c is not None else []), ["y"], name="g",
+                              transB=trans_b, alpha=alpha, beta=beta),
+             helper.make_node(act, ["y"], ["z"], name="act")]
+    m = model(nodes, ins, [tensor("z", None)], inits, opset=13)
+    feeds = {"a": a, **({"c": cv} if c == "input" else {})}
+    fused, plain = _session(m, providers), _session(m, providers, graph_optimization_level="basic")
+    assert _ops(fused) == ["FusedMatMul"] and _ops(plain) == sorted(["Gemm", act])
+    assert f"{act} 'act' fused in" in fused.explain()["nodes"][0]["origin"]
+    y = alpha * (a @ (b.T if trans_b else b)) + (beta * cv if c is not None else 0)
+    ref = {"Relu": lambda v: np.maximum(v, 0), "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Tanh": np.tanh,
+           "LeakyRelu": lambda v: np.where(v > 0, v, 0.01 * v)}[act](y)
+    for _ in range(2):
+        got = fused.run(None, feeds)[0]
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(got, plain.run(None, feeds)[0], rtol=2e-5, atol=2e-5)
+
+
+def test_a_gemm_stays_whole_where_its_fusion_must_not_fire():
+    a_t = init("At", RNG.standard_normal((8, 5)).astype(np.float32))
+    w = init("W", RNG.standard_normal((6, 8)).astype(np.float32))
+    nodes = [  # A transposed; B computed; the product also a graph output; read twice; a scaled computed C
+        helper.make_node("Gemm", ["xt", "W"], ["p1"], name="trans_a", transA=1, transB=1),
+        helper.make_node("Relu", ["p1"], ["r1"], name="relu1"),
+        helper.make_node("Gemm", ["x", "b"], ["p2"], name="computed_b"),
+        helper.make_node("Relu", ["p2"], ["r2"], name="relu2"),
+        helper.make_node("Gemm", ["x", "W"], ["p3"], name="output", transB=1),
+        helper.make_node("Relu", ["p3"], ["r3"], name="relu3"),
+        helper.make_node("Gemm", ["x", "W"], ["p4"], name="twice", transB=1, alpha=2.0),
+        helper.make_node("Relu", ["p4"], ["r4"], name="relu4"),
+        helper.make_node("Sigmoid", ["p4"], ["s4"], name="sig4"),
+        helper.make_node("Gemm", ["x", "W", "c"], ["p5"], name="scaled_c", transB=1, beta=0.5),
+        helper.make_node("Relu", ["p5"], ["r5"], name="relu5")]
+    m = model(nodes, [tensor("xt", [8, 5]), tensor("x", [5, 8]), tensor("b", [8, 6]), tensor("c", [5, 6])],
+              [tensor(v, None) for v in ("r1", "r2", "p3", "r3", "r4", "s4", "r5")], [a_t, w], opset=13)
+    s = _session(m, ["cpu"])
+    k = _kernels(s)
+    assert all(k[g][0] == "Gemm" and k[r][0] in ("Relu", "Sigmoid") for g, r in
+               (("trans_a", "relu1"), ("computed_b", "relu2"), ("output", "relu3"), ("twice", "relu4"),
+                ("twice", "sig4"), ("scaled_c", "relu5")))
+    feeds = {"xt": RNG.standard_normal((8, 5)).astype(np.float32), "x": RNG.standard_normal((5, 8)).astype(np.float32),
+             "b": RNG.standard_normal((8, 6)).astype(np.float32), "c": RNG.standard_normal((5, 6)).astype(np.float32)}
+    ref = _session(m, ["cpu"], graph_optimization_level="basic").run(None, feeds)
+    for got, want in zip(s.run(None, feeds), ref):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 @onednn
 def test_products_onednn_does_not_take_say_why():
     w = init("W", RNG.standard_normal((8, 6)).astype(np.float32))
@@ -265,7 +328,8 @@ def test_a_small_bert_fuses_every_projection_and_matches_onnxruntime():
     feeds = bert_feeds(2, 16, 100)
     s = _session(m)
     fused = [c for p in s.explain()["passes"] if p["name"] == "fuse_matmul" for c in p["changes"]]
-    assert len(fused) == 2 * 7  # Q, K, V, scores (scale + mask), output (+ residual), FFN in (+ Gelu), FFN out
+    # per layer: Q, K, V, scores (scale + mask), output (+ residual), FFN in (+ Gelu), FFN out; the pooler's Gemm + Tanh
+    assert len(fused) == 2 * 7 + 1 and fused[-1] == "fuse Tanh '/pooler/activation/Tanh' into Gemm '/pooler/dense/Gemm'"
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, r in zip(s.run(None, feeds), want):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)

@@ -143,18 +143,31 @@ def test_weights_too_large_to_hold_twice_are_packed_when_mapped_from_their_file(
         assert node["kernel"] == kernel, node
 
 
-def test_the_one_row_kernel_leaves_products_with_an_activation_to_the_primitive(monkeypatch):
+@pytest.mark.parametrize("act", ["Relu", "Sigmoid", "Tanh", "Gelu"])
+def test_the_one_row_kernel_applies_an_activation_and_leaves_a_residual_to_the_primitive(monkeypatch, act):
+    """Weights too large to pack at one row: the gemv kernel (sgemm, then the rows loop once
+    the plan keeps running) applies FusedMatMul's activation after the product; a residual
+    needs the primitive's post-ops."""
+    from glassrt.kernels.cpu.matmul import activate
     from glassrt.kernels.onednn import matmul as onednn_matmul
+    from glassrt.kernels.onednn import row_panels
 
     monkeypatch.setattr(onednn_matmul, "_PACK_LIMIT", 1024)
     w = np.random.default_rng(12).standard_normal((41, 43)).astype(np.float32)
-    m = model([helper.make_node("FusedMatMul", ["x", "w"], ["y"], name="p", domain="glassrt", activation="Relu")],
-              [tensor("x", [1, 41])], [tensor("y", None)], [init("w", w)], opset=17, domains={"glassrt": 1})
+    nodes = [helper.make_node("FusedMatMul", ["x", "w"], ["y"], name="p", domain="glassrt", activation=act),
+             helper.make_node("FusedMatMul", ["x", "w", "", "z"], ["y2"], name="r", domain="glassrt")]
+    m = model(nodes, [tensor("x", [1, 41]), tensor("z", [1, 43])], [tensor("y", None), tensor("y2", None)],
+              [init("w", w)], opset=17, domains={"glassrt": 1})
     sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
-    node = sess.explain()["nodes"][0]
-    assert node["kernel"] == "onednn.FusedMatMul.matmul" and "post-ops" in node["reason"]
-    x = np.random.default_rng(13).standard_normal((1, 41)).astype(np.float32)
-    np.testing.assert_allclose(sess.run(None, {"x": x})[0], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+    rows = {n["name"]: n for n in sess.explain()["nodes"]}
+    assert rows["p"]["kernel"] == "onednn.FusedMatMul.gemv"
+    assert rows["r"]["kernel"] == "onednn.FusedMatMul.matmul" and "post-ops" in rows["r"]["reason"]
+    rng = np.random.default_rng(13)
+    for _ in range(row_panels.AFTER_RUNS + 2):  # sgemm's runs, then the rows loop's
+        x, z = rng.standard_normal((1, 41)).astype(np.float32), rng.standard_normal((1, 43)).astype(np.float32)
+        y, y2 = sess.run(None, {"x": x, "z": z})
+        np.testing.assert_allclose(y, activate(x @ w, act), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(y2, x @ w + z, rtol=1e-5, atol=1e-5)
 
 
 def test_a_symbolic_conv_onednn_has_only_generic_code_for_goes_to_cpu_at_placement():

@@ -36,7 +36,9 @@ def node_flops(node, attrs, in_types, out_types):
             k = a[-2] if op == "FusedMatMul" and attrs.get("transA", 0) else a[-1]
             if op == "FusedMatMul" and attrs.get("perm_a"):  # (glassrt's: A read through a permutation)
                 k = a[int(attrs["perm_a"][-1])]
-            return 2 * symbolic.prod(y) * k
+            # FusedMatMul's bias and Z: one add per output each (as Gemm's C below counts)
+            adds = sum(1 for i in (2, 3) if op == "FusedMatMul" and len(ins) > i and ins[i] is not None)
+            return 2 * symbolic.prod(y) * k + adds * symbolic.prod(y)
         if op == "Gemm":
             a, y = ins[0], outs[0]
             if a is None or y is None:

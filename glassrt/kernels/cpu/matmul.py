@@ -110,6 +110,11 @@ def fused_matmul(a, b, bias=None, z=None, *, out=None, alpha=1.0, activation="",
         out += bias
     if z is not None:
         out += z
+    return activate(out, activation, activation_params)
+
+
+def activate(out, activation: str, activation_params=()):
+    """FusedMatMul's activation (ops/fused.MATMUL_ACTIVATIONS) in place on `out`; `out`."""
     if activation == "Gelu":
         if out.dtype == np.float32:
             return gelu32(out, out)

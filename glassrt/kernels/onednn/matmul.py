@@ -279,8 +279,8 @@ def _gemv_reason(ctx):
                 "the matmul primitive takes it")
     if p.trans_a:
         return "A is read transposed"
-    if p.z_shape is not None or p.act:
-        return "the epilogue (a residual or an activation) needs the matmul primitive's post-ops"
+    if p.z_shape is not None:
+        return "the residual needs the matmul primitive's post-ops"
     return None
 
 
@@ -289,7 +289,10 @@ def _gemv_reason(ctx):
 def gemv(ctx):
     """One row against weights too large to pack, read where they lie, by oneDNN's sgemm
     (its matrix-vector path; see the module's doc); a constant bias is written into the
-    output first and accumulated onto (beta = 1)."""
+    output first and accumulated onto (beta = 1), a FusedMatMul's activation applied after,
+    in place, as the cpu kernel applies it (one pass over the row)."""
+    from ..cpu.matmul import activate
+
     p = _Product(ctx)
     b = p.b  # mapped float32 weights, or a view of a tied twin: no copy
     sgemm = capi.require().dnnl_sgemm
@@ -304,7 +307,7 @@ def gemv(ctx):
     def step(a, b_=None, c=None, *, out):
         if rows[0] is not None:
             if rows[0](a, out) is not None:
-                return out
+                return activate(out, p.act, p.params)
         elif runs[0] is not None:
             runs[0] += 1
             from . import row_panels
@@ -316,7 +319,7 @@ def gemv(ctx):
         if bias is not None:
             flat[...] = bias
         sgemm(b"N", trans_b, 1, p.n, p.k, p.alpha, a.ctypes.data, p.k, b.ctypes.data, ldb, beta, flat.ctypes.data, p.n)
-        return out
+        return activate(out, p.act, p.params)
 
     return step
 

@@ -292,8 +292,9 @@ def stream(prim, product):
 
 
 def stream_rows(w, product):
-    """A function (a, out) -> out running a one-row `product` (matmul.py's _Product, no
-    epilogue) whose weights `w` lie (N, K), C-contiguous, on the dot-product loop; None
+    """A function (a, out) -> out running a one-row `product` (matmul.py's _Product: its
+    scale and bias; an activation is the caller's, applied after) whose weights `w` lie
+    (N, K), C-contiguous, on the dot-product loop; None
     where the loop cannot run here (stats says why). Each row of W is read once, in order,
     one stream per thread: measured on the 2-core AVX-512 machine, 1 x 768 @ (50257 x 768)ᵀ
     (GPT-2's vocabulary projection over its tied embedding), medians of 60 calls in eight
@@ -301,8 +302,8 @@ def stream_rows(w, product):
     over the (768, 50257) copy 4.5-6.3, sgemm over the same rows 5.7-7.2; the loop was the
     fastest in every process."""
     why = why_not_here()
-    if why is None and (product.trans_a or product.act or product.z_shape is not None):
-        why = "an epilogue or A read transposed (the rows loop has neither)"
+    if why is None and (product.trans_a or product.z_shape is not None):
+        why = "a residual or A read transposed (the rows loop has neither)"
     if why:
         stats[why] += 1
         return None
