@@ -406,3 +406,30 @@ def test_a_scans_iterations_check_their_body_plan_out_once(monkeypatch):
     assert len(checkouts) == 1 and not body_runner._busy
     for g, w in zip(got, _ort(m, feeds)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_an_ifs_branch_plan_is_held_across_runs_while_its_feeds_keep_their_shapes(monkeypatch):
+    """An If checks each branch's plan out once and keeps it while what the branch reads
+    keeps its shapes (runner.HeldPlan): no signature, check-out and check-in per run; a new
+    shape checks the old plan in. Results as onnxruntime's, whichever branch runs."""
+    w = RNG.standard_normal((4, 3)).astype(np.float32)
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["tm"], name="t_mm"),
+                                helper.make_node("Relu", ["tm"], ["ty"], name="t_relu")],
+                               "then", [], [tensor("ty", None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["ey"], name="e_neg")], "else", [], [tensor("ey", None)])
+    node = helper.make_node("If", ["flag"], ["y"], name="if", then_branch=then_g, else_branch=else_g)
+    m = model([node], [tensor("x", ["n", 4]), tensor("flag", [], TensorProto.BOOL)], [tensor("y", None)],
+              [init("w", w)])
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    sess.run(None, {"x": np.ones((2, 4), np.float32), "flag": np.array(True)})
+    runners = {r.placement.graph.name: r for _, r in sess.runner._sub_runners.values()}
+    checkouts = []
+    for r in runners.values():
+        real = r._checkout
+        monkeypatch.setattr(r, "_checkout", lambda f, real=real: (checkouts.append(1), real(f))[1])
+    for k in range(12):
+        rows = 2 if k < 8 else 5
+        feeds = {"x": RNG.standard_normal((rows, 4)).astype(np.float32), "flag": np.array(k % 2 == 0)}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(m, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert len(checkouts) == 1 + 2  # the else branch's first plan, then each branch's plan for 5 rows
+    assert all(len(r._busy) == 2 for r in runners.values())  # each plan of the model (2 rows, 5 rows) holds its own

@@ -241,3 +241,10 @@ class SubgraphAccess:
             raise GlassrtError("this node's subgraphs cannot run here (no runner was given)")
         p = self.subs[attr]
         return self.make_runner(p[index] if index is not None else p)
+
+    def held(self, attr):
+        """The body's runner as a runner.HeldPlan: for a node that runs the body once per run
+        of its own plan (an If's branch), which keeps the body's plan checked out."""
+        from .runner import HeldPlan
+
+        return HeldPlan(self.runner(attr))

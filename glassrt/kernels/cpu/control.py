@@ -18,14 +18,15 @@ def _split_outer(ctx, args):
 
 @kernel("If", bind=True, multi=True)
 def if_(ctx):
-    then_r, else_r = ctx.session.runner("then_branch"), ctx.session.runner("else_branch")
+    # each branch's plan held by this step while its feeds keep their shapes (runtime/runner.HeldPlan)
+    then_b, else_b = ctx.session.held("then_branch"), ctx.session.held("else_branch")
 
     def step(*args):
         (cond,), outer = _split_outer(ctx, args)
         if cond is None or np.size(cond) != 1:
             raise ValueError(f"If condition must hold exactly one element, got shape {np.shape(cond)}")
-        branch = then_r if bool(np.asarray(cond).reshape(-1)[0]) else else_r
-        return tuple(branch.run({}, outer))
+        branch = then_b if bool(np.asarray(cond).reshape(-1)[0]) else else_b
+        return tuple(branch.run(outer))
 
     return step
 
