@@ -387,9 +387,10 @@ def test_a_loop_whose_carried_value_grows_keeps_one_plan_per_shape_and_checks_th
 
 def test_a_scans_iterations_check_their_body_plan_out_once(monkeypatch):
     """A Scan over rows of one shape checks its body's plan out once per node run, not once
-    per iteration (GraphRunner.repeated), and gives onnxruntime's result."""
+    per iteration (GraphRunner.repeated), and gives onnxruntime's result. (Its state
+    accumulates: iterations that were independent would run all at once, scan_batched.py.)"""
     body = helper.make_graph(
-        [helper.make_node("Identity", ["s_in"], ["s_out"], name="keep"),
+        [helper.make_node("Add", ["s_in", "row"], ["s_out"], name="acc"),
          helper.make_node("Sub", ["s_in", "row"], ["d"], name="sub"),
          helper.make_node("ReduceSumSquare", ["d"], ["dist"], keepdims=0, name="ssq")],
         "body", [tensor("s_in", [4]), tensor("row", [4])], [tensor("s_out", [4]), tensor("dist", [])])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import kernel
+from . import scan_batched
 
 
 def _split_outer(ctx, args):
@@ -88,6 +89,8 @@ def scan(ctx):
     n_out_scan = len(ctx.node.outputs) - n_state
     out_axes = list(ctx.attrs.get("scan_output_axes") or [0] * n_out_scan)
     out_dirs = list(ctx.attrs.get("scan_output_directions") or [0] * n_out_scan)
+    body_types = runner.placement.inference.types
+    out_names = [v.name for v in body.outputs[n_state:]]
 
     def step(*args):
         ins, outer = _split_outer(ctx, args)
@@ -114,13 +117,49 @@ def scan(ctx):
         for j, acc in enumerate(collected):
             if out_dirs[j]:
                 acc = acc[::-1]
-            if not acc:
-                results.append(np.empty((0,), np.float32))
+            if not acc:  # (no iteration: the shape and dtype one would have given, with 0 rows)
+                empty = _empty_scan_output(ctx, body_types.get(out_names[j]), 0)
+                results.append(np.moveaxis(empty, 0, out_axes[j] + empty.ndim if out_axes[j] < 0 else out_axes[j]))
                 continue
             r = acc[0].ndim + 1
             a = out_axes[j] + r if out_axes[j] < 0 else out_axes[j]
             results.append(np.stack(acc, axis=a))
         return tuple(list(states) + results)
+
+    return step
+
+
+def _independent_iterations(ctx):
+    """None where the Scan's iterations can run at once (scan_batched.py), else why not."""
+    n_state = len(ctx.node.inputs) - int(ctx.attrs.get("num_scan_inputs", 0))
+    why = scan_batched.why_not(ctx.attrs.get("body"), n_state, ctx.opset)
+    return None if why is None else f"iterations run one by one: {why}"
+
+
+@kernel("Scan", bind=True, multi=True, versions=(9, None), accepts=_independent_iterations, priority=1,
+        name="all_at_once")
+def scan_all_at_once(ctx):
+    """A Scan whose iterations are independent (its states pass through unchanged), its body
+    run once over every iteration's slice (scan_batched.py); the loop where it cannot be."""
+    loop = scan(ctx)
+    body = ctx.session.runner("body").placement.graph
+    n_scan = int(ctx.attrs["num_scan_inputs"])
+    n_state = len(ctx.node.inputs) - n_scan
+    in_axes = list(ctx.attrs.get("scan_input_axes") or [0] * n_scan)
+    in_dirs = list(ctx.attrs.get("scan_input_directions") or [0] * n_scan)
+    n_out_scan = len(ctx.node.outputs) - n_state
+    out_axes = list(ctx.attrs.get("scan_output_axes") or [0] * n_out_scan)
+    out_dirs = list(ctx.attrs.get("scan_output_directions") or [0] * n_out_scan)
+
+    def step(*args):
+        ins, outer = _split_outer(ctx, args)
+        xs = ins[n_state:]
+        if all(type(x) is np.ndarray for x in xs) and all(-x.ndim <= a < x.ndim for x, a in zip(xs, in_axes)):
+            axes = [a + x.ndim if a < 0 else a for x, a in zip(xs, in_axes)]
+            done = scan_batched.run(body, n_state, ins[:n_state], xs, axes, in_dirs, out_axes, out_dirs, outer)
+            if done is not None:
+                return done
+        return loop(*args)
 
     return step
 
