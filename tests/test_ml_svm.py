@@ -579,3 +579,38 @@ def test_pairwise_coupling_compiled_loop_gives_the_vectorized_twins_bits(monkeyp
         got[compiled] = svm.multiclass_probability(r)
     np.testing.assert_array_equal(got[False], got[True])
     assert np.isfinite(got[True][3:]).all()
+
+
+def test_decision_values_add_in_onnxruntimes_order():
+    """Each pair's decision value: float32 products added in order into a float64 sum from 0
+    (class i's vectors, then class j's), then rho, as onnxruntime's loop does; checked
+    bit for bit against that loop written out, on sums long and uneven enough that np.sum's
+    pairwise order would differ."""
+    from glassrt.kernels.cpu.svm import _SVMClassifier
+
+    rng = np.random.default_rng(21)
+    per_class, n_features = [130, 7, 64, 200], 3
+    k, n_sv = len(per_class), sum(per_class)
+    coefs = (rng.standard_normal((k - 1) * n_sv) * 10 ** rng.uniform(-4, 4, (k - 1) * n_sv)).astype(np.float32)
+    clf = _SVMClassifier({"classlabels_ints": list(range(k)), "coefficients": coefs.tolist(),
+                          "support_vectors": rng.standard_normal(n_sv * n_features).tolist(),
+                          "vectors_per_class": per_class, "rho": rng.standard_normal(k * (k - 1) // 2).tolist(),
+                          "kernel_type": "LINEAR", "kernel_params": [0.1, 0.0, 3]})
+    kv = (rng.standard_normal((5, n_sv)) * 10 ** rng.uniform(-3, 3, (5, n_sv))).astype(np.float32)
+    got = clf._decisions(kv)
+    coef = coefs.reshape(k - 1, n_sv)
+    start = np.concatenate([[0], np.cumsum(per_class)])
+    for row in range(len(kv)):
+        p = 0
+        for i in range(k):
+            for j in range(i + 1, k):
+                total = 0.0  # a Python float: IEEE double, added one product at a time
+                for m in range(start[i], start[i + 1]):
+                    total += float(np.float32(coef[j - 1, m] * kv[row, m]))
+                for m in range(start[j], start[j + 1]):
+                    total += float(np.float32(coef[i, m] * kv[row, m]))
+                total += float(np.float32(clf.rho[p]))
+                assert got[row, p] == total, (row, i, j)
+                p += 1
+    pairwise = (kv[:, :130] * coef[0, :130]).sum(axis=1, dtype=np.float64)
+    assert not np.array_equal(pairwise, np.add.accumulate((kv[:, :130] * coef[0, :130]).astype(np.float64), axis=1)[:, -1])

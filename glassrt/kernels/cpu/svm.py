@@ -453,6 +453,7 @@ class _SVMClassifier:
                     si, sj = slice(start[i], start[i + 1]), slice(start[j], start[j + 1])
                     self.pairs.append((i, j, si, self.coefs[j - 1, si], sj, self.coefs[i, sj]))
             self.prob_a, self.prob_b = prob_a[:self.n_pairs], prob_b[:self.n_pairs]
+            self._decision_tables()
         else:  # liblinear: one weight row per class, every score plus rho[0]
             self.svc = False
             self.kernel = _KernelFn(a, "LINEAR")
@@ -463,6 +464,37 @@ class _SVMClassifier:
             if not self.rho.size:
                 raise ValueError("SVMClassifier needs rho")
 
+    def _decision_tables(self):
+        """Each pair's support vectors and coefficients as one row of a table (class i's
+        then class j's, a leading 0 and trailing pads), for the decision values of every
+        pair at once (_decisions), and the one-hot columns of each pair's two classes."""
+        rows = [(np.r_[np.arange(si.start, si.stop), np.arange(sj.start, sj.stop)], np.r_[ci, cj])
+                for _, _, si, ci, sj, cj in self.pairs]
+        width = 1 + max(len(idx) for idx, _ in rows)
+        self._take = np.zeros((self.n_pairs, width), np.intp)
+        self._coef = np.zeros((self.n_pairs, width), F32)
+        self._pad = np.ones((self.n_pairs, width), bool)
+        for p, (idx, c) in enumerate(rows):
+            self._take[p, 1:1 + len(idx)], self._coef[p, 1:1 + len(idx)], self._pad[p, 1:1 + len(idx)] = idx, c, False
+        self._pad[:, 0] = False
+        self._rho64 = self.rho[:self.n_pairs].astype(np.float64)
+        self._first = np.zeros((self.n_pairs, self.k), np.int64)
+        self._second = np.zeros((self.n_pairs, self.k), np.int64)
+        for p, (i, j, *_rest) in enumerate(self.pairs):
+            self._first[p, i] = self._second[p, j] = 1
+        self._pi = np.array([i for i, *_rest in self.pairs], np.intp)
+        self._pj = np.array([j for _, j, *_rest in self.pairs], np.intp)
+
+    def _decisions(self, kv):
+        """Every pair's decision value [N, pairs] float64 as onnxruntime forms it: float32
+        products of each coefficient and kernel value, added in order (class i's vectors,
+        then class j's) into a float64 sum from 0, then rho. np.add.accumulate adds in that
+        order (np.sum's pairwise order is another); the table's leading column is the 0 and
+        its pads are -0.0, which leave any sum as it is."""
+        prod = (kv[:, self._take] * self._coef).astype(np.float64)
+        prod[:, self._pad] = -0.0
+        return np.add.accumulate(prod, axis=2)[:, :, -1] + self._rho64
+
     def __call__(self, x):
         x = _rows(x).astype(F32)
         if x.shape[1] != self.n_features:
@@ -471,24 +503,17 @@ class _SVMClassifier:
             return self._linear(x)
         kv = self.kernel(x, self.vectors)
         n = len(x)
-        decision = np.empty((n, self.n_pairs), np.float64)
-        votes = np.zeros((n, self.k), np.int64)
-        for p, (i, j, si, ci, sj, cj) in enumerate(self.pairs):
-            s = (kv[:, si] * ci).sum(axis=1, dtype=np.float64) + (kv[:, sj] * cj).sum(axis=1, dtype=np.float64)
-            s += np.float64(self.rho[p])
-            decision[:, p] = s
-            win = s > 0  # a positive decision value votes for the first class of the pair
-            votes[:, i] += win
-            votes[:, j] += ~win
+        decision = self._decisions(kv)
+        win = (decision > 0).astype(np.int64)  # a positive decision value votes for the first class of the pair
+        votes = win @ self._first + (1 - win) @ self._second
         label = self.labels[np.argmax(votes, axis=1)] if n else self.labels[:0]
         scores = decision.astype(F32)
         if self.have_proba:
             val = F32(1) - _logistic32(scores * self.prob_a + self.prob_b)
             val = np.minimum(np.maximum(val, F32(1e-7)), F32(1) - F32(1e-7))
             r = np.zeros((n, self.k, self.k), F32)
-            for p, (i, j, *_rest) in enumerate(self.pairs):
-                r[:, i, j] = val[:, p]
-                r[:, j, i] = F32(1) - val[:, p]
+            r[:, self._pi, self._pj] = val
+            r[:, self._pj, self._pi] = F32(1) - val
             return label, _transform_columns(multiclass_probability(r), self.post).astype(F32)
         if self.k > 2:
             return label, _transform_columns(scores, self.post).astype(F32)
