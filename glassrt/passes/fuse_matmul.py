@@ -4,14 +4,16 @@
 
 each step optional, in that order: attention scores (MatMul, Div by √d, Add the mask), the
 projections (MatMul, Add bias [, Add the residual]), the feed-forward's first half (MatMul,
-Add bias, Gelu). And a Gemm followed by an activation (a classifier's hidden layers, the small
-MLPs of wake-word and voice models: Gemm → Relu → Gemm → Sigmoid), as onnxruntime's FusedGemm:
+Add bias, Gelu). And a Gemm followed by an activation (a classifier's hidden layers, the
+small MLPs of wake-word and voice models: Gemm → Relu → Gemm → Sigmoid), as onnxruntime's
+FusedGemm:
 
     Gemm(A, B, C; alpha, beta, transB) → activation
 
 becomes FusedMatMul(A, B or a transposed view of it, beta·C as bias or Z; alpha, activation),
-for a constant B and A not transposed; beta·C is a constant made here where beta is not 1. The fused kernels apply the steps as the product is written (oneDNN's
-post-ops) or in place on it (cpu): no intermediate value, no extra pass over memory.
+for a constant B and A not transposed; beta·C is a constant made here where beta is not 1.
+The fused kernels apply the steps as the product is written (oneDNN's post-ops) or in place
+on it (cpu): no intermediate value, no extra pass over memory.
 
 bias is a constant that broadcasts along the last dim only; Z any value that broadcasts into
 the product's shape without enlarging it. Only float32 and float64 products are fused (the

@@ -77,18 +77,23 @@ def loop(ctx):
     return step
 
 
+def _scan_attrs(ctx):
+    """(states, scan inputs, scan outputs, their axes and directions) of a Scan (opset 9 on)."""
+    n_scan = int(ctx.attrs["num_scan_inputs"])
+    n_state = len(ctx.node.inputs) - n_scan
+    n_out_scan = len(ctx.node.outputs) - n_state
+    return (n_state, n_scan, n_out_scan, list(ctx.attrs.get("scan_input_axes") or [0] * n_scan),
+            list(ctx.attrs.get("scan_input_directions") or [0] * n_scan),
+            list(ctx.attrs.get("scan_output_axes") or [0] * n_out_scan),
+            list(ctx.attrs.get("scan_output_directions") or [0] * n_out_scan))
+
+
 @kernel("Scan", bind=True, multi=True, versions=(9, None))
 def scan(ctx):
     runner = ctx.session.runner("body")
     body = runner.placement.graph
     names = [v.name for v in body.inputs]
-    n_scan = int(ctx.attrs["num_scan_inputs"])
-    n_state = len(ctx.node.inputs) - n_scan
-    in_axes = list(ctx.attrs.get("scan_input_axes") or [0] * n_scan)
-    in_dirs = list(ctx.attrs.get("scan_input_directions") or [0] * n_scan)
-    n_out_scan = len(ctx.node.outputs) - n_state
-    out_axes = list(ctx.attrs.get("scan_output_axes") or [0] * n_out_scan)
-    out_dirs = list(ctx.attrs.get("scan_output_directions") or [0] * n_out_scan)
+    n_state, _, n_out_scan, in_axes, in_dirs, out_axes, out_dirs = _scan_attrs(ctx)
     body_types = runner.placement.inference.types
     out_names = [v.name for v in body.outputs[n_state:]]
 
@@ -132,7 +137,7 @@ def scan(ctx):
 def _independent_iterations(ctx):
     """None where the Scan's iterations can run at once (scan_batched.py), else why not."""
     n_state = len(ctx.node.inputs) - int(ctx.attrs.get("num_scan_inputs", 0))
-    why = scan_batched.why_not(ctx.attrs.get("body"), n_state, ctx.opset)
+    why = scan_batched.why_not(ctx.attrs.get("body"), n_state)
     return None if why is None else f"iterations run one by one: {why}"
 
 
@@ -143,13 +148,7 @@ def scan_all_at_once(ctx):
     run once over every iteration's slice (scan_batched.py); the loop where it cannot be."""
     loop = scan(ctx)
     body = ctx.session.runner("body").placement.graph
-    n_scan = int(ctx.attrs["num_scan_inputs"])
-    n_state = len(ctx.node.inputs) - n_scan
-    in_axes = list(ctx.attrs.get("scan_input_axes") or [0] * n_scan)
-    in_dirs = list(ctx.attrs.get("scan_input_directions") or [0] * n_scan)
-    n_out_scan = len(ctx.node.outputs) - n_state
-    out_axes = list(ctx.attrs.get("scan_output_axes") or [0] * n_out_scan)
-    out_dirs = list(ctx.attrs.get("scan_output_directions") or [0] * n_out_scan)
+    n_state, _, _, in_axes, in_dirs, out_axes, out_dirs = _scan_attrs(ctx)
 
     def step(*args):
         ins, outer = _split_outer(ctx, args)

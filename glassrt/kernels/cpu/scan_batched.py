@@ -42,7 +42,7 @@ OPS = frozenset({"Identity", *ELEMENTWISE, *REDUCTIONS})
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def why_not(body: Graph, n_state: int, opset: int) -> str | None:
+def why_not(body: Graph, n_state: int) -> str | None:
     """None where the body's iterations are independent and it is made of OPS; else why not."""
     if not isinstance(body, Graph):
         return "no body graph"
