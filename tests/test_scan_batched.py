@@ -149,3 +149,22 @@ def test_integer_values_take_the_loop_and_an_empty_scan_gives_empty_outputs():
     got = glassrt.InferenceSession(m.SerializeToString()).run(None, empty)
     assert got[1].shape[0] == 0
     np.testing.assert_array_equal(got[0], empty["X"])
+
+
+def test_a_reduction_over_an_empty_axis_gives_the_loops_identity(monkeypatch):
+    """ReduceMax over a zero-length axis in every iteration: -inf, as the loop's kernel gives
+    (reduce.py's own reductions make the batched values too)."""
+    body = helper.make_graph([helper.make_node("Identity", ["s_in"], ["s_out"]),
+                              helper.make_node("Add", ["s_in", "row"], ["t"]),
+                              helper.make_node("ReduceMax", ["t"], ["m"], axes=[1], keepdims=0)],
+                             "body", [tensor("s_in", [3, 0]), tensor("row", [0])], [tensor("s_out", [3, 0]), tensor("m", None)])
+    node = helper.make_node("Scan", ["s", "rows"], ["s_final", "ms"], body=body, num_scan_inputs=1, name="scan")
+    m = model([node], [tensor("s", [3, 0]), tensor("rows", [4, 0])], [tensor("s_final", None), tensor("ms", None)],
+              opset=17)
+    feeds = {"s": np.zeros((3, 0), np.float32), "rows": np.zeros((4, 0), np.float32)}
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    assert _scan_kernel(sess)["kernel"] == "cpu.Scan.all_at_once"
+    got = sess.run(None, feeds)
+    for g, loop in zip(got, _loop_results(monkeypatch, m, feeds)):
+        np.testing.assert_array_equal(g, loop)
+    assert got[1].shape == (4, 3) and (got[1] == -np.inf).all()

@@ -278,66 +278,52 @@ class GraphRunner:
     @contextlib.contextmanager
     def repeated(self, outer: dict | None):
         """run(feeds) for a control-flow node's iterations (Loop, Scan, SequenceMap), all with
-        the same `outer` values: the plan is checked out once and kept while the iterations'
-        feeds keep their names, shapes and dtypes, instead of a signature over every feed and
-        outer value, a check-out and a check-in per iteration (~5 us each time: a Scan over
-        300 training rows, scikit-learn's nearest neighbours as skl2onnx writes them, ran 14
-        us an iteration). Feeds that are not all arrays take run's own path."""
-        base = {n: outer[n] for n in self.outer_names if n in outer} if outer else {}
-        held = [None, None]  # the feeds' key, the plan checked out for it
-
-        def run(feeds: dict) -> list:
-            key = []
-            for n, v in feeds.items():
-                if type(v) is not np.ndarray:
-                    return self.run(feeds, outer)
-                key.append((n, v.shape, v.dtype))
-            key = tuple(key)
-            merged = {**base, **feeds}
-            if key != held[0]:
-                if held[1] is not None:
-                    self._checkin(held[1])
-                    held[:] = None, None
-                held[1] = self._checkout(merged)
-                held[0] = key
-            return run_plan(held[1], merged, nested=True)
-
+        the same `outer` values: one HeldPlan for the node's run, so the plan is checked out
+        once and kept while the iterations' feeds keep their names, shapes and dtypes
+        (a signature over every feed and outer value, a check-out and a check-in per
+        iteration cost ~5 us each time: a Scan over 300 training rows, scikit-learn's nearest
+        neighbours as skl2onnx writes them, ran 14 us an iteration)."""
+        held = HeldPlan(self, {n: outer[n] for n in self.outer_names if n in outer} if outer else None)
         try:
-            yield run
+            yield held.run
         finally:
-            if held[1] is not None:
-                self._checkin(held[1])
+            held.release()
 
 
 class HeldPlan:
-    """A (sub)graph's plan kept checked out by the one node that runs it once per run of its
-    own plan (an If's branch), while the values it is fed keep their names, shapes and
-    dtypes: a run then skips GraphRunner.run's signature over every feed and outer value
-    and its check-out and check-in (11 of the 46 us the verifier branch of openWakeWord's
-    hey-jarvis took, its ten weights read from the enclosing graph). The node's own plan
-    runs on one thread at a time, so the plan it holds does too; another plan of the
-    enclosing graph (a twin run by another thread) holds its own. Checked in when the
-    holder goes."""
+    """A (sub)graph's plan kept checked out while the values it is fed keep their names,
+    shapes and dtypes: a run then skips GraphRunner.run's signature over every feed and
+    outer value and its check-out and check-in. For a node that runs the graph once per run
+    of its own plan (an If's branch: 11 of the 46 us the verifier branch of openWakeWord's
+    hey-jarvis took, its ten weights read from the enclosing graph), held for the node's
+    life; for a loop's iterations (`GraphRunner.repeated`), held for the node's run. The
+    holder's own plan runs on one thread at a time, so the plan it holds does too; another
+    plan of the enclosing graph (a twin run by another thread) holds its own. Checked in
+    when the shapes change, by release, or when the holder goes.
 
-    __slots__ = ("runner", "key", "plan")
+    `base`: values fed at every run, the same while held (a loop's outer values), left out
+    of the key."""
 
-    def __init__(self, runner: GraphRunner):
-        self.runner, self.key, self.plan = runner, None, None
+    __slots__ = ("runner", "base", "key", "plan")
 
-    def run(self, outer: dict) -> list:
-        """The (sub)graph's outputs for `outer` ({name: value} of what it reads from outside)."""
-        feeds = {n: outer[n] for n in self.runner.outer_names if n in outer}
+    def __init__(self, runner: GraphRunner, base: dict | None = None):
+        self.runner, self.base, self.key, self.plan = runner, base, None, None
+
+    def run(self, feeds: dict) -> list:
+        """The (sub)graph's outputs for `feeds` (with `base`). Feeds that are not all arrays
+        (a sequence, a scalar, None) take GraphRunner.run's own path."""
         key = []
         for n, v in feeds.items():
             if type(v) is not np.ndarray:
-                return self.runner.run({}, outer)  # (a sequence, a scalar, None: run's own path)
+                return self.runner.run(feeds, self.base)
             key.append((n, v.shape, v.dtype))
         key = tuple(key)
+        merged = {**self.base, **feeds} if self.base else feeds
         if key != self.key:
             self.release()
-            self.plan = self.runner._checkout(feeds)
+            self.plan = self.runner._checkout(merged)
             self.key = key
-        return run_plan(self.plan, feeds, nested=True)
+        return run_plan(self.plan, merged, nested=True)
 
     def release(self) -> None:
         plan, self.plan, self.key = self.plan, None, None

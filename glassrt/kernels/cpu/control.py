@@ -27,7 +27,7 @@ def if_(ctx):
         if cond is None or np.size(cond) != 1:
             raise ValueError(f"If condition must hold exactly one element, got shape {np.shape(cond)}")
         branch = then_b if bool(np.asarray(cond).reshape(-1)[0]) else else_b
-        return tuple(branch.run(outer))
+        return tuple(branch.run({n: outer[n] for n in branch.runner.outer_names if n in outer}))
 
     return step
 
@@ -136,8 +136,7 @@ def scan(ctx):
 
 def _independent_iterations(ctx):
     """None where the Scan's iterations can run at once (scan_batched.py), else why not."""
-    n_state = len(ctx.node.inputs) - int(ctx.attrs.get("num_scan_inputs", 0))
-    why = scan_batched.why_not(ctx.attrs.get("body"), n_state)
+    why = scan_batched.why_not(ctx.attrs.get("body"), _scan_attrs(ctx)[0])
     return None if why is None else f"iterations run one by one: {why}"
 
 

@@ -104,11 +104,11 @@ _acc = {np.dtype(np.float16): np.float32}
 _add, _max, _min, _prod = np.add.reduce, np.maximum.reduce, np.minimum.reduce, np.multiply.reduce
 
 
-def _sum(x, ax, keep):
+def sum_(x, ax, keep):
     return _add(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, x.dtype))
 
 
-_reducer("ReduceSum", _sum, into=_same_type(_add, typed=True))
+_reducer("ReduceSum", sum_, into=_same_type(_add, typed=True))
 def _mean_into(x, ax, keep, out):
     """np.mean's own two steps (its sum, then a division by the count) straight into out:
     np.mean's Python wrapper cost ~10 us of a small ReduceMean (Silero VAD's)."""
@@ -120,15 +120,20 @@ def _mean_into(x, ax, keep, out):
 
 _reducer("ReduceMean", lambda x, ax, keep: np.mean(x, axis=ax, keepdims=keep, dtype=_acc.get(x.dtype, None)),
          into=_mean_into)
-_reducer("ReduceMax", _empty_ok(lambda x, ax, keep: _max(x, axis=ax, keepdims=keep), _low),
-         NUMERIC | {np.dtype(bool)}, into=_same_type(_max))
-_reducer("ReduceMin", _empty_ok(lambda x, ax, keep: _min(x, axis=ax, keepdims=keep), _high),
-         NUMERIC | {np.dtype(bool)}, into=_same_type(_min))
+# (named: scan_batched.py makes a body's reductions with these over all its iterations at once)
+max_or_low = _empty_ok(lambda x, ax, keep: _max(x, axis=ax, keepdims=keep), _low)
+min_or_high = _empty_ok(lambda x, ax, keep: _min(x, axis=ax, keepdims=keep), _high)
+_reducer("ReduceMax", max_or_low, NUMERIC | {np.dtype(bool)}, into=_same_type(_max))
+_reducer("ReduceMin", min_or_high, NUMERIC | {np.dtype(bool)}, into=_same_type(_min))
 _reducer("ReduceProd", lambda x, ax, keep: _prod(x, axis=ax, keepdims=keep, dtype=x.dtype),
          into=_same_type(_prod, typed=True))
 _reducer("ReduceL1", lambda x, ax, keep: _add(np.abs(x), axis=ax, keepdims=keep, dtype=x.dtype))
 _reducer("ReduceL2", lambda x, ax, keep: np.sqrt(_add(np.square(x.astype(np.float64)), axis=ax, keepdims=keep)))
-_reducer("ReduceSumSquare", lambda x, ax, keep: _add(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype),
+def sum_square(x, ax, keep):
+    return _add(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype)
+
+
+_reducer("ReduceSumSquare", sum_square,
          into=lambda x, ax, keep, out: _add(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype, out=out)
          if out.dtype == x.dtype else None)
 _reducer("ReduceLogSum", lambda x, ax, keep: np.log(_add(x, axis=ax, keepdims=keep, dtype=np.float64)), FLOATS_BF16)

@@ -28,16 +28,15 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import Graph
+from . import reduce
 
 CHUNK_BYTES = 8 << 20
 
-_add, _max, _min = np.add.reduce, np.maximum.reduce, np.minimum.reduce
+# the ufuncs the cpu kernels call (elementwise.py), and reduce.py's own reductions
 ELEMENTWISE = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
                "Neg": np.negative, "Abs": np.abs, "Sqrt": np.sqrt}
-REDUCTIONS = {"ReduceSum": lambda x, ax, keep: _add(x, axis=ax, keepdims=keep, dtype=x.dtype),
-              "ReduceSumSquare": lambda x, ax, keep: _add(np.square(x), axis=ax, keepdims=keep, dtype=x.dtype),
-              "ReduceMax": lambda x, ax, keep: _max(x, axis=ax, keepdims=keep),
-              "ReduceMin": lambda x, ax, keep: _min(x, axis=ax, keepdims=keep)}
+REDUCTIONS = {"ReduceSum": reduce.sum_, "ReduceSumSquare": reduce.sum_square, "ReduceMax": reduce.max_or_low,
+              "ReduceMin": reduce.min_or_high}
 OPS = frozenset({"Identity", *ELEMENTWISE, *REDUCTIONS})
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
