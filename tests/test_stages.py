@@ -658,3 +658,27 @@ def test_values_folding_computes_make_the_plans_shapes_static():
     plan = next(iter(sess.runner.plans.values()))
     assert plan.types["y"].shape == (1, 13)
     assert not [st.node.op_type for st in plan.steps if isinstance(st.fn, _DynamicStep)]
+
+
+def test_readers_index_is_reused_only_for_the_same_nodes():
+    """passes/_rewrite.Readers keeps the latest node list's index while the passes run: the
+    same nodes in the same order reuse it; a list changed in place, another order, or other
+    graph outputs index again; run_pipeline drops it at the end."""
+    from dataclasses import replace
+
+    from glassrt.passes._rewrite import Readers
+
+    g = _graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+                helper.make_node("Abs", ["a"], ["y"])], [tensor("x", [2])], [tensor("y", [2])])
+    nodes = list(g.nodes)
+    first = Readers(g, nodes)
+    assert Readers(g, list(nodes)).by_value is first.by_value  # (another list, the same nodes)
+    assert [n.op_type for n in first.by_value["a"]] == ["Neg", "Abs"]
+    nodes[1] = replace(nodes[1], inputs=["x"])  # changed in place: indexed again
+    again = Readers(g, nodes)
+    assert again.by_value is not first.by_value and [n.op_type for n in again.by_value["a"]] == ["Abs"]
+    assert Readers(g, nodes[::-1]).by_value is not again.by_value
+    other_outputs = replace(g, outputs=g.outputs + [g.inputs[0]])
+    assert Readers(other_outputs, nodes[::-1]).single("x") is None  # (a graph output has no single reader)
+    run_passes(g, SessionOptions(), providers_mod.make(["cpu"], []), lambda graph, reuse=None: infer(graph, {}))
+    assert Readers._last is None

@@ -184,16 +184,19 @@ def _meta_one_value(t, what, dtypes=None):
     """The meta-time checks of a per-tensor scale or zero point (t None: omitted)."""
     if t is None:
         return
-    if dtypes is not None:
-        _require(t.dtype in dtypes, f"{what} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if t.shape is not None and all(isinstance(d, int) for d in t.shape):
-        _require(len(t.shape) == 0 or tuple(t.shape) == (1,),
-                 f"{what} must be a scalar (per-tensor), got shape {list(t.shape)}")
+    # (explicit ifs, not _require: its message, naming dtypes, would be formatted at every
+    # check, ~4 us a dtype, several per node and inference of an 8-bit model)
+    if dtypes is not None and t.dtype not in dtypes:
+        raise ValueError(f"{what} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if t.shape is not None and all(isinstance(d, int) for d in t.shape) \
+            and not (len(t.shape) == 0 or tuple(t.shape) == (1,)):
+        raise ValueError(f"{what} must be a scalar (per-tensor), got shape {list(t.shape)}")
 
 
 def _meta_zero_point(z, dt, what):
     if z is not None:
-        _require(z.dtype == dt, f"{what} is {z.dtype} but the data it belongs to is {dt}: they must match")
+        if z.dtype != dt:
+            raise ValueError(f"{what} is {z.dtype} but the data it belongs to is {dt}: they must match")
         _meta_one_value(z, what)
 
 
@@ -226,8 +229,10 @@ qlinear_mul = custom_op(f"{MS}::QLinearMul{_BINARY}", dtypes=Q8)
 
 
 def _binary_meta(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp):
-    _require(a.dtype in (U8, I8), f"A must be uint8 or int8, got {a.dtype}")
-    _require(b.dtype == a.dtype, f"B is {b.dtype} but A is {a.dtype}: they must match")
+    if a.dtype not in (U8, I8):
+        raise ValueError(f"A must be uint8 or int8, got {a.dtype}")
+    if b.dtype != a.dtype:
+        raise ValueError(f"B is {b.dtype} but A is {a.dtype}: they must match")
     for s, what in ((a_scale, "A_scale"), (b_scale, "B_scale"), (c_scale, "C_scale")):
         _meta_one_value(s, what, [F32])
     for z, what in ((a_zp, "A_zero_point"), (b_zp, "B_zero_point"), (c_zp, "C_zero_point")):
@@ -519,7 +524,8 @@ def _integer_average(x, sx, zx, sy, zy, dt, axes):
 
 
 def _pool_meta_checks(x, x_scale, x_zp, y_scale, y_zp):
-    _require(x.dtype in (U8, I8), f"X must be uint8 or int8, got {x.dtype}")
+    if x.dtype not in (U8, I8):
+        raise ValueError(f"X must be uint8 or int8, got {x.dtype}")
     _require(x.shape is None or len(x.shape) >= 3, f"X must have rank 3 or more, got rank {len(x.shape or ())}")
     _meta_one_value(x_scale, "x_scale", [F32])
     _meta_one_value(y_scale, "y_scale", [F32])
@@ -978,12 +984,16 @@ def _column_param(p, n, what):
 
 @qgemm.register_meta
 def _qgemm_meta(a, a_scale, a_zp, b, b_scale, b_zp, c, y_scale, y_zp, alpha, transA, transB):
-    _require(a.dtype in (U8, I8) and b.dtype in (U8, I8), f"A and B must be uint8 or int8, got {a.dtype}, {b.dtype}")
+    if a.dtype not in (U8, I8) or b.dtype not in (U8, I8):
+        raise ValueError(f"A and B must be uint8 or int8, got {a.dtype}, {b.dtype}")
     _meta_one_value(a_scale, "a_scale", [F32])
     _meta_zero_point(a_zp, a.dtype, "a_zero_point")
-    _require(b_scale.dtype == F32, f"b_scale must be float32, got {b_scale.dtype}")
-    _require(b_zp.dtype == b.dtype, f"b_zero_point is {b_zp.dtype} but B is {b.dtype}: they must match")
-    _require(c is None or c.dtype == I32, f"C must be int32, got {None if c is None else c.dtype}")
+    if b_scale.dtype != F32:
+        raise ValueError(f"b_scale must be float32, got {b_scale.dtype}")
+    if b_zp.dtype != b.dtype:
+        raise ValueError(f"b_zero_point is {b_zp.dtype} but B is {b.dtype}: they must match")
+    if c is not None and c.dtype != I32:
+        raise ValueError(f"C must be int32, got {c.dtype}")
     _meta_one_value(y_scale, "y_scale", [F32])
     _meta_zero_point(y_zp, a.dtype, "y_zero_point")
     out_dt = y_zp.dtype if y_zp is not None else F32

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ._rewrite import Readers
+
 LEVELS = ("none", "basic", "extended", "all")
 _RANK = {"required": 0, "basic": 1, "extended": 2, "all": 3}
 
@@ -101,14 +103,18 @@ def run_pipeline(graph, pipeline, ctx: PassContext, infer_types) -> tuple:
     inference is the final graph's too: `ctx.final_inference`, so the session does not
     infer the same graph twice."""
     records, typed = [], None
-    for p in pipeline:
-        if "types" in p.needs and typed is None:
-            inference = infer_types(graph)
-            ctx.types, ctx.values, typed = dict(inference.types), dict(inference.values), (graph, inference)
-        before = len(graph.nodes)
-        t0 = time.perf_counter()
-        graph, changes = p.fn(graph, ctx)
-        records.append(PassRecord(p.name, p.level, list(changes), before, len(graph.nodes), time.perf_counter() - t0))
+    try:
+        for p in pipeline:
+            if "types" in p.needs and typed is None:
+                inference = infer_types(graph)
+                ctx.types, ctx.values, typed = dict(inference.types), dict(inference.values), (graph, inference)
+            before = len(graph.nodes)
+            t0 = time.perf_counter()
+            graph, changes = p.fn(graph, ctx)
+            records.append(PassRecord(p.name, p.level, list(changes), before, len(graph.nodes),
+                                      time.perf_counter() - t0))
+    finally:
+        Readers.forget()  # (the index of the last node list: not kept past the passes)
     if typed is not None:
         ctx.first_inference = typed[1]
         if typed[0] is graph:

@@ -22,6 +22,8 @@ wraps, so the identity holds modulo 2**32 as onnxruntime's int32 accumulator wra
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..buffers import as_out
@@ -545,7 +547,7 @@ def _sums_bytes(ctx):
     (a new array per call was as many page faults as pages: 400 for a 112x112x32 layer)."""
     if ctx.shape(0) is None or ctx.out_shape(0) is None:
         return 0
-    return int(np.prod([int(d) for d in ctx.out_shape(0)])) * 4
+    return math.prod(int(d) for d in ctx.out_shape(0)) * 4
 
 
 @kernel("QLinearConv", provider="onednn", dtypes=_I8, out=True, bind=True, accepts=_qlinear_conv_reason,
@@ -575,7 +577,7 @@ def qlinear_conv(ctx):
     none32 = np.zeros((1, 1, m), np.int32)
     y_shape = [int(d) for d in ctx.out_shape(0)]
     ws = ctx.workspace
-    count = int(np.prod(y_shape))
+    count = math.prod(y_shape)
     sums = ws[:4 * count].view(np.int32).reshape(y_shape[0], *y_shape[2:], m) \
         if ws is not None and ws.nbytes >= 4 * count and ws.ctypes.data % 4 == 0 else None
 
@@ -615,8 +617,10 @@ def _make_requantizing(ctx, geometry):
     y_dt = ctx.dtype(7) if ctx.has(7) else ctx.dtype(0)
     m = int(w.shape[0])
     ws = ctx.shape(4)
-    if w.dtype != np.int8 or (wz is not None and wz.any()) or y_dt not in _I8 or ws is None \
-            or int(np.prod(ws)) not in (1, m) or any(ctx.dtype(i) != np.float32 for i in (1, 4, 6)):
+    # (math.prod of the shape, not np.prod: a few microseconds a call, twice per conv and plan)
+    n_scales = math.prod(ws) if ws is not None and all(type(d) is int for d in ws) else None
+    if w.dtype != np.int8 or n_scales not in (1, m) or y_dt not in _I8 \
+            or any(ctx.dtype(i) != np.float32 for i in (1, 4, 6)) or (wz is not None and wz.any()):
         return None
     b = ctx.const(8) if ctx.has(8) else None
     if ctx.has(8) and (b is None or b.shape != (m,) or b.dtype != np.int32):
@@ -624,7 +628,7 @@ def _make_requantizing(ctx, geometry):
     x_shape, k, begin, end, out_hw, strides, dil = geometry
     group = int(ctx.attrs.get("group", 1))
     return _RequantizingConv(x_shape, np.ascontiguousarray(w), group, strides, dil, begin, end, y_dt,
-                             int(np.prod(ws)) == m and m > 1, b is not None)
+                             n_scales == m and m > 1, b is not None)
 
 
 def _requantizing_conv(ctx, geometry):
