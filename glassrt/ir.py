@@ -127,11 +127,16 @@ class Node:
         return (self.domain, self.op_type)
 
     def subgraphs(self):
+        """An iterator over the node's subgraph attributes (If's branches, a loop's body).
+        (Not a generator: asked of every node by inference, folding and the passes, most
+        with no attribute that holds one.)"""
+        found = []
         for v in self.attrs.values():
             if isinstance(v, Graph):
-                yield v
+                found.append(v)
             elif isinstance(v, list):
-                yield from (g for g in v if isinstance(g, Graph))
+                found += [g for g in v if isinstance(g, Graph)]
+        return iter(found)
 
     def __repr__(self):
         return f"Node({self.op_type} '{self.name}': {self.inputs} -> {self.outputs})"

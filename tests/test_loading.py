@@ -147,3 +147,21 @@ def test_a_node_its_schema_refuses_is_an_invalid_model(op, inputs, outputs, says
     for providers in (["cpu"], None):
         with pytest.raises(glassrt.InvalidModelError, match=f"node 'n'.*{says}"):
             glassrt.InferenceSession(m, providers=providers)
+
+
+@pytest.mark.parametrize("where", ["input", "output", "attribute"])
+def test_names_that_are_not_utf8_are_refused_naming_the_node(where):
+    """ONNX is proto2: a string field holding invalid UTF-8 parses (as bytes); a node's input,
+    output or attribute name like that is refused, naming the node, not carried on."""
+    node = helper.make_node("Relu" if where != "attribute" else "LeakyRelu", ["x"], ["y"])
+    if where == "attribute":
+        node.attribute.append(helper.make_attribute("QQQQ", 0.1))
+    m = model([node], [tensor("x", [2])], [tensor("y", [2])])
+    name = {"input": b"x", "output": b"y", "attribute": b"QQQQ"}[where]
+    raw = m.SerializeToString()
+    # the name's one occurrence in the node (tag, length, bytes), replaced by as many invalid bytes
+    tag = {"input": b"\n", "output": b"\x12", "attribute": b"\n"}[where] + bytes([len(name)]) + name
+    assert tag in raw
+    bad = raw.replace(tag, tag[:2] + b"\xff" * len(name), 1)
+    with pytest.raises(glassrt.InvalidModelError, match="node 0.*not valid UTF-8"):
+        glassrt.InferenceSession(bad)

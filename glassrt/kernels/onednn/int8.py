@@ -118,11 +118,10 @@ class Int8Weights(Prepared):
                 self._packed[wmd] = packed_weights(self.bs, None, wmd)
             if len(self._steps) >= _PRIMITIVES_MAX:
                 self._steps.pop(next(iter(self._steps)))
-            one = lambda dt: dnnl.Memory(MemoryDesc.create((1,), dt, "a"), np.zeros(1, dt))  # noqa: E731
+            one = lambda dt: dnnl.vector(np.zeros(1, dt))  # noqa: E731
             args = {ARG_SRC: None, ARG_WEIGHTS: self._packed[wmd].memory, ARG_DST: None,
                     ARG_ATTR_SCALES | ARG_SRC: one(np.float32),
-                    ARG_ATTR_SCALES | ARG_WEIGHTS: dnnl.Memory(MemoryDesc.create((self.n,), np.float32, "a"),
-                                                               np.zeros(self.n, np.float32)),
+                    ARG_ATTR_SCALES | ARG_WEIGHTS: dnnl.vector(np.zeros(self.n, np.float32)),
                     ARG_ATTR_ZERO_POINTS | ARG_SRC: one(np.int32)}
             if np.dtype(y_dtype) != np.float32:
                 args[ARG_ATTR_ZERO_POINTS | ARG_DST] = one(np.int32)
@@ -383,14 +382,13 @@ class _RequantizingConv:
         step = self._steps.get(key)
         if step is None:
             pd, packed = self._pds.now(self.weights)
-            one = lambda dt, k: dnnl.Memory(MemoryDesc.create((k,), dt, "a"), np.zeros(k, dt))  # noqa: E731
             args = {ARG_SRC: None, ARG_WEIGHTS: packed.memory, ARG_DST: None,
-                    ARG_ATTR_SCALES | ARG_WEIGHTS: one(np.float32, self.n_scales),
-                    ARG_ATTR_ZERO_POINTS | ARG_SRC: one(np.int32, 1)}
+                    ARG_ATTR_SCALES | ARG_WEIGHTS: dnnl.vector(np.zeros(self.n_scales, np.float32)),
+                    ARG_ATTR_ZERO_POINTS | ARG_SRC: dnnl.vector(np.zeros(1, np.int32))}
             if self.quantized:
-                args[ARG_ATTR_ZERO_POINTS | ARG_DST] = one(np.int32, 1)
+                args[ARG_ATTR_ZERO_POINTS | ARG_DST] = dnnl.vector(np.zeros(1, np.int32))
             if self.bias:
-                args[ARG_BIAS] = one(np.float32, self.m)
+                args[ARG_BIAS] = dnnl.vector(np.zeros(self.m, np.float32))
             step = self._steps[key] = pd.primitive().bind(args)
         if self._written.get(key) is not params:
             xz, mult, bias, yz = params
