@@ -1460,3 +1460,33 @@ def test_qlinear_add_fused_loop_is_the_float64_emulation_on_every_code_pair():
             mq._qlinear_add_loop_fused(a, b, *args, fused)
             mq._qlinear_add_loop(a, b, *args, exact)
             np.testing.assert_array_equal(fused, exact)
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+def test_qlinear_add_numpy_steps_are_the_fma_definition_on_every_byte_pair(dt):
+    """QLinearAdd's NumPy steps (run where the compiled pass is not loaded yet) compute
+    saturate(fma(outer, r, fma(inner, r, c))) with _fma's roundings, on every pair of bytes,
+    with the operands broadcast as onnxruntime's loop hands them (either one a scalar)."""
+    from glassrt.contrib import microsoft_quant as mq
+
+    f32 = np.dtype(np.float32)
+    codes = np.arange(256, dtype=np.uint8).view(dt)
+    a_all, b_all = np.meshgrid(codes, codes, indexing="ij")
+    rng = np.random.default_rng(3)
+    for trial in range(12):
+        sa, sb, sc = (np.float32(rng.uniform(1e-3, 0.2)) for _ in range(3))
+        if trial % 3 == 0:
+            sc = np.float32(sa + sb)  # (sums land on halves more often)
+        za, zb, zc = (np.array(rng.integers(-128, 128) if dt == np.int8 else rng.integers(0, 256), dt) for _ in range(3))
+        for a, b in ((a_all, b_all), (a_all[:1, :1].reshape(()), b_all), (a_all[:, :1], b_all[:1, :]), (a_all, b_all[2:3, 5:6])):
+            ra, rb = sa / sc, sb / sc
+            if mq._scalar_input(a.shape, b.shape) == 0:
+                v = mq._fma(b, rb, mq._fma(a, ra, f32.type(zc) - mq._fma(rb, zb, ra * f32.type(za))))
+            else:
+                v = mq._fma(a, ra, mq._fma(b, rb, f32.type(zc) - mq._fma(ra, za, rb * f32.type(zb))))
+            want = mq._saturate(v, 0, np.dtype(dt))
+            out = np.empty(want.shape, dt)
+            got = mq._qlinear_add(a, sa, za, b, sb, zb, sc, zc, out=out)
+            assert got is out
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(mq._qlinear_add(a, sa, za, b, sb, zb, sc, zc), want)

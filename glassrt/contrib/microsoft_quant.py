@@ -280,13 +280,28 @@ def _qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp=None, c_scale=None, c_zp=Non
     dt, sa, za, sb, zb, sc, zc = _binary_params(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp)
     ra, rb = sa / sc, sb / sc  # float32 divisions
     a_scalar = _scalar_input(a.shape, b.shape) == 0  # decided on the whole shapes
+    if a_scalar:  # (inner, its ratio, outer, its ratio) of fma(outer, r, fma(inner, r, c))
+        order, c = (0, ra, 1, rb), F32.type(zc) - _fma(rb, zb, ra * F32.type(za))
+    else:
+        order, c = (1, rb, 0, ra), F32.type(zc) - _fma(ra, za, rb * F32.type(zb))
+    lo, hi = (F32.type(v) for v in _qrange(dt))
 
     def add(a, b):
-        if a_scalar:
-            v = _fma(b, rb, _fma(a, ra, F32.type(zc) - _fma(rb, zb, ra * F32.type(za))))
-        else:
-            v = _fma(a, ra, _fma(b, rb, F32.type(zc) - _fma(ra, za, rb * F32.type(zb))))
-        return _saturate(v, 0, dt)
+        # _fma's steps, each in one float64 buffer (8-bit x float32 products are exact there):
+        # the same roundings as _fma(outer, r, _fma(inner, r, c)) and _saturate(v, 0, dt),
+        # in half the passes
+        ab = (a, b)
+        t = np.empty(np.broadcast_shapes(a.shape, b.shape), F64)
+        np.multiply(ab[order[0]], F64.type(order[1]), out=t)
+        t += F64.type(c)
+        inner = t.astype(F32)
+        np.multiply(ab[order[2]], F64.type(order[3]), out=t)
+        t += inner
+        v = t.astype(F32)
+        np.fmax(v, lo, out=v)  # (a NaN becomes the minimum, as _saturate)
+        np.fmin(v, hi, out=v)
+        np.rint(v, out=v)
+        return v.astype(dt)
 
     return write_elementwise(out, add, a, b, limit=_TILE)
 
