@@ -572,3 +572,23 @@ def test_a_strided_view_binds_to_the_layout_the_primitive_asked_for():
         plain = D.matmul(D.MemoryDesc.create((1, 3, 6, 4), np.float32, "abcd"), D.MemoryDesc.from_array(kv),
                          D.MemoryDesc.from_array(y))
         plain.primitive().bind({D.ARG_SRC: qv, D.ARG_WEIGHTS: kv, D.ARG_DST: y})
+
+
+def test_handles_destroyed_after_the_modules_globals_are_cleared_raise_nothing(monkeypatch):
+    """The interpreter's exit clears module globals (sets them to None) before it destroys
+    what module-level caches still hold (the shared descriptors): a handle's destructor
+    then must neither raise ("Exception ignored in ... __del__" on the user's stderr) nor
+    call into a library that may be going."""
+    from glassrt.kernels.onednn import ahead
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    md = D.MemoryDesc.create((2,), np.float32, "a")
+    job = ahead.Job(None, 1)
+    job.handle = type(md.handle)(1)  # (a made primitive nobody claimed: must not be destroyed then)
+    for name in ("capi", "_exiting"):
+        monkeypatch.setattr(D, name, None)
+    monkeypatch.setattr(ahead, "_closing", None)
+    monkeypatch.setattr(ahead, "capi", None)
+    del md, job
+    assert seen == []

@@ -61,13 +61,13 @@ class Job:
         if capi.lib.dnnl_primitive_create(byref(h), self.pd.handle) == 0:
             self.handle = h
 
-    def __del__(self):  # made, never claimed (its descriptor went unused)
-        h = self.handle
-        if h is not None and h.value and not _closing and capi.lib is not None:
-            try:
-                capi.lib.dnnl_primitive_destroy(h)
-            except Exception:  # nothing a destructor could report to
-                pass
+    def __del__(self, _capi=capi):  # made, never claimed (its descriptor went unused)
+        try:  # (at the interpreter's exit _closing is True, or None once the module's globals are cleared)
+            h = self.handle
+            if h is not None and h.value and _closing is False and _capi.lib is not None:
+                _capi.lib.dnnl_primitive_destroy(h)
+        except Exception:  # nothing a destructor could report to
+            pass
 
 
 def submit(pd) -> Job | None:

@@ -83,13 +83,12 @@ def _lib():
     return capi.require()
 
 
-_exiting = False
+_exiting = [False]  # (a list: destructors keep it, see _Owned.__del__)
 
 
 @atexit.register
 def _at_exit():
-    global _exiting
-    _exiting = True  # handles still alive at exit are left to the OS
+    _exiting[0] = True  # handles still alive at exit are left to the OS
 
 
 class _Owned:
@@ -101,13 +100,15 @@ class _Owned:
     __slots__ = ()
     _destroy = ""
 
-    def __del__(self):
-        h = getattr(self, "handle", None)
-        if h is not None and h.value and not _exiting and capi.lib is not None:
-            try:
-                getattr(capi.lib, self._destroy)(h)
-            except Exception:  # nothing a destructor could report to
-                pass
+    def __del__(self, _exiting=_exiting, _capi=capi):
+        # (the module's state as default arguments: an object in a reference cycle is
+        # destroyed by the interpreter's last collection, after module globals are cleared)
+        try:
+            h = getattr(self, "handle", None)
+            if h is not None and h.value and not _exiting[0] and _capi.lib is not None:
+                getattr(_capi.lib, self._destroy)(h)
+        except Exception:  # nothing a destructor could report to
+            pass
 
 
 def _new_handle(create, *args) -> c_void_p:
