@@ -581,12 +581,17 @@ def test_pairwise_coupling_compiled_loop_gives_the_vectorized_twins_bits(monkeyp
     assert np.isfinite(got[True][3:]).all()
 
 
-def test_decision_values_add_in_onnxruntimes_order():
+@pytest.mark.parametrize("chunk_bytes", [None, 1])
+def test_decision_values_add_in_onnxruntimes_order(monkeypatch, chunk_bytes):
     """Each pair's decision value: float32 products added in order into a float64 sum from 0
     (class i's vectors, then class j's), then rho, as onnxruntime's loop does; checked
     bit for bit against that loop written out, on sums long and uneven enough that np.sum's
-    pairwise order would differ."""
+    pairwise order would differ. chunk_bytes=1: one row at a time (_DECISION_CHUNK_BYTES)."""
+    from glassrt.kernels.cpu import svm
     from glassrt.kernels.cpu.svm import _SVMClassifier
+
+    if chunk_bytes is not None:
+        monkeypatch.setattr(svm, "_DECISION_CHUNK_BYTES", chunk_bytes)
 
     rng = np.random.default_rng(21)
     per_class, n_features = [130, 7, 64, 200], 3

@@ -403,6 +403,9 @@ def _coupling_rows(r, out):
 # ---------------------------------------------------------------- SVMClassifier
 
 
+_DECISION_CHUNK_BYTES = 8 << 20  # (temporaries of _SVMClassifier._decisions per chunk of rows)
+
+
 class _SVMClassifier:
     def __init__(self, a):
         strings = bool(a.get("classlabels_strings"))
@@ -478,6 +481,7 @@ class _SVMClassifier:
             self._take[p, 1:1 + len(idx)], self._coef[p, 1:1 + len(idx)], self._pad[p, 1:1 + len(idx)] = idx, c, False
         self._pad[:, 0] = False
         self._rho64 = self.rho[:self.n_pairs].astype(np.float64)
+        self._chunk_rows = max(1, _DECISION_CHUNK_BYTES // (24 * self._take.size))  # (rows _decisions takes at once)
         self._first = np.zeros((self.n_pairs, self.k), np.int64)
         self._second = np.zeros((self.n_pairs, self.k), np.int64)
         for p, (i, j, *_rest) in enumerate(self.pairs):
@@ -490,7 +494,12 @@ class _SVMClassifier:
         products of each coefficient and kernel value, added in order (class i's vectors,
         then class j's) into a float64 sum from 0, then rho. np.add.accumulate adds in that
         order (np.sum's pairwise order is another); the table's leading column is the 0 and
-        its pads are -0.0, which leave any sum as it is."""
+        its pads are -0.0, which leave any sum as it is. Rows a chunk at a time: the
+        temporaries are ~24 bytes per row, pair and table column (a 10-class model's 45
+        pairs of a few hundred vectors each: megabytes a row)."""
+        step = self._chunk_rows
+        if kv.shape[0] > step:
+            return np.concatenate([self._decisions(kv[lo:lo + step]) for lo in range(0, kv.shape[0], step)])
         prod = (kv[:, self._take] * self._coef).astype(np.float64)
         prod[:, self._pad] = -0.0
         return np.add.accumulate(prod, axis=2)[:, :, -1] + self._rho64
