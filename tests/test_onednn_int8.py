@@ -728,3 +728,41 @@ def test_a_replayed_qlinear_conv_step_reads_the_values_its_arrays_hold_now(monke
         conv.fn(x, *consts_in_order, out=out)
         _within_a_code(out, want, share=1e-2)
     assert any(replays) == (x_dt == U8 and x_layout == "nhwc"), replays
+
+
+@needs_vnni
+def test_qlinear_conv_verdict_is_reached_once_per_types_and_constants(monkeypatch):
+    """Placement judges an 8-bit conv (on its stand-in batch of 1, three times), and a plan
+    for batch 1 finds that verdict rather than reaching it again; a plan for batch 2, other
+    types, reaches its own; a context with other constants of the same types, its own."""
+    from dataclasses import replace
+
+    from glassrt.ir import TensorType
+    from glassrt.kernels.onednn import int8
+    from glassrt.kernels.registry import BindContext
+
+    rng = rng_for("int8-qconv-verdict")
+    consts = _requantizing_consts(rng, 8, 16)
+    m = _qlinear_conv_model(consts, ("batch", 8, 12, 12), pads=[1, 1, 1, 1])
+    reference = glassrt.InferenceSession(m)
+    xs = [_codes(rng, U8, (n, 8, 12, 12)) for n in (1, 1, 2, 2)]
+    want = [reference.run(None, {"x": x})[0] for x in xs]
+    reached = []
+    now = int8._qlinear_conv_reason_now
+    monkeypatch.setattr(int8, "_qlinear_conv_reason_now", lambda ctx: reached.append(ctx.shape(0)) or now(ctx))
+    sess = glassrt.InferenceSession(m)
+    assert sess.placement.decisions["conv"].provider == "onednn"
+    assert reached == [(1, 8, 12, 12)]  # (asked three times)
+    for x, y in zip(xs, want):
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], y)
+    assert reached == [(1, 8, 12, 12), (2, 8, 12, 12)]
+
+    # a verdict is kept with the constants it read: the same types with another array, its own
+    node = sess.placement.decisions["conv"].node
+    types = [sess.placement.graph.types.get(i) for i in node.inputs], [TensorType(U8, (1, 16, 12, 12))]
+    w = np.zeros((16, 8, 3, 3), I8)
+    ctx = BindContext(node, dict(node.attrs), *types, [None, None, None, w] + [None] * 5)
+    assert ctx.verdict("probe", lambda: "first") == "first"
+    assert replace(ctx, layouts={}).verdict("probe", lambda: "again") == "first"  # (its derived contexts share them)
+    assert BindContext(node, dict(node.attrs), *types, [None, None, None, w.copy()] + [None] * 5,
+                       verdicts=ctx.verdicts).verdict("probe", lambda: "its own") == "its own"

@@ -32,6 +32,9 @@ from ..ir import TensorType
 before_first_run: list[Callable[[], None]] = []
 
 
+_VERDICTS_PER_NODE = 32  # (the oldest verdict on a node goes first)
+
+
 @dataclass
 class BindContext:
     """What a kernel sees when it is bound into a plan (shapes concrete when known)."""
@@ -50,12 +53,31 @@ class BindContext:
     # what a kernel worked out from this context, kept for its binding with the same one (a
     # plan asks a kernel's reason, then binds it): not copied by dataclasses.replace
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # the kernels' verdicts on this node (`verdict`), shared by the contexts made from this one
+    # with dataclasses.replace (placement's stand-ins) and handed on to plans (runtime/plan.py)
+    verdicts: dict = field(default_factory=dict, repr=False, compare=False)
 
     def cached(self, key, make):
         """make()'s result, made once per context and key."""
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
+
+    def verdict(self, key, make):
+        """make()'s result (a kernel's reason: a value, never an object a binding runs, which
+        plans must not share), made once per key for these types and these very constants,
+        whichever context of the node asks: placement asks a kernel three times and each plan
+        once more. The constants are kept with it, so that their ids stay theirs."""
+        k = (key, tuple(self.input_types), tuple(self.output_types), tuple(map(id, self.const_inputs)))
+        try:
+            hit = self.verdicts.get(k)
+        except TypeError:  # a type that cannot be a key: reached each time
+            return make()
+        if hit is None:
+            if len(self.verdicts) >= _VERDICTS_PER_NODE:  # (a model run at ever new shapes)
+                self.verdicts.pop(next(iter(self.verdicts)))
+            hit = self.verdicts[k] = (make(), tuple(self.const_inputs))
+        return hit[0]
 
     def layout(self, name) -> str:
         return self.layouts.get(name, "nchw") if name and self.layouts else "nchw"

@@ -44,6 +44,9 @@ class Decision:
     # know (an If body's values, of unknown rank): a plan, whose shapes are concrete, asks them
     # again (runtime/plan.py, _earlier_provider).
     earlier: tuple = field(default=(), repr=False, compare=False)
+    # The kernels' verdicts on the node reached while placing it (BindContext.verdict), each
+    # kept with its types and constants: a plan's context finds those of its own (plan.py).
+    verdicts: dict | None = field(default=None, repr=False, compare=False)
 
     @functools.cached_property
     def alternative(self) -> Decision | None:
@@ -203,7 +206,7 @@ def decide(node, types, values, providers, expansion_failure=None, batch=frozens
         if ks:
             passed_complete = any(not q.partial for q in providers[:rank])
             d = Decision(node, p.name, ks, why, list(rejected), fallback=passed_complete,
-                         earlier=tuple(q for q in shape_bound if q.device == p.device))
+                         earlier=tuple(q for q in shape_bound if q.device == p.device), verdicts=ctx.verdicts)
             if rank + 1 < len(providers) and (not accepted or p.partial):
                 # taken on shapes it cannot judge yet (symbolic), or by a partial provider
                 # whose kernels judge a plan's layouts too: the next providers' choice, for

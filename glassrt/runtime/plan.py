@@ -218,6 +218,8 @@ def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runn
                           [types.get(o) if o else None for o in node.outputs],
                           [consts.get(i) if i else None for i in node.inputs], contract=contract,
                           layouts=layouts)
+        if decision.verdicts is not None and decision.node is node:  # (placement's, for these types)
+            ctx.verdicts = decision.verdicts
         subgraphs = placement.subgraphs.get(node.name)
         if decision.earlier and is_static(ctx):
             decision = _earlier_provider(decision, ctx) or decision

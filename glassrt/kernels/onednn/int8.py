@@ -530,7 +530,12 @@ def conv_integer(ctx):
 
 def _qlinear_conv_reason(ctx):
     """As ConvInteger's; where the requantizing convolution applies and has a fast kernel, its
-    descriptor (the one the binding runs) answers, and no exact-sums descriptor is made."""
+    descriptor (the one the binding runs) answers, and no exact-sums descriptor is made.
+    A verdict (BindContext.verdict): it reads the node, its types and constants, no layout."""
+    return ctx.verdict("QLinearConv int8", lambda: _qlinear_conv_reason_now(ctx))
+
+
+def _qlinear_conv_reason_now(ctx):
     why = _conv_integer_reason(ctx, w_at=3, wz_at=5, impl=False)
     if why:
         return why
