@@ -6,6 +6,7 @@ per concrete input-shape signature (for the memory plan).
 """
 from __future__ import annotations
 
+import math
 from collections import ChainMap
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -127,6 +128,7 @@ def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_val
     try:
         check_ranks(ctx)
         out = contract.meta(ctx)
+        _no_negative_dims(ctx, node, out)
     except ShapeInferenceError as e:
         if strict or (_static_inputs(node, in_types) and not subgraph):
             raise
@@ -156,9 +158,21 @@ def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_val
         for o, v in zip(node.outputs, new_vals):
             if o and v is not None and v.size <= _MAX_VALUE:
                 t = types.get(o)
-                if isinstance(t, TensorType) and symbolic.all_static(t.shape) and v.size == int(np.prod(t.shape)):
+                if isinstance(t, TensorType) and symbolic.all_static(t.shape):
+                    if v.size != math.prod(t.shape):  # (a value rule at odds with the meta's shape: not trusted)
+                        continue
                     v = v.reshape(t.shape)
                 vals[o] = v
+
+
+def _no_negative_dims(ctx, node, out) -> None:
+    """A rule that worked a dim out below 0 (Tile's repeats, Resize's sizes, a sample count,
+    a pool's window... given as negative numbers): the node fails here, named, rather than
+    the run where its output is allocated."""
+    for o, t in zip(node.outputs, out or ()):
+        if isinstance(t, TensorType) and t.shape is not None and any(type(d) is int and d < 0 for d in t.shape):
+            ctx.fail(f"output '{o}' would have the shape {list(t.shape)}: a negative dim (from the node's "
+                     "attributes or constant inputs)")
 
 
 def _static_inputs(node, in_types) -> bool:

@@ -258,10 +258,17 @@ def equal_strings(a, b, *, out=None):
 @kernel("Div", dtypes=NUMERIC, out=True, inplace=True, **FOLLOWS)
 def div(a, b, *, out=None):
     if a.dtype.kind in "iu":
+        _no_zero_divisor(b, "division")
         # Tile by tile: the remainder reads `a` after the quotient is formed, and in place
         # the quotient's buffer is a's.
         return write_elementwise(out, _int_div, a, b)
     return np.divide(a, b, out=out)
+
+
+def _no_zero_divisor(b, what: str) -> None:
+    """Integer division by zero has no value (NumPy gives 0 and a warning; onnxruntime fails)."""
+    if not np.all(b):
+        raise ValueError(f"integer {what} by zero: B holds {np.size(b) - np.count_nonzero(b)} zero(s)")
 
 
 def _int_div(a, b):
@@ -276,6 +283,8 @@ def _int_div(a, b):
 @kernel("Mod", dtypes=NUMERIC, out=True, inplace=True)
 def mod(a, b, *, out=None, fmod=0):
     # fmod=0: the result takes the divisor's sign (Python %); fmod=1: the dividend's (C fmod).
+    if a.dtype.kind in "iu":
+        _no_zero_divisor(b, "modulo")
     return write_elementwise(out, np.fmod if fmod else np.mod, a, b)
 
 

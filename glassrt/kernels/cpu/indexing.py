@@ -559,11 +559,18 @@ def max_unpool(x, indices, output_shape=None, *, out=None, kernel_shape, pads=No
         raise ValueError(f"output_shape {shape} must have rank {x.ndim}")
     if indices.shape != x.shape:
         raise ValueError(f"indices shape {indices.shape} differs from X shape {x.shape}")
+    if shape[:2] != inferred[:2] or any(a < b for a, b in zip(shape[2:], inferred[2:])):
+        raise ValueError(f"output_shape {shape} is smaller than the {inferred} the unpooling needs "
+                         f"(or its batch and channels are not X's)")
     # Indices are flat positions in the tensor of the inferred shape (as MaxPool numbers
     # them). An explicit output_shape then places that tensor at its origin, as onnx's
     # reference and the node tests do (onnxruntime instead reads them in output_shape).
     total = int(np.prod(inferred, dtype=np.int64))
-    idx = _fix_indices(indices.reshape(-1), total)
+    idx = np.asarray(indices).reshape(-1).astype(np.int64, copy=False)
+    if idx.size and (idx.min() < 0 or idx.max() >= total):  # (MaxPool's indices: none negative)
+        bad = idx[(idx < 0) | (idx >= total)][0]
+        raise IndexError(f"index {bad} is out of range: indices are positions in the {total} elements "
+                         f"of the unpooled {inferred}")
     if out is not None and list(out.shape) == inferred:  # scattered straight into the buffer
         out.fill(0)
         out.reshape(-1)[idx] = x.reshape(-1)

@@ -388,6 +388,9 @@ def linear_classifier(ctx):
         n_rows = len(intercepts) if intercepts else coefs.size // max(c, 1)
         if coefs.size < n_rows * c:
             raise ValueError(f"{coefs.size} coefficients do not make {n_rows} rows (one per intercept) of {c} features")
+        if not intercepts and (n_rows == 0 or coefs.size % max(c, 1)):
+            raise ValueError(f"{coefs.size} coefficients do not make whole rows of {c} features (no intercepts "
+                             f"say how many rows)")
         return np.ascontiguousarray(coefs[:n_rows * c].reshape(n_rows, c).T)
 
     weights = PerShape(rows_of)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from ... import dtypes
-from ...ops.meta.shape import clamped_slice, constant_value, reshape_dims, uneven_split
+from ...ops.meta.shape import clamped_slice, constant_value, range_count, reshape_dims, uneven_split
 from ..registry import kernel
 from ._util import ALL, PerShape, as_out, contiguous, int_tuple, new_out, norm_axis
 
@@ -367,7 +367,7 @@ def constant_of_shape(shape, *, out=None, value=None):
 def range_(start, limit, delta, *, out=None):
     s, l, d = (float(v.reshape(-1)[0].astype(np.float64)) if v.dtype.kind in "fV" else int(v.reshape(-1)[0])
                for v in (start, limit, delta))
-    n = max(int(np.ceil((l - s) / d)), 0)
+    n = range_count(s, l, d)
     if start.dtype.kind in "iu":
         return as_out((s + np.arange(n, dtype=np.int64) * d).astype(start.dtype), out)
     # The ONNX function body accumulates in the input type: prev + delta, step after step.

@@ -11,9 +11,9 @@ UNARY_SAME = [
     "Round", "Sign", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
     "Atanh", "Erf", "Softplus", "Softsign", "Elu", "Selu", "LeakyRelu", "ThresholdedRelu",
     "HardSigmoid", "HardSwish", "Mish", "Gelu", "Celu", "Shrink", "Not", "BitwiseNot",
-    "LRN", "MeanVarianceNormalization", "Clip", "Trilu", "Swish",
+    "MeanVarianceNormalization", "Clip", "Trilu", "Swish",
 ]
-BINARY_SAME = ["Add", "Sub", "Mul", "Div", "Mod", "BitShift", "BitwiseAnd", "BitwiseOr",
+BINARY_SAME = ["Add", "Sub", "Mul", "Div", "Mod", "BitwiseAnd", "BitwiseOr",
                "BitwiseXor", "Max", "Min", "Sum", "Mean"]
 BINARY_BOOL = ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"]
 
@@ -100,6 +100,22 @@ def binary_same(ctx):
         return [ctx.tensor(ctx.dtype(0), _binary_shape(ctx))]
     shapes = [ctx.shape(i) for i in range(ctx.n_inputs) if ctx.has(i)]
     return [ctx.tensor(ctx.dtype(0), broadcast(ctx, *shapes))]
+
+
+@meta("BitShift")
+def bit_shift(ctx):
+    direction = ctx.attr("direction", None)
+    if direction not in ("LEFT", "RIGHT"):
+        ctx.fail(f"direction must be \"LEFT\" or \"RIGHT\", got {direction!r}")
+    return binary_same(ctx)
+
+
+@meta("LRN")
+def lrn(ctx):
+    size = int(ctx.attr("size", 0))
+    if size <= 0:
+        ctx.fail(f"size (the channels summed over) must be positive, got {size}")
+    return [ctx.tensor(ctx.dtype(0), ctx.shape(0))]
 
 
 @meta("Pow")

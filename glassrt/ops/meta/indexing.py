@@ -4,6 +4,8 @@ asking it imports the onnx package, ~35 ms of a session's creation, and builds i
 schema registry)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ... import symbolic
@@ -109,3 +111,27 @@ def non_max_suppression(ctx):
                 ctx.fail(f"boxes {symbolic.shape_str(boxes)} and scores {symbolic.shape_str(scores)} "
                          f"disagree on the {what}")
     return [ctx.tensor(np.int64, (symbolic.fresh("selected"), 3))]
+
+
+_EINSUM_TERM = re.compile(r"[A-Za-z]*(?:\.\.\.)?[A-Za-z]*")
+
+
+@meta("Einsum")
+def einsum(ctx):
+    """onnx's rule, once the equation is one: terms of letters with at most one ellipsis each,
+    one per input, and an output of distinct letters the inputs name (onnx's own inference
+    loops forever on "i1->i" or "......i->i")."""
+    eq = str(ctx.attr("equation", "")).replace(" ", "")
+    inputs, arrow, output = eq.partition("->")
+    terms = inputs.split(",")
+    if not all(_EINSUM_TERM.fullmatch(t) for t in terms) or (arrow and not _EINSUM_TERM.fullmatch(output)):
+        ctx.fail(f"equation {eq!r} is not einsum notation: terms of letters, each with at most one '...'")
+    if len(terms) != ctx.n_inputs:
+        ctx.fail(f"equation {eq!r} has {len(terms)} input term(s) for {ctx.n_inputs} input(s)")
+    letters = set("".join(terms).replace(".", ""))
+    out_letters = output.replace(".", "")
+    if arrow and (len(set(out_letters)) != len(out_letters) or not set(out_letters) <= letters):
+        ctx.fail(f"equation {eq!r}: the output names each letter once, and only letters of the inputs")
+    from ..onnx_meta import onnx_meta
+
+    return onnx_meta(ctx)

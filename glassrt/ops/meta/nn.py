@@ -104,6 +104,13 @@ def conv_transpose_geometry(x_shape, w_shape, attrs):
     if len(k) != nd or len(strides) != nd or len(dil) != nd or len(out_pad) != nd or len(pads) != 2 * nd:
         raise ValueError(f"kernel_shape {k}, strides {strides}, dilations {dil}, output_padding {out_pad} and "
                          f"pads {pads} must match the {nd} spatial dims")
+    if min(strides) <= 0 or min(dil) <= 0 or min(k) <= 0:
+        raise ValueError(f"kernel_shape {k}, strides {strides} and dilations {dil} must be positive")
+    if min(pads, default=0) < 0:
+        raise ValueError(f"pads {pads} must not be negative")
+    if any(not 0 <= op < max(s, d) for op, s, d in zip(out_pad, strides, dil)):
+        raise ValueError(f"output_padding {out_pad} must be at least 0 and smaller than the stride {strides} "
+                         f"or the dilation {dil}")
     in_sp = [int(v) if isinstance(v, (int, np.integer)) else v for v in x_shape[2:]]
     full = [s * (i - 1) + op + d * (kk - 1) + 1 for i, s, op, d, kk in zip(in_sp, strides, out_pad, dil, k)]
     if output_shape:
@@ -161,6 +168,11 @@ def pool(ctx):
     strides, dilations, pads, auto_pad = spatial_params(ctx, len(kernel), kernel)
     ceil_mode = bool(ctx.attr("ceil_mode", 0))
     n = len(kernel)
+    # (onnxruntime's pool attributes: a window is never all padding)
+    if any(k <= 0 for k in kernel):
+        ctx.fail(f"kernel_shape {kernel} must be positive")
+    if any(p < 0 or p >= kernel[i % n] for i, p in enumerate(pads)):
+        ctx.fail(f"pads {pads} must be at least 0 and smaller than the kernel {kernel}")
     out = tuple(x[:2]) + tuple(conv_out_dim(ctx, x[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + n],
                                             auto_pad, ceil_mode) for i in range(n))
     res = [ctx.tensor(ctx.dtype(0), out)]
@@ -174,6 +186,8 @@ def global_pool(ctx):
     x = ctx.shape(0)
     if x is None:
         return [ctx.tensor(ctx.dtype(0), None)]
+    if 0 in x[2:]:
+        ctx.fail(f"input {symbolic.shape_str(x)} has an empty spatial dim: nothing to pool")
     return [ctx.tensor(ctx.dtype(0), tuple(x[:2]) + (1,) * (len(x) - 2))]
 
 

@@ -168,8 +168,13 @@ def reshape(ctx):
 
 @values(["Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"])
 def reshape_values(ctx, out_types=None):
+    """The data's value, which inference reshapes to the meta's (static) shape; unknown where
+    the shape or axes come at run time (a constant reshaped by a fed shape is not the
+    constant: a plan that took it for one returned the data as it was, whatever the shape)."""
     v = ctx.value(0)
-    return [None] if v is None else [v]  # reshaped by the runtime to the meta shape
+    if v is None or (ctx.has(1) and ctx.value(1) is None):
+        return [None]
+    return [v]
 
 
 @meta("Flatten")
@@ -496,6 +501,17 @@ def constant_of_shape(ctx):
     return [ctx.tensor(dt, tuple(dims))]
 
 
+def range_count(start, limit, delta) -> int:
+    """How many values Range gives: ceil((limit - start) / delta), at least 0; exact for
+    integers (a float division rounds int64 bounds: INT64_MIN to INT64_MAX by INT64_MAX is 3
+    values, not 2)."""
+    if delta == 0:
+        raise ValueError("delta must not be 0")
+    if isinstance(start, int) and isinstance(limit, int) and isinstance(delta, int):
+        return max(-((start - limit) // delta), 0)
+    return max(int(np.ceil((limit - start) / delta)), 0)
+
+
 @meta("Range")
 def range_(ctx):
     vals = [ctx.const(i) for i in range(3)]
@@ -509,10 +525,10 @@ def range_(ctx):
             if isinstance(span, int) and isinstance(symbolic.normalize(delta), int) and delta != 0:
                 return [ctx.tensor(ctx.dtype(0), (max(-(-span // int(delta)), 0),))]
         return [ctx.tensor(ctx.dtype(0), (symbolic.fresh("range"),))]
-    start, limit, delta = (v.item() for v in vals)
+    start, limit, delta = (v.reshape(-1)[0].item() for v in vals)
     if delta == 0:
         ctx.fail("delta must not be 0")
-    return [ctx.tensor(ctx.dtype(0), (max(int(np.ceil((limit - start) / delta)), 0),))]
+    return [ctx.tensor(ctx.dtype(0), (range_count(start, limit, delta),))]
 
 
 @meta("NonZero")
