@@ -151,3 +151,10 @@ def test_einsum_equations_that_are_not_einsum_fail_at_once(equation):
     """onnx's own inference loops forever on the first two (onnxruntime hangs on them)."""
     x = np.ones(3, F32)
     _refused(_model("Einsum", {"x": x}, attrs=dict(equation=equation)), {"x": x}, "equation")
+
+
+def test_resize_crop_box_of_nan_fails_saying_so():
+    x = np.arange(16, dtype=F32).reshape(1, 1, 4, 4)
+    feeds = {"x": x, "roi": np.array([0, 0, np.nan, 0, 1, 1, 1, 1], F32), "sc": np.array([1, 1, 2, 2], F32)}
+    _refused(_model("Resize", feeds, attrs=dict(mode="nearest", coordinate_transformation_mode="tf_crop_and_resize")),
+             feeds, "NaN")

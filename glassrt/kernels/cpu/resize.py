@@ -124,6 +124,8 @@ class _ResizePlan:
             roi = [float(v) for v in np.asarray(roi).reshape(-1)]
             if len(roi) != 2 * len(axes):
                 raise ValueError(f"roi has {len(roi)} entries, expected {2 * len(axes)}")
+            if not all(math.isfinite(v) for v in roi):
+                raise ValueError(f"roi {roi} holds NaN or infinity: no crop box")
             for k, a in enumerate(axes):
                 full_roi[a] = (roi[k], roi[len(axes) + k])
         maps = []
