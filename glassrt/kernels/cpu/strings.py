@@ -175,17 +175,36 @@ def _translate_re2(p: str) -> str:
     return "".join(out)
 
 
+def _re2_fullmatch(pattern: str):
+    """RE2's fullmatch of `pattern` (google-re2, the engine onnxruntime runs: its syntax, and
+    time linear in the text, where Python's re backtracks: "(a+)+$" against 32 a's and a "!"
+    ran for minutes, a model's pattern hanging its session), or None without the package."""
+    try:
+        import re2
+    except ImportError:
+        return None
+    options = re2.Options()
+    options.log_errors = False  # (the error is raised here, not also printed by RE2)
+    try:
+        return re2.compile(pattern, options).fullmatch
+    except re2.error as e:
+        why = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise ValueError(f"invalid regex {pattern!r}: {why}") from None
+
+
 @kernel("RegexFullMatch", out=True, dtypes=STRING, bind=True)
 @computed_aside(bind=True)
 def regex_full_match(ctx):
     pattern = ctx.attrs.get("pattern")
     if pattern is None:
         raise ValueError("RegexFullMatch needs a pattern")
-    try:
-        # RE2's \d, \w, \s and \b are ASCII-only.
-        match = re.compile(_translate_re2(pattern), re.ASCII).fullmatch
-    except re.error as e:
-        raise ValueError(f"invalid regex {pattern!r}: {e}") from e
+    match = _re2_fullmatch(pattern)
+    if match is None:  # (no RE2 for this platform: Python's re, the syntax translated)
+        try:
+            # RE2's \d, \w, \s and \b are ASCII-only.
+            match = re.compile(_translate_re2(pattern), re.ASCII).fullmatch
+        except re.error as e:
+            raise ValueError(f"invalid regex {pattern!r}: {e}") from e
 
     def step(x):
         return np.fromiter((match(s) is not None for s in x.reshape(-1)), dtype=np.bool_,
