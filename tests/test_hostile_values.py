@@ -158,3 +158,48 @@ def test_resize_crop_box_of_nan_fails_saying_so():
     feeds = {"x": x, "roi": np.array([0, 0, np.nan, 0, 1, 1, 1, 1], F32), "sc": np.array([1, 1, 2, 2], F32)}
     _refused(_model("Resize", feeds, attrs=dict(mode="nearest", coordinate_transformation_mode="tf_crop_and_resize")),
              feeds, "NaN")
+
+
+# ---------------------------------------------------------------- ai.onnx.ml attributes (fuzz, round 2)
+
+TREE = dict(nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+            nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_values=[0.5, 0.0, 0.0],
+            nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0])
+REGRESSOR = dict(TREE, n_targets=1, target_treeids=[0, 0], target_nodeids=[1, 2], target_ids=[0, 0],
+                 target_weights=[1.0, 2.0])
+CLASSIFIER = dict(TREE, classlabels_int64s=[0, 1, 2], class_treeids=[0, 0], class_nodeids=[1, 2], class_ids=[0, 2],
+                  class_weights=[1.0, 1.0])
+XML = np.array([[0.0], [1.0], [2.0]], F32)
+
+
+def _ml(op, attrs, outs=("y",)):
+    return _model(op, {"x": XML}, attrs=attrs, outs=outs, domain="ai.onnx.ml")
+
+
+def test_a_valid_tree_still_runs():
+    for (y,) in _runs(_ml("TreeEnsembleRegressor", REGRESSOR), {"x": XML}):
+        assert y.reshape(-1).tolist() == [1.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("op, change, outs, phrase", [
+    ("TreeEnsembleRegressor", dict(target_weights=[1.0]), ("y",), "one each per weight"),
+    ("TreeEnsembleRegressor", dict(target_ids=[0]), ("y",), "one each per weight"),
+    ("TreeEnsembleRegressor", dict(nodes_values=[0.5]), ("y",), "node values"),
+    ("TreeEnsembleRegressor", dict(nodes_nodeids=[0, 1, 1]), ("y",), "same tree and node id"),
+    ("TreeEnsembleRegressor", dict(n_targets=0), ("y",), "n_targets is 0"),
+    ("TreeEnsembleClassifier", dict(class_weights=[1.0]), ("label", "prob"), "one each per weight"),
+    ("TreeEnsembleClassifier", dict(base_values=[0.5]), ("label", "prob"), "base_values for 3 classes"),
+])
+def test_tree_attribute_lists_that_do_not_line_up_fail(op, change, outs, phrase):
+    """One weight for two leaves was broadcast, a short id list cut the others short (zip),
+    one base value was added to every class: onnxruntime refuses such a model."""
+    base = REGRESSOR if op == "TreeEnsembleRegressor" else CLASSIFIER
+    _refused(_ml(op, {**base, **change}, outs), {"x": XML}, phrase)
+
+
+def test_linear_models_with_too_few_rows_or_intercepts_fail():
+    _refused(_ml("LinearClassifier", dict(coefficients=[1.0], classlabels_ints=[7, 8, 9]), ("label", "prob")),
+             {"x": XML}, "one row of coefficients")
+    _refused(_ml("LinearRegressor", dict(coefficients=[1.0, 2.0], intercepts=[0.5], targets=2)), {"x": XML},
+             "intercepts for 2 targets")
+    _refused(_ml("LinearRegressor", dict(coefficients=[1.0], targets=0)), {"x": XML}, "targets is 0")

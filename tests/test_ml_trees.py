@@ -131,8 +131,13 @@ def test_scikit_learn_forests_agree_with_onnxruntime(monkeypatch):
 
 
 @pytest.mark.parametrize("change, says", [
-    (dict(nodes_trueleafs=[1, 1], nodes_truenodeids=[0, 7]), "true child is node 9, of 2 branch nodes and 2 leaves"),
-    (dict(nodes_falseleafs=[0, 0], nodes_falsenodeids=[-3, 1]), "false child is node -3"),
+    (dict(nodes_trueleafs=[1, 1], nodes_truenodeids=[0, 7]), r"nodes_truenodeids\[1\] is 7, not a leaf of the 2"),
+    (dict(nodes_falseleafs=[0, 0], nodes_falsenodeids=[-3, 1]), r"nodes_falsenodeids\[0\] is -3, not a node"),
+    (dict(nodes_falseleafs=[0, 0], nodes_falsenodeids=[1, 2]), r"nodes_falsenodeids\[1\] is 2, not a node of the 2"),
+    (dict(tree_roots=[2]), r"tree_roots\[0\] is 2, not a node of the 2"),
+    (dict(leaf_targetids=[0]), "leaf_targetids.*leaf_weights"),
+    (dict(aggregate_function=-1), "aggregate_function -1"),
+    (dict(post_transform=5), "post_transform 5"),
     (dict(nodes_featureids=[0, -1]), "reads feature -1"),
 ])
 def test_a_hostile_tree_is_refused_naming_the_node_before_anything_runs(monkeypatch, change, says):

@@ -349,6 +349,9 @@ def linear_regressor(ctx):
     coefficients, targets = a.get("coefficients"), int(a.get("targets", 1))
     post_transform = a.get("post_transform", "NONE")
     intercepts = np.asarray(a["intercepts"], np.float64) if a.get("intercepts") else None
+    if targets < 1 or (intercepts is not None and intercepts.size != targets):
+        raise ValueError(f"{0 if intercepts is None else intercepts.size} intercepts for {targets} targets: "
+                         "one per target (or none), at least one target")
     # onnxruntime transforms a single target only with PROBIT
     transform = None if targets == 1 and post_transform != "PROBIT" else _transform(post_transform)
     weights = PerShape(lambda c: np.ascontiguousarray(_coefs(coefficients, targets, c).T))
@@ -388,6 +391,8 @@ def linear_classifier(ctx):
         n_rows = len(intercepts) if intercepts else coefs.size // max(c, 1)
         if coefs.size < n_rows * c:
             raise ValueError(f"{coefs.size} coefficients do not make {n_rows} rows (one per intercept) of {c} features")
+        if n_rows == 1 and n_classes != 2:
+            raise ValueError(f"one row of coefficients (a binary classifier) for {n_classes} class labels")
         if not intercepts and (n_rows == 0 or coefs.size % max(c, 1)):
             raise ValueError(f"{coefs.size} coefficients do not make whole rows of {c} features (no intercepts "
                              f"say how many rows)")
@@ -638,6 +643,10 @@ def _old_forest(a):
         if len(a.get(name) or []) != n:
             raise ValueError(f"{name} has {len(a.get(name) or [])} entries for {n} nodes")
     missing = list(a.get("nodes_missing_value_tracks_true") or [0] * n)
+    if len(values) != n or len(missing) != n:
+        raise ValueError(f"{len(values)} node values and {len(missing)} missing-value flags for {n} nodes")
+    if len(set(zip(tree_ids, node_ids))) != n:
+        raise ValueError("two nodes have the same tree and node id")
     is_leaf = np.array([m == "LEAF" for m in modes])
     for m in modes:
         if m != "LEAF" and m not in _OLD_MODES:
@@ -673,6 +682,10 @@ def _old_leaf_weights(a, prefix, leaf_of):
     tids, nids = a.get(f"{prefix}_treeids") or [], a.get(f"{prefix}_nodeids") or []
     w = a.get(f"{prefix}_weights_as_tensor")
     w = np.asarray(w).reshape(-1) if w is not None else np.asarray(a.get(f"{prefix}_weights") or [], np.float32)
+    ids = a.get(f"{prefix}_ids") or []
+    if not len(tids) == len(nids) == len(ids) == len(w):  # (one entry each per weight: none broadcast)
+        raise ValueError(f"{prefix}_treeids, {prefix}_nodeids, {prefix}_ids and {prefix}_weights have "
+                         f"{len(tids)}, {len(nids)}, {len(ids)} and {len(w)} entries: one each per weight")
     leaf = []
     for t, i in zip(tids, nids):
         if (t, i) not in leaf_of:
@@ -694,6 +707,8 @@ def tree_ensemble_regressor(ctx):
     forest, n_leaves, leaf_of = _old_forest(a)
     leaf, w = _old_leaf_weights(a, "target", leaf_of)
     n_targets = int(a["n_targets"])
+    if n_targets < 1:
+        raise ValueError(f"n_targets is {n_targets}")
     ens = _Ensemble(forest, n_leaves, n_targets, leaf, a.get("target_ids") or [], w, a.get("aggregate_function", "SUM"))
     base = _base_values(a)
     if base.size not in (0, n_targets):
@@ -727,6 +742,8 @@ def tree_ensemble_classifier(ctx):
     class_ids = list(a.get("class_ids") or [])
     ens = _Ensemble(forest, n_leaves, n_classes, leaf, class_ids, w, "SUM")
     base = _base_values(a)
+    if base.size not in (0, n_classes) and not (n_classes == 2 and base.size == 1):
+        raise ValueError(f"{base.size} base_values for {n_classes} classes")
     post = a.get("post_transform", "NONE")
     _transform(post)
     binary = n_classes == 2 and len(set(class_ids)) == 1
@@ -821,14 +838,32 @@ def tree_ensemble(ctx):
         if len(groups) < len(member_nodes):
             raise ValueError(f"membership_values has {len(groups)} sets for {len(member_nodes)} MEMBER nodes")
         members = {int(k): set(g) for k, g in zip(member_nodes, groups)}
-    forest = _Forest(feature, splits, modes, missing, np.where(tl, n + tn, tn), np.where(fl, n + fn, fn),
-                     list(a["tree_roots"]), members)
     weights = np.asarray(a["leaf_weights"]).reshape(-1).astype(np.float64)
     targets = list(a["leaf_targetids"])
-    agg = ["AVERAGE", "SUM", "MIN", "MAX"][int(a.get("aggregate_function", 1))]
+    roots = np.asarray(a["tree_roots"], np.int64).reshape(-1)
+    if len(targets) != len(weights):
+        raise ValueError(f"leaf_targetids has {len(targets)} entries for {len(weights)} leaf_weights")
+    # a root is a node; a child is a node (< n) or, flagged a leaf, a weight (< len(weights))
+    for name, ids, leafs in (("tree_roots", roots, np.zeros(len(roots), bool)), ("nodes_truenodeids", tn, tl),
+                             ("nodes_falsenodeids", fn, fl)):
+        bound = np.where(leafs, len(weights), n)
+        bad = (ids < 0) | (ids >= bound)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{name}[{k}] is {int(ids[k])}, not a {'leaf' if leafs[k] else 'node'} of the "
+                             f"{int(bound[k])} there are")
+    forest = _Forest(feature, splits, modes, missing, np.where(tl, n + tn, tn), np.where(fl, n + fn, fn),
+                     list(roots), members)
+    agg_code, post_code = int(a.get("aggregate_function", 1)), int(a.get("post_transform", 0))
+    if not 0 <= agg_code <= 3 or not 0 <= post_code < len(_TRANSFORM_CODES):
+        raise ValueError(f"aggregate_function {agg_code} (0-3) or post_transform {post_code} "
+                         f"(0-{len(_TRANSFORM_CODES) - 1}) is not one of the spec's")
+    agg = ["AVERAGE", "SUM", "MIN", "MAX"][agg_code]
     n_targets = int(a["n_targets"])
+    if n_targets < 1:
+        raise ValueError(f"n_targets is {n_targets}")
     ens = _Ensemble(forest, len(weights), n_targets, np.arange(len(weights)), targets, weights, agg)
-    post = _TRANSFORM_CODES[int(a.get("post_transform", 0))]
+    post = _TRANSFORM_CODES[post_code]
 
     def step(x):
         s, _ = ens.scores(_rows(x))

@@ -58,8 +58,22 @@ def ml_imputer(ctx):
 
 @meta("LinearRegressor", domain=ML)
 def ml_linear_regressor(ctx):
-    n = _batch(ctx)
-    return [ctx.tensor(np.float32, None if n is None else (n, int(ctx.attr("targets", 1))))]
+    n, targets = _batch(ctx), int(ctx.attr("targets", 1))
+    if targets < 1:
+        ctx.fail(f"targets is {targets}: at least one")
+    return [ctx.tensor(np.float32, None if n is None else (n, targets))]
+
+
+@meta(["TreeEnsembleRegressor", "TreeEnsemble"], domain=ML)
+def ml_tree_ensemble_regressor(ctx):
+    """onnx's rule, once n_targets is at least 1 (an output of no columns is known without
+    running the node: its kernel, which checks the trees, would never be asked)."""
+    n_targets = int(ctx.attr("n_targets", 1))
+    if n_targets < 1:
+        ctx.fail(f"n_targets is {n_targets}: at least one")
+    from ..onnx_meta import onnx_meta
+
+    return onnx_meta(ctx)
 
 
 @meta("LinearClassifier", domain=ML)
