@@ -201,7 +201,8 @@ def test_comparisons_and_logic_propagate_known_values():
              helper.make_node("Equal", ["n", "two"], ["e"]), helper.make_node("Not", ["e"], ["ne"]),
              helper.make_node("Less", ["n", "two"], ["lt"]), helper.make_node("Or", ["ne", "lt"], ["o"]),
              helper.make_node("Div", ["neg7", "two"], ["q"])]
-    m = model(nodes, [tensor("x", ["a", "b"])], [tensor(v, None) for v in ("e", "ne", "o", "q")],
+    m = model(nodes, [tensor("x", ["a", "b"])], [tensor(v, None, TensorProto.BOOL) for v in ("e", "ne", "o")]
+              + [tensor("q", None, TensorProto.INT64)],
               [init("two", np.array(2, np.int64)), init("neg7", np.array(-7, np.int64))])
     inf = infer(onnx_io.from_proto(m, None), {"x": TensorType(np.dtype(np.float32), (1, 128))})
     assert bool(inf.values["e"]) is True and bool(inf.values["ne"]) is False and bool(inf.values["o"]) is False

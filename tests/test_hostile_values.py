@@ -203,3 +203,79 @@ def test_linear_models_with_too_few_rows_or_intercepts_fail():
     _refused(_ml("LinearRegressor", dict(coefficients=[1.0, 2.0], intercepts=[0.5], targets=2)), {"x": XML},
              "intercepts for 2 targets")
     _refused(_ml("LinearRegressor", dict(coefficients=[1.0], targets=0)), {"x": XML}, "targets is 0")
+
+
+# ---------------------------------------------------------------- control flow and declared types
+
+def _graph_model(nodes, inputs, outputs, opset=17):
+    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs), opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+def _vi(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _const_body(name, value, out_elem):
+    """A body graph of no inputs giving `value` as `name`."""
+    return helper.make_graph([helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value))],
+                             f"{name}_g", [], [_vi(name, out_elem, list(value.shape))])
+
+
+def test_if_branches_of_two_element_types_fail():
+    then_ = _const_body("t", np.array([1.0], F32), TensorProto.FLOAT)
+    else_ = _const_body("e", np.array([1], np.int64), TensorProto.INT64)
+    m = _graph_model([helper.make_node("If", ["c"], ["y"], name="n0", then_branch=then_, else_branch=else_)],
+                     [_vi("c", TensorProto.BOOL, [])], [_vi("y", TensorProto.FLOAT, None)])
+    _refused(m, {"c": np.array(False)}, "one type")
+
+
+def _loop(body_nodes, body_inputs, body_outputs, trips=np.array(2, np.int64), outs=("y",)):
+    body = helper.make_graph(body_nodes, "body", body_inputs, body_outputs)
+    return _graph_model([helper.make_node("Loop", ["m", "c", "v"], list(outs), name="n0", body=body)],
+                        [_vi("m", helper.np_dtype_to_tensor_dtype(trips.dtype), list(trips.shape)),
+                         _vi("c", TensorProto.BOOL, []), _vi("v", TensorProto.FLOAT, [1])],
+                        [_vi(o, TensorProto.FLOAT, None) for o in outs])
+
+
+BODY_IN = [_vi("i", TensorProto.INT64, []), _vi("ci", TensorProto.BOOL, []), _vi("vi", TensorProto.FLOAT, [1])]
+
+
+@pytest.mark.parametrize("case, phrase", [
+    ("extra outputs", "expected cond"), ("float cond", "not bool"), ("carried type changes", "one type"),
+    ("float trip count", "trip count M"), ("trip count of two", "trip count M")])
+def test_loops_that_do_not_fit_their_body_fail(case, phrase):
+    feeds = {"m": np.array(2, np.int64), "c": np.array(True), "v": np.zeros(1, F32)}
+    ident = [helper.make_node("Identity", ["ci"], ["co"]), helper.make_node("Identity", ["vi"], ["vo"])]
+    outs = [_vi("co", TensorProto.BOOL, []), _vi("vo", TensorProto.FLOAT, [1])]
+    if case == "extra outputs":
+        m = _loop(ident + [helper.make_node("Identity", ["vi"], ["s1"]), helper.make_node("Identity", ["vi"], ["s2"])],
+                  BODY_IN, outs + [_vi("s1", TensorProto.FLOAT, [1]), _vi("s2", TensorProto.FLOAT, [1])])
+    elif case == "float cond":
+        m = _loop([helper.make_node("Cast", ["ci"], ["co"], to=TensorProto.FLOAT), ident[1]], BODY_IN,
+                  [_vi("co", TensorProto.FLOAT, []), outs[1]])
+    elif case == "carried type changes":
+        m = _loop([ident[0], helper.make_node("Cast", ["vi"], ["vo"], to=TensorProto.INT64)], BODY_IN,
+                  [outs[0], _vi("vo", TensorProto.INT64, [1])])
+    else:
+        trips = np.array(2.5, F32) if case == "float trip count" else np.array([2, 5], np.int64)
+        feeds["m"] = trips
+        m = _loop(ident, BODY_IN, outs, trips=trips)
+    _refused(m, feeds, phrase)
+
+
+def test_scan_directions_other_than_0_or_1_fail():
+    body = helper.make_graph([helper.make_node("Identity", ["s"], ["o"])], "body", [_vi("s", TensorProto.FLOAT, [])],
+                             [_vi("o", TensorProto.FLOAT, [])])
+    m = _graph_model([helper.make_node("Scan", ["x"], ["y"], name="n0", body=body, num_scan_inputs=1,
+                                       scan_input_directions=[7])],
+                     [_vi("x", TensorProto.FLOAT, [3])], [_vi("y", TensorProto.FLOAT, None)])
+    _refused(m, {"x": np.zeros(3, F32)}, "0 (forward) or 1 (reverse)")
+
+
+def test_a_graph_output_computed_as_another_type_than_declared_fails():
+    """onnxruntime's type inference refuses it; glassrt returned int64 for an output declared float."""
+    m = _graph_model([helper.make_node("Shape", ["x"], ["s"], name="n0")], [_vi("x", TensorProto.FLOAT, [2, 3])],
+                     [_vi("s", TensorProto.FLOAT, None)])
+    _refused(m, {"x": np.zeros((2, 3), F32)}, "declared")

@@ -110,7 +110,7 @@ def test_nested_list_feeds_take_the_declared_dtype_where_no_kind_changes():
     sess = glassrt.InferenceSession(m)
     y = sess.run(None, {"x": [[1.5, -2.0], [3, -4]]})[0]
     assert y.dtype == np.float32 and y.tolist() == [[1.5, 0.0], [3.0, 0.0]]
-    ids = model([helper.make_node("Neg", ["i"], ["o"])], [tensor("i", [2], TensorProto.INT64)], [tensor("o", None)],
+    ids = model([helper.make_node("Neg", ["i"], ["o"])], [tensor("i", [2], TensorProto.INT64)], [tensor("o", None, TensorProto.INT64)],
                 opset=17)
     assert glassrt.InferenceSession(ids).run(None, {"i": [1, 2]})[0].tolist() == [-1, -2]
     with pytest.raises(glassrt.InputTypeError, match="expected dtype tensor\\(int64\\), got tensor\\(double\\)"):

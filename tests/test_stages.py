@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 import glassrt
 from glassrt import onnx_io, symbolic
@@ -41,7 +41,7 @@ def _typed_placement(graph, providers=("cpu",)):
 def test_infer_keeps_symbolic_dims_and_propagates_shape_values():
     g = _graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Shape", ["h"], ["s"]),
                 helper.make_node("Reshape", ["x", "s2"], ["r"])],
-               [tensor("x", ["batch", 4])], [tensor("h", None), tensor("s", None), tensor("r", None)],
+               [tensor("x", ["batch", 4])], [tensor("h", None), tensor("s", None, TensorProto.INT64), tensor("r", None)],
                [init("w", np.ones((4, 3), np.float32)), init("s2", np.array([-1, 2], np.int64))])
     inf = infer(g, {}, strict=False)
     batch = symbolic.symbol("batch")
@@ -73,7 +73,7 @@ def test_infer_reuses_an_earlier_inference_only_where_a_node_and_its_inputs_are_
     g = _graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
                 helper.make_node("Shape", ["r"], ["s"], name="shape"),
                 helper.make_node("Reshape", ["r", "s2"], ["y"], name="reshape")],
-               [tensor("x", ["batch", 4])], [tensor("y", None), tensor("s", None)],
+               [tensor("x", ["batch", 4])], [tensor("y", None), tensor("s", None, TensorProto.INT64)],
                [init("w", np.ones((4, 6), np.float32)), init("s2", np.array([-1, 3], np.int64))])
     first = infer(g, {}, strict=False)
     ran = _counting_rules(monkeypatch)
@@ -575,13 +575,13 @@ def test_identity_and_inference_dropout_are_removed_where_safe():
              helper.make_node("Relu", ["c"], ["r"], name="relu"),
              helper.make_node("Dropout", ["r"], ["d", "mask"], name="drop_mask"),  # its mask is a graph output
              helper.make_node("Identity", ["r"], ["out"], name="id_out")]          # a graph output keeps its node
-    g = _graph(nodes, [tensor("x", [3])], [tensor("d", None), tensor("mask", None), tensor("out", None)], opset=9)
+    g = _graph(nodes, [tensor("x", [3])], [tensor("d", None), tensor("mask", None, TensorProto.BOOL), tensor("out", None)], opset=9)
     g2, changes = remove_identities(g)
     names = [n.name for n in g2.nodes]
     assert names == ["relu", "drop_mask", "id_out"] and len(changes) == 3
     assert g2.nodes[0].inputs == ["x"]
     x = np.array([-1.0, 0.5, 2.0], np.float32)
-    m = model(nodes, [tensor("x", [3])], [tensor("d", None), tensor("mask", None), tensor("out", None)], opset=9)
+    m = model(nodes, [tensor("x", [3])], [tensor("d", None), tensor("mask", None, TensorProto.BOOL), tensor("out", None)], opset=9)
     got = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})
     assert got[0].tolist() == [0.0, 0.5, 2.0] and got[2].tolist() == [0.0, 0.5, 2.0]
 

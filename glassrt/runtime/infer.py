@@ -83,6 +83,8 @@ def infer(graph: Graph, input_types: dict, *, outer_types=None, outer_values=Non
         if reuse is None or not _take_over(reuse, node, in_types, in_values, types, vals):
             infer_node(graph, node, types, vals, problems, strict, in_types, in_values, subgraph)
         seen[id(node)] = (node, in_types, in_values)
+    if not subgraph and outer_types is None:
+        _outputs_as_declared(graph, types)
     own = lambda m: dict(m.maps[0]) if isinstance(m, ChainMap) else m  # noqa: E731
     return Inference(own(types), own(vals), problems, seen)
 
@@ -163,6 +165,26 @@ def infer_node(graph, node, types, vals, problems, strict, in_types=None, in_val
                         continue
                     v = v.reshape(t.shape)
                 vals[o] = v
+
+
+def _element_type(t):
+    while isinstance(t, (SequenceType, OptionalType)):
+        t = t.elem
+    return t.dtype if isinstance(t, TensorType) else None
+
+
+def _outputs_as_declared(graph, types) -> None:
+    """A graph output whose element type the model declares and its node computes another
+    (a SequenceMap body turning floats into int64 for an output declared float): the model
+    is refused, naming the node, as onnxruntime's type inference refuses it, rather than
+    returning another type than the model says."""
+    for vi in graph.outputs:
+        declared, inferred = _element_type(vi.type), _element_type(types.get(vi.name))
+        if declared is not None and inferred is not None and declared != inferred:
+            node = next((n for n in graph.nodes if vi.name in n.outputs), None)
+            where = describe_node(node) if node is not None else f"graph input '{vi.name}'"
+            raise ShapeInferenceError(f"{where}: graph output '{vi.name}' is declared {vi.type} but is computed "
+                                      f"as {types.get(vi.name)}")
 
 
 def _no_negative_dims(ctx, node, out) -> None:

@@ -45,7 +45,20 @@ def if_(ctx):
         raise errors[0]
     if any(len(b) != n for b in branches):
         ctx.fail(f"the branches have {' and '.join(str(len(b)) for b in branches)} outputs, but the node has {n}")
-    return [merge(a, b) for a, b in zip(*branches)] if len(branches) == 2 else branches[0]
+    if len(branches) == 2:
+        _same_element_types(ctx, branches[0], branches[1], "then_branch's output", "else_branch's")
+        return [merge(a, b) for a, b in zip(*branches)]
+    return branches[0]
+
+
+def _same_element_types(ctx, first, second, what, other) -> None:
+    """Two lists of types that must agree in kind and element type (If's branches, a Loop's
+    carried values before and after its body): onnx's inference fails the node otherwise."""
+    for k, (a, b) in enumerate(zip(first, second)):
+        if a is None or b is None:
+            continue
+        if type(a) is not type(b) or (isinstance(a, TensorType) and a.dtype != b.dtype):
+            ctx.fail(f"{what} {k} is {a}, {other} {b}: they must have one type")
 
 
 @meta("Loop")
@@ -57,6 +70,11 @@ def loop(ctx):
     body = ctx.attrs["body"]
     carried = [ctx.type(i) for i in range(2, ctx.n_inputs)]
     n_carried = len(carried)
+    for i, name, dt in ((0, "trip count M", np.int64), (1, "cond", np.bool_)):
+        t = ctx.type(i) if ctx.has(i) else None
+        if isinstance(t, TensorType) and (t.dtype != np.dtype(dt) or (t.shape is not None and len(t.shape) > 1)
+                                          or (t.shape and isinstance(t.shape[0], int) and t.shape[0] != 1)):
+            ctx.fail(f"{name} must be a {np.dtype(dt)} scalar (or of shape [1]), got {t}")
     body_in = _subgraph_inputs(body, [TensorType(np.dtype(np.int64), ()), TensorType(np.dtype(np.bool_), ())] + carried)
     try:
         body_out = ctx.infer_subgraph(body, body_in)
@@ -65,8 +83,13 @@ def loop(ctx):
         if trips is not None and trips.size == 1 and int(trips.reshape(-1)[0]) > 0:
             raise
         body_out = [vi.type for vi in body.outputs]
-    if len(body_out) < 1 + n_carried:
-        ctx.fail(f"body has {len(body_out)} outputs; expected cond + {n_carried} loop-carried values")
+    if len(body_out) < 1 + n_carried or len(body_out) - 1 != len(ctx.node.outputs):
+        ctx.fail(f"body has {len(body_out)} outputs; expected cond, then one per node output "
+                 f"({len(ctx.node.outputs)}: {n_carried} loop-carried values and the scan outputs)")
+    cond = body_out[0]
+    if isinstance(cond, TensorType) and cond.dtype != np.dtype(np.bool_):
+        ctx.fail(f"the body's first output (the condition) is {cond}, not bool")
+    _same_element_types(ctx, carried, body_out[1:1 + n_carried], "loop-carried value", "after the body")
     final = [merge(c, o) if c is not None else o for c, o in zip(carried, body_out[1:1 + n_carried])]
     iters = symbolic.fresh("loop")
     scans = []
@@ -86,6 +109,10 @@ def scan(ctx):
     n_scan = int(ctx.attr("num_scan_inputs"))
     n_state = ctx.n_inputs - n_scan
     in_axes = list(ctx.attrs.get("scan_input_axes") or [0] * n_scan)
+    for name in ("scan_input_directions", "scan_output_directions"):
+        bad = [d for d in ctx.attrs.get(name) or [] if d not in (0, 1)]
+        if bad:
+            ctx.fail(f"{name} holds {bad[0]}: 0 (forward) or 1 (reverse)")
     states = [ctx.type(i) for i in range(n_state)]
     slices, seq_len = [], None
     for j in range(n_scan):
@@ -118,6 +145,9 @@ def scan(ctx):
 @meta("SequenceMap")
 def sequence_map(ctx):
     body = ctx.attrs["body"]
+    if len(body.inputs) != ctx.n_inputs or len(body.outputs) != len(ctx.node.outputs):
+        ctx.fail(f"body takes {len(body.inputs)} inputs and gives {len(body.outputs)} outputs; the node has "
+                 f"{ctx.n_inputs} inputs and {len(ctx.node.outputs)} outputs")
     ins = []
     for i in range(ctx.n_inputs):
         t = ctx.type(i)
