@@ -279,3 +279,69 @@ def test_a_graph_output_computed_as_another_type_than_declared_fails():
     m = _graph_model([helper.make_node("Shape", ["x"], ["s"], name="n0")], [_vi("x", TensorProto.FLOAT, [2, 3])],
                      [_vi("s", TensorProto.FLOAT, None)])
     _refused(m, {"x": np.zeros((2, 3), F32)}, "declared")
+
+
+# ---------------------------------------------------------------- com.microsoft parameter shapes
+
+MS = "com.microsoft"
+RNG = np.random.default_rng(44)
+
+
+def _r(*shape):
+    return RNG.standard_normal(shape).astype(F32)
+
+
+def _ms(op, ins, feeds, outs=("Y",), attrs=None, inits=None):
+    elem = lambda a: helper.np_dtype_to_tensor_dtype(a.dtype)  # noqa: E731
+    g = helper.make_graph([helper.make_node(op, ins, list(outs), name="n0", domain=MS, **(attrs or {}))], "g",
+                          [helper.make_tensor_value_info(k, elem(v), list(v.shape)) for k, v in feeds.items()],
+                          [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs],
+                          [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    m.ir_version = 8
+    return m.SerializeToString(), feeds
+
+
+X3 = _r(2, 3, 4)
+
+
+@pytest.mark.parametrize("case, phrase", [
+    ("skip layer norm gamma [1]", "gamma [1] must be 1-D"),
+    ("skip layer norm skip [2, 1, 4]", "skip [2, 1, 4] must be"),
+    ("fast gelu bias [2, 4]", "bias [2, 4] must be 1-D"),
+    ("bias gelu B [1]", "B [1] must be 1-D"),
+    ("attention mask_index -5", "positions are not negative"),
+    ("attention float mask_index", "mask_index must be int32"),
+    ("rotary num_heads 3 of 8", "not a multiple of num_heads 3"),
+    ("embed layer norm mask [1, 2]", "must have input_ids' shape"),
+    ("matmul nbits g_idx -1", "g_idx must give each"),
+])
+def test_contrib_parameters_of_other_shapes_fail(case, phrase):
+    """NumPy broadcast them (a gamma of [1] scaled every feature alike), read a negative block
+    from the end, or made lengths of a negative mask; onnxruntime refuses each."""
+    if case.startswith("skip"):
+        skip = _r(2, 1, 4) if "skip [" in case else _r(2, 3, 4)
+        gamma = _r(1) if "gamma" in case else _r(4)
+        m = _ms("SkipLayerNormalization", ["X", "S", "G"], {"X": X3, "S": skip, "G": gamma})
+    elif case.startswith("fast gelu"):
+        m = _ms("FastGelu", ["X", "B"], {"X": X3, "B": _r(2, 4)})
+    elif case.startswith("bias gelu"):
+        m = _ms("BiasGelu", ["X", "B"], {"X": X3, "B": _r(1)})
+    elif case.startswith("attention"):
+        mask = np.array([-5, 2], np.int32) if "-5" in case else np.ones((2, 3), F32)
+        m = _ms("Attention", ["X", "W", "B", "M"], {"X": X3, "W": _r(4, 12), "B": _r(12), "M": mask},
+                attrs=dict(num_heads=2))
+    elif case.startswith("rotary"):
+        m = _ms("RotaryEmbedding", ["X", "P", "C", "S"], {"X": _r(1, 2, 8), "P": np.array(0, np.int64), "C": _r(8, 4),
+                                                          "S": _r(8, 4)}, attrs=dict(num_heads=3))
+    elif case.startswith("embed"):
+        inits = {"we": _r(10, 4), "pe": _r(6, 4), "g": np.ones(4, F32), "b": np.zeros(4, F32)}
+        m = _ms("EmbedLayerNormalization", ["ids", "", "we", "pe", "", "g", "b", "mask"],
+                {"ids": np.array([[1, 2, 3]], np.int32), "mask": np.array([[1, 1]], np.int32)}, ("Y", "MI"),
+                inits=inits)
+    else:
+        inits = {"B": RNG.integers(0, 255, (2, 1, 8)).astype(np.uint8), "sc": np.ones(2, F32),
+                 "gi": np.array([0, 0, 0, 0, 0, 0, 0, -1], np.int32)}
+        m = _ms("MatMulNBits", ["A", "B", "sc", "", "gi"], {"A": _r(2, 8)}, attrs=dict(K=8, N=2, bits=4, block_size=16),
+                inits=inits)
+    _refused(*m, phrase)

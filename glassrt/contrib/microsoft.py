@@ -83,6 +83,18 @@ def _require(cond, message):
         raise ValueError(message)
 
 
+def _per_feature(x, params, what="hidden size") -> None:
+    """Each of params ({name: Meta or None}) one value per feature of x's last dim (or a
+    scalar), where both are known: onnxruntime refuses a gamma, beta or bias of another
+    shape, which NumPy would broadcast (a gamma of [1] scaled every feature alike)."""
+    if x.shape is None or not x.shape or not isinstance(x.shape[-1], int):
+        return
+    for name, m in params.items():
+        if m is not None and m.shape and all(isinstance(d, int) for d in m.shape):  # (a scalar: every feature alike)
+            _require(tuple(m.shape) == (x.shape[-1],),
+                     f"{name} {list(m.shape)} must be 1-D, one value per feature ({what} {x.shape[-1]})")
+
+
 def _buffers(out, n):
     """The n output buffers of a multi-output kernel (None: none planned for that output)."""
     return (tuple(out) + (None,) * n)[:n] if out is not None else (None,) * n
@@ -187,6 +199,7 @@ _SQRT_2_OVER_PI, _GELU_CUBIC = math.sqrt(2 / math.pi), 0.044715
 
 @fast_gelu.register_meta
 def _fast_gelu_meta(x, bias):
+    _per_feature(x, {"bias": bias}, "last dim")
     return _like(x, shape=broadcast_shapes(x.shape, bias.shape) if bias is not None else None)
 
 
@@ -218,7 +231,10 @@ def _fast_gelu_example(dt):
 
 
 bias_gelu = custom_op(f"{MS}::BiasGelu(Tensor A, Tensor B) -> Tensor C", dtypes=FLOATS)
-bias_gelu.register_meta(lambda a, b: _like(a, shape=broadcast_shapes(a.shape, b.shape)))
+@bias_gelu.register_meta
+def _bias_gelu_meta(a, b):
+    _per_feature(a, {"B": b}, "last dim")
+    return _like(a, shape=broadcast_shapes(a.shape, b.shape))
 
 
 @bias_gelu.register_kernel("cpu", out=True)
@@ -229,6 +245,13 @@ def _bias_gelu(a, b, *, out=None):
 
 
 bias_gelu.register_decomposition(lambda g, a, b: _gelu_decomposition(g, g.Add(a, b)))
+
+
+@bias_gelu.register_example
+def _bias_gelu_example(dt):
+    # B is one value per feature (or, here, one for all: as FastGelu's example, for `glassrt check`)
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((2, 3, 4)).astype(dt), np.asarray(rng.standard_normal(), dt)]
 
 
 quick_gelu = custom_op(f"{MS}::QuickGelu(Tensor X, float alpha=1.702) -> Tensor Y", dtypes=FLOATS)
@@ -302,8 +325,15 @@ def _skip_norm(x, skip, bias, out, norm):
     return y, mean, inv, total
 
 
-def _skip_metas(x, skip):
-    """output, mean, inv_std_var, input_skip_bias_sum: statistics are float32 with a kept last axis."""
+def _skip_metas(x, skip, **params):
+    """output, mean, inv_std_var, input_skip_bias_sum: statistics are float32 with a kept last axis.
+    skip is input's shape, or that without its batch (onnxruntime: (B, S, H), (1, S, H), (S, H))."""
+    _per_feature(x, params)
+    if x.shape is not None and skip.shape is not None and len(x.shape) == 3 and all(
+            isinstance(d, int) for d in (*x.shape, *skip.shape)):
+        b, s_, h = x.shape
+        _require(tuple(skip.shape) in ((b, s_, h), (1, s_, h), (s_, h)),
+                 f"skip {list(skip.shape)} must be input's {list(x.shape)}, [1, {s_}, {h}] or [{s_}, {h}]")
     stat = None if x.shape is None else tuple(x.shape[:-1]) + (1,)
     shape = x.shape if skip.shape is None or x.shape is None else broadcast_shapes(x.shape, skip.shape)
     return _like(x, shape), Meta(F32, stat), Meta(F32, stat), _like(x, shape)
@@ -321,7 +351,8 @@ skip_layer_norm = custom_op(
     f"{MS}::SkipLayerNormalization(Tensor input, Tensor skip, Tensor gamma, Tensor? beta, Tensor? bias, "
     "float epsilon=1e-12) -> (Tensor output, Tensor mean, Tensor inv_std_var, Tensor input_skip_bias_sum)",
     dtypes=F32_F16)
-skip_layer_norm.register_meta(lambda x, skip, gamma, beta, bias, epsilon: _skip_metas(x, skip))
+skip_layer_norm.register_meta(lambda x, skip, gamma, beta, bias, epsilon: _skip_metas(x, skip, gamma=gamma, beta=beta,
+                                                                                      bias=bias))
 
 
 @skip_layer_norm.register_kernel("cpu", out=True)
@@ -363,7 +394,8 @@ skip_simplified_layer_norm = custom_op(
     f"{MS}::SkipSimplifiedLayerNormalization(Tensor input, Tensor skip, Tensor gamma, Tensor? bias, "
     "float epsilon=1e-12) -> (Tensor output, Tensor mean, Tensor inv_std_var, Tensor input_skip_bias_sum)",
     dtypes=F32_F16)
-skip_simplified_layer_norm.register_meta(lambda x, skip, gamma, bias, epsilon: _skip_metas(x, skip))
+skip_simplified_layer_norm.register_meta(lambda x, skip, gamma, bias, epsilon: _skip_metas(x, skip, gamma=gamma,
+                                                                                            bias=bias))
 
 
 @skip_simplified_layer_norm.register_kernel("cpu", out=True)
@@ -459,6 +491,7 @@ def _ort_mask(mask, b, s, past, total, causal, filter_value):
         elif mask.ndim == 1:
             _require(mask.shape[0] in (b, 2 * b, 3 * b + 2),
                      f"1-D mask must have {b}, {2 * b} or {3 * b + 2} entries, got {mask.shape[0]}")
+            _require(mask.size == 0 or mask.min() >= 0, f"mask_index holds {mask.min()}: positions are not negative")
             keys = np.arange(total)
             dead = keys[None, :] >= mask[:b, None]
             if mask.shape[0] == 2 * b:
@@ -543,6 +576,8 @@ def _attention_meta(x, weights, bias, mask_index, past, attention_bias, past_seq
                     past_present_share_buffer, rotary_embedding_dim):
     _attention_unsupported(do_rotary, past_present_share_buffer, past_sequence_length)
     _mask_rank_supported(mask_index)
+    _require(mask_index is None or mask_index.dtype is None or np.dtype(mask_index.dtype) == np.int32,
+             f"mask_index must be int32, got {mask_index.dtype if mask_index is not None else None}")
     if x.shape is None or weights.shape is None:
         return Meta(x.dtype, None), Meta(x.dtype, None)
     b, s = x.shape[0], x.shape[1]
@@ -766,6 +801,11 @@ rotary_embedding = custom_op(
 def _rotary_meta(x, position_ids, cos_cache, sin_cache, num_heads, rotary_embedding_dim, interleaved,
                  is_packed_batching, scale):
     _require(not is_packed_batching, "is_packed_batching=1 is not supported")
+    if cos_cache.shape is not None and sin_cache.shape is not None:
+        _require(tuple(cos_cache.shape) == tuple(sin_cache.shape),
+                 f"cos_cache {list(cos_cache.shape)} and sin_cache {list(sin_cache.shape)} must have one shape")
+    if num_heads and x.shape is not None and len(x.shape) == 3 and isinstance(x.shape[2], int):
+        _require(x.shape[2] % num_heads == 0, f"hidden size {x.shape[2]} is not a multiple of num_heads {num_heads}")
     return x
 
 
@@ -866,6 +906,8 @@ def _nbits_weight(b, scales, zero_points, g_idx, k, n, block_size, bits):
         # kernel does not read zero points together with it; refuse rather than guess.
         _require(zero_points is None, "g_idx together with zero_points is not supported")
         group = g_idx.reshape(-1)[:k].astype(np.int64)
+        _require(group.size == k and (not k or (group.min() >= 0 and group.max() < k_blocks)),
+                 f"g_idx must give each of the {k} columns a block in [0, {k_blocks})")
     else:
         group = np.arange(k) // block_size
     return (q.astype(F32) - zp[:, group]) * scales[:, group]
@@ -929,6 +971,9 @@ embed_layer_norm = custom_op(
 def _embed_layer_norm_meta(ids, segment_ids, word, position, segment, gamma, beta, mask, position_ids, epsilon,
                            mask_index_type):
     dt = word.dtype
+    if mask is not None and mask.shape is not None and ids.shape is not None:
+        _require(tuple(mask.shape) == tuple(ids.shape), f"mask {list(mask.shape)} must have input_ids' shape "
+                                                        f"{list(ids.shape)}")
     if ids.shape is None or word.shape is None:
         return Meta(dt, None), Meta(np.int32, None), Meta(dt, None)
     out = (ids.shape[0], ids.shape[1], word.shape[1])
