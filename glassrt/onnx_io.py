@@ -593,7 +593,18 @@ def _check_and_sort(graph: Graph, outer: frozenset[str]) -> None:
     """Every input defined once, no cycles; nodes put in a valid order (ORT sorts too)."""
     defined_by: dict = {}  # value -> "graph input", "initializer" or its node
     for v in graph.inputs:
+        if v.name in defined_by:
+            raise InvalidModelError(f"graph input '{v.name}' is declared twice")
         defined_by[v.name] = "graph input"
+        init = graph.initializers.get(v.name)
+        t = v.type
+        # (an initializer that is also an input, as IR < 4 writes every one: its default value,
+        # which must be of the type the input declares)
+        if isinstance(init, np.ndarray) and isinstance(t, TensorType) and (
+                init.dtype != t.dtype or (t.shape is not None and (len(t.shape) != init.ndim or any(
+                    isinstance(d, int) and d != n for d, n in zip(t.shape, init.shape))))):
+            raise InvalidModelError(f"graph input '{v.name}' is declared {t} but its initializer is "
+                                    f"{init.dtype}{list(init.shape)}")
     for name in graph.initializers:
         defined_by.setdefault(name, "initializer")
     for n in graph.nodes:

@@ -345,3 +345,17 @@ def test_contrib_parameters_of_other_shapes_fail(case, phrase):
         m = _ms("MatMulNBits", ["A", "B", "sc", "", "gi"], {"A": _r(2, 8)}, attrs=dict(K=8, N=2, bits=4, block_size=16),
                 inits=inits)
     _refused(*m, phrase)
+
+
+@pytest.mark.parametrize("case", ["declared twice", "initializer of another shape", "initializer of another type"])
+def test_graph_inputs_declared_twice_or_against_their_initializer_fail(case):
+    x = _vi("X", TensorProto.FLOAT, [2, 3])
+    inputs = [x, x] if case == "declared twice" else [x]
+    inits = [] if case == "declared twice" else [numpy_helper.from_array(
+        np.ones(5, F32) if "shape" in case else np.ones((2, 3), np.int64), "X")]
+    g = helper.make_graph([helper.make_node("Neg", ["X"], ["Y"], name="n0")], "g", inputs,
+                          [_vi("Y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 3  # (every initializer also an input)
+    with pytest.raises(GlassrtError, match="graph input 'X' is declared"):
+        glassrt.InferenceSession(m.SerializeToString())
