@@ -359,3 +359,12 @@ def test_graph_inputs_declared_twice_or_against_their_initializer_fail(case):
     m.ir_version = 3  # (every initializer also an input)
     with pytest.raises(GlassrtError, match="graph input 'X' is declared"):
         glassrt.InferenceSession(m.SerializeToString())
+
+
+def test_ml_and_optional_nodes_missing_what_they_need_fail():
+    _refused(_ml("Scaler", dict(scale=[2.0])), {"x": XML}, "both offset and scale")
+    s = np.array(["a", "b"], dtype=object)
+    _refused(_model("CategoryMapper", {"x": s}, attrs=dict(), domain="ai.onnx.ml"), {"x": s}, "at least one")
+    m = _graph_model([helper.make_node("Optional", [], ["y"], name="n0")], [], [helper.make_value_info(
+        "y", helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None)))], opset=18)
+    _refused(m, {}, "type attribute")

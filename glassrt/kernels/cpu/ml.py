@@ -95,8 +95,10 @@ def binarizer(x, *, threshold=0.0):
 @computed_aside(bind=True)
 def scaler(ctx):
     offset, scale = ctx.attrs.get("offset"), ctx.attrs.get("scale")
-    off = np.asarray(offset if offset is not None else [0.0], np.float32)
-    sc = np.asarray(scale if scale is not None else [1.0], np.float32)
+    if not offset or not scale:  # (onnxruntime requires both)
+        raise ValueError(f"Scaler needs both offset and scale, got {len(offset or [])} and {len(scale or [])} values")
+    off = np.asarray(offset, np.float32)
+    sc = np.asarray(scale, np.float32)
 
     def step(x):
         c = x.shape[-1] if x.ndim else 1
@@ -167,6 +169,8 @@ def array_feature_extractor(ctx):
         idx = fixed
         if idx is None or n not in checked:
             idx = indices.reshape(-1).astype(np.int64) if idx is None else idx
+            if not idx.size:  # (onnxruntime refuses it too)
+                raise ValueError("no indices to extract")
             if idx.size and (idx.min() < 0 or idx.max() >= n):
                 raise IndexError(f"index {idx[(idx < 0) | (idx >= n)][0]} is out of range for the last axis of size {n}")
             if fixed is not None:
@@ -915,8 +919,9 @@ def category_mapper(ctx):
     A repeated category keeps its last pairing (onnxruntime fills its hash maps in order)."""
     strings = list(ctx.attrs.get("cats_strings") or [])
     ints = [int(v) for v in ctx.attrs.get("cats_int64s") or []]
-    if len(strings) != len(ints):
-        raise ValueError(f"CategoryMapper has {len(strings)} cats_strings but {len(ints)} cats_int64s")
+    if len(strings) != len(ints) or not strings:
+        raise ValueError(f"CategoryMapper has {len(strings)} cats_strings and {len(ints)} cats_int64s: "
+                         "one pairing each, at least one")
     if ctx.dtype(0) == STRING:
         fn = _lookup_table(strings, np.asarray(ints, np.int64), np.int64(ctx.attrs.get("default_int64", -1)), STRING)
         out_dtype = np.dtype(np.int64)

@@ -17,6 +17,8 @@ def optional(ctx):
     t = ctx.type(0) if ctx.has(0) else None
     if isinstance(t, OptionalType):
         ctx.fail("the input of Optional must be a tensor or a sequence, not an optional")
+    if not ctx.has(0) and ctx.attrs.get("type") is None:
+        ctx.fail("an Optional with no input needs its type attribute (the type of the empty optional)")
     return [OptionalType(t if t is not None else ctx.attrs.get("type"))]
 
 
@@ -48,6 +50,9 @@ def _batch(ctx):
 
 @meta(["Scaler", "Normalizer"], domain=ML)
 def ml_float_like(ctx):
+    # (here, not only in the kernel: an empty input's output is known without running it)
+    if ctx.node.op_type == "Scaler" and (not ctx.attrs.get("offset") or not ctx.attrs.get("scale")):
+        ctx.fail("Scaler needs both offset and scale")
     return [ctx.tensor(np.float32, ctx.shape(0))]
 
 
