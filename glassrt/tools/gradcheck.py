@@ -102,9 +102,12 @@ def model_to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     def widen_graph(g):
         for t in g.initializer:
             widen_tensor(t)
-        for vi in [*g.input, *g.output, *g.value_info]:
+        for vi in [*g.input, *g.value_info]:
             if vi.type.tensor_type.elem_type in F:
                 vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+        for vi in g.output:  # (left to inference: not every float output follows the inputs, e.g.
+            if vi.type.tensor_type.elem_type in F:  # LayerNormalization's Mean is its stash_type)
+                vi.type.tensor_type.elem_type = TensorProto.UNDEFINED
         for n in g.node:
             for a in n.attribute:
                 if a.name == "to" and a.i in F:
