@@ -368,3 +368,39 @@ def test_ml_and_optional_nodes_missing_what_they_need_fail():
     m = _graph_model([helper.make_node("Optional", [], ["y"], name="n0")], [], [helper.make_value_info(
         "y", helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None)))], opset=18)
     _refused(m, {}, "type attribute")
+
+
+# ---------------------------------------------------------------- fuzz, round 3 (quantization, detection)
+
+@pytest.mark.parametrize("scale", [-0.1, 0.1])
+def test_max_pool_between_dequantize_and_quantize_keeps_the_max_of_the_values(scale):
+    """The QDQ fusion ran the MaxPool on the 8-bit codes: the max of the values only where the
+    scale is positive (a negative one turns the largest code into the smallest value)."""
+    inits = [numpy_helper.from_array(np.array(scale, F32), "s"), numpy_helper.from_array(np.array(128, np.uint8), "z")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             helper.make_node("MaxPool", ["xf"], ["o"], kernel_shape=[2, 2]),
+             helper.make_node("QuantizeLinear", ["o", "s", "z"], ["y"]),
+             helper.make_node("DequantizeLinear", ["y", "s", "z"], ["out"])]
+    g = helper.make_graph(nodes, "g", [_vi("x", TensorProto.UINT8, [1, 1, 2, 2])], [_vi("out", TensorProto.FLOAT, None)],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = np.array([[[[100, 150], [120, 200]]]], np.uint8)
+    want = ((x.astype(F32) - 128) * F32(scale)).max()
+    for (y,) in _runs(m.SerializeToString(), {"x": x}):
+        np.testing.assert_allclose(y.reshape(-1), [want], rtol=1e-6)
+
+
+@pytest.mark.parametrize("iou, center, phrase", [(1.5, 0, "outside [0, 1]"), (-0.5, 0, "outside [0, 1]"),
+                                                 (float("nan"), 0, "outside [0, 1]"), (0.5, 2, "center_point_box")])
+def test_non_max_suppression_parameters_outside_the_spec_fail(iou, center, phrase):
+    feeds = {"b": _r(1, 4, 4), "s": _r(1, 1, 4), "m": np.array([2], np.int64), "i": np.array([iou], F32)}
+    m = _model("NonMaxSuppression", feeds, attrs=dict(center_point_box=center), opset=11)
+    _refused(m, feeds, phrase)
+
+
+def test_roi_align_negative_sampling_ratio_fails():
+    feeds = {"x": np.arange(16, dtype=F32).reshape(1, 1, 4, 4), "r": np.array([[0, 0, 2, 2]], F32),
+             "i": np.array([0], np.int64)}
+    _refused(_model("RoiAlign", feeds, attrs=dict(output_height=2, output_width=2, sampling_ratio=-3), opset=16),
+             feeds, "sampling_ratio")

@@ -7,8 +7,9 @@ QLinearSigmoid / QLinearLeakyRelu (a 256-entry table: a YOLO's SiLU, a detector'
 QuantizeLinear(Concat(DequantizeLinear(x1_q), ...)) one QLinearConcat (each input's codes
 through a table of the float program's: exact); a Split, MaxPool, Flatten, Reshape,
 Transpose, Squeeze or Unsqueeze between a DequantizeLinear and QuantizeLinears of the same
-scale and zero point the same op on the bytes (exact: moving and taking the max commute
-with the monotone dequantization, and quantizing a dequantized code gives the code back),
+scale and zero point the same op on the bytes (exact: moving commutes with dequantization and
+taking the max with an increasing one, a positive scale; quantizing a dequantized code gives
+the code back),
 so that a YOLO's C2f and SPPF blocks stay 8-bit; a classifier's head, GlobalAveragePool
 and Gemm, QLinearGlobalAveragePool and QGemm (a float bias quantized in x_scale · w_scale,
 as onnxruntime's BiasQuantization does).
@@ -99,8 +100,9 @@ def fuse_qdq_conv(graph, ctx):
         qs = [quantized_by(node, k) if o else None for k, o in enumerate(node.outputs)]
         if x is None or any(o and (q is None or not same_params(x, q)) for o, q in zip(node.outputs, qs)) \
                 or not qs[0] \
-                or (node.op_type == "MaxPool" and len([o for o in node.outputs if o]) != 1):
-            continue
+                or (node.op_type == "MaxPool" and (len([o for o in node.outputs if o]) != 1
+                                                    or not float(consts[x[2]].item()) > 0)):
+            continue  # (a MaxPool commutes with an increasing dequantization only: a negative scale flips it)
         moved = Node(node.op_type, "", [x[1], *node.inputs[1:]], [q.outputs[0] if q else "" for q in qs],
                      dict(node.attrs), node.name, node.opset,
                      origin=origin(node, f"{node.op_type} '{node.name}' of a DequantizeLinear output, each result "

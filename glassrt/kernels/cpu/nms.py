@@ -19,6 +19,10 @@ def non_max_suppression(boxes, scores, max_output_boxes_per_class=None, iou_thre
     limit = 0 if max_output_boxes_per_class is None or max_output_boxes_per_class.size == 0 \
         else max(int(max_output_boxes_per_class.reshape(-1)[0]), 0)
     iou_thr = 0.0 if iou_threshold is None or iou_threshold.size == 0 else iou_threshold.reshape(-1)[0]
+    if not 0 <= iou_thr <= 1:  # (NaN too)
+        raise ValueError(f"iou_threshold {iou_thr} is outside [0, 1]")
+    if center_point_box not in (0, 1):
+        raise ValueError(f"center_point_box {center_point_box} is neither 0 (corners) nor 1 (centers)")
     score_thr = None if score_threshold is None or score_threshold.size == 0 else score_threshold.reshape(-1)[0]
     selected = []
     if limit == 0:

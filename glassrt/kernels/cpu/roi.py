@@ -29,6 +29,8 @@ def _roi_align(x, rois, batch_indices, mode, output_height, output_width, sampli
                          f"{list(rois.shape)}, {list(batch_indices.shape)}")
     if mode not in ("avg", "max"):
         raise ValueError(f"unknown RoiAlign mode {mode!r}")
+    if int(sampling_ratio) < 0:
+        raise ValueError(f"sampling_ratio {sampling_ratio} is negative (0: adaptive)")
     n, c, height, width = x.shape
     oh, ow = int(output_height), int(output_width)
     y = new_out(out, (rois.shape[0], c, oh, ow), x.dtype)
