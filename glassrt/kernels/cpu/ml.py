@@ -94,11 +94,9 @@ def binarizer(x, *, threshold=0.0):
 @kernel("Scaler", out=True, domain=ML, dtypes=NUMBERS, bind=True, attrs=["offset", "scale"])
 @computed_aside(bind=True)
 def scaler(ctx):
-    offset, scale = ctx.attrs.get("offset"), ctx.attrs.get("scale")
-    if not offset or not scale:  # (onnxruntime requires both)
-        raise ValueError(f"Scaler needs both offset and scale, got {len(offset or [])} and {len(scale or [])} values")
-    off = np.asarray(offset, np.float32)
-    sc = np.asarray(scale, np.float32)
+    # (both given: the meta refuses a Scaler without either, as onnxruntime does)
+    off = np.asarray(ctx.attrs["offset"], np.float32)
+    sc = np.asarray(ctx.attrs["scale"], np.float32)
 
     def step(x):
         c = x.shape[-1] if x.ndim else 1
@@ -710,9 +708,7 @@ def tree_ensemble_regressor(ctx):
     a = ctx.attrs
     forest, n_leaves, leaf_of = _old_forest(a)
     leaf, w = _old_leaf_weights(a, "target", leaf_of)
-    n_targets = int(a["n_targets"])
-    if n_targets < 1:
-        raise ValueError(f"n_targets is {n_targets}")
+    n_targets = int(a["n_targets"])  # (at least 1: the meta's check)
     ens = _Ensemble(forest, n_leaves, n_targets, leaf, a.get("target_ids") or [], w, a.get("aggregate_function", "SUM"))
     base = _base_values(a)
     if base.size not in (0, n_targets):
@@ -863,9 +859,7 @@ def tree_ensemble(ctx):
         raise ValueError(f"aggregate_function {agg_code} (0-3) or post_transform {post_code} "
                          f"(0-{len(_TRANSFORM_CODES) - 1}) is not one of the spec's")
     agg = ["AVERAGE", "SUM", "MIN", "MAX"][agg_code]
-    n_targets = int(a["n_targets"])
-    if n_targets < 1:
-        raise ValueError(f"n_targets is {n_targets}")
+    n_targets = int(a["n_targets"])  # (at least 1: the meta's check)
     ens = _Ensemble(forest, len(weights), n_targets, np.arange(len(weights)), targets, weights, agg)
     post = _TRANSFORM_CODES[post_code]
 

@@ -523,7 +523,7 @@ def range_(ctx):
             start, limit, delta = (v.reshape(-1)[0] for v in sym)
             span = symbolic.normalize(limit - start)
             if isinstance(span, int) and isinstance(symbolic.normalize(delta), int) and delta != 0:
-                return [ctx.tensor(ctx.dtype(0), (max(-(-span // int(delta)), 0),))]
+                return [ctx.tensor(ctx.dtype(0), (range_count(0, span, int(delta)),))]
         return [ctx.tensor(ctx.dtype(0), (symbolic.fresh("range"),))]
     start, limit, delta = (v.reshape(-1)[0].item() for v in vals)
     if delta == 0:
