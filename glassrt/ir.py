@@ -134,7 +134,7 @@ class Node:
         for v in self.attrs.values():
             if isinstance(v, Graph):
                 found.append(v)
-            elif isinstance(v, list):
+            elif isinstance(v, list) and v and isinstance(v[0], Graph):  # (a GRAPHS attribute holds graphs only)
                 found += [g for g in v if isinstance(g, Graph)]
         return iter(found)
 

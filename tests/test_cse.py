@@ -89,6 +89,17 @@ def test_what_must_not_be_merged_is_not(case):
         assert np.isposinf(y[:2]).all() and np.isneginf(y[2:]).all()
 
 
+def test_a_node_is_merged_with_the_earlier_one_of_its_attributes():
+    """Nodes of one op and inputs are keyed without their attributes, which are compared
+    among those: the third LeakyRelu is the first's, not the second's."""
+    m = model([helper.make_node("LeakyRelu", ["x"], ["a"], alpha=0.1, name="a"),
+               helper.make_node("LeakyRelu", ["x"], ["b"], alpha=0.2, name="b"),
+               helper.make_node("LeakyRelu", ["x"], ["c"], alpha=0.1, name="c"),
+               helper.make_node("Sum", ["a", "b", "c"], ["y"])], [tensor("x", [2, 3])], [tensor("y", [2, 3])])
+    sess = _same_as_onnxruntime(m, {"x": np.linspace(-3, 3, 6, dtype=np.float32).reshape(2, 3)})
+    assert _cse_changes(sess) == ["LeakyRelu 'c' computes what LeakyRelu 'a' does: its readers read that"]
+
+
 def test_a_slice_past_its_data_still_fails_loudly_not_silently():
     """d = data[:n] is taken to be n long (the bounds within the data). Its Shape is not
     merged with x's on that assumption: with n past the data the real, shorter d meets x

@@ -140,6 +140,14 @@ def test_another_implementation_drops_the_primitive_made_for_the_first():
     assert pd._ahead is None and pd._prim is None
 
 
+def test_a_descriptors_layouts_are_asked_once_and_again_after_another_implementation():
+    pd = _a_conv_pd(11)
+    w = pd.weights_md()
+    assert pd.weights_md() is w and pd.src_md() is pd.src_md()  # (one clone per query, kept)
+    if pd.next_impl():  # another implementation: its own layouts, asked of it
+        assert pd.weights_md() is not w
+
+
 def test_turned_off_queues_nothing(monkeypatch):
     monkeypatch.setenv("GLASSRT_PRIMITIVES_AHEAD", "0")
     pd = _a_conv_pd(9)

@@ -565,9 +565,16 @@ class Attr(_Owned):
             lib.dnnl_primitive_attr_set_zero_points_mask(self.handle, arg, mask)
 
 
+_DEFAULT_ATTR: list = []  # [the Attr() of every descriptor made without one]
+
+
 def _attr(attr) -> Attr:
     if attr is None:
-        return Attr()
+        # one shared default (oneDNN copies a descriptor's attributes as it makes it): a
+        # first run makes a reorder per weight, each an Attr (two foreign calls) otherwise
+        if not _DEFAULT_ATTR:
+            _DEFAULT_ATTR.append(Attr())
+        return _DEFAULT_ATTR[0]
     if isinstance(attr, Attr):
         return attr
     return Attr(post_ops=attr)  # a PostOps or a spec list
@@ -589,11 +596,19 @@ class PrimitiveDesc(_Owned):
         # (query, index) -> (descriptor address or None, its bytes): every binding of a shared
         # descriptor asks the same handful (two foreign calls each, and one for the size)
         self._mds: dict = {}
+        self._clones: dict = {}  # (query, index) -> query_md's MemoryDesc (descriptors never change)
 
     def query_md(self, what: int | str, index: int = 0) -> MemoryDesc | None:
-        """An owned clone of a queried memory descriptor; None when the argument is unused."""
-        ptr = self._query_ptr(what, index)
-        return None if ptr is None else MemoryDesc.clone_of(ptr)
+        """An owned clone of a queried memory descriptor; None when the argument is unused.
+        One clone per query, kept: a first run asks each conv's weights layout twice (to pack
+        them, to find them packed), and a fresh clone knows nothing of itself (its hash is
+        three more queries)."""
+        try:
+            return self._clones[(what, index)]
+        except KeyError:
+            ptr = self._query_ptr(what, index)
+            clone = self._clones[(what, index)] = None if ptr is None else MemoryDesc.clone_of(ptr)
+            return clone
 
     def _query_ptr(self, what: int | str, index: int = 0) -> int | None:
         """The address of a queried descriptor (the primitive descriptor owns it), or None
@@ -653,6 +668,7 @@ class PrimitiveDesc(_Owned):
         capi.check("dnnl_primitive_desc_next_impl", st)
         self._prim = None
         self._mds.clear()  # another implementation: other layouts
+        self._clones.clear()
         return True
 
     def primitive(self) -> Primitive:
