@@ -7,6 +7,7 @@ symlink to somewhere else are refused.
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 import os
 from pathlib import Path
@@ -628,40 +629,45 @@ def _check_and_sort(graph: Graph, outer: frozenset[str]) -> None:
             raise InvalidModelError(f"graph output '{v.name}' is not produced by any node, "
                                     "initializer or graph input")
 
-    # Kahn's algorithm, stable: keeps the file's order wherever it is already valid.
-    produced_by = {o: i for i, n in enumerate(graph.nodes) for o in n.outputs if o}
-    deps = []
-    for n in graph.nodes:
-        deps.append({produced_by[i] for i in [*n.inputs, *n.implicit_inputs] if i in produced_by})
-    order, done = [], set()
-    pending = list(range(len(graph.nodes)))
-    while pending:
-        progressed = False
-        rest = []
-        for i in pending:
-            if deps[i] <= done:
-                order.append(i)
-                done.add(i)
-                progressed = True
-            else:
-                rest.append(i)
-        if not progressed:
-            names = ", ".join(f"'{graph.nodes[i].name}'" for i in rest[:5])
-            raise InvalidModelError(f"the graph has a cycle through nodes {names}")
-        pending = rest
-    graph.nodes = [graph.nodes[i] for i in order]
+    graph.nodes = [graph.nodes[i] for i in _topological_order(graph.nodes)]
 
-    # Names the subgraph reads from outside: recorded for the enclosing node's implicit inputs.
+    # Names the subgraph reads from outside: recorded for the enclosing node's implicit inputs
+    # (in first-read order: a dict, as a list's membership test is quadratic in the reads).
     own = {v.name for v in graph.inputs} | set(graph.initializers) | set(defined_by)
-    reads = []
-    for n in graph.nodes:
-        for i in [*n.inputs, *n.implicit_inputs]:
-            if i and i not in own and i not in reads:
-                reads.append(i)
-    for v in graph.outputs:
-        if v.name not in own and v.name not in reads:
-            reads.append(v.name)
-    graph.outer_names = reads
+    reads = {i: None for n in graph.nodes for i in [*n.inputs, *n.implicit_inputs] if i and i not in own}
+    reads.update((v.name, None) for v in graph.outputs if v.name not in own)
+    graph.outer_names = list(reads)
+
+
+def _topological_order(nodes) -> list[int]:
+    """The nodes' indices in an order where each comes after the nodes it reads: Kahn's
+    algorithm taking the first ready node in file order, so that a valid order is kept as it
+    is. Linear in nodes and edges: a pass over the pending nodes per node placed was
+    quadratic (a chain written backwards: 1.8 s to load for 10,000 nodes, 15.5 s for 30,000).
+    """
+    produced_by = {o: i for i, n in enumerate(nodes) for o in n.outputs if o}
+    waiting = [0] * len(nodes)  # producers not placed yet, per node
+    readers: list[list[int]] = [[] for _ in nodes]
+    for k, n in enumerate(nodes):
+        for p in {produced_by[i] for i in [*n.inputs, *n.implicit_inputs] if i in produced_by}:
+            waiting[k] += 1
+            readers[p].append(k)
+    ready = [k for k, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for r in readers[k]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    if len(order) < len(nodes):
+        placed = set(order)
+        stuck = [k for k in range(len(nodes)) if k not in placed][:5]
+        names = ", ".join(f"'{nodes[k].name}'" for k in stuck)
+        raise InvalidModelError(f"the graph has a cycle through nodes {names}")
+    return order
 
 
 def nodes_from_protos(protos, opsets: dict, visible, origin: str = "") -> list:
