@@ -136,6 +136,16 @@ def _text(value, where: str) -> str:
     raise InvalidModelError(f"{where}: not valid UTF-8 text ({bytes(value)[:40]!r})")
 
 
+_DATA_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
+
+def _stripped(t: TensorProto) -> bool:
+    """Whether `t` is the initializer whose raw_data model_file.strip took out (no data of
+    any kind left in the message), not another of the same name that holds its own."""
+    return not t.HasField("raw_data") and t.data_location != TensorProto.EXTERNAL and \
+        not any(len(getattr(t, f)) for f in _DATA_FIELDS)
+
+
 def _texts(values, where: str) -> list[str]:
     values = list(values)
     try:
@@ -157,8 +167,8 @@ class _Parser:
         names = _texts([t.name for t in initializers], f"graph '{g.name}' initializer name")
         inits = {}
         stripped = self.raw if not outer else {}  # (model_file.strip walks the top graph only)
-        for name, t in zip(names, initializers):
-            if name in stripped and not t.HasField("raw_data") and t.data_location != TensorProto.EXTERNAL:
+        for name, t in zip(names, initializers):  # (a name given twice: the last one, as onnxruntime says)
+            if name in stripped and _stripped(t):
                 inits[name] = self._read_raw(t, f"initializer '{name}'")
             else:
                 inits[name] = self.tensor(t, f"initializer '{name}'")
@@ -293,18 +303,30 @@ class _Parser:
 
     def sparse_tensor(self, st: SparseTensorProto, where: str) -> np.ndarray:
         values = self.tensor(st.values, where)
-        indices = self.tensor(st.indices, where).astype(np.int64)
+        indices = self.tensor(st.indices, where)
         dims = [int(d) for d in st.dims]
         if any(d < 0 for d in dims):
             raise InvalidModelError(f"{where}: negative dimension in {dims}")
+        # (the spec's layout: values [NNZ], indices [NNZ] into the flattened tensor or [NNZ, rank])
+        nnz = values.shape[0] if values.ndim == 1 else -1
+        if nnz < 0 or indices.dtype.kind not in "iu" or indices.shape not in ((nnz,), (nnz, len(dims))):
+            raise InvalidModelError(
+                f"{where}: a sparse tensor needs values of shape [NNZ] and integer indices of shape [NNZ] or "
+                f"[NNZ, {len(dims)}] (its dims {dims}); got values {values.dtype}{list(values.shape)}, indices "
+                f"{indices.dtype}{list(indices.shape)}")
+        indices = indices.astype(np.int64)
         nbytes = int(np.prod(dims, dtype=np.float64)) * values.dtype.itemsize
         if nbytes > _physical_memory():
             raise InvalidModelError(f"{where}: a sparse tensor of shape {dims} would take {nbytes:,} bytes dense, "
                                     "more than this machine's memory")
-        dense = np.zeros(dims, dtype=values.dtype)
+        try:
+            dense = np.zeros(dims, dtype=values.dtype)
+        except MemoryError:  # (within the machine's memory, beyond what this process may map)
+            raise InvalidModelError(f"{where}: a sparse tensor of shape {dims} would take {nbytes:,} bytes dense, "
+                                    "more than this process can allocate") from None
         if values.size:
             if indices.ndim == 1:  # linearized indices
-                if indices.size and (indices.min() < 0 or indices.max() >= dense.size):
+                if indices.min() < 0 or indices.max() >= dense.size:
                     raise InvalidModelError(f"{where}: sparse index out of range")
                 dense.reshape(-1)[indices] = values
             else:
@@ -315,7 +337,7 @@ class _Parser:
 
     def _external_range(self, t: TensorProto, where: str) -> tuple[str, int, int]:
         """(real path, offset, length) of a tensor's external data, after the path checks."""
-        info = {e.key: e.value for e in t.external_data}
+        info = {_text(e.key, f"{where}: external_data key"): e.value for e in t.external_data}
         location = info.get("location", "")
         if self.base_dir is None:
             raise UnsafeModelError(
@@ -435,7 +457,7 @@ def _typed_fields() -> dict:
             T.INT16: ("int32_data", np.int32, via_u16(np.int16)),
             T.UINT16: ("int32_data", np.int32, via_u16(np.uint16)),
             T.FLOAT16: ("int32_data", np.int32, via_u16(np.float16)),
-            T.BOOL: ("int32_data", np.int32, lambda a: a.view(np.uint32).astype(np.uint8).view(np.bool_)),
+            T.BOOL: ("int32_data", np.int32, lambda a: a != 0),  # (any value but 0 is true, as onnxruntime reads it)
             T.UINT32: ("uint64_data", np.uint64, lambda a: a.astype(np.uint32)),
             T.UINT64: ("uint64_data", np.uint64, None)}
 
@@ -483,6 +505,9 @@ def resolve_external_path(base_dir: str, location: str, where: str) -> str:
     """The real path of an external data file, refused unless it lies inside base_dir."""
     if not location:
         raise InvalidModelError(f"{where}: external data without a location")
+    location = _text(location, f"{where}: external data location")
+    if "\0" in location:  # (C strings end there: no file name holds one)
+        raise InvalidModelError(f"{where}: external data location {location!r} holds a NUL character")
     if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
         raise UnsafeModelError(f"{where}: external data location '{location}' is absolute; "
                                "only files inside the model's folder may be read")
@@ -531,7 +556,7 @@ def parse_type(tp: TypeProto, where: str = ""):
                 dims.append(symbolic.fresh())
             elif which == "dim_value":
                 dims.append(int(d.dim_value))
-            elif which == "dim_param" and d.dim_param and not _placeholder(d.dim_param):
+            elif which == "dim_param" and d.dim_param and not _placeholder(_text(d.dim_param, f"'{where}' dim_param")):
                 dims.append(symbolic.symbol(d.dim_param))
             else:
                 dims.append(symbolic.fresh())

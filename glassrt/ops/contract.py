@@ -40,7 +40,7 @@ class OpContract:
     # (min inputs, max inputs, min outputs, max outputs) and the attribute names an ONNX op
     # takes, from the schema table (None: not checked; custom ops' schemas are looser)
     arity: tuple | None = None
-    attributes: frozenset | None = None
+    attributes: dict | None = None  # ONNX ops: name -> AttributeProto type of each attribute it takes
     _onnx_schema: Any = field(default=None, repr=False, compare=False)  # fetched on first use
 
     @property

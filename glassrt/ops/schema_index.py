@@ -4,7 +4,7 @@ onnx builds its whole schema registry (every op at every version, with docs, typ
 constraints and function bodies: ~7 MiB resident and ~25 ms) on the first schema lookup.
 Resolving a node's contract needs only a few facts per op version: which version a node
 at opset N resolves to, whether the op is a composite (has a function body), whether it is
-differentiable, its attribute names and defaults, and how many inputs and outputs it takes. This module reads those facts from the registry
+differentiable, its attributes' names, types and defaults, and how many inputs and outputs it takes. This module reads those facts from the registry
 once, writes them as JSON into glassrt's cache folder (one file per onnx build), and later
 processes read that file instead. The full `onnx.defs.OpSchema` is still fetched, and the
 registry built, by what needs it: onnx's generic shape inference for ops without a glassrt
@@ -18,13 +18,13 @@ parse, or was written for another onnx build, is rebuilt.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from zlib import crc32
 
 from ..cache import cache_dir, read_or_build
 
-FORMAT = 2  # bump when what is stored changes
+FORMAT = 3  # bump when what is stored changes
 _DEPRECATED, _FUNCTION, _CONTEXT_FUNCTION, _DIFFERENTIABLE, _OTHER_DEFAULTS = 1, 2, 4, 8, 16
 _PLAIN = (int, float, str)
 
@@ -43,7 +43,8 @@ class SchemaFacts:
     # number, string or list of them (none in onnx 1.23): the schema itself is asked then
     defaults: dict | None
     arity: tuple = (0, 1 << 31, 0, 1 << 31)  # (min inputs, max inputs, min outputs, max outputs)
-    attributes: frozenset = frozenset()  # the names of every attribute the op takes
+    # every attribute the op takes: name -> its AttributeProto type (FLOAT, INTS, GRAPH...)
+    attributes: dict = field(default_factory=dict, hash=False)
 
     @property
     def composite(self) -> bool:
@@ -54,7 +55,7 @@ class SchemaIndex:
     """(domain, op) -> its versions, looked up as `onnx.defs.get_schema` looks them up."""
 
     def __init__(self, table: dict):
-        # {domain: {name: [[since, flags, defaults, arity, attribute names], ...] sorted by since}}
+        # {domain: {name: [[since, flags, defaults, arity, {attribute: type}], ...] sorted by since}}
         self._table = table
         self._versions = {}  # (domain, name) -> sorted since versions, made on first lookup
 
@@ -74,7 +75,7 @@ class SchemaIndex:
         v, flags, defaults, arity, attributes = entries[i]
         return SchemaFacts(domain, name, v, bool(flags & _DEPRECATED), bool(flags & _FUNCTION),
                            bool(flags & _CONTEXT_FUNCTION), bool(flags & _DIFFERENTIABLE),
-                           None if flags & _OTHER_DEFAULTS else defaults, tuple(arity), frozenset(attributes))
+                           None if flags & _OTHER_DEFAULTS else defaults, tuple(arity), attributes)
 
     def has(self, name: str, domain: str = "") -> bool:
         return bool(self._table.get(domain, {}).get(name))
@@ -101,7 +102,7 @@ def build_table() -> dict:
             flags, defaults = flags | _OTHER_DEFAULTS, {}
         arity = [s.min_input, s.max_input, s.min_output, s.max_output]
         table.setdefault(s.domain, {}).setdefault(s.name, []).append(
-            [s.since_version, flags, defaults, arity, sorted(s.attributes)])
+            [s.since_version, flags, defaults, arity, {name: int(a.type) for name, a in sorted(s.attributes.items())}])
     for ops in table.values():
         for versions in ops.values():
             versions.sort(key=lambda e: e[0])
@@ -161,8 +162,8 @@ def _valid(data, build: str) -> bool:
             for e in versions:
                 if not (isinstance(e, list) and len(e) == 5 and type(e[0]) is int and type(e[1]) is int
                         and isinstance(e[2], dict) and isinstance(e[3], list) and len(e[3]) == 4
-                        and all(type(n) is int for n in e[3]) and isinstance(e[4], list)
-                        and all(isinstance(a, str) for a in e[4])):
+                        and all(type(n) is int for n in e[3]) and isinstance(e[4], dict)
+                        and all(type(t) is int for t in e[4].values())):
                     return False
             if any(a[0] >= b[0] for a, b in zip(versions, versions[1:])):
                 return False

@@ -44,3 +44,39 @@ def check_node(node) -> None:
             takes = ", ".join(sorted(contract.attributes)) or "none"
             raise InvalidModelError(f"{describe_node(node)} has attribute(s) {', '.join(unknown)}, which "
                                     f"{node.op_type}-{contract.since_version} does not take (it takes: {takes})")
+        for name, value in node.attrs.items():
+            kind = contract.attributes.get(name)
+            if kind is not None and not _of_type(value, kind):
+                raise InvalidModelError(
+                    f"{describe_node(node)} attribute '{name}' is {_described(value)}; {node.op_type}-"
+                    f"{contract.since_version} takes {_ATTRIBUTE_TYPES.get(kind, kind)} (onnxruntime refuses it too)")
+
+
+# AttributeProto's types, by number, and what a parsed attribute of each is (onnx_io: the
+# values onnx.helper.get_attribute_value gives, strings decoded, graphs and tensors read)
+_ATTRIBUTE_TYPES = {1: "a float", 2: "an int", 3: "a string", 4: "a tensor", 5: "a graph", 6: "floats",
+                    7: "ints", 8: "strings", 9: "tensors", 10: "graphs", 11: "a sparse tensor",
+                    12: "sparse tensors", 13: "a type", 14: "types"}
+_SCALARS = {1: float, 2: int, 3: str}
+_LISTS = {6: float, 7: int, 8: str}
+
+
+def _of_type(value, kind: int) -> bool:
+    """Whether a parsed attribute value is of AttributeProto type `kind` (lists: every item;
+    an empty list is any list's). Tensors, graphs and types are left to what reads them."""
+    if kind in _SCALARS:
+        return type(value) is _SCALARS[kind]
+    if kind in _LISTS:
+        return isinstance(value, list) and all(type(v) is _LISTS[kind] for v in value)
+    if kind in (9, 10, 12, 14):
+        return isinstance(value, list)
+    return value is not None
+
+
+def _described(value) -> str:
+    if value is None:
+        return "of no type (UNDEFINED)"
+    if isinstance(value, list):
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"a list of {' and '.join(kinds)}"
+    return f"{type(value).__name__} {value!r}"[:80]
