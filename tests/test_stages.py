@@ -321,6 +321,34 @@ def test_memory_planner_reaches_the_optimum_on_small_cases(seed):
             assert a.offset + a.bytes <= b.offset or b.offset + b.bytes <= a.offset
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_plan_too_dense_for_the_search_is_swept_and_still_never_overlaps(seed, monkeypatch):
+    """Above MAX_OVERLAPS pairs of values living together the planner places buffers in one
+    first-fit sweep (the search looks at every living neighbour per placement: seconds for
+    thousands of values read by one late node): no two values alive at once share bytes,
+    and the arena is no larger than every value side by side."""
+    import glassrt.runtime.memory as memory
+
+    rng = np.random.default_rng(seed)
+    n = 300
+    sizes = [int(rng.integers(1, 40)) * 64 for _ in range(n)]
+    last = [min(n, i + 1 + int(rng.exponential(20))) for i in range(n)]
+    steps = []
+    for k in range(n + 1):
+        reads = [f"v{i}" for i in range(n) if last[i] == k]
+        steps.append(StepIO(reads, [f"v{k}"] if k < n else ["out"], {f"v{k}": sizes[k]} if k < n else {}))
+    searched = plan_memory(steps, keep={"out"})
+    monkeypatch.setattr(memory, "MAX_OVERLAPS", 0)
+    swept = plan_memory(steps, keep={"out"})
+    for plan in (searched, swept):
+        vals = [plan.values[f"v{i}"] for i in range(n)]
+        for a, b in itertools.combinations(vals, 2):
+            if a.first_step <= b.last_step and b.first_step <= a.last_step:
+                assert a.offset + a.bytes <= b.offset or b.offset + b.bytes <= a.offset
+        assert plan.lower_bound_bytes <= plan.arena_bytes <= sum(memory._align(x) for x in sizes)
+    assert swept.arena_bytes <= 1.5 * searched.arena_bytes  # (first fit by first use: close to the search here)
+
+
 def test_memory_planner_reuses_a_dying_input_in_place_and_keeps_views_alive():
     steps = [StepIO(["x"], ["a"], {"a": 256}),
              StepIO(["a"], ["b"], {"b": 256}, inplace={"b": "a"}),  # a dies here: b takes its bytes

@@ -21,6 +21,7 @@ changed something.
 """
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import replace
 
 from ..ir import Graph
@@ -59,7 +60,10 @@ def _optimize_body(body: Graph, passes, ctx: PassContext, scope: Inference, cons
     def typed(g: Graph) -> Inference:
         """The body's types and known values, with those of the scope it reads from."""
         own = infer_body(g, {}, scope.types, scope.values)
-        return Inference({**scope.types, **own.types}, {**scope.values, **own.values}, own.problems, own.seen)
+        # (the body's own over the scope's, not a copy of both: a copy per body was quadratic
+        # in a model of many Ifs)
+        return Inference(ChainMap(dict(own.types), scope.types), ChainMap(dict(own.values), scope.values),
+                         own.problems, own.seen)
 
     body = _capture(body, constants, where)
     # the lists passes fill for explain are the session's; types and values are the body's

@@ -12,6 +12,7 @@ and placement shows it beside "no kernel" for that node.
 """
 from __future__ import annotations
 
+from collections import ChainMap
 from dataclasses import replace
 
 from ..ir import Graph
@@ -29,7 +30,7 @@ def expand_composites(graph, ctx):
 
 def _expand(graph, ctx, types, values, changes) -> Graph:
     providers = ctx.providers
-    visible = set(types) | set(graph.initializers) | {v.name for v in graph.inputs}
+    visible = None  # the names in use, for a decomposition's new ones: gathered when one is made
     nodes, out, changed = list(graph.nodes), [], False
     i = 0
     while i < len(nodes):
@@ -41,6 +42,8 @@ def _expand(graph, ctx, types, values, changes) -> Graph:
             ks, why = provider_verdict(providers[0], node, contract, bctx)
             if not ks and not any(q.name != "reference" and provider_verdict(q, node, contract, bctx)[0]
                                   for q in providers[1:]):
+                if visible is None:
+                    visible = set(types) | set(graph.initializers) | {v.name for v in graph.inputs}
                 body, error = _decompose(node, contract, bctx.input_types, visible)
                 if body:
                     ctx.expansions.append((node.name, node.op_type, len(body), why))
@@ -59,8 +62,7 @@ def _expand(graph, ctx, types, values, changes) -> Graph:
         new_node = _expand_subgraphs(node, ctx, types, values, changes)
         changed |= new_node is not node
         out.append(new_node)
-    return replace(graph, nodes=out, types={**graph.types, **{k: v for k, v in types.items() if k in visible}}) \
-        if changed else graph
+    return replace(graph, nodes=out, types={**graph.types, **types}) if changed else graph
 
 
 def _expand_subgraphs(node, ctx, types, values, changes):
@@ -72,7 +74,10 @@ def _expand_subgraphs(node, ctx, types, values, changes):
         expanded = []
         for g in graphs:
             res = infer_body(g, {}, types, values)
-            expanded.append(_expand(g, ctx, {**types, **res.types}, {**values, **res.values}, changes))
+            # (the body's own over the enclosing scope's, not a copy of them: a copy per body
+            # was quadratic in a model of many Ifs)
+            expanded.append(_expand(g, ctx, ChainMap(dict(res.types), types), ChainMap(dict(res.values), values),
+                                    changes))
         if any(e is not g for e, g in zip(expanded, graphs)):
             new_attrs[attr] = expanded if isinstance(v, list) else expanded[0]
     return replace(node, attrs={**node.attrs, **new_attrs}) if new_attrs else node

@@ -22,6 +22,7 @@ for `explain`: what changed, how many nodes before and after, how long it took.
 from __future__ import annotations
 
 import time
+from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -96,6 +97,11 @@ def selected(pipeline, options) -> list[Pass]:
     return [p for p in pipeline if _RANK[p.level] <= rank and (p.option is None or getattr(options, p.option))]
 
 
+def _own(m):
+    """A copy the passes may add to: of a body's scope (a ChainMap), a layer over it."""
+    return m.new_child() if isinstance(m, ChainMap) else dict(m)
+
+
 def run_pipeline(graph, pipeline, ctx: PassContext, infer_types) -> tuple:
     """(graph', [PassRecord]). `infer_types(graph) -> Inference` types the graph once, before
     the first pass that needs types (which also checks them). When no pass after that
@@ -107,7 +113,7 @@ def run_pipeline(graph, pipeline, ctx: PassContext, infer_types) -> tuple:
         for p in pipeline:
             if "types" in p.needs and typed is None:
                 inference = infer_types(graph)
-                ctx.types, ctx.values, typed = dict(inference.types), dict(inference.values), (graph, inference)
+                ctx.types, ctx.values, typed = _own(inference.types), _own(inference.values), (graph, inference)
             before = len(graph.nodes)
             t0 = time.perf_counter()
             graph, changes = p.fn(graph, ctx)

@@ -15,6 +15,7 @@ device-side provider, counted and listed (`Placement.transfers`).
 from __future__ import annotations
 
 import functools
+from collections import ChainMap
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -136,9 +137,11 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
     provider None and the reason, listed in `Placement.unsupported`."""
     failures = expansion_failures or {}
     batch = batch_symbols(graph) if batch is None else batch
-    types, values = dict(outer_types or {}), dict(outer_values or {})
-    types.update(inference.types)
-    values.update(inference.values)
+    # a body's own over its scope's, not a copy of the scope per body (quadratic in a model
+    # of many Ifs: 2,000 of them took 2.7 s to place and pass)
+    types = ChainMap(dict(inference.types), outer_types) if outer_types is not None else dict(inference.types)
+    values = ChainMap(dict(inference.values), outer_values or {}) if outer_types is not None \
+        else dict(inference.values)
     decisions, subgraphs, unsupported = {}, {}, []
     for node in graph.nodes:
         decision, why_not = decide(node, types, values, providers, failures.get(node.name), batch)
@@ -160,7 +163,9 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
         if subs:
             subgraphs[node.name] = subs
 
-    placed_graph = replace(graph, types={**graph.types, **types})
+    # (a body's types: its own and the enclosing scope's it reads, what its plans look up)
+    seen = types if outer_types is None else {**types.maps[0], **{n: types[n] for n in graph.outer_names if n in types}}
+    placed_graph = replace(graph, types={**graph.types, **seen})
     placement = Placement(placed_graph, decisions, subgraphs, [], inference)
     if outer_types is not None:
         placement._unsupported = unsupported  # reported once, by the top-level call

@@ -349,11 +349,13 @@ def _free_lists(steps, step_io, memory, slots, never) -> tuple:
             last[r] = k
     for n, pv in memory.values.items():
         last[n] = max(last.get(n, -1), pv.last_step)
-    droppable = {n: at for n, at in last.items() if n in slots and n not in never
-                 and (memory.values.get(n) is None or memory.values[n].offset is None)}
+    at_step: dict = {}  # step -> the slots it drops, in the order of `last` (a pass over all per step was quadratic)
+    for n, at in last.items():
+        if n in slots and n not in never and (memory.values.get(n) is None or memory.values[n].offset is None):
+            at_step.setdefault(min(at, len(steps)), []).append(slots[n])
     for k, st in enumerate(steps):
-        st.free = tuple(slots[n] for n, at in droppable.items() if at == k)
-    return tuple(slots[n] for n, at in droppable.items() if at >= len(steps))
+        st.free = tuple(at_step.get(k, ()))
+    return tuple(at_step.get(len(steps), ()))
 
 
 def _shape_free(kern, ctx) -> bool:
