@@ -37,10 +37,11 @@ class OpContract:
     data_dependent: bool = False
     notes: list[str] = field(default_factory=list)
     defaults: dict | None = None  # attribute defaults; None: read from the schema when first asked
-    # (min inputs, max inputs, min outputs, max outputs) and the attribute names an ONNX op
-    # takes, from the schema table (None: not checked; custom ops' schemas are looser)
+    # (min inputs, max inputs, min outputs, max outputs) and the attributes an ONNX op takes
+    # (name -> AttributeProto type), from the schema table (None: not checked; custom ops'
+    # schemas are looser)
     arity: tuple | None = None
-    attributes: dict | None = None  # ONNX ops: name -> AttributeProto type of each attribute it takes
+    attributes: dict | None = None
     _onnx_schema: Any = field(default=None, repr=False, compare=False)  # fetched on first use
 
     @property

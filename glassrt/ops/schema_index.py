@@ -4,8 +4,8 @@ onnx builds its whole schema registry (every op at every version, with docs, typ
 constraints and function bodies: ~7 MiB resident and ~25 ms) on the first schema lookup.
 Resolving a node's contract needs only a few facts per op version: which version a node
 at opset N resolves to, whether the op is a composite (has a function body), whether it is
-differentiable, its attributes' names, types and defaults, and how many inputs and outputs it takes. This module reads those facts from the registry
-once, writes them as JSON into glassrt's cache folder (one file per onnx build), and later
+differentiable, its attributes' names, types and defaults, and how many inputs and outputs
+it takes. This module reads those facts from the registry once, writes them as JSON into glassrt's cache folder (one file per onnx build), and later
 processes read that file instead. The full `onnx.defs.OpSchema` is still fetched, and the
 registry built, by what needs it: onnx's generic shape inference for ops without a glassrt
 meta rule, decompositions, `glassrt check`.
