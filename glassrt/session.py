@@ -445,6 +445,11 @@ def _check_value(name, value, t, bound, dims=None):
                                  f"{dtypes.ort_type_string(value.dtype) if value.dtype.kind not in 'V' else value.dtype}")
         if value.dtype.kind in "US":
             value = value.astype(object)
+        if t.dtype == object and not all(type(v) is str for v in value.flat):
+            # a string input fed bytes, numbers or None: each made its str(), as onnxruntime
+            # makes it (kernels would meet them as they are: bytes matched by RegexFullMatch,
+            # a TypeError from StringSplit, non-strings returned by Identity)
+            value = np.vectorize(str, otypes=[object])(value) if value.size else value
         if t.shape is not None:
             if value.ndim != len(t.shape):
                 raise InputShapeError(f"input '{name}': expected rank {len(t.shape)} {symbolic.shape_str(t.shape)}, "

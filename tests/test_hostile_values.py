@@ -404,3 +404,46 @@ def test_roi_align_negative_sampling_ratio_fails():
              "i": np.array([0], np.int64)}
     _refused(_model("RoiAlign", feeds, attrs=dict(output_height=2, output_width=2, sampling_ratio=-3), opset=16),
              feeds, "sampling_ratio")
+
+
+# ---------------------------------------------------------------- stop 45's second fuzz round
+
+
+@pytest.mark.parametrize("fed", [True, False], ids=["fed", "constant"])
+@pytest.mark.parametrize("start, end, want", [(-11, -11, [0.0]), (-2**63, -2**63, [0.0]), (20, -11, [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]),
+                                              (-11, 5, [])])
+def test_a_negative_step_slice_clamps_its_bounds_as_the_spec_says(fed, start, end, want):
+    """A start below -dim with a negative step is clamped to index 0 (onnxruntime: [0.0] for
+    x[-11:-11:-1] of 10): Python's slice.indices made it "before the first element" (empty,
+    from constants) or wrapped the stop to the end (the whole axis reversed, fed)."""
+    x = np.arange(10, dtype=F32)
+    b = {k: np.array([v], np.int64) for k, v in (("s", start), ("e", end), ("a", 0), ("p", -1))}
+    m = _model("Slice", {"x": x, **b} if fed else {"x": x}, None if fed else b, order=["x", "s", "e", "a", "p"])
+    for (y,) in _runs(m, {"x": x, **b} if fed else {"x": x}):
+        np.testing.assert_array_equal(y, np.array(want, F32))
+
+
+def test_a_float_range_is_fast_bounded_by_the_memory_limit_and_refuses_infinite_bounds():
+    feeds = {k: np.array(v, F32) for k, v in (("a", 0.0), ("b", 1e6), ("d", 1.0))}
+    m = _model("Range", feeds)
+    y = glassrt.InferenceSession(m).run(None, feeds)[0]  # (a loop of single additions took ~1 s)
+    assert y.shape == (10**6,) and y[-1] == 999_999.0
+    small = glassrt.SessionOptions(memory_limit_bytes=1 << 20)
+    with pytest.raises(glassrt.MemoryLimitError, match="Range node 'n0'"):
+        glassrt.InferenceSession(m, small).run(None, feeds)
+    _refused(m, {**feeds, "b": np.array(np.inf, F32)}, "no finite number of values")
+
+
+def test_resize_by_fed_scales_is_bounded_by_the_memory_limit():
+    x, scales = np.ones((1, 1, 2, 2), F32), np.array([1, 1, 1000, 1000], F32)
+    m = _model("Resize", {"x": x, "scales": scales}, {"roi": np.zeros(0, F32)}, order=["x", "roi", "scales"])
+    with pytest.raises(glassrt.MemoryLimitError, match="Resize node 'n0'"):
+        glassrt.InferenceSession(m, glassrt.SessionOptions(memory_limit_bytes=1 << 20)).run(
+            None, {"x": x, "scales": scales})
+
+
+def test_a_string_input_fed_other_objects_gets_their_str_as_onnxruntime_does():
+    m = _model("Identity", {"x": np.array(["a", "b", "c", "d"], object)})
+    feed = np.array(["abc", b"\xff", 3, None], object)
+    y = glassrt.InferenceSession(m).run(None, {"x": feed})[0]
+    assert y.tolist() == ["abc", "b'\\xff'", "3", "None"]

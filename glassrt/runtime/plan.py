@@ -414,8 +414,11 @@ class _DynamicStep:
             if self.plain is None:
                 self.plain = self.bind(self.ctx)
             return self._detach(self.plain(*args))
-        # Small integer inputs (shapes, axes, starts) steer output shapes: part of the key.
-        key = tuple(((a.shape, a.dtype.str, a.tobytes() if a.dtype.kind in "iu" and a.size <= 64 else None)
+        # Small integer inputs (shapes, axes, starts) and a few floats (Range's bounds, Resize's
+        # scales) steer output shapes: part of the key, and given to the meta, whose shapes
+        # the memory limit is checked against before the kernel allocates (_prepare).
+        floats = self.ctx.node.op_type in _SHAPED_BY_FLOATS
+        key = tuple(((a.shape, a.dtype.str, a.tobytes() if _steers(a, floats) else None)
                      if isinstance(a, np.ndarray) else type(a).__name__) for a in args)
         entry = self.cache.get(key)
         if entry is None:
@@ -489,8 +492,9 @@ class _DynamicStep:
         types = {name: type_of_value(a) for name, a in zip(node.inputs, args[:n_in]) if name}
         types.update({name: type_of_value(a) for name, a in zip(node.implicit_inputs, args[n_in:])})
         values = {name: c for name, c in zip(node.inputs, self.ctx.const_inputs) if name and c is not None}
-        for name, a in zip(node.inputs, args[:n_in]):  # small int inputs (shapes, axes) steer meta
-            if name and isinstance(a, np.ndarray) and a.dtype.kind in "iu" and a.size <= 64:
+        floats = node.op_type in _SHAPED_BY_FLOATS
+        for name, a in zip(node.inputs, args[:n_in]):  # small inputs (shapes, axes, bounds) steer meta
+            if name and isinstance(a, np.ndarray) and _steers(a, floats):
                 values[name] = a
         infer_node(None, node, types, values, {}, True)
         out_types = [types.get(o) if o else None for o in node.outputs]
@@ -504,6 +508,18 @@ class _DynamicStep:
         ctx = replace(self.ctx, input_types=[types.get(i) if i else None for i in node.inputs], output_types=out_types)
         ctx.workspace = None
         return self.bind(ctx), alloc
+
+
+# Ops whose float inputs set their output shapes: Range's bounds, Resize's and Upsample's
+# scales (a fed 1e6 made a 4 MB range under a 1 MiB memory limit, its size unknown to the meta)
+_SHAPED_BY_FLOATS = frozenset({"Range", "Resize", "Upsample"})
+
+
+def _steers(a: np.ndarray, floats: bool) -> bool:
+    """A run-time input that may set a dynamic step's output shapes: a small integer tensor
+    (a shape, axes, starts), or with `floats` (_SHAPED_BY_FLOATS) a few floats. (Not the
+    floats of other ops: small data would key a plan per value.)"""
+    return (a.dtype.kind in "iu" and a.size <= 64) or (floats and a.dtype.kind == "f" and a.size <= 8)
 
 
 def _pooled_slots(steps) -> frozenset:

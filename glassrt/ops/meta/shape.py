@@ -330,11 +330,23 @@ def split(ctx):
 
 
 def clamped_slice(start: int, end: int, step: int, dim: int) -> slice:
-    """ONNX Slice bounds for one axis as a Python slice on a dim of this size. slice.indices
-    gives stop=-1 when a negative step runs past index 0, and -1 as a bound would wrap
-    to the end: that case becomes None (run to the start)."""
-    s, e, st = slice(start, end, step).indices(dim)
-    return slice(s, None if e < 0 else e, st)
+    """ONNX Slice bounds for one axis as a Python slice on a dim of this size, clamped as the
+    spec says: a negative bound counts from the end, then start and end are clamped to
+    [0, dim] for a positive step, to [0, dim - 1] and [-1, dim - 1] for a negative one.
+    (Python's slice.indices clamps a negative step's start below -dim to "before the first",
+    an empty slice, where ONNX and onnxruntime start at index 0.) An end of -1 then means
+    "past index 0": None, as -1 would wrap to the end."""
+    if step == 0:
+        raise ValueError("slice step cannot be zero")
+    if start < 0:
+        start += dim
+    if end < 0:
+        end += dim
+    if step > 0:
+        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+    else:
+        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+    return slice(start, None if end < 0 else end, step)
 
 
 def uneven_split(dim: int, parts: int) -> list[int]:
@@ -394,7 +406,7 @@ def slice_len(dim, start, end, step):
                 return length
         return symbolic.fresh("slice")
     if isinstance(dim, int):
-        return len(range(*slice(start, end, step).indices(dim)))
+        return len(range(dim)[clamped_slice(start, end, step, dim)])
     if step == 1 and start >= 0 and end >= INT_MAX // 4:
         return symbolic.normalize(dim - start) if start else dim
     if step == 1 and start >= 0 and end < 0:
@@ -509,7 +521,10 @@ def range_count(start, limit, delta) -> int:
         raise ValueError("delta must not be 0")
     if isinstance(start, int) and isinstance(limit, int) and isinstance(delta, int):
         return max(-((start - limit) // delta), 0)
-    return max(int(np.ceil((limit - start) / delta)), 0)
+    count = np.ceil((limit - start) / delta)
+    if not np.isfinite(count):
+        raise ValueError(f"start {start}, limit {limit} and delta {delta} give no finite number of values")
+    return max(int(count), 0)
 
 
 @meta("Range")
