@@ -92,7 +92,11 @@ def type_of_value(v):
     if isinstance(v, np.ndarray):
         return TensorType(v.dtype, tuple(v.shape))
     if isinstance(v, list):
-        elem = type_of_value(v[0]) if v else None
+        x0 = v[0] if v else None
+        if type(x0) is np.ndarray and all(type(x) is np.ndarray and x.shape == x0.shape and x.dtype == x0.dtype
+                                          for x in v):
+            return SequenceType(TensorType(x0.dtype, tuple(x0.shape)))  # (elements alike: no merging one by one)
+        elem = type_of_value(x0) if v else None
         for x in v[1:]:
             elem = merge_types(elem, type_of_value(x))
         return SequenceType(elem)

@@ -447,3 +447,27 @@ def test_a_string_input_fed_other_objects_gets_their_str_as_onnxruntime_does():
     feed = np.array(["abc", b"\xff", 3, None], object)
     y = glassrt.InferenceSession(m).run(None, {"x": feed})[0]
     assert y.tolist() == ["abc", "b'\\xff'", "3", "None"]
+
+
+def test_a_loop_appending_to_a_sequence_compiles_its_body_once_per_element_type():
+    """A plan depends on a sequence's element type, not its length: a Loop appending to a
+    carried sequence compiled a body plan per iteration, each keyed by every element
+    (2,000 iterations: 6.5-8.4 s, onnxruntime 0.03)."""
+    f1 = helper.make_tensor_sequence_value_info
+    body = helper.make_graph(
+        [helper.make_node("SequenceInsert", ["seq_in", "x"], ["seq_out"]), helper.make_node("Identity", ["c_in"], ["c_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("c_in", TensorProto.BOOL, []), f1("seq_in", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), f1("seq_out", TensorProto.FLOAT, [1])])
+    g = helper.make_graph([helper.make_node("SequenceEmpty", [], ["s0"], dtype=TensorProto.FLOAT),
+                           helper.make_node("Loop", ["M", "", "s0"], ["sf"], body=body),
+                           helper.make_node("ConcatFromSequence", ["sf"], ["y"], axis=0)], "g",
+                          [helper.make_tensor_value_info("M", TensorProto.INT64, []),
+                           helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    y = sess.run(None, {"M": np.array(300, np.int64), "x": np.full(1, 3, F32)})[0]
+    np.testing.assert_array_equal(y, np.full(300, 3, F32))
+    assert [r.plans_built for _, r in sess.runner._sub_runners.values()] == [2]  # (the empty sequence's, then one)

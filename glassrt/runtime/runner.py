@@ -68,7 +68,7 @@ class GraphRunner:
                 if isinstance(v, np.ndarray):
                     sig.append((n, v.shape, v.dtype.str))
                 elif isinstance(v, list):
-                    sig.append((n, "seq", tuple((x.shape, x.dtype.str) if isinstance(x, np.ndarray) else None for x in v)))
+                    sig.append((n, "seq", _elements_key(v)))
                 else:
                     sig.append((n, type(v).__name__))
         sig.sort(key=_name)
@@ -335,6 +335,17 @@ class HeldPlan:
             self.release()
         except Exception:  # (at interpreter exit the runner may be half torn down)
             pass
+
+
+def _elements_key(v: list) -> tuple:
+    """A sequence's part of a plan's signature: its elements' shapes and dtypes; one entry
+    where all are alike, whatever their number (the plan depends on the element type, not
+    the length: a Loop appending to a sequence compiled a plan per iteration, and keyed each
+    by every element, quadratic in its trip count)."""
+    x0 = v[0] if v else None
+    if type(x0) is np.ndarray and all(type(x) is np.ndarray and x.shape == x0.shape and x.dtype == x0.dtype for x in v):
+        return ("alike", x0.shape, x0.dtype.str)
+    return tuple((x.shape, x.dtype.str) if isinstance(x, np.ndarray) else None for x in v)
 
 
 def _name(entry):
