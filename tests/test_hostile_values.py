@@ -471,3 +471,16 @@ def test_a_loop_appending_to_a_sequence_compiles_its_body_once_per_element_type(
     y = sess.run(None, {"M": np.array(300, np.int64), "x": np.full(1, 3, F32)})[0]
     np.testing.assert_array_equal(y, np.full(300, 3, F32))
     assert [r.plans_built for _, r in sess.runner._sub_runners.values()] == [2]  # (the empty sequence's, then one)
+
+
+@pytest.mark.parametrize("pad", ["zeros", "border", "reflection"])
+def test_grid_sample_at_a_nan_coordinate_is_nan(pad):
+    """A NaN grid coordinate (an infinite one under reflection) samples nothing: NaN, where
+    it read index -2**63 (an IndexError under border and reflection padding); onnxruntime
+    reads whatever index its conversion makes."""
+    x = np.array([[[[1, 2], [3, 4]]]], F32)
+    grid = np.array([[[[np.nan, 0.3], [0.2, -0.4], [np.inf, 0.1]]]], F32)
+    m = _model("GridSample", {"x": x, "g": grid}, attrs={"padding_mode": pad}, opset=20)
+    for (y,) in _runs(m, {"x": x, "g": grid}):
+        assert np.isnan(y[0, 0, 0, 0]) and np.isfinite(y[0, 0, 0, 1])
+        assert np.isnan(y[0, 0, 0, 2]) == (pad == "reflection")

@@ -42,6 +42,10 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
     if y.size == 0:
         return y.reshape((n, c) + tuple(out_sp)).astype(x.dtype)
     # Per spatial dim: the source coordinate of every output point (grid's last axis is x, y[, z]).
+    # A NaN coordinate (and an infinite one under reflection, which has no reflected place)
+    # samples nothing: the point is NaN (onnxruntime's float-to-int conversion reads
+    # whatever index it makes of it); it is sampled at lo meanwhile, so every index is valid.
+    undefined = np.zeros(g.shape[:2], bool)
     taps_per_dim = []
     for d in range(nd):
         length = dims[d]
@@ -52,6 +56,12 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
         else:
             lo, hi = -0.5, length - 0.5
             s = ((u + 1) * length - 1) / 2
+        finite = np.isfinite(s)
+        if not finite.all():
+            bad = ~finite if padding_mode == "reflection" else np.isnan(s)
+            undefined |= bad
+            # (an infinite one elsewhere is as far outside as any: a few cells past the border)
+            s = np.where(bad, lo, np.where(finite, s, np.sign(s) * (length + 4)))
         if mode == "nearest":
             s = np.rint(s)  # half to even, like PyTorch
         if padding_mode == "border":  # only points outside the border box move
@@ -88,6 +98,8 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
         for _, wd in combo[1:]:
             w = w * wd
         y += np.take_along_axis(xr, flat[:, None, :], axis=2) * w[:, None, :]
+    if undefined.any():
+        y[np.broadcast_to(undefined[:, None, :], y.shape)] = np.nan if x.dtype.kind in "fV" else 0
     return cast_result(y.reshape((n, c) + tuple(out_sp)), x.dtype)
 
 
