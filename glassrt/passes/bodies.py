@@ -21,11 +21,10 @@ changed something.
 """
 from __future__ import annotations
 
-from collections import ChainMap
 from dataclasses import replace
 
 from ..ir import Graph
-from ..runtime.infer import Inference, infer_body
+from ..runtime.infer import Inference, infer_body, scoped
 from .manager import PassContext, run_pipeline
 
 
@@ -62,7 +61,7 @@ def _optimize_body(body: Graph, passes, ctx: PassContext, scope: Inference, cons
         own = infer_body(g, {}, scope.types, scope.values)
         # (the body's own over the scope's, not a copy of both: a copy per body was quadratic
         # in a model of many Ifs)
-        return Inference(ChainMap(dict(own.types), scope.types), ChainMap(dict(own.values), scope.values),
+        return Inference(scoped(dict(own.types), scope.types), scoped(dict(own.values), scope.values),
                          own.problems, own.seen)
 
     body = _capture(body, constants, where)

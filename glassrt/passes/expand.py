@@ -12,12 +12,11 @@ and placement shows it beside "no kernel" for that node.
 """
 from __future__ import annotations
 
-from collections import ChainMap
 from dataclasses import replace
 
 from ..ir import Graph
 from ..ops.registry import get_contract
-from ..runtime.infer import infer, infer_body
+from ..runtime.infer import infer, infer_body, scoped
 from ..runtime.placement import node_context
 from ..runtime.select import provider_verdict
 
@@ -76,8 +75,7 @@ def _expand_subgraphs(node, ctx, types, values, changes):
             res = infer_body(g, {}, types, values)
             # (the body's own over the enclosing scope's, not a copy of them: a copy per body
             # was quadratic in a model of many Ifs)
-            expanded.append(_expand(g, ctx, ChainMap(dict(res.types), types), ChainMap(dict(res.values), values),
-                                    changes))
+            expanded.append(_expand(g, ctx, scoped(dict(res.types), types), scoped(dict(res.values), values), changes))
         if any(e is not g for e, g in zip(expanded, graphs)):
             new_attrs[attr] = expanded if isinstance(v, list) else expanded[0]
     return replace(node, attrs={**node.attrs, **new_attrs}) if new_attrs else node

@@ -99,7 +99,9 @@ def selected(pipeline, options) -> list[Pass]:
 
 def _own(m):
     """A copy the passes may add to: of a body's scope (a ChainMap), a layer over it."""
-    return m.new_child() if isinstance(m, ChainMap) else dict(m)
+    from ..runtime.infer import scoped
+
+    return scoped({}, m) if isinstance(m, ChainMap) else dict(m)  # (scoped: a dict where m is small)
 
 
 def run_pipeline(graph, pipeline, ctx: PassContext, infer_types) -> tuple:

@@ -15,7 +15,6 @@ device-side provider, counted and listed (`Placement.transfers`).
 from __future__ import annotations
 
 import functools
-from collections import ChainMap
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -24,7 +23,7 @@ from ..errors import UnsupportedOperatorError, describe_node
 from ..ir import Graph, Node, TensorType
 from ..kernels.registry import BindContext
 from ..ops.registry import get_contract
-from .infer import Inference, infer
+from .infer import Inference, infer, scoped
 from .layout import choose_layouts
 from .select import is_static, provider_verdict_checked
 
@@ -139,8 +138,9 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
     batch = batch_symbols(graph) if batch is None else batch
     # a body's own over its scope's, not a copy of the scope per body (quadratic in a model
     # of many Ifs: 2,000 of them took 2.7 s to place and pass)
-    types = ChainMap(dict(inference.types), outer_types) if outer_types is not None else dict(inference.types)
-    values = ChainMap(dict(inference.values), outer_values or {}) if outer_types is not None \
+    own_types = dict(inference.types)
+    types = scoped(own_types, outer_types) if outer_types is not None else own_types
+    values = scoped(dict(inference.values), outer_values or {}) if outer_types is not None \
         else dict(inference.values)
     decisions, subgraphs, unsupported = {}, {}, []
     for node in graph.nodes:
@@ -164,7 +164,7 @@ def place(graph: Graph, inference: Inference, providers, *, outer_types=None, ou
             subgraphs[node.name] = subs
 
     # (a body's types: its own and the enclosing scope's it reads, what its plans look up)
-    seen = types if outer_types is None else {**types.maps[0], **{n: types[n] for n in graph.outer_names if n in types}}
+    seen = types if outer_types is None else {**own_types, **{n: types[n] for n in graph.outer_names if n in types}}
     placed_graph = replace(graph, types={**graph.types, **seen})
     placement = Placement(placed_graph, decisions, subgraphs, [], inference)
     if outer_types is not None:
