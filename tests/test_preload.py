@@ -115,11 +115,14 @@ feed = {"x": np.ones((1, 16, 32, 32), np.float32)}
 sess.run(None, feed)
 
 def cpu_ms():
-    # CPU time of all of the process's threads, in ms: from schedstat (nanoseconds) where
-    # the kernel keeps it, else from stat's clock ticks (10 ms each: coarse against a spin
-    # of a fraction of a millisecond, and a busy machine's ticks land anywhere)
+    # CPU time of the process's threads but the main one (which only sleeps and reads these
+    # files: its own time was most of what glassrt's setting measured), in ms: from schedstat
+    # (nanoseconds) where the kernel keeps it, else from stat's clock ticks (10 ms each:
+    # coarse against a spin of a fraction of a millisecond)
     total = 0.0
     for tid in os.listdir("/proc/self/task"):
+        if tid == str(os.getpid()):
+            continue
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
                 total += int(f.read().split()[0]) / 1e6
@@ -155,7 +158,7 @@ def test_openmp_workers_stop_spinning_soon_after_a_run():
     assert f"{preload.SPINCOUNT:,}" in ours["policy"] and ours["env"] is None
     default = _spin_probe(GOMP_SPINCOUNT="300000")  # libgomp's own default, made explicit
     assert "environment" in default["policy"] and default["env"] == "300000"
-    if default["burned"] < 20:  # (ms; one core, or a worker never scheduled: nothing to compare)
+    if default["burned"] < 40:  # (ms; one core, or a worker starved by a busy machine: nothing to compare)
         pytest.skip(f"libgomp's default burned only {default['burned']:.1f} ms here")
     assert ours["burned"] < default["burned"] / 2, (ours, default)
 
