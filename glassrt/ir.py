@@ -87,16 +87,25 @@ def merge_types(a, b):
     return None
 
 
+def alike_arrays(v: list):
+    """The first element of a sequence whose elements are all arrays of one shape and dtype
+    (a Loop's accumulated outputs), else None: its type, and its part of a plan's signature,
+    then need no pass that merges them one by one."""
+    x0 = v[0] if v else None
+    if type(x0) is np.ndarray and all(type(x) is np.ndarray and x.shape == x0.shape and x.dtype == x0.dtype for x in v):
+        return x0
+    return None
+
+
 def type_of_value(v):
     """The type of a run-time value: an array's dtype and shape, a list's element type."""
     if isinstance(v, np.ndarray):
         return TensorType(v.dtype, tuple(v.shape))
     if isinstance(v, list):
-        x0 = v[0] if v else None
-        if type(x0) is np.ndarray and all(type(x) is np.ndarray and x.shape == x0.shape and x.dtype == x0.dtype
-                                          for x in v):
-            return SequenceType(TensorType(x0.dtype, tuple(x0.shape)))  # (elements alike: no merging one by one)
-        elem = type_of_value(x0) if v else None
+        x0 = alike_arrays(v)
+        if x0 is not None:
+            return SequenceType(TensorType(x0.dtype, tuple(x0.shape)))  # (no merging one by one)
+        elem = type_of_value(v[0]) if v else None
         for x in v[1:]:
             elem = merge_types(elem, type_of_value(x))
         return SequenceType(elem)

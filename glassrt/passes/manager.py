@@ -26,6 +26,7 @@ from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..runtime.infer import scoped
 from ._rewrite import Readers
 
 LEVELS = ("none", "basic", "extended", "all")
@@ -98,10 +99,9 @@ def selected(pipeline, options) -> list[Pass]:
 
 
 def _own(m):
-    """A copy the passes may add to: of a body's scope (a ChainMap), a layer over it."""
-    from ..runtime.infer import scoped
-
-    return scoped({}, m) if isinstance(m, ChainMap) else dict(m)  # (scoped: a dict where m is small)
+    """A copy the passes may add to: of a body's scope (a ChainMap), a layer over it (or a
+    plain copy, where the scope is small: infer.scoped)."""
+    return scoped({}, m) if isinstance(m, ChainMap) else dict(m)
 
 
 def run_pipeline(graph, pipeline, ctx: PassContext, infer_types) -> tuple:

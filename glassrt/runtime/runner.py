@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import GlassrtError
 from ..kernels.cpu._jit import numba_loading
-from ..ir import TensorType, type_of_value  # noqa: F401  (type_of_value re-exported)
+from ..ir import TensorType, alike_arrays, type_of_value  # noqa: F401  (type_of_value re-exported)
 from . import threads
 from .memory import BufferPool
 from .plan import STRAIGHT_AFTER, compile_plan, run_plan
@@ -342,8 +342,8 @@ def _elements_key(v: list) -> tuple:
     where all are alike, whatever their number (the plan depends on the element type, not
     the length: a Loop appending to a sequence compiled a plan per iteration, and keyed each
     by every element, quadratic in its trip count)."""
-    x0 = v[0] if v else None
-    if type(x0) is np.ndarray and all(type(x) is np.ndarray and x.shape == x0.shape and x.dtype == x0.dtype for x in v):
+    x0 = alike_arrays(v)
+    if x0 is not None:
         return ("alike", x0.shape, x0.dtype.str)
     return tuple((x.shape, x.dtype.str) if isinstance(x, np.ndarray) else None for x in v)
 
