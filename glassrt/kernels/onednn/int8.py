@@ -436,10 +436,11 @@ def _conv_integer_geometry(ctx, w_at=1):
     return tuple(int(v) for v in x), k, begin, end, out, [int(s) for s in strides], [int(d) for d in dil]
 
 
-def _conv_integer_reason(ctx, w_at=1, wz_at=3, impl=True):
+def _conv_integer_reason(ctx, w_at=1, wz_at=3, impl=True, isa=True):
     """Why this ConvInteger / QLinearConv is not oneDNN's, or None. impl=False: the checks
-    before the one that builds the exact sums' primitive descriptor (to ask its implementation)."""
-    why = _unavailable(ctx) or exact_reason()
+    before the one that builds the exact sums' primitive descriptor (to ask its implementation);
+    isa=False: the shapes' checks alone (int8_float.py's kernels, which run on any CPU)."""
+    why = _unavailable(ctx) or (exact_reason() if isa else None)
     if why:
         return why
     x, w = ctx.shape(0), ctx.const(w_at)

@@ -1,0 +1,228 @@
+"""8-bit convolutions (QLinearConv, ConvInteger) exact on oneDNN's float32 convolution, for
+CPUs whose 8-bit products saturate.
+
+Without VNNI or AMX (AVX2, AVX-512 before Cascade Lake) oneDNN's u8 x s8 convolutions pass
+pairs of products through a saturating 16-bit add, so int8.py's kernels refuse there, and
+cpu's exact path (im2col, then float32 GEMMs one group at a time) is slow: measured on a
+2-core AVX2 EPYC (Zen 1), a quantize_static MobileNetV2 (QOperator) ran 404 ms against
+onnxruntime's 13, 96 % of it in QLinearConv.
+
+Here the integer convolution runs as a float32 one. (x - xz) and (w - wz) are integers;
+where every partial sum stays within 2**24 in magnitude float32 holds each exactly, in
+whatever order the kernel adds them. That bound is checked once per filter, on the constant
+weights and bias, with the largest |x - xz| the input's type allows:
+    max|x - xz| * sum_k |w[m, k] - wz[m]| + |b[m]| <= 2**24
+(a quantize_static MobileNetV2's widest filters, 960 inputs, reach ~30 % of it). Where it
+fails this kernel refuses, `explain` says so, and cpu's exact path runs.
+
+Three oneDNN primitives a call, each a jit kernel on AVX2:
+  reorder  x (8-bit, NCHW or NHWC) -> float32 NHWC x - xz       (its source zero point)
+  conv     float32 + b, then post-ops: * M per filter, round half to even  -> float32 NHWC
+  reorder  -> y = that + yz, saturated to y's type               (its destination zero point)
+M = x_scale * w_scale / y_scale formed in float32, so y = sat(rint(fl((acc + b) * M)) + yz):
+onnxruntime's requantization (MLAS's), bit for bit, and cpu's kernel's but where its float64
+product lands the other side of a rounding tie. ConvInteger stops after the conv: its int32
+sums, exact.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..buffers import NHWC
+from ..registry import kernel
+from . import dnnl
+from .capi import ARG_ATTR_ZERO_POINTS
+from .dnnl import ARG_BIAS, ARG_DST, ARG_FROM, ARG_SRC, ARG_TO, ARG_WEIGHTS, MemoryDesc
+from .int8 import _I8, _conv_integer_geometry, _conv_integer_reason
+from .kernels import _PerThreads, _Views, _fmt, _workspace_views, _ws_bytes, packed_weights, shared_pd
+
+EXACT_LIMIT = 1 << 24  # float32 holds every integer up to here
+
+
+class _Spec:
+    """What a QLinearConv / ConvInteger node needs, read once from its constants: the
+    centered float32 weights (grouped as oneDNN takes them), bias, zero points, multiplier."""
+
+    def __init__(self, ctx, qlinear: bool):
+        self.qlinear = qlinear
+        w = ctx.const(3 if qlinear else 1)
+        wz_i, xz_i = (5, 2) if qlinear else (3, 2)
+        self.m, self.group = int(w.shape[0]), int(ctx.attrs.get("group", 1))
+        self.geometry = _conv_integer_geometry(ctx, w_at=3 if qlinear else 1)
+        wz = ctx.const(wz_i) if ctx.has(wz_i) else None
+        xz = ctx.const(xz_i) if ctx.has(xz_i) else None
+        self.x_dtype = np.dtype(ctx.dtype(0))
+        self.y_dtype = np.dtype(np.int32) if not qlinear else np.dtype(ctx.dtype(7) if ctx.has(7) else ctx.dtype(0))
+        self.why = self._constants(ctx, w, wz, xz)
+        if self.why:
+            return
+        centered = w.astype(np.int32) - (self.wz.reshape(-1, 1, 1, 1) if self.wz.size > 1 else self.wz.reshape(()))
+        lo, hi = (-128, 127) if self.x_dtype == np.int8 else (0, 255)
+        reach = max(self.xz - lo, hi - self.xz)  # the largest |x - xz| an input can have
+        bound = reach * np.abs(centered).reshape(self.m, -1).sum(axis=1, dtype=np.int64)
+        if self.bias is not None:
+            bound += np.abs(self.bias.astype(np.int64))
+        worst = int(bound.max())
+        if worst > EXACT_LIMIT:
+            self.why = (f"a filter's sums can reach {worst:,} (|x - x_zero_point| up to {reach} times its weights "
+                        f"plus bias): past 2**24, where float32 stops holding integers exactly")
+            return
+        self.weights = np.ascontiguousarray(
+            centered.astype(np.float32).reshape(dnnl.grouped_weights_shape(w.shape, self.group)))
+        self.bias_f = None if self.bias is None else self.bias.astype(np.float32)
+        self.worst = worst
+
+    def _constants(self, ctx, w, wz, xz):
+        """Reads the zero points, bias and scales; why not, where one is not a constant of a
+        supported shape (they are fixed into the primitives)."""
+        m = self.m
+        if ctx.has(2) and xz is None:
+            return "x_zero_point is computed at run time (this kernel fixes it into its primitives)"
+        if xz is not None and (xz.size != 1 or xz.dtype != self.x_dtype):
+            return f"x_zero_point is {xz.dtype}{list(xz.shape)}, not one {self.x_dtype} value"
+        self.xz = 0 if xz is None else int(xz.reshape(-1)[0])
+        if wz is None and ctx.has(5 if self.qlinear else 3):
+            return "w_zero_point is computed at run time"
+        self.wz = np.zeros(1, np.int32) if wz is None else wz.astype(np.int32).reshape(-1)
+        if self.wz.size not in (1, m):
+            return f"w_zero_point has {self.wz.size} values, neither one nor one per filter ({m})"
+        self.bias = None
+        if not self.qlinear:
+            return None
+        if ctx.has(8):
+            b = ctx.const(8)
+            if b is None or b.dtype != np.int32 or b.shape != (m,):
+                return "the bias is not a constant int32 vector with one value per filter"
+            self.bias = b
+        scales = [ctx.const(i) for i in (1, 4, 6)]
+        if any(s is None or s.dtype != np.float32 for s in scales):
+            return "a scale is computed at run time or not float32 (this kernel fixes them into its primitives)"
+        xs, ws, ys = scales
+        if xs.size != 1 or ys.size != 1 or ws.size not in (1, m):
+            return f"scales of {xs.size}, {ws.size}, {ys.size} values: x's and y's must be one, w's one or one per filter"
+        if self.y_dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+            return f"y is {self.y_dtype}, not 8-bit"
+        yz = ctx.const(7) if ctx.has(7) else None
+        if ctx.has(7) and (yz is None or yz.size != 1):
+            return "y_zero_point is computed at run time or holds more than one value"
+        self.yz = 0 if yz is None else int(yz.reshape(-1)[0])
+        # the multiplier as onnxruntime forms it: x_scale * w_scale / y_scale, in float32
+        mult = (xs.reshape(()) * ws.reshape(-1) / ys.reshape(())).astype(np.float32)
+        self.mult = np.ascontiguousarray(np.broadcast_to(mult, (m,)).reshape(1, m, 1, 1))
+        return None
+
+    def conv_pd(self):
+        """The float32 convolution's descriptor (shared by equal convolutions)."""
+        x_shape, k, begin, end, out_hw, strides, dil = self.geometry
+        y_shape = (x_shape[0], self.m, *out_hw)
+        post = dnnl.PostOps()
+        if self.qlinear:
+            post.binary("mul", MemoryDesc.create((1, self.m, 1, 1), np.float32, "abcd")).eltwise("round")
+        key = ("8-bit conv as float32", tuple(x_shape), self.weights.shape, tuple(strides), tuple(dil), tuple(begin),
+               tuple(end), self.bias_f is not None, self.qlinear)
+        return shared_pd(key, lambda: dnnl.convolution(
+            MemoryDesc.create(x_shape, np.float32, "acdb"), MemoryDesc.create(self.weights.shape, np.float32, "any"),
+            MemoryDesc.create(y_shape, np.float32, "acdb"),
+            MemoryDesc.create((self.m,), np.float32, "a") if self.bias_f is not None else None,
+            strides=list(strides), dilations=[d - 1 for d in dil], padding_l=list(begin), padding_r=list(end),
+            attr=dnnl.Attr(post_ops=post)), ahead=True)
+
+    @property
+    def shapes(self):
+        x_shape, out_hw = self.geometry[0], self.geometry[4]
+        return tuple(x_shape), (x_shape[0], self.m, *out_hw)
+
+
+def _spec(ctx, qlinear: bool) -> _Spec:
+    return ctx.cached(("8-bit conv as float32", qlinear), lambda: _Spec(ctx, qlinear))
+
+
+def _reason(ctx, qlinear: bool):
+    def now():
+        why = _conv_integer_reason(ctx, w_at=3 if qlinear else 1, wz_at=5 if qlinear else 3, impl=False,
+                                   isa=False)
+        if why:
+            return why
+        spec = _spec(ctx, qlinear)
+        if spec.why:
+            return spec.why
+        impl = spec.conv_pd().impl
+        if impl.startswith(("ref", "gemm:")):
+            return f"oneDNN has only its generic implementation ({impl}) for this convolution"
+        return None
+    return ctx.verdict(("8-bit conv as float32", qlinear), now)
+
+
+def _workspace(ctx, qlinear: bool) -> int:
+    if ctx.shape(0) is None or ctx.out_shape(0) is None or not all(type(d) is int for d in ctx.shape(0)):
+        return 0
+    return _ws_bytes(math.prod(ctx.shape(0)), math.prod(ctx.out_shape(0)))
+
+
+def _bind(ctx, qlinear: bool):
+    spec = _spec(ctx, qlinear)
+    x_shape, y_shape = spec.shapes
+    in_layout = ctx.layout(ctx.node.inputs[0])
+    out_layout = ctx.layout(ctx.node.outputs[0]) if qlinear else "nchw"
+    xf, yf = _workspace_views(ctx.workspace, math.prod(x_shape), math.prod(y_shape))
+    xf = xf.reshape(x_shape[0], *x_shape[2:], x_shape[1])  # NHWC
+    yf = yf.reshape(y_shape[0], *y_shape[2:], y_shape[1])
+
+    def build():
+        pd = spec.conv_pd()
+        args = {ARG_SRC: xf, ARG_WEIGHTS: packed_weights(spec.weights, None, pd.weights_md()).memory, ARG_DST: yf}
+        if spec.bias_f is not None:
+            args[ARG_BIAS] = spec.bias_f
+        if qlinear:
+            args[pd.attr.post_ops.binary_arg()] = spec.mult
+        conv = pd.primitive().bind(args)
+        to_float = shared_pd(("8-bit to centered float32", x_shape, spec.x_dtype.str, in_layout), lambda: dnnl.reorder(
+            MemoryDesc.create(x_shape, spec.x_dtype, _fmt(in_layout)), MemoryDesc.create(x_shape, np.float32, "acdb"),
+            attr=dnnl.Attr(zero_points={ARG_FROM: 0}))).primitive().bind(
+            {ARG_FROM: None, ARG_TO: xf, ARG_ATTR_ZERO_POINTS | ARG_FROM: dnnl.vector(np.array([spec.xz], np.int32))})
+        out_zp = {ARG_TO: 0} if qlinear else {}
+        to_out = shared_pd(("float32 to 8-bit", y_shape, spec.y_dtype.str, out_layout, qlinear), lambda: dnnl.reorder(
+            MemoryDesc.create(y_shape, np.float32, "acdb"), MemoryDesc.create(y_shape, spec.y_dtype, _fmt(out_layout)),
+            attr=dnnl.Attr(zero_points=out_zp))).primitive()
+        out_args = {ARG_FROM: yf, ARG_TO: None}
+        if qlinear:
+            out_args[ARG_ATTR_ZERO_POINTS | ARG_TO] = dnnl.vector(np.array([spec.yz], np.int32))
+        return to_float, conv, to_out.bind(out_args)
+
+    prims = _PerThreads(build)
+    views = _Views()
+
+    def step(x, *_, out=None):
+        to_float, conv, to_out = prims.get()
+        if out is None:
+            out = np.empty(y_shape, spec.y_dtype)
+            layout = "nchw"
+        else:
+            layout = out_layout
+        dst = views("y", out, layout)
+        to_float.run({ARG_FROM: views("x", x, in_layout)})
+        conv.run()
+        to_out.run({ARG_TO: dst})
+        if not np.may_share_memory(dst, out):  # (an output not laid out as planned: written through a copy)
+            np.copyto(out, dst.transpose(0, 3, 1, 2) if layout == NHWC else dst)
+        return out
+
+    return step
+
+
+@kernel("QLinearConv", provider="onednn", dtypes=_I8, out=True, bind=True, accepts=lambda ctx: _reason(ctx, True),
+        static_only=True, name="float32", layouts=(NHWC,), workspace=lambda ctx: _workspace(ctx, True))
+def qlinear_conv(ctx):
+    """QLinearConv as an exact float32 convolution (where its sums stay within 2**24), requantized
+    as onnxruntime does: for CPUs without VNNI or AMX, where oneDNN's 8-bit products saturate."""
+    return _bind(ctx, True)
+
+
+@kernel("ConvInteger", provider="onednn", dtypes=_I8, out=True, bind=True, accepts=lambda ctx: _reason(ctx, False),
+        static_only=True, name="float32", workspace=lambda ctx: _workspace(ctx, False))
+def conv_integer(ctx):
+    """ConvInteger's int32 sums from an exact float32 convolution (where they stay within 2**24):
+    for CPUs without VNNI or AMX, where oneDNN's 8-bit products saturate."""
+    return _bind(ctx, False)
