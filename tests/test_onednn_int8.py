@@ -309,12 +309,7 @@ def test_qlinear_convs_in_a_row_pass_their_bytes_channels_last(x_dt):
     n1, c1 = conv("conv1", "x", "h", 6, 16)
     n2, c2 = conv("conv2", "h", "y", 16, 16, strides=[2, 2])
     consts = {"xs": np.array(0.05, np.float32), "xz": _codes(rng, x_dt, ()), **c1, **c2}
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(x_dt))
-    g = helper.make_graph([n1, n2], "g", [helper.make_tensor_value_info("x", elem, [1, 6, 20, 18])],
-                          [helper.make_tensor_value_info("y", elem, None)],
-                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
+    m = _qlinear_model([n1, n2], consts, (1, 6, 20, 18), x_dt)
     sess = glassrt.InferenceSession(m)
     x = _codes(rng, x_dt, (1, 6, 20, 18))
     got = sess.run(None, {"x": x})[0]
@@ -357,10 +352,15 @@ def _requantizing_consts(rng, c_in, c_out):
 def _qlinear_conv_model(consts, x_shape, x_dt=U8, **attrs):
     """One QLinearConv node 'conv' reading graph input x and the constants xs, xz, w, ws, wz,
     ys, yz, b; its output y of x's type."""
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(x_dt))
     node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], name="conv",
                             **attrs)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, list(x_shape))],
+    return _qlinear_model([node], consts, x_shape, x_dt)
+
+
+def _qlinear_model(nodes, consts, x_shape, x_dt):
+    """`nodes` reading graph input x (of x_dt) and the initializers `consts`, writing y of x's type."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(x_dt))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, list(x_shape))],
                           [helper.make_tensor_value_info("y", elem, None)],
                           [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])

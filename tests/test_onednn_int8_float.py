@@ -10,7 +10,7 @@ import glassrt
 from glassrt.kernels.onednn import capi
 
 from tests.test_contrib_quant import rng_for
-from tests.test_onednn_int8 import _codes, _conv_integer, _kernel, _qlinear_conv_model
+from tests.test_onednn_int8 import _codes, _conv_integer, _kernel, _qlinear_conv_model, _qlinear_model
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
 
@@ -161,12 +161,7 @@ def test_qlinear_convs_in_a_row_keep_their_bytes_channels_last(x_dt):
         nodes.append(helper.make_node("QLinearConv", [x, *scale_in, *(f"{name}_{k}" for k in ("w", "ws", "wz", "ys",
                                                                                              "yz", "b"))],
                                       [y], name=name, pads=[1, 1, 1, 1], strides=strides))
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(x_dt))
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [1, 6, 20, 18])],
-                          [helper.make_tensor_value_info("y", elem, None)],
-                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
+    m = _qlinear_model(nodes, consts, (1, 6, 20, 18), x_dt)
     sess = glassrt.InferenceSession(m)
     x = _codes(rng, x_dt, (1, 6, 20, 18))
     got = sess.run(None, {"x": x})[0]

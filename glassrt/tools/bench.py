@@ -537,11 +537,13 @@ def environment() -> dict:
     """What the numbers depend on: CPU, cores, BLAS-related variables, package versions, load."""
     from importlib import metadata
 
-    cpu = platform.processor()
+    cpu, flags = platform.processor(), set()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == platform.processor():
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
                 break
     versions = {}
     for pkg in ("glassrt", "numpy", "onnx", "onnxruntime", "numba", "threadpoolctl", "scipy"):
@@ -550,7 +552,7 @@ def environment() -> dict:
         except metadata.PackageNotFoundError:
             versions[pkg] = None
     prefixes = ("OPENBLAS_", "OMP_", "MKL_", "NUMBA_", "GOTO", "BLIS_")
-    return {"cpu": cpu, "cpu_count": os.cpu_count(),
+    return {"cpu": cpu, "vector_isa": vector_isa(flags), "cpu_count": os.cpu_count(),
             "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes)},
             "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
@@ -593,9 +595,22 @@ def title(settings: Settings) -> str:
     return t + (f"; creation + first run: median of {settings.starts} fresh processes each" if settings.starts > 1 else "")
 
 
+def vector_isa(flags: set) -> str | None:
+    """The CPU's widest vector instructions, and whether it adds 8-bit products exactly (VNNI,
+    AMX): where it does not, onnxruntime's and oneDNN's u8 x s8 kernels saturate (vpmaddubsw),
+    and the name alone ("AMD EPYC") tells a Zen 4 from a Zen 1."""
+    if not flags:
+        return None
+    widest = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
+                   if flag in flags), "no AVX")
+    exact = [name for flag, name in (("avx512_vnni", "VNNI"), ("avx_vnni", "AVX-VNNI"), ("amx_int8", "AMX")) if flag in flags]
+    return f"{widest}, " + (" + ".join(exact) if exact else "no VNNI or AMX")
+
+
 def machine_line(env: dict) -> str:
     load = f", load average {env['load_average'][0]:.1f} at start" if env["load_average"] else ""
-    return (f"{env['cpu']}, {env['usable_cpus']} usable CPUs, OPENBLAS_CORETYPE="
+    isa = f" ({env['vector_isa']})" if env.get("vector_isa") else ""
+    return (f"{env['cpu']}{isa}, {env['usable_cpus']} usable CPUs, OPENBLAS_CORETYPE="
             f"{env['openblas_coretype'] or '(unset)'}{load}")
 
 

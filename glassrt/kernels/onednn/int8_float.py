@@ -136,7 +136,9 @@ class _Spec:
 
 
 def _spec(ctx, qlinear: bool) -> _Spec:
-    return ctx.cached(("8-bit conv as float32", qlinear), lambda: _Spec(ctx, qlinear))
+    """The node's _Spec, read once for placement and every plan (a value: its arrays are only
+    read, so the contexts of one node share it, as they share verdicts)."""
+    return ctx.verdict(("8-bit conv as float32: spec", qlinear), lambda: _Spec(ctx, qlinear))
 
 
 def _reason(ctx, qlinear: bool):
@@ -170,6 +172,18 @@ def _bind(ctx, qlinear: bool):
     xf = xf.reshape(x_shape[0], *x_shape[2:], x_shape[1])  # NHWC
     yf = yf.reshape(y_shape[0], *y_shape[2:], y_shape[1])
 
+    def to_float_pd():
+        return shared_pd(("8-bit to centered float32", x_shape, spec.x_dtype.str, in_layout), lambda: dnnl.reorder(
+            MemoryDesc.create(x_shape, spec.x_dtype, _fmt(in_layout)), MemoryDesc.create(x_shape, np.float32, "acdb"),
+            attr=dnnl.Attr(zero_points={ARG_FROM: 0})), ahead=True)
+
+    def to_out_pd():
+        return shared_pd(("float32 to 8-bit", y_shape, spec.y_dtype.str, out_layout, qlinear), lambda: dnnl.reorder(
+            MemoryDesc.create(y_shape, np.float32, "acdb"), MemoryDesc.create(y_shape, spec.y_dtype, _fmt(out_layout)),
+            attr=dnnl.Attr(zero_points={ARG_TO: 0} if qlinear else {})), ahead=True)
+
+    to_float_pd(), to_out_pd()  # (made now: their primitives are made ahead, as the conv's, ahead.py)
+
     def build():
         pd = spec.conv_pd()
         args = {ARG_SRC: xf, ARG_WEIGHTS: packed_weights(spec.weights, None, pd.weights_md()).memory, ARG_DST: yf}
@@ -178,14 +192,9 @@ def _bind(ctx, qlinear: bool):
         if qlinear:
             args[pd.attr.post_ops.binary_arg()] = spec.mult
         conv = pd.primitive().bind(args)
-        to_float = shared_pd(("8-bit to centered float32", x_shape, spec.x_dtype.str, in_layout), lambda: dnnl.reorder(
-            MemoryDesc.create(x_shape, spec.x_dtype, _fmt(in_layout)), MemoryDesc.create(x_shape, np.float32, "acdb"),
-            attr=dnnl.Attr(zero_points={ARG_FROM: 0}))).primitive().bind(
+        to_float = to_float_pd().primitive().bind(
             {ARG_FROM: None, ARG_TO: xf, ARG_ATTR_ZERO_POINTS | ARG_FROM: dnnl.vector(np.array([spec.xz], np.int32))})
-        out_zp = {ARG_TO: 0} if qlinear else {}
-        to_out = shared_pd(("float32 to 8-bit", y_shape, spec.y_dtype.str, out_layout, qlinear), lambda: dnnl.reorder(
-            MemoryDesc.create(y_shape, np.float32, "acdb"), MemoryDesc.create(y_shape, spec.y_dtype, _fmt(out_layout)),
-            attr=dnnl.Attr(zero_points=out_zp))).primitive()
+        to_out = to_out_pd().primitive()
         out_args = {ARG_FROM: yf, ARG_TO: None}
         if qlinear:
             out_args[ARG_ATTR_ZERO_POINTS | ARG_TO] = dnnl.vector(np.array([spec.yz], np.int32))
