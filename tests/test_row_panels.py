@@ -28,7 +28,9 @@ def _streams(sess, feeds, ref, runs=4):
     """Run past AFTER_RUNS, checking every run; True if the product was streamed."""
     before = row_panels.stats["streamed"]
     for _ in range(runs):
-        np.testing.assert_allclose(sess.run(None, feeds)[0], ref, rtol=2e-5, atol=2e-5)
+        # (float32 sums of a few hundred products in another order than the float64 reference:
+        # an output near 0 among outputs near 100 is off by 2.3e-5 on an AVX2 machine)
+        np.testing.assert_allclose(sess.run(None, feeds)[0], ref, rtol=2e-5, atol=1e-4)
     return row_panels.stats["streamed"] > before
 
 
@@ -200,11 +202,11 @@ def test_a_session_with_another_thread_count_does_not_change_a_streamed_products
     one = glassrt.InferenceSession(m, providers=["onednn", "cpu"],
                                    sess_options=glassrt.SessionOptions(intra_op_num_threads=1, adaptive_threads=False))
     x = rng.standard_normal((1, k)).astype(np.float32)
-    before = row_panels.stats["streamed"]
+    before, panels = row_panels.stats["streamed"], _panels_here(k, n)
     for i in range(20):
         np.testing.assert_allclose(two.run(None, {"x": x})[0], -(np.maximum(x, 0) @ w), rtol=2e-5, atol=2e-4)
         one.run(None, {"x": x})
         np.testing.assert_allclose(two.run(None, {"x": x})[0], -(np.maximum(x, 0) @ w), rtol=2e-5, atol=2e-4)
-        if i >= 2:  # (both sessions' products streamed by now)
+        if i >= 2 and panels:  # (both sessions' products streamed by now; without panels, never: AVX2)
             assert numba.get_num_threads() == min(2, numba.config.NUMBA_NUM_THREADS)
-    assert (row_panels.stats["streamed"] - before == 2) == _panels_here(k, n)
+    assert (row_panels.stats["streamed"] - before == 2) == panels
