@@ -173,3 +173,14 @@ def test_qlinear_convs_in_a_row_keep_their_bytes_channels_last(x_dt):
                                  {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
                      c["conv2_b"], c["conv1_ys"], c["conv2_ws"], c["conv2_ys"], c["conv2_yz"], x_dt)
     np.testing.assert_array_equal(got, y)
+
+
+def test_a_zero_y_scale_is_left_to_cpus_kernel():
+    """A multiplier that is not finite (y_scale 0) would reach oneDNN's post-ops as inf: the
+    kernel refuses and cpu's takes the node as it takes it anywhere."""
+    rng = rng_for("int8-float-zero-scale")
+    consts = {"xs": np.array(0.05, np.float32), "xz": np.array(3, U8), "w": _codes(rng, I8, (4, 3, 3, 3)),
+              "ws": np.array(0.01, np.float32), "wz": np.array(0, I8), "ys": np.array(0.0, np.float32),
+              "yz": np.array(0, U8), "b": np.zeros(4, np.int32)}
+    row = _kernel(glassrt.InferenceSession(_qlinear_conv_model(consts, (1, 3, 6, 6), U8)), "conv")
+    assert row["kernel"] == "cpu.QLinearConv" and "not finite" in str(row), row

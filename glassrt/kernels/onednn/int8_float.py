@@ -72,7 +72,6 @@ class _Spec:
         self.weights = np.ascontiguousarray(
             centered.astype(np.float32).reshape(dnnl.grouped_weights_shape(w.shape, self.group)))
         self.bias_f = None if self.bias is None else self.bias.astype(np.float32)
-        self.worst = worst
 
     def _constants(self, ctx, w, wz, xz):
         """Reads the zero points, bias and scales; why not, where one is not a constant of a
@@ -109,7 +108,10 @@ class _Spec:
             return "y_zero_point is computed at run time or holds more than one value"
         self.yz = 0 if yz is None else int(yz.reshape(-1)[0])
         # the multiplier as onnxruntime forms it: x_scale * w_scale / y_scale, in float32
-        mult = (xs.reshape(()) * ws.reshape(-1) / ys.reshape(())).astype(np.float32)
+        with np.errstate(all="ignore"):
+            mult = (xs.reshape(()) * ws.reshape(-1) / ys.reshape(())).astype(np.float32)
+        if not np.isfinite(mult).all():
+            return "the scales make a multiplier that is not finite (a zero y_scale): cpu's kernel takes it as it is"
         self.mult = np.ascontiguousarray(np.broadcast_to(mult, (m,)).reshape(1, m, 1, 1))
         return None
 
