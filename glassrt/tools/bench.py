@@ -537,14 +537,15 @@ def environment() -> dict:
     """What the numbers depend on: CPU, cores, BLAS-related variables, package versions, load."""
     from importlib import metadata
 
-    cpu, flags = platform.processor(), set()
+    cpu, flags = None, set()
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu == platform.processor():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():  # (the first CPU's lines)
+            if line.startswith("model name") and cpu is None:
                 cpu = line.split(":", 1)[1].strip()
             elif line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
                 break
+    cpu = cpu or platform.processor()
     versions = {}
     for pkg in ("glassrt", "numpy", "onnx", "onnxruntime", "numba", "threadpoolctl", "scipy"):
         try:
@@ -598,7 +599,7 @@ def title(settings: Settings) -> str:
 def vector_isa(flags: set) -> str | None:
     """The CPU's widest vector instructions, and whether it adds 8-bit products exactly (VNNI,
     AMX): where it does not, onnxruntime's and oneDNN's u8 x s8 kernels saturate (vpmaddubsw),
-    and the name alone ("AMD EPYC") tells a Zen 4 from a Zen 1."""
+    and the name alone ("AMD EPYC") does not tell a Zen 4 from a Zen 1."""
     if not flags:
         return None
     widest = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"))
