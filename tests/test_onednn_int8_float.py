@@ -110,24 +110,60 @@ def test_conv_integer_is_the_exact_sums(x_dt, w_dt, wz_shape, attrs):
     np.testing.assert_array_equal(got, cpu.run(None, {"x": x})[0])
 
 
+def _past_the_bound(group: int, x_dt=U8):
+    """A QLinearConv of 256 input channels (128 per group with group 2) and 3 x 3 full-range
+    weights, filter 0 all +127: its sums at a window inside the image reach 255 * 127 * 1152
+    or more, past 2**24; x all 255 reaches it. (model, consts, x, the int64 sums)"""
+    rng = rng_for("int8-float-bound", group, x_dt)
+    w = np.where(rng.random((4, 256 // group, 3, 3)) < 0.5, -127, 127).astype(I8)
+    w[0] = 127
+    consts = {"xs": np.array(0.05, np.float32), "xz": np.array(0, x_dt), "w": w, "ws": np.array(0.01, np.float32),
+              "wz": np.array(0, I8), "ys": np.array(0.2, np.float32), "yz": np.array(128 if x_dt == U8 else 0, x_dt),
+              "b": rng.integers(-5000, 5000, 4).astype(np.int32)}
+    m = _qlinear_conv_model(consts, (1, 256, 5, 5), x_dt, pads=[1, 1, 1, 1], group=group)
+    x = np.full((1, 256, 5, 5), np.iinfo(x_dt).max, x_dt)
+    x[0, :, 0] = _codes(rng, x_dt, (256, 5))  # (a row of other values)
+    acc = _exact_sums(x, consts["xz"], w, consts["wz"], {"pads": [1, 1, 1, 1], "group": group})
+    assert np.abs(acc).max() > 1 << 24  # (the case is what it claims)
+    return m, consts, x, acc
+
+
 def test_sums_that_float32_cannot_hold_stay_on_cpus_exact_path():
-    """Filters of 128 x 3 x 3 full-range weights against any u8 input reach past 2**24: refused
-    with the bound in the reason, and cpu's exact kernel runs."""
-    rng = rng_for("int8-float-bound")
-    w = np.where(rng.random((4, 128, 3, 3)) < 0.5, -127, 127).astype(I8)
-    w[0] = 127  # (its sums at a window inside the image: 255 * 127 * 1152)
-    consts = {"xs": np.array(0.05, np.float32), "xz": np.array(0, U8), "w": w, "ws": np.array(0.01, np.float32),
-              "wz": np.array(0, I8), "ys": np.array(0.2, np.float32), "yz": np.array(128, U8),
-              "b": np.zeros(4, np.int32)}
-    m = _qlinear_conv_model(consts, (1, 128, 5, 5), U8, pads=[1, 1, 1, 1])
+    """A grouped conv whose filters reach past 2**24 (its input channels are not cut into
+    parts): refused with the bound in the reason, and cpu's exact kernel runs."""
+    m, consts, x, acc = _past_the_bound(group=2)
     sess = glassrt.InferenceSession(m)
     row = _kernel(sess, "conv")
     assert row["kernel"] == "cpu.QLinearConv" and "2**24" in str(row), row
-    x = np.full((1, 128, 5, 5), 255, U8)
-    acc = _exact_sums(x, consts["xz"], w, consts["wz"], {"pads": [1, 1, 1, 1]})
-    assert np.abs(acc).max() > 1 << 24  # (the case is what it claims)
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], _requantized(
         acc, consts["b"], consts["xs"], consts["ws"], consts["ys"], consts["yz"], U8))
+
+
+@pytest.mark.parametrize("x_dt", [U8, I8])
+def test_sums_past_2_24_run_in_parts_of_the_input_channels_exactly(x_dt):
+    """A dense conv whose filters reach past 2**24: its input channels cut into runs whose sums
+    float32 holds, one convolution each, added in float64 and requantized as onnxruntime
+    does it (float32 of acc + b): the int64 sums' requantization, bit for bit."""
+    m, consts, x, acc = _past_the_bound(group=1, x_dt=x_dt)
+    sess = glassrt.InferenceSession(m)
+    assert _kernel(sess, "conv")["kernel"] == "onednn.QLinearConv.float32"
+    for _ in range(2):
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], _requantized(
+            acc, consts["b"], consts["xs"], consts["ws"], consts["ys"], consts["yz"], x_dt))
+
+
+def test_conv_integer_sums_past_2_24_run_in_parts_exactly():
+    rng = rng_for("int8-float-convinteger-parts")
+    w = np.full((3, 256, 3, 3), 127, I8)
+    w[1] = -128
+    m = _conv_integer(w, None, (1, 256, 6, 6), U8, False, pads=[1, 1, 1, 1])
+    sess = glassrt.InferenceSession(m)
+    assert _kernel(sess, "conv")["kernel"] == "onednn.ConvInteger.float32"
+    x = np.full((1, 256, 6, 6), 255, U8)
+    x[0, :, 2] = _codes(rng, U8, (256, 6))
+    want = _exact_sums(x, np.array(0, U8), w, np.array(0, I8), {"pads": [1, 1, 1, 1]})
+    assert np.abs(want).max() > 1 << 24
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
 
 
 def test_scales_fed_at_run_time_stay_on_cpu():
@@ -184,3 +220,34 @@ def test_a_zero_y_scale_is_left_to_cpus_kernel():
               "yz": np.array(0, U8), "b": np.zeros(4, np.int32)}
     row = _kernel(glassrt.InferenceSession(_qlinear_conv_model(consts, (1, 3, 6, 6), U8)), "conv")
     assert row["kernel"] == "cpu.QLinearConv" and "not finite" in str(row), row
+
+
+def test_a_conv_in_parts_reads_its_input_channels_last():
+    """The second of two QLinearConvs reaches past 2**24 and runs in parts: its reorders cut
+    runs of channels out of the NHWC value between them; the exact chain's bytes."""
+    rng = rng_for("int8-float-parts-chain")
+    w2 = np.where(rng.random((4, 256, 3, 3)) < 0.5, -127, 127).astype(I8)
+    w2[0] = 127
+    consts = {"xs": np.array(0.05, np.float32), "xz": np.array(0, U8), "w1": _codes(rng, I8, (256, 6, 1, 1)),
+              "ws1": np.array(0.01, np.float32), "wz1": np.array(0, I8), "ys1": np.array(0.01, np.float32),
+              "yz1": np.array(0, U8), "b1": np.full(256, 2000, np.int32), "w2": w2, "ws2": np.array(0.01, np.float32),
+              "wz2": np.array(0, I8), "ys2": np.array(0.5, np.float32), "yz2": np.array(128, U8),
+              "b2": rng.integers(-500, 500, 4).astype(np.int32)}
+    nodes = [helper.make_node("QLinearConv", ["x", "xs", "xz", "w1", "ws1", "wz1", "ys1", "yz1", "b1"], ["h"],
+                              name="conv1"),
+             helper.make_node("QLinearConv", ["h", "ys1", "yz1", "w2", "ws2", "wz2", "ys2", "yz2", "b2"], ["y"],
+                              name="conv2", pads=[1, 1, 1, 1])]
+    m = _qlinear_model(nodes, consts, (1, 6, 7, 7), U8)
+    sess = glassrt.InferenceSession(m)
+    assert [_kernel(sess, n)["kernel"] for n in ("conv1", "conv2")] == ["onednn.QLinearConv.float32"] * 2
+    x = _codes(rng, U8, (1, 6, 7, 7))
+    got = sess.run(None, {"x": x})[0]
+    assert next(iter(sess.runner.plans.values())).layouts == {"h": "nhwc"}
+    c = consts
+    h = _requantized(_exact_sums(x, c["xz"], c["w1"], c["wz1"], {}), c["b1"], c["xs"], c["ws1"], c["ys1"], c["yz1"], U8)
+    acc = _exact_sums(h, c["yz1"], w2, c["wz2"], {"pads": [1, 1, 1, 1]})
+    from glassrt.kernels.onednn.int8_float import _channel_parts
+
+    reaches = 255 * np.abs(w2.astype(np.int64)).sum(axis=(2, 3))  # (x's zero point 0: |x - 0| up to 255)
+    assert len(_channel_parts(reaches)) > 1  # (the case is what it claims: conv2 runs in parts)
+    np.testing.assert_array_equal(got, _requantized(acc, c["b2"], c["ys1"], c["ws2"], c["ys2"], c["yz2"], U8))

@@ -12,8 +12,12 @@ where every partial sum stays within 2**24 in magnitude float32 holds each exact
 whatever order the kernel adds them. That bound is checked once per filter, on the constant
 weights and bias, with the largest |x - xz| the input's type allows:
     max|x - xz| * sum_k |w[m, k] - wz[m]| + |b[m]| <= 2**24
-(a quantize_static MobileNetV2's widest filters, 960 inputs, reach ~30 % of it). Where it
-fails this kernel refuses, `explain` says so, and cpu's exact path runs.
+(the suite's quantize_static MobileNetV2: its 960-input filters reach 55 % of it). Where a
+filter reaches past it and the conv is not grouped, the input channels are cut into runs
+that each stay within it (`_channel_parts`), one convolution a run, their sums added in
+float64 and requantized in NumPy (the light ResNet-50 through quantize_static: 11 of its 53
+convs, 3x3 over 512 channels and wider; 416 -> 164 ms against onnxruntime's 141). A grouped
+conv past it is refused, `explain` says why, and cpu's exact path runs.
 
 Three oneDNN primitives a call, each a jit kernel on AVX2:
   reorder  x (8-bit, NCHW or NHWC) -> float32 NHWC x - xz       (its source zero point)
@@ -61,16 +65,20 @@ class _Spec:
         centered = w.astype(np.int32) - (self.wz.reshape(-1, 1, 1, 1) if self.wz.size > 1 else self.wz.reshape(()))
         lo, hi = (-128, 127) if self.x_dtype == np.int8 else (0, 255)
         reach = max(self.xz - lo, hi - self.xz)  # the largest |x - xz| an input can have
-        bound = reach * np.abs(centered).reshape(self.m, -1).sum(axis=1, dtype=np.int64)
-        if self.bias is not None:
-            bound += np.abs(self.bias.astype(np.int64))
-        worst = int(bound.max())
-        if worst > EXACT_LIMIT:
-            self.why = (f"a filter's sums can reach {worst:,} (|x - x_zero_point| up to {reach} times its weights "
-                        f"plus bias): past 2**24, where float32 stops holding integers exactly")
-            return
-        self.weights = np.ascontiguousarray(
-            centered.astype(np.float32).reshape(dnnl.grouped_weights_shape(w.shape, self.group)))
+        # per filter and input channel, the most its products can add: reach * sum |w|
+        reaches = reach * np.abs(centered).sum(axis=(2, 3), dtype=np.int64)
+        bound = reaches.sum(axis=1) + (0 if self.bias is None else np.abs(self.bias.astype(np.int64)))
+        self.parts = [(0, w.shape[1])]
+        if bound.max() > EXACT_LIMIT:
+            self.parts = _channel_parts(reaches) if self.group == 1 else None
+            if not self.parts or len(self.parts) > MAX_PARTS:
+                self.why = (f"a filter's sums can reach {int(bound.max()):,} (|x - x_zero_point| up to {reach} times "
+                            f"its weights plus bias): past 2**24, where float32 stops holding integers exactly, "
+                            + ("and a grouped conv is not cut into parts" if self.group > 1 else
+                               f"and cut into parts that stay within it it would take over {MAX_PARTS}"))
+                return
+        self.weights = [np.ascontiguousarray(centered[:, c0:c1].astype(np.float32).reshape(
+            dnnl.grouped_weights_shape((self.m, c1 - c0, *w.shape[2:]), self.group))) for c0, c1 in self.parts]
         self.bias_f = None if self.bias is None else self.bias.astype(np.float32)
 
     def _constants(self, ctx, w, wz, xz):
@@ -115,19 +123,27 @@ class _Spec:
         self.mult = np.ascontiguousarray(np.broadcast_to(mult, (m,)).reshape(1, m, 1, 1))
         return None
 
-    def conv_pd(self):
-        """The float32 convolution's descriptor (shared by equal convolutions)."""
+    def conv_pd(self, part: int = 0):
+        """The float32 convolution's descriptor (shared by equal convolutions): of the whole
+        input with the bias and, for QLinearConv, the requantizing post-ops; or, where the
+        input channels are cut into parts, of part `part` alone, its sums as they are."""
         x_shape, k, begin, end, out_hw, strides, dil = self.geometry
+        whole = len(self.parts) == 1
+        if not whole:  # (parts are cut only where group is 1: their channels are the input's)
+            c0, c1 = self.parts[part]
+            x_shape = (x_shape[0], c1 - c0, *x_shape[2:])
+        x_shape = tuple(x_shape)
         y_shape = (x_shape[0], self.m, *out_hw)
         post = dnnl.PostOps()
-        if self.qlinear:
+        if self.qlinear and whole:
             post.binary("mul", MemoryDesc.create((1, self.m, 1, 1), np.float32, "abcd")).eltwise("round")
-        key = ("8-bit conv as float32", tuple(x_shape), self.weights.shape, tuple(strides), tuple(dil), tuple(begin),
-               tuple(end), self.bias_f is not None, self.qlinear)
+        bias = whole and self.bias_f is not None
+        wshape = self.weights[part].shape
+        key = ("8-bit conv as float32", x_shape, wshape, tuple(strides), tuple(dil), tuple(begin), tuple(end), bias,
+               self.qlinear and whole)
         return shared_pd(key, lambda: dnnl.convolution(
-            MemoryDesc.create(x_shape, np.float32, "acdb"), MemoryDesc.create(self.weights.shape, np.float32, "any"),
-            MemoryDesc.create(y_shape, np.float32, "acdb"),
-            MemoryDesc.create((self.m,), np.float32, "a") if self.bias_f is not None else None,
+            MemoryDesc.create(x_shape, np.float32, "acdb"), MemoryDesc.create(wshape, np.float32, "any"),
+            MemoryDesc.create(y_shape, np.float32, "acdb"), MemoryDesc.create((self.m,), np.float32, "a") if bias else None,
             strides=list(strides), dilations=[d - 1 for d in dil], padding_l=list(begin), padding_r=list(end),
             attr=dnnl.Attr(post_ops=post)), ahead=True)
 
@@ -135,6 +151,24 @@ class _Spec:
     def shapes(self):
         x_shape, out_hw = self.geometry[0], self.geometry[4]
         return tuple(x_shape), (x_shape[0], self.m, *out_hw)
+
+
+MAX_PARTS = 16
+
+
+def _channel_parts(reaches: np.ndarray) -> list[tuple[int, int]]:
+    """The input channels cut into runs [c0, c1) in each of which every filter's products
+    can add up to at most 2**24 (`reaches`: filters x channels, the most each channel's
+    products add): each run's sums are exact in float32, and their total is formed in float64."""
+    parts, c0, run = [], 0, np.zeros(reaches.shape[0], np.int64)
+    for c in range(reaches.shape[1]):
+        if (run + reaches[:, c]).max() > EXACT_LIMIT:
+            if c == c0:
+                return []  # (one channel past it alone: a kernel of over 500 taps of 8 bits)
+            parts.append((c0, c))
+            c0, run = c, np.zeros_like(run)
+        run += reaches[:, c]
+    return parts + [(c0, reaches.shape[1])]
 
 
 def _spec(ctx, qlinear: bool) -> _Spec:
@@ -152,32 +186,35 @@ def _reason(ctx, qlinear: bool):
         spec = _spec(ctx, qlinear)
         if spec.why:
             return spec.why
-        impl = spec.conv_pd().impl
-        if impl.startswith(("ref", "gemm:")):
-            return f"oneDNN has only its generic implementation ({impl}) for this convolution"
+        for part in range(len(spec.parts)):
+            impl = spec.conv_pd(part).impl
+            if impl.startswith(("ref", "gemm:")):
+                return f"oneDNN has only its generic implementation ({impl}) for this convolution"
         return None
     return ctx.verdict(("8-bit conv as float32", qlinear), now)
 
 
 def _workspace(ctx, qlinear: bool) -> int:
-    if ctx.shape(0) is None or ctx.out_shape(0) is None or not all(type(d) is int for d in ctx.shape(0)):
+    """The float32 x and y of a conv made whole (one made in parts keeps buffers of its own)."""
+    if ctx.shape(0) is None or ctx.out_shape(0) is None or not all(type(d) is int for d in ctx.shape(0)) \
+            or _reason(ctx, qlinear) is not None or len(_spec(ctx, qlinear).parts) > 1:
         return 0
     return _ws_bytes(math.prod(ctx.shape(0)), math.prod(ctx.out_shape(0)))
 
 
 def _bind(ctx, qlinear: bool):
     spec = _spec(ctx, qlinear)
-    x_shape, y_shape = spec.shapes
     in_layout = ctx.layout(ctx.node.inputs[0])
     out_layout = ctx.layout(ctx.node.outputs[0]) if qlinear else "nchw"
+    if len(spec.parts) > 1:
+        return _bind_parts(spec, in_layout)
+    x_shape, y_shape = spec.shapes
     xf, yf = _workspace_views(ctx.workspace, math.prod(x_shape), math.prod(y_shape))
     xf = xf.reshape(x_shape[0], *x_shape[2:], x_shape[1])  # NHWC
     yf = yf.reshape(y_shape[0], *y_shape[2:], y_shape[1])
 
     def to_float_pd():
-        return shared_pd(("8-bit to centered float32", x_shape, spec.x_dtype.str, in_layout), lambda: dnnl.reorder(
-            MemoryDesc.create(x_shape, spec.x_dtype, _fmt(in_layout)), MemoryDesc.create(x_shape, np.float32, "acdb"),
-            attr=dnnl.Attr(zero_points={ARG_FROM: 0})), ahead=True)
+        return _to_float_pd(x_shape, x_shape, (0, 0, 0, 0), spec.x_dtype, in_layout)
 
     def to_out_pd():
         return shared_pd(("float32 to 8-bit", y_shape, spec.y_dtype.str, out_layout, qlinear), lambda: dnnl.reorder(
@@ -188,7 +225,7 @@ def _bind(ctx, qlinear: bool):
 
     def build():
         pd = spec.conv_pd()
-        args = {ARG_SRC: xf, ARG_WEIGHTS: packed_weights(spec.weights, None, pd.weights_md()).memory, ARG_DST: yf}
+        args = {ARG_SRC: xf, ARG_WEIGHTS: packed_weights(spec.weights[0], None, pd.weights_md()).memory, ARG_DST: yf}
         if spec.bias_f is not None:
             args[ARG_BIAS] = spec.bias_f
         if qlinear:
@@ -219,6 +256,78 @@ def _bind(ctx, qlinear: bool):
         if not np.may_share_memory(dst, out):  # (an output not laid out as planned: written through a copy)
             np.copyto(out, dst.transpose(0, 3, 1, 2) if layout == NHWC else dst)
         return out
+
+    return step
+
+
+def _to_float_pd(x_shape, part_shape, offsets, x_dtype, in_layout):
+    """A reorder of x's channels [offsets[1], +part_shape[1]) (its whole, with offsets 0) into
+    dense float32 NHWC, minus x's zero point (a run-time argument)."""
+    def make():
+        src = MemoryDesc.create(x_shape, x_dtype, _fmt(in_layout))
+        if tuple(part_shape) != tuple(x_shape):
+            src = src.submemory(part_shape, offsets)
+        return dnnl.reorder(src, MemoryDesc.create(part_shape, np.float32, "acdb"), attr=dnnl.Attr(zero_points={ARG_FROM: 0}))
+    return shared_pd(("8-bit to centered float32", x_shape, part_shape, offsets, x_dtype.str, in_layout), make,
+                     ahead=True)
+
+
+def _bind_parts(spec, in_layout):
+    """A conv whose sums could pass 2**24: one float32 convolution per run of input channels
+    (_channel_parts), each exact; their sums added in float64 (exact), the bias added, then
+    requantized as onnxruntime does it, float32((acc + b)) * M rounded half to even, plus yz
+    (ConvInteger: the int32 sums). The per-run passes write into buffers made here."""
+    x_shape, y_shape = spec.shapes
+    n, m, oh, ow = y_shape
+    parts = spec.parts
+    xs = [np.empty((n, *x_shape[2:], c1 - c0), np.float32) for c0, c1 in parts]
+    ys = [np.empty((n, oh, ow, m), np.float32) for _ in parts]
+    acc = np.empty((n, oh, ow, m), np.float64)
+    v = np.empty((n, oh, ow, m), np.float32) if spec.qlinear else None
+    bias = None if spec.bias is None else spec.bias.astype(np.float64)
+    mult = spec.mult.reshape(-1) if spec.qlinear else None
+    lo, hi = (float(b) for b in (np.iinfo(spec.y_dtype).min, np.iinfo(spec.y_dtype).max)) if spec.qlinear else (0, 0)
+    shapes = [(n, c1 - c0, *x_shape[2:]) for c0, c1 in parts]
+    offsets = [(0, c0, 0, 0) for c0, _ in parts]
+    for sh, off in zip(shapes, offsets):
+        _to_float_pd(x_shape, sh, off, spec.x_dtype, in_layout)  # (made now: primitives made ahead)
+
+    def build():
+        steps = []
+        for i, (sh, off) in enumerate(zip(shapes, offsets)):
+            to_float = _to_float_pd(x_shape, sh, off, spec.x_dtype, in_layout).primitive().bind(
+                {ARG_FROM: None, ARG_TO: xs[i], ARG_ATTR_ZERO_POINTS | ARG_FROM: dnnl.vector(np.array([spec.xz], np.int32))})
+            pd = spec.conv_pd(i)
+            conv = pd.primitive().bind({ARG_SRC: xs[i], ARG_DST: ys[i],
+                                        ARG_WEIGHTS: packed_weights(spec.weights[i], None, pd.weights_md()).memory})
+            steps.append((to_float, conv))
+        return steps
+
+    prims = _PerThreads(build)
+    views = _Views()
+
+    def step(x, *_, out=None):
+        src = views("x", x, in_layout)
+        for to_float, conv in prims.get():
+            to_float.run({ARG_FROM: src})
+            conv.run()
+        np.add(ys[0], ys[1], out=acc, dtype=np.float64)
+        for part in ys[2:]:
+            np.add(acc, part, out=acc)
+        if bias is not None:
+            np.add(acc, bias, out=acc)
+        y = np.empty(y_shape, spec.y_dtype) if out is None else out
+        dst = y.transpose(0, 2, 3, 1)  # (N, OH, OW, M): the buffer itself where y is channels-last, else a view
+        if not spec.qlinear:
+            np.copyto(dst, acc, casting="unsafe")  # (exact: within int32, the sums of MAX_PARTS parts)
+            return y
+        np.copyto(v, acc, casting="same_kind")  # float32(acc + b), as onnxruntime converts its int32
+        np.multiply(v, mult, out=v)
+        np.rint(v, out=v)
+        np.add(v, spec.yz, out=v)
+        np.clip(v, lo, hi, out=v)
+        np.copyto(dst, v, casting="unsafe")
+        return y
 
     return step
 
