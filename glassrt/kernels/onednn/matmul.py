@@ -207,27 +207,95 @@ def _primitive(ctx, product=None):
     return dnnl.matmul(src, weights, MemoryDesc.create((p.rows, p.n), np.float32, "ab"), bias, attr=post)
 
 
+# A product takes the inner product (when oneDNN's matmul has only its sgemm) for rows in
+# [2, INNER_ROWS): measured on the 2-core AVX2 EPYC, two threads, medians of two processes,
+# inner product / matmul: at 4 rows 0.49-0.91 (BERT's and GPT-2's four products), at 16
+# 0.64-1.00, at 128 0.77-0.96 (one 1.16), at 256 0.82-1.03, at 512 0.72-1.06, at 1024
+# 0.96-1.14 (sgemm's per-call packing is paid off over many rows); at one row 0.82-1.22.
+INNER_ROWS = 512
+_REPACKS = ("gemm",)  # oneDNN's matmul implementations that pack B anew at every call (its sgemm)
+
+
+def _inner_reason(ctx):
+    why = _operands_reason(ctx)
+    if why:
+        return why
+    p = _Product(ctx)
+    if p.trans_a:
+        return "A is read transposed (an inner product reads A's rows as they lie)"
+    if p.unpacked:
+        return "B is too large to pack: the matmul primitive reads it where it lies"
+    if not 2 <= p.rows < INNER_ROWS:
+        return f"A has {p.rows} rows (the inner product pays from 2 rows to {INNER_ROWS - 1})"
+    impl = _product_pd(ctx, p).impl
+    if not impl.startswith(_REPACKS):
+        return f"oneDNN's matmul packs the weights itself here ({impl})"
+    inner = _inner_pd(ctx, p).impl
+    if not inner.startswith("brgemm"):
+        return f"oneDNN's inner product has no packed kernel here ({inner})"
+    return None
+
+
+def _inner_pd(ctx, p):
+    """The inner product's descriptor for the product (weights 'any': packed for brgemm)."""
+    y = [int(d) for d in ctx.out_shape(0)]
+    key = ("inner", p.rows, p.k, p.n, p.alpha, p.bias is not None, p.z_dims(y) if p.z_shape is not None else None,
+           p.act, tuple(p.params))
+
+    def make():
+        post, bias_arg, _ = p.post_ops(y)
+        bias = MemoryDesc.create((p.n,), np.float32, "a") if p.bias is not None and bias_arg is None else None
+        return dnnl.inner_product(MemoryDesc.create((p.rows, p.k), np.float32, "ab"), MemoryDesc.any((p.n, p.k)),
+                                  MemoryDesc.create((p.rows, p.n), np.float32, "ab"), bias, attr=post)
+    return shared_pd(key, make, ahead=True)
+
+
 @kernel(["MatMul", "Gemm"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_reason, static_only=True,
         name="matmul")
 def matmul(ctx):
     """oneDNN matmul over A's rows, B reordered once; FusedMatMul's epilogue as post-ops."""
+    return _bound_product(ctx, inner=False)
+
+
+kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_reason,
+       static_only=True, name="matmul")(matmul)
+
+
+@kernel(["MatMul", "Gemm"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_inner_reason,
+        static_only=True, priority=5, name="inner_product")
+def inner_product(ctx):
+    """oneDNN inner product over A's rows, B packed once (oneDNN's matmul here packs B again at every call).
+
+    Its brgemm kernel reads B packed once, where oneDNN's matmul has only its sgemm (oneDNN
+    3.2 on AVX2), which packs B at every call; the epilogue is the matmul kernel's."""
+    return _bound_product(ctx, inner=True)
+
+
+kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
+       accepts=_inner_reason, static_only=True, priority=5, name="inner_product")(inner_product)
+
+
+def _bound_product(ctx, inner: bool):
+    """The step of a product with constant B on oneDNN's matmul primitive, or its inner
+    product (which reads B as (N, K): the same weights' md transposed)."""
     p = _Product(ctx)
     y = [int(d) for d in ctx.out_shape(0)]
     b = p.b
     packed = {}
 
     def build():
-        pd = _product_pd(ctx, p)
+        pd = (_inner_pd if inner else _product_pd)(ctx, p)
         post, bias_arg, z_arg = p.post_ops(y)
         wmd = pd.weights_md()
+        user = _weights_md(p).permute_axes((1, 0)) if inner else _weights_md(p)
         if wmd not in packed:
             # the holder of shared packed weights stays referenced here, or the sharing ends;
             # weights the primitive reads where they lie move onto huge pages with its buffers
-            if wmd == _weights_md(p):
+            if wmd == user:
                 packed[wmd] = np.ascontiguousarray(b, np.float32)
                 pages.promote_with_the_rest(packed[wmd])
             else:
-                packed[wmd] = packed_weights(b, _weights_md(p), wmd)
+                packed[wmd] = packed_weights(b, user, wmd)
         w = packed[wmd]
         args = {ARG_SRC: None, ARG_WEIGHTS: w if isinstance(w, np.ndarray) else w.memory, ARG_DST: None}
         if p.bias is not None:
@@ -261,10 +329,6 @@ def matmul(ctx):
         return out
 
     return step
-
-
-kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_reason,
-       static_only=True, name="matmul")(matmul)
 
 
 def _gemv_reason(ctx):
