@@ -1,7 +1,8 @@
 """quantize_dynamic's layers (passes/fuse_matmul_integer.py): DynamicQuantizeLinear ->
 MatMulInteger -> Cast -> Mul by the two scales' product [-> bias Add] becomes one
-com.microsoft::MatMulIntegerToFloat on the onednn provider's exact int8 matmul, the same
-bits as the chain; left alone where that kernel would not take it."""
+com.microsoft::MatMulIntegerToFloat on the onednn provider's exact int8 matmul (or, without
+VNNI, its exact float32 product), the same bits as the chain; left alone where no such
+kernel would take it."""
 from __future__ import annotations
 
 import numpy as np
@@ -86,12 +87,19 @@ def test_it_does_not_fire_where_the_program_or_the_kernel_differs(case):
     np.testing.assert_allclose(sess.run(None, {"x": X})[0], _ort(m), rtol=1e-6, atol=1e-6)
 
 
-def test_it_does_not_fire_without_an_exact_int8_engine(monkeypatch):
+def test_without_an_int8_engine_it_fires_for_the_float32_kernel(monkeypatch):
+    """No oneDNN among the providers: not fused. No VNNI: the product on the exact float32
+    kernel (tests/test_onednn_int8_float_matmul.py)."""
     m = _layer()
     assert "MatMulIntegerToFloat" not in op_types(glassrt.InferenceSession(m, providers=["cpu"]))
     lib = capi.require()
     monkeypatch.setattr(lib, "dnnl_get_effective_cpu_isa", lambda: capi.CPU_ISA["avx512_core"])
-    assert "MatMulIntegerToFloat" not in op_types(glassrt.InferenceSession(m))
+    sess = glassrt.InferenceSession(m)
+    assert "MatMulIntegerToFloat" in op_types(sess)
+    assert {r["name"]: r for r in sess.explain()["nodes"]}["mmi"]["kernel"] == "onednn.MatMulIntegerToFloat.float32"
+    # (against cpu's exact chain: onnxruntime's u8 x s8 products saturate on such CPUs)
+    chain = glassrt.InferenceSession(m, providers=["cpu"])
+    np.testing.assert_array_equal(sess.run(None, {"x": X})[0], chain.run(None, {"x": X})[0])
 
 
 @needs_vnni
@@ -219,9 +227,12 @@ def test_older_quantize_dynamic_convs_fuse_over_the_exact_sums(w_dtype, w_zp):
         np.testing.assert_array_equal(got, ort_outputs(m, {"x": x})[0])
 
 
-def test_the_conv_chain_is_not_fused_without_an_exact_int8_engine(tmp_path):
+def test_the_conv_chain_is_not_fused_without_an_exact_int8_engine(tmp_path, monkeypatch):
     m = _dynamic(tmp_path)
     assert "ConvIntegerToFloat" not in op_types(glassrt.InferenceSession(m, providers=["cpu"]))
+    lib = capi.require()
+    monkeypatch.setattr(lib, "dnnl_get_effective_cpu_isa", lambda: capi.CPU_ISA["avx512_core"])
+    assert "ConvIntegerToFloat" not in op_types(glassrt.InferenceSession(m))
 
 
 def test_glassrt_check_passes_on_conv_integer_to_float():

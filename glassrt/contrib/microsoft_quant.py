@@ -1387,6 +1387,22 @@ def _matmul_integer_to_float_onednn(ctx):
     return matmul_integer_to_float(ctx)
 
 
+def _onednn_mitf_float_reason(ctx):
+    from ..kernels.onednn.int8_float_matmul import matmul_integer_to_float_reason
+
+    return matmul_integer_to_float_reason(ctx)
+
+
+@kernel("MatMulIntegerToFloat", provider="onednn", domain=MS, dtypes=Q8, out=True, bind=True,
+        accepts=_onednn_mitf_float_reason, name="float32")
+def _matmul_integer_to_float_onednn_float(ctx):
+    """The exact sums as a float32 oneDNN product (B centered and packed once), scaled and
+    biased by its post-ops, where the CPU's 8-bit products saturate (kernels/onednn/int8_float_matmul.py)."""
+    from ..kernels.onednn.int8_float_matmul import matmul_integer_to_float
+
+    return matmul_integer_to_float(ctx)
+
+
 @matmul_integer_to_float.register_kernel("cpu", out=True)
 def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=None, *, out=None):
     """Y = (A - a_zp) @ (B - b_zp) · a_scale · b_scale + bias, the integer product exact,

@@ -15,10 +15,13 @@ The numbers are the same: MatMulIntegerToFloat is defined as that chain (its dec
 contrib/microsoft_quant.py: the int32 product, cast, times the float32 product of the two
 scales, plus the bias), and float multiplication and addition commute.
 
-It fires only where the onednn provider's exact int8 kernel will take the node (oneDNN
-among the providers, VNNI or AMX; W int8 with zero point 0, its scale one value or one per
-column, A's scale and zero point one value each): elsewhere cpu's MatMulIntegerToFloat would
-convert the weights to float at every call, slower than MatMulInteger's own kernel.
+It fires only where one of the onednn provider's exact kernels will take the node (W int8
+with zero point 0, its scale one value or one per column, A's scale and zero point one value
+each): its int8 kernel (VNNI or AMX), or without them its float32 one where the product's
+sums stay exact in float32 (kernels/onednn/int8_float_matmul.py: per column of W, in parts
+of K at most); elsewhere cpu's MatMulIntegerToFloat would convert the weights to float at
+every call, slower than MatMulInteger's own kernel. Convolutions are fused for the int8
+kernel only.
 
 A quantize_dynamic convolution likewise: ConvInteger(x_q, W_q, x_zp, w_zp) [-> Add(int32
 bias: older versions quantize the bias at run time)] -> Cast -> Mul(scale) [-> Add(float
@@ -51,9 +54,30 @@ def _one_value(types, consts, name) -> bool:
     return isinstance(t, TensorType) and t.shape is not None and tuple(t.shape) in ((), (1,))
 
 
+def _float_engine(providers) -> bool:
+    """Whether the onednn provider runs (int8_float_matmul.py's exact float32 products)."""
+    return any(p.name == "onednn" and not getattr(p, "unavailable", None) for p in providers)
+
+
+def _float_exact(w, w_zp, a_type, a_zp, consts) -> bool:
+    """Whether the float32 engine takes this product: its sums stay exact (in parts of K at most)."""
+    from ..kernels.onednn.int8_float_matmul import FloatWeights, reach
+
+    dt = getattr(a_type, "dtype", None)
+    if dt not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        return False
+    za = consts.get(a_zp) if a_zp else None
+    return FloatWeights(w, consts.get(w_zp) if w_zp else None, reach(dt, False if a_zp and za is None else za)).why \
+        is None
+
+
 def fuse_matmul_integer(graph, ctx):
-    if not any(n.op_type in ("MatMulInteger", "ConvInteger") for n in graph.nodes) \
-            or int8_engine_reason(ctx.providers):
+    if not any(n.op_type in ("MatMulInteger", "ConvInteger") for n in graph.nodes):
+        return graph, []
+    # the int8 engine (VNNI, AMX) takes every such product, convolutions too; the float32 one
+    # (no VNNI: oneDNN's 8-bit products saturate) the products whose sums it holds exactly
+    int8 = int8_engine_reason(ctx.providers) is None
+    if not int8 and not _float_engine(ctx.providers):
         return graph, []
     consts, types = graph.constants(), ctx.types
     readers = Readers(graph, graph.nodes)
@@ -99,7 +123,7 @@ def fuse_matmul_integer(graph, ctx):
             return None, ""
         return add, other
 
-    for conv in graph.nodes:
+    for conv in graph.nodes if int8 else ():
         if conv.op_type != "ConvInteger" or conv.domain or len(conv.inputs) < 2:
             continue
         w = consts.get(conv.inputs[1])
@@ -158,7 +182,7 @@ def fuse_matmul_integer(graph, ctx):
             continue
         cast, mul, s = found
         found = scales(s, n)
-        if found is None:
+        if found is None or not int8 and not _float_exact(w, w_zp, types.get(a_q), a_zp, consts):
             continue
         a_scale, w_scale = found
         products.add(s)

@@ -250,6 +250,32 @@ def _inner_pd(ctx, p):
     return shared_pd(key, make, ahead=True)
 
 
+def constant_weights_pd(rows: int, k: int, n: int, post_ops=None, key=()):
+    """(descriptor, inner) of a float32 (rows, K) @ constant (K, N) -> (rows, N) with
+    `post_ops()`'s post-ops (`key` tells them apart): oneDNN's inner product where the
+    inner_product kernel would take the product (packed once where the matmul repacks at
+    every call), else its matmul with B in any layout. The weights it packs are read as
+    `constant_weights_md(k, n, inner)`. For products other kernels build (int8_float_matmul.py)."""
+    src, dst = MemoryDesc.create((rows, k), np.float32, "ab"), MemoryDesc.create((rows, n), np.float32, "ab")
+
+    def attr():
+        return None if post_ops is None else dnnl.Attr(post_ops=post_ops())
+    mm = shared_pd(("constant weights", rows, k, n, key),
+                   lambda: dnnl.matmul(src, MemoryDesc.any((k, n)), dst, attr=attr()), ahead=True)
+    if 2 <= rows < INNER_ROWS and mm.impl.startswith(_REPACKS):
+        inner = shared_pd(("constant weights, inner", rows, k, n, key),
+                          lambda: dnnl.inner_product(src, MemoryDesc.any((n, k)), dst, attr=attr()), ahead=True)
+        if inner.impl.startswith("brgemm"):
+            return inner, True
+    return mm, False
+
+
+def constant_weights_md(k: int, n: int, inner: bool) -> MemoryDesc:
+    """A C-contiguous (K, N) matrix as the matmul (K x N) or the inner product (N x K) reads it."""
+    md = MemoryDesc.create((k, n), np.float32, "ab")
+    return md.permute_axes((1, 0)) if inner else md
+
+
 @kernel(["MatMul", "Gemm"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_reason, static_only=True,
         name="matmul")
 def matmul(ctx):

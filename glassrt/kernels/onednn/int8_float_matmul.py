@@ -1,0 +1,260 @@
+"""8-bit products with a constant B (MatMulInteger, com.microsoft::MatMulIntegerToFloat)
+exact on oneDNN's float32 products, for CPUs whose 8-bit products saturate.
+
+Without VNNI or AMX, int8.py's kernels refuse (oneDNN's u8 x s8 products pass through a
+saturating 16-bit add there) and cpu's exact path runs: float32 GEMMs over slices of 256 of
+the inner dimension, B converted to float32 again at every call (kernels/int_gemm.py).
+Measured on a 2-core AVX2 EPYC (Zen 1), BERT-base through quantize_dynamic: 863 of its
+908 ms in its 73 MatMulIntegers, against onnxruntime's 335 ms for the whole model.
+
+As int8_float.py's convolutions: (a - za) and (B - zb) are integers, and where every
+partial sum stays within 2**24 in magnitude float32 holds each exactly, in whatever order
+the kernel adds them. Checked once per column of the constant B, with the largest |a - za|
+A's type (and a constant zero point) allows:
+    max|a - za| * sum_k |B[k, n] - zb[n]| <= 2**24
+Where a column reaches past it, the inner dimension is cut into runs that each stay within
+it (int8_float._channel_parts), one product a run, their sums added in float64. So B is
+centered as float32 and packed once for the product's primitive (the inner product's
+brgemm on AVX2 up to INNER_ROWS rows: matmul.constant_weights_pd; the packed float32 copy
+is four times B's bytes), and each call converts A (a - za, one pass) and runs one
+primitive per run of K.
+
+MatMulIntegerToFloat's float32 steps, y = float32(acc) · (a_scale · b_scale) + bias (its
+decomposition), run as the product's post-ops on the exact sums: a multiply by the scales
+per column, an add of the bias, each rounded once as the chain rounds it. In parts, they
+run in NumPy after the sums are added.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..buffers import as_out
+from ..registry import kernel
+from . import capi, dnnl
+from .dnnl import ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
+from .int8 import _I8
+from .int8_float import EXACT_LIMIT, MAX_PARTS, _channel_parts
+from .kernels import _unavailable, shared_reorder
+from .matmul import constant_weights_md, constant_weights_pd
+
+_STEPS_MAX = 16  # (threads, rows) bindings kept per node (a classifier's sequence lengths)
+
+
+def reach(a_dtype, a_zero_point) -> int:
+    """The largest |a - za| an 8-bit A can have: za a constant (an array), absent (None: 0),
+    or computed at run time (False: any value of A's type)."""
+    lo, hi = (-128, 127) if np.dtype(a_dtype) == np.int8 else (0, 255)
+    if a_zero_point is False:
+        return hi - lo
+    z = 0 if a_zero_point is None else int(np.asarray(a_zero_point).reshape(-1)[0])
+    return max(z - lo, hi - z)
+
+
+class FloatWeights:
+    """A constant 8-bit B (K, N) less its zero point, cut into runs of K whose float32 sums
+    stay exact for products with an A of reach `reach_` (`why` says why not, where none do).
+    Only B itself is held: each run is centered as float32 when a binding packs it."""
+
+    def __init__(self, b: np.ndarray, zb, reach_: int):
+        self.b, (self.k, self.n) = b, b.shape
+        self.z = np.float32(0) if zb is None else np.asarray(zb, np.float32).reshape(-1)
+        # per column, the most its products can add: reach * sum |B - zb| (float64: exact)
+        bound = float(np.abs(self.centered(0, self.k)).sum(axis=0, dtype=np.float64).max()) * reach_
+        self.why, self.parts = None, [(0, self.k)]
+        if bound > EXACT_LIMIT:
+            self.parts = _channel_parts(reach_ * np.abs(self.centered(0, self.k)).T.astype(np.int64))
+            if not self.parts or len(self.parts) > MAX_PARTS:
+                self.why = (f"a column's sums can reach {int(bound):,} (|a - a_zero_point| up to {reach_} times "
+                            f"its weights): past 2**24, where float32 stops holding integers exactly, and cut "
+                            f"into parts of K that stay within it it would take over {MAX_PARTS}")
+
+    def centered(self, k0: int, k1: int) -> np.ndarray:
+        """B[k0:k1] - zb as float32 (exact: 8-bit integers)."""
+        return np.subtract(self.b[k0:k1], self.z, dtype=np.float32)
+
+
+def _weights(ctx, b_at: int, zb_at: int) -> FloatWeights:
+    """The node's FloatWeights, made once for placement and every plan (ctx.verdict)."""
+    def make():
+        za = ctx.const(2) if ctx.has(2) else None
+        r = reach(ctx.dtype(0), False if ctx.has(2) and za is None else za)
+        return FloatWeights(ctx.const(b_at), ctx.const(zb_at) if ctx.has(zb_at) else None, r)
+    return ctx.verdict(("8-bit product as float32: weights", b_at), make)
+
+
+def _constants_reason(ctx, zb_at: int):
+    """Why the node's B (input 1) cannot be made ready once, or None."""
+    why = _unavailable(ctx)
+    if why:
+        return why
+    b, a_shape = ctx.const(1), ctx.shape(0)
+    if b is None:
+        return "B is not a constant (it is centered and packed once, when the plan is built)"
+    if b.ndim != 2 or b.dtype not in (np.int8, np.uint8):
+        return f"B is {b.dtype}{list(b.shape)}, not a 2-D 8-bit matrix"
+    if b.size == 0:
+        return "B is empty (cpu writes the zeros or the empty result)"
+    if a_shape is None or len(a_shape) < 2:
+        return "A is not a matrix (or its rank is not known)"
+    if ctx.has(2) and ctx.shape(2) is not None and tuple(ctx.shape(2)) not in ((), (1,)):
+        return "a_zero_point is not one value"
+    if ctx.has(zb_at):
+        zb = ctx.const(zb_at)
+        if zb is None:
+            return "b_zero_point is computed at run time"
+        if zb.size != 1 and zb.shape not in ((b.shape[1],), (1, b.shape[1])):
+            return f"b_zero_point {list(zb.shape)} is neither one value nor one per column"
+    return _weights(ctx, 1, zb_at).why
+
+
+class _Products:
+    """The bound primitives of one node, per (OpenMP threads, rows): one per run of K, each
+    reading its own converted A; `scaled`: MatMulIntegerToFloat's post-ops (a multiply by
+    the scales, then, with `bias`, an add), where K is one run."""
+
+    def __init__(self, w: FloatWeights, scaled: bool, bias: bool):
+        self.w, self.scaled, self.bias = w, scaled and len(w.parts) == 1, bias
+        self.bound, self.packed = {}, {}
+
+    def _post_ops(self):
+        post = dnnl.PostOps()
+        post.binary("mul", MemoryDesc.create((1, self.w.n), np.float32, "ab"))
+        if self.bias:
+            post.binary("add", MemoryDesc.create((1, self.w.n), np.float32, "ab"))
+        return post
+
+    def get(self, rows: int):
+        key = (capi.get_max_threads(), rows)
+        hit = self.bound.get(key)
+        if hit is None:
+            if len(self.bound) >= _STEPS_MAX:
+                self.bound.pop(next(iter(self.bound)))
+            hit = self.bound[key] = [self._bind(rows, i) for i in range(len(self.w.parts))]
+        return hit
+
+    def _bind(self, rows: int, part: int):
+        """(step, its A buffer, its output buffer, the post-ops' arguments) for run `part`."""
+        k0, k1 = self.w.parts[part]
+        n = self.w.n
+        post = self._post_ops if self.scaled else None
+        pd, inner = constant_weights_pd(rows, k1 - k0, n, post, key=("8-bit as float32", self.scaled, self.bias))
+        wmd = pd.weights_md()
+        if (part, wmd) not in self.packed:  # (one packed copy per layout, for every row count)
+            self.packed[part, wmd] = dnnl.prepack(self.w.centered(k0, k1), constant_weights_md(k1 - k0, n, inner),
+                                                  wmd, make_reorder=shared_reorder)
+        a = np.empty((rows, k1 - k0), np.float32)
+        y = np.empty((rows, n), np.float32)
+        args = {ARG_SRC: a, ARG_WEIGHTS: self.packed[part, wmd], ARG_DST: y}
+        post_args = ()
+        if self.scaled:
+            p = self._post_ops()
+            post_args = (p.binary_arg(0),) + ((p.binary_arg(1),) if self.bias else ())
+            for arg in post_args:
+                args[arg] = np.zeros((1, n), np.float32)
+        return pd.primitive().bind(args), a, y, post_args
+
+    def sums(self, a: np.ndarray, za, scale=None, bias=None, dst=None):
+        """The float32 sums of (a - za) @ B for a 2-D 8-bit a (scaled and biased where
+        `scaled`), written into `dst` (a C-contiguous float32 (rows, N)) where given and K is
+        one run, else into a buffer of this binding's (read it before the next call); in
+        parts, their float64 total."""
+        steps = self.get(a.shape[0])
+        total = None
+        for (k0, k1), (step, buf, y, post_args) in zip(self.w.parts, steps):
+            part = a[:, k0:k1] if len(steps) > 1 else a
+            if za is None:
+                buf[...] = part
+            else:
+                np.subtract(part, za, out=buf, dtype=np.float32)
+            if post_args:
+                step[post_args[0]].array[...] = scale
+                if bias is not None:
+                    step[post_args[1]].array[...] = bias
+            if len(steps) == 1:
+                step.run({ARG_DST: dst} if dst is not None else None)
+                return y if dst is None else dst
+            step.run({ARG_DST: y})
+            total = y.astype(np.float64) if total is None else total + y
+        return total
+
+
+def _rows(a, k):
+    if a.shape[-1] != k:
+        raise ValueError(f"inner dimensions differ: A {list(a.shape)} @ B [{k}, ...]")
+    return np.ascontiguousarray(a.reshape(-1, k))
+
+
+def _zero_point(a_zero_point):
+    return None if a_zero_point is None else np.float32(np.asarray(a_zero_point).reshape(-1)[0])
+
+
+# ---------------------------------------------------------------- MatMulInteger
+
+
+def _matmul_integer_reason(ctx):
+    return _constants_reason(ctx, zb_at=3)
+
+
+@kernel("MatMulInteger", provider="onednn", dtypes=_I8, out=True, bind=True, accepts=_matmul_integer_reason,
+        name="float32")
+def matmul_integer(ctx):
+    """int32 (A - a_zp) @ (B - b_zp) as an exact float32 product (B centered and packed once)."""
+    w = _weights(ctx, 1, 3)
+    products = _Products(w, scaled=False, bias=False)
+
+    def step(a, b, a_zero_point=None, b_zero_point=None, *, out=None):
+        acc = products.sums(_rows(a, w.k), _zero_point(a_zero_point))
+        shape = (*a.shape[:-1], w.n)
+        if out is not None and out.shape == shape and out.dtype == np.int32:
+            np.copyto(out.reshape(-1, w.n), acc, casting="unsafe")  # (whole numbers: exact)
+            return out
+        return as_out(acc.astype(np.int32).reshape(shape), out, cast=True)
+
+    return step
+
+
+# ---------------------------------------------------------------- MatMulIntegerToFloat
+# (registered in contrib/microsoft_quant.py with the op's other kernels)
+
+
+def matmul_integer_to_float_reason(ctx):
+    """Why this kernel cannot run com.microsoft's MatMulIntegerToFloat node, or None."""
+    why = _constants_reason(ctx, zb_at=5)
+    if why:
+        return why
+    n = ctx.const(1).shape[1]
+    if ctx.dtype(2) != np.float32 or ctx.dtype(3) != np.float32:
+        return "the scales are not float32"
+    if ctx.shape(2) is None or tuple(ctx.shape(2)) not in ((), (1,)):
+        return "a_scale is not one value"
+    if ctx.shape(3) is None or tuple(ctx.shape(3)) not in ((), (1,), (n,)):
+        return f"b_scale is neither one value nor one per column ({n})"
+    if ctx.has(6) and (ctx.dtype(6) != np.float32 or ctx.shape(6) is None or tuple(ctx.shape(6)) != (n,)):
+        return f"the bias is not float32 of shape [{n}]"
+    return None
+
+
+def matmul_integer_to_float(ctx):
+    """Y = (A - a_zp) @ (B - b_zp) · a_scale · b_scale + bias: the exact sums as a float32
+    product, the scales and bias as its post-ops (in parts: NumPy after the sums)."""
+    w = _weights(ctx, 1, 5)
+    products = _Products(w, scaled=True, bias=ctx.has(6))
+
+    def step(a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None, *, out=None):
+        # the scale product as the decomposition forms it: Mul(a_scale, b_scale) in float32
+        scale = np.multiply(a_scale, b_scale, dtype=np.float32).reshape(1, -1)
+        shape = (*a.shape[:-1], w.n)
+        direct = out is not None and out.dtype == np.float32 and out.shape == shape and out.flags.c_contiguous
+        if products.scaled:
+            y = products.sums(_rows(a, w.k), _zero_point(a_zero_point), scale, bias,
+                              dst=out.reshape(-1, w.n) if direct else None)
+            if direct:
+                return out
+            y = y.copy()  # (the binding's buffer, written again by the next call)
+        else:  # in parts: float32(acc) · scale (+ bias) in NumPy, as MLAS's output stage
+            y = products.sums(_rows(a, w.k), _zero_point(a_zero_point)).astype(np.int32).astype(np.float32) * scale
+            if bias is not None:
+                y += bias
+        return as_out(y.reshape(shape), out, cast=True)
+
+    return step

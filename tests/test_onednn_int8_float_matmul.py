@@ -1,0 +1,159 @@
+"""8-bit products with a constant B as exact float32 ones on oneDNN
+(kernels/onednn/int8_float_matmul.py): MatMulInteger and com.microsoft::MatMulIntegerToFloat
+where the CPU has no VNNI or AMX. The int8 kernels are made to refuse here (as they do on
+such a CPU), so these run on any CPU. MatMulInteger is checked against int64 arithmetic;
+MatMulIntegerToFloat (what quantize_dynamic's layers fuse into) against the unfused chain on
+cpu's exact kernels, bit for bit (not against onnxruntime: on a CPU without VNNI its own
+u8 x s8 products saturate with full-range weights, off by up to ~9 here); the inner dimension cut into parts where a column's sums
+could pass 2**24; refused past MAX_PARTS."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import glassrt
+from glassrt.kernels.onednn import capi
+
+from .helpers import init, model, op_types, tensor
+
+pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
+RNG = np.random.default_rng(31)
+TYPES = {np.uint8: TensorProto.UINT8, np.int8: TensorProto.INT8}
+
+
+@pytest.fixture(autouse=True)
+def no_vnni(monkeypatch):
+    """As on an AVX2 CPU: oneDNN's 8-bit products refuse."""
+    from glassrt.kernels.onednn import int8
+
+    monkeypatch.setattr(int8, "exact_reason", lambda: "no VNNI (this test)")
+
+
+def _limit(monkeypatch, limit):
+    """float32's exact range made `limit`, for both modules that read it."""
+    from glassrt.kernels.onednn import int8_float, int8_float_matmul
+
+    monkeypatch.setattr(int8_float, "EXACT_LIMIT", limit)
+    monkeypatch.setattr(int8_float_matmul, "EXACT_LIMIT", limit)
+
+
+def _full_range(dt, shape):
+    info = np.iinfo(dt)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dt)
+
+
+def _matmul_integer(a_dt, b_dt, k, n, a_shape, zb, runtime_za=True):
+    b = _full_range(b_dt, (k, n))
+    za = np.array(RNG.integers(0, 90), a_dt)
+    inits = [init("b", b), init("zb", np.asarray(zb, b_dt))]
+    inputs = [tensor("a", list(a_shape), TYPES[a_dt])]
+    if runtime_za:
+        inputs.append(tensor("za", [], TYPES[a_dt]))
+    else:
+        inits.append(init("za", za))
+    m = model([helper.make_node("MatMulInteger", ["a", "b", "za", "zb"], ["y"], name="p")], inputs,
+              [tensor("y", None, TensorProto.INT32)], inits, opset=13)
+    return m, b, za
+
+
+def _run(m, feeds, providers=("onednn", "cpu")):
+    s = glassrt.InferenceSession(m.SerializeToString(), providers=list(providers))
+    return s, s.run(None, feeds)[0]
+
+
+def _kernel(s, name):
+    return next(n for n in s.explain()["nodes"] if n["name"] == name)
+
+
+@pytest.mark.parametrize("a_dt, b_dt", [(np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8),
+                                        (np.int8, np.uint8)])
+@pytest.mark.parametrize("a_shape", [(2, 9, 70), (1, 70), (300, 70)])
+def test_matmul_integer_equals_int64_sums(a_dt, b_dt, a_shape):
+    """Full-range operands, zero points on both sides (B's one per column), 1 to 300 rows."""
+    zb = _full_range(b_dt, (33,))
+    m, b, za = _matmul_integer(a_dt, b_dt, 70, 33, a_shape, zb)
+    a = _full_range(a_dt, a_shape)
+    s, y = _run(m, {"a": a, "za": za})
+    assert _kernel(s, "p")["kernel"] == "onednn.MatMulInteger.float32"
+    ref = (a.astype(np.int64) - int(za)) @ (b.astype(np.int64) - zb.astype(np.int64))
+    assert y.dtype == np.int32
+    np.testing.assert_array_equal(y, ref)
+
+
+def test_matmul_integer_in_parts_of_k(monkeypatch):
+    """A limit that 25 full-range inputs pass: K = 200 is cut into parts, each exact, summed."""
+    _limit(monkeypatch, 25 * 255 * 128)
+    m, b, za = _matmul_integer(np.uint8, np.int8, 200, 17, (5, 200), np.zeros(17, np.int8), runtime_za=False)
+    from glassrt.kernels.onednn.int8_float_matmul import FloatWeights
+
+    assert len(FloatWeights(b, None, 255).parts) >= 4
+    a = _full_range(np.uint8, (5, 200))
+    s, y = _run(m, {"a": a})
+    assert _kernel(s, "p")["kernel"] == "onednn.MatMulInteger.float32"
+    np.testing.assert_array_equal(y, (a.astype(np.int64) - int(za)) @ b.astype(np.int64))
+
+
+def test_matmul_integer_refused_past_its_parts(monkeypatch):
+    """A limit one input's products already pass: no parts would do; explain says why and
+    cpu's exact path answers."""
+    _limit(monkeypatch, 1000)
+    m, b, za = _matmul_integer(np.uint8, np.int8, 40, 9, (3, 40), np.zeros(9, np.int8))
+    a = _full_range(np.uint8, (3, 40))
+    s, y = _run(m, {"a": a, "za": za})
+    row = _kernel(s, "p")
+    assert row["kernel"] == "cpu.MatMulInteger" and "past 2**24" in row["reason"]
+    np.testing.assert_array_equal(y, (a.astype(np.int64) - int(za)) @ b.astype(np.int64))
+
+
+X = (RNG.standard_normal((2, 7, 48)) * 2).astype(np.float32)
+
+
+def _layer(n=20, per_column=False, bias=True):
+    """x -> DynamicQuantizeLinear -> MatMulInteger(., W) -> Cast -> Mul(., a_scale · w_scale)
+    [-> Add bias], as onnxruntime.quantization.quantize_dynamic writes a MatMul."""
+    w = _full_range(np.int8, (X.shape[-1], n))
+    w_scale = (RNG.uniform(0.002, 0.02, n) if per_column else np.array(0.01)).astype(np.float32)
+    inits = [init("w", w), init("w_s", w_scale), init("w_z", np.zeros(w_scale.shape, np.int8)),
+             init("b", RNG.standard_normal(n).astype(np.float32))]
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dql"),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz", "w_z"], ["acc"], name="mmi"),
+             helper.make_node("Cast", ["acc"], ["accf"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["xs", "w_s"], ["s"], name="scales"),
+             helper.make_node("Mul", ["accf", "s"], ["mm" if bias else "y"], name="scale")]
+    if bias:
+        nodes.append(helper.make_node("Add", ["mm", "b"], ["y"], name="bias"))
+    return model(nodes, [tensor("x", list(X.shape))], [tensor("y", None)], inits, opset=17)
+
+
+@pytest.mark.parametrize("per_column, bias", [(False, True), (True, True), (True, False)])
+def test_a_quantize_dynamic_layer_fuses_and_keeps_the_chains_bits(per_column, bias):
+    m = _layer(per_column=per_column, bias=bias)
+    sess = glassrt.InferenceSession(m)
+    ops = op_types(sess)
+    assert "MatMulIntegerToFloat" in ops and "MatMulInteger" not in ops and "Cast" not in ops
+    assert _kernel(sess, "mmi")["kernel"] == "onednn.MatMulIntegerToFloat.float32"
+    got = sess.run(None, {"x": X})[0]
+    chain = glassrt.InferenceSession(m, providers=["cpu"])  # (cpu's exact MatMulInteger, unfused)
+    assert "MatMulInteger" in op_types(chain)
+    np.testing.assert_array_equal(got, chain.run(None, {"x": X})[0])
+
+
+def test_the_fused_layer_in_parts_of_k_keeps_the_chains_bits(monkeypatch):
+    _limit(monkeypatch, 12 * 255 * 128)
+    m = _layer(per_column=True)
+    sess = glassrt.InferenceSession(m)
+    assert _kernel(sess, "mmi")["kernel"] == "onednn.MatMulIntegerToFloat.float32"
+    chain = glassrt.InferenceSession(m, providers=["cpu"])
+    np.testing.assert_array_equal(sess.run(None, {"x": X})[0], chain.run(None, {"x": X})[0])
+
+
+def test_no_fusion_where_the_float_kernel_would_refuse(monkeypatch):
+    """Sums that no parts keep exact: the layer stays a chain (cpu's MatMulInteger, exact)."""
+    _limit(monkeypatch, 1000)
+    m = _layer()
+    sess = glassrt.InferenceSession(m)
+    assert "MatMulIntegerToFloat" not in op_types(sess) and "MatMulInteger" in op_types(sess)
+    assert _kernel(sess, "mmi")["kernel"] == "cpu.MatMulInteger"
+
+
+def test_no_fusion_without_the_onednn_provider():
+    assert "MatMulIntegerToFloat" not in op_types(glassrt.InferenceSession(_layer(), providers=["cpu"]))
