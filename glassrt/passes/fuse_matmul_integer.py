@@ -61,13 +61,13 @@ def _float_engine(providers) -> bool:
 
 def _float_exact(w, w_zp, a_type, a_zp, consts) -> bool:
     """Whether the float32 engine takes this product: its sums stay exact (in parts of K at most)."""
-    from ..kernels.onednn.int8_float_matmul import FloatWeights, reach
+    from ..kernels.onednn.int8_float_matmul import float_weights, reach
 
     dt = getattr(a_type, "dtype", None)
     if dt not in (np.dtype(np.uint8), np.dtype(np.int8)):
         return False
     za = consts.get(a_zp) if a_zp else None
-    return FloatWeights(w, consts.get(w_zp) if w_zp else None, reach(dt, False if a_zp and za is None else za)).why \
+    return float_weights(w, consts.get(w_zp) if w_zp else None, reach(dt, False if a_zp and za is None else za)).why \
         is None
 
 

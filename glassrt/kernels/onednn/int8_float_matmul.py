@@ -26,6 +26,8 @@ run in NumPy after the sums are added.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..buffers import as_out
@@ -57,20 +59,54 @@ class FloatWeights:
 
     def __init__(self, b: np.ndarray, zb, reach_: int):
         self.b, (self.k, self.n) = b, b.shape
-        self.z = np.float32(0) if zb is None else np.asarray(zb, np.float32).reshape(-1)
-        # per column, the most its products can add: reach * sum |B - zb| (float64: exact)
-        bound = float(np.abs(self.centered(0, self.k)).sum(axis=0, dtype=np.float64).max()) * reach_
+        z = np.zeros(1, np.int32) if zb is None else np.asarray(zb).astype(np.int32).reshape(-1)
+        self.z = None if not z.any() else np.float32(z[0]) if z.size == 1 else z.astype(np.float32)
+        # per column, the most its products can add: reach * sum_k |B - zb|
+        if self.z is None:  # |B| in B's bytes (int8's abs(-128) is -128: 128 as uint8)
+            magnitudes = b if b.dtype == np.uint8 else np.abs(b).view(np.uint8)
+        else:
+            magnitudes = np.abs(b.astype(np.int16) - z.astype(np.int16))
+        wide = np.uint32 if self.k < (1 << 24) else np.int64  # (|B - zb| <= 255: uint32 holds K < 2**24 of them)
+        bound = int(magnitudes.sum(axis=0, dtype=wide).max()) * reach_
         self.why, self.parts = None, [(0, self.k)]
         if bound > EXACT_LIMIT:
-            self.parts = _channel_parts(reach_ * np.abs(self.centered(0, self.k)).T.astype(np.int64))
+            self.parts = _channel_parts(reach_ * magnitudes.T.astype(np.int64))
             if not self.parts or len(self.parts) > MAX_PARTS:
-                self.why = (f"a column's sums can reach {int(bound):,} (|a - a_zero_point| up to {reach_} times "
+                self.why = (f"a column's sums can reach {bound:,} (|a - a_zero_point| up to {reach_} times "
                             f"its weights): past 2**24, where float32 stops holding integers exactly, and cut "
                             f"into parts of K that stay within it it would take over {MAX_PARTS}")
 
     def centered(self, k0: int, k1: int) -> np.ndarray:
         """B[k0:k1] - zb as float32 (exact: 8-bit integers)."""
-        return np.subtract(self.b[k0:k1], self.z, dtype=np.float32)
+        part = self.b[k0:k1]
+        return part.astype(np.float32) if self.z is None else np.subtract(part, self.z, dtype=np.float32)
+
+    def packed(self, k0: int, k1: int, inner: bool, target: MemoryDesc) -> dnnl.Memory:
+        """Rows k0:k1 centered, as float32 in the layout `target`: one reorder from the bytes
+        where B has no zero point (oneDNN converts as it packs), else from a centered copy."""
+        if self.z is None:
+            part = np.ascontiguousarray(self.b[k0:k1])
+            return dnnl.prepack(part, constant_weights_md(k1 - k0, self.n, inner, part.dtype), target,
+                                make_reorder=shared_reorder)
+        return dnnl.prepack(self.centered(k0, k1), constant_weights_md(k1 - k0, self.n, inner), target,
+                            make_reorder=shared_reorder)
+
+
+_WEIGHTS: dict = {}  # id(B) -> (a weak reference to B, {(zero point, reach): FloatWeights})
+
+
+def float_weights(b: np.ndarray, zb, reach_: int) -> FloatWeights:
+    """FloatWeights of a constant, made once per constant, zero point and reach: the fusion
+    pass asks (passes/fuse_matmul_integer.py), then placement and each plan (its bound is a
+    pass over B: BERT-base's 73 products, ~0.3 s each time on a 2-core AVX2 EPYC)."""
+    key = (None if zb is None else np.asarray(zb).tobytes(), reach_)
+    hit = _WEIGHTS.get(id(b))
+    if hit is None or hit[0]() is not b:
+        hit = _WEIGHTS[id(b)] = (weakref.ref(b, lambda _, i=id(b): _WEIGHTS.pop(i, None)), {})
+    made = hit[1].get(key)
+    if made is None:
+        made = hit[1][key] = FloatWeights(b, zb, reach_)
+    return made
 
 
 def _weights(ctx, b_at: int, zb_at: int) -> FloatWeights:
@@ -78,7 +114,7 @@ def _weights(ctx, b_at: int, zb_at: int) -> FloatWeights:
     def make():
         za = ctx.const(2) if ctx.has(2) else None
         r = reach(ctx.dtype(0), False if ctx.has(2) and za is None else za)
-        return FloatWeights(ctx.const(b_at), ctx.const(zb_at) if ctx.has(zb_at) else None, r)
+        return float_weights(ctx.const(b_at), ctx.const(zb_at) if ctx.has(zb_at) else None, r)
     return ctx.verdict(("8-bit product as float32: weights", b_at), make)
 
 
@@ -140,8 +176,7 @@ class _Products:
         pd, inner = constant_weights_pd(rows, k1 - k0, n, post, key=("8-bit as float32", self.scaled, self.bias))
         wmd = pd.weights_md()
         if (part, wmd) not in self.packed:  # (one packed copy per layout, for every row count)
-            self.packed[part, wmd] = dnnl.prepack(self.w.centered(k0, k1), constant_weights_md(k1 - k0, n, inner),
-                                                  wmd, make_reorder=shared_reorder)
+            self.packed[part, wmd] = self.w.packed(k0, k1, inner, wmd)
         a = np.empty((rows, k1 - k0), np.float32)
         y = np.empty((rows, n), np.float32)
         args = {ARG_SRC: a, ARG_WEIGHTS: self.packed[part, wmd], ARG_DST: y}

@@ -270,9 +270,9 @@ def constant_weights_pd(rows: int, k: int, n: int, post_ops=None, key=()):
     return mm, False
 
 
-def constant_weights_md(k: int, n: int, inner: bool) -> MemoryDesc:
+def constant_weights_md(k: int, n: int, inner: bool, dtype=np.float32) -> MemoryDesc:
     """A C-contiguous (K, N) matrix as the matmul (K x N) or the inner product (N x K) reads it."""
-    md = MemoryDesc.create((k, n), np.float32, "ab")
+    md = MemoryDesc.create((k, n), dtype, "ab")
     return md.permute_axes((1, 0)) if inner else md
 
 
