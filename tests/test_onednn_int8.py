@@ -132,7 +132,8 @@ def test_matmul_integer_refusals_say_why(monkeypatch):
     row = _kernel(glassrt.InferenceSession(m), "mm")
     assert row["kernel"] == "cpu.MatMulInteger"
     assert "B is not a constant" in str(row) or int8_exact_reason() is not None
-    # a CPU without VNNI: oneDNN's u8 x s8 kernels would saturate, so cpu's exact path runs
+    # a CPU without VNNI: oneDNN's u8 x s8 kernels would saturate, so the exact float32
+    # product runs (kernels/onednn/int8_float_matmul.py), and explain says why
     lib = capi.require()
     monkeypatch.setattr(lib, "dnnl_get_effective_cpu_isa", lambda: capi.CPU_ISA["avx512_core"])
     from glassrt.kernels.onednn import int8
@@ -140,7 +141,7 @@ def test_matmul_integer_refusals_say_why(monkeypatch):
     assert "no VNNI" in int8.exact_reason()
     sess = glassrt.InferenceSession(_matmul_integer(b, None, (2, 16), U8, None))
     row = _kernel(sess, "mm")
-    assert row["kernel"] == "cpu.MatMulInteger" and "no VNNI" in str(row)
+    assert row["kernel"] == "onednn.MatMulInteger.float32" and "no VNNI" in str(row)
     a = _codes(rng, U8, (2, 16))
     np.testing.assert_array_equal(sess.run(None, {"a": a})[0], _reference(a, None, b, None))
 
