@@ -102,7 +102,7 @@ def float_weights(b: np.ndarray, zb, reach_: int) -> FloatWeights:
     key = (None if zb is None else np.asarray(zb).tobytes(), reach_)
     hit = _WEIGHTS.get(id(b))
     if hit is None or hit[0]() is not b:
-        hit = _WEIGHTS[id(b)] = (weakref.ref(b, lambda _, i=id(b): _WEIGHTS.pop(i, None)), {})
+        hit = _WEIGHTS[id(b)] = (weakref.ref(b, lambda _, i=id(b), held=_WEIGHTS: held.pop(i, None)), {})
     made = hit[1].get(key)
     if made is None:
         made = hit[1][key] = FloatWeights(b, zb, reach_)
