@@ -104,8 +104,20 @@ def test_where_products_are_not_streamed_it_says_why(monkeypatch):
     monkeypatch.setattr(row_panels, "_forked", [True])
     assert "forked" in row_panels.why_not_here()
     monkeypatch.setattr(row_panels, "_forked", [False])
+    import threading
+    import types
+
+    from glassrt.kernels.cpu import _jit
+
+    monkeypatch.setattr(_jit, "_warm", threading.Event())  # (as before anything loaded Numba)
     monkeypatch.delitem(__import__("sys").modules, "numba")
     assert "Numba is not loaded" in row_panels.why_not_here()
+    # an import under way on another thread (numba_warmup's) is in sys.modules, half made:
+    # compiling against it failed, and the failure was kept for the process's life
+    loading = types.ModuleType("numba")
+    loading.__spec__ = types.SimpleNamespace(_initializing=True)
+    monkeypatch.setitem(__import__("sys").modules, "numba", loading)
+    assert "Numba is not loaded" in row_panels.why_not_here() and not row_panels._READY
 
 
 def test_a_forked_child_runs_a_streamed_product_on_the_primitive(monkeypatch):

@@ -34,7 +34,7 @@ from collections import Counter
 
 import numpy as np
 
-from ..cpu._jit import compiled, jit, numba_threads
+from ..cpu._jit import compiled, jit, numba_loaded, numba_threads
 from . import capi
 from .dnnl import ARG_WEIGHTS
 from .kernels import ContiguousViews
@@ -220,7 +220,7 @@ def why_not_here() -> str | None:
     """Why this process cannot stream products (None: it can)."""
     if _forked[0]:
         return "a forked process (Numba's OpenMP layer ends a child forked after it ran)"
-    if "numba" not in sys.modules:
+    if not numba_loaded():  # (in sys.modules from the start of its import: a load under way is not loaded)
         return "Numba is not loaded (importing it for this costs more than it gains)"
     if not _READY:
         try:
