@@ -208,26 +208,30 @@ class Int8Weights(Prepared):
 # ---------------------------------------------------------------- MatMulInteger
 
 
-def _matmul_integer_reason(ctx):
-    why = _unavailable(ctx) or exact_reason()
-    if why:
-        return why
+def constant_b_reason(ctx, zb_at: int) -> str | None:
+    """Why a product's B (input 1) is not what a kernel can make ready once, when the plan is
+    built: a constant non-empty 2-D 8-bit matrix whose zero point (input `zb_at`) is a
+    constant of one value or one per column; or None. (This module's and int8_float_matmul.py's.)"""
     b, a_shape = ctx.const(1), ctx.shape(0)
     if b is None:
-        return "B is not a constant (its bytes are reordered once, when the plan is built)"
+        return "B is not a constant (it is made ready once, when the plan is built)"
     if b.ndim != 2 or b.dtype not in (np.int8, np.uint8):
         return f"B is {b.dtype}{list(b.shape)}, not a 2-D 8-bit matrix"
     if b.size == 0:
         return "B is empty (cpu writes the zeros or the empty result)"
     if a_shape is None or len(a_shape) < 1:
         return "A's rank is not known"
-    if ctx.has(3):
-        bz = ctx.const(3)
+    if ctx.has(zb_at):
+        bz = ctx.const(zb_at)
         if bz is None:
             return "b_zero_point is computed at run time"
         if bz.size != 1 and bz.shape not in ((b.shape[1],), (1, b.shape[1])):
             return f"b_zero_point {list(bz.shape)} is neither one value nor one per column"
     return None
+
+
+def _matmul_integer_reason(ctx):
+    return _unavailable(ctx) or exact_reason() or constant_b_reason(ctx, 3)
 
 
 @kernel("MatMulInteger", provider="onednn", dtypes=_I8, out=True, bind=True, accepts=_matmul_integer_reason,

@@ -34,7 +34,7 @@ from ..buffers import as_out
 from ..registry import kernel
 from . import capi, dnnl
 from .dnnl import ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
-from .int8 import _I8
+from .int8 import _I8, constant_b_reason
 from .int8_float import EXACT_LIMIT, MAX_PARTS, _channel_parts
 from .kernels import _unavailable, shared_reorder
 from .matmul import constant_weights_md, constant_weights_pd
@@ -119,27 +119,12 @@ def _weights(ctx, b_at: int, zb_at: int) -> FloatWeights:
 
 
 def _constants_reason(ctx, zb_at: int):
-    """Why the node's B (input 1) cannot be made ready once, or None."""
-    why = _unavailable(ctx)
+    """Why the node's B (input 1) cannot be made ready once, or its sums not held exactly, or None."""
+    why = _unavailable(ctx) or constant_b_reason(ctx, zb_at)
     if why:
         return why
-    b, a_shape = ctx.const(1), ctx.shape(0)
-    if b is None:
-        return "B is not a constant (it is centered and packed once, when the plan is built)"
-    if b.ndim != 2 or b.dtype not in (np.int8, np.uint8):
-        return f"B is {b.dtype}{list(b.shape)}, not a 2-D 8-bit matrix"
-    if b.size == 0:
-        return "B is empty (cpu writes the zeros or the empty result)"
-    if a_shape is None or len(a_shape) < 2:
-        return "A is not a matrix (or its rank is not known)"
     if ctx.has(2) and ctx.shape(2) is not None and tuple(ctx.shape(2)) not in ((), (1,)):
         return "a_zero_point is not one value"
-    if ctx.has(zb_at):
-        zb = ctx.const(zb_at)
-        if zb is None:
-            return "b_zero_point is computed at run time"
-        if zb.size != 1 and zb.shape not in ((b.shape[1],), (1, b.shape[1])):
-            return f"b_zero_point {list(zb.shape)} is neither one value nor one per column"
     return _weights(ctx, 1, zb_at).why
 
 
@@ -220,7 +205,12 @@ def _rows(a, k):
 
 
 def _zero_point(a_zero_point):
-    return None if a_zero_point is None else np.float32(np.asarray(a_zero_point).reshape(-1)[0])
+    if a_zero_point is None:
+        return None
+    za = np.asarray(a_zero_point)
+    if za.size != 1:
+        raise ValueError(f"a_zero_point has shape {list(za.shape)}; this kernel takes one value")
+    return np.float32(za.reshape(()))
 
 
 # ---------------------------------------------------------------- MatMulInteger
