@@ -157,3 +157,19 @@ def test_no_fusion_where_the_float_kernel_would_refuse(monkeypatch):
 
 def test_no_fusion_without_the_onednn_provider():
     assert "MatMulIntegerToFloat" not in op_types(glassrt.InferenceSession(_layer(), providers=["cpu"]))
+
+
+def test_a_call_into_its_own_buffer_after_one_into_the_callers():
+    """The sums written into the caller's buffer, then into the binding's own: the second
+    call must not write into the first caller's buffer (the primitive keeps the last one)."""
+    from glassrt.kernels.onednn.int8_float_matmul import FloatWeights, _Products
+
+    b = _full_range(np.int8, (24, 10))
+    products = _Products(FloatWeights(b, None, 255), scaled=False, bias=False)
+    a1, a2 = _full_range(np.uint8, (3, 24)), _full_range(np.uint8, (3, 24))
+    mine = np.empty((3, 10), np.float32)
+    assert products.sums(a1, None, dst=mine) is mine
+    kept = mine.copy()
+    got = products.sums(a2, None)
+    np.testing.assert_array_equal(mine, kept)
+    np.testing.assert_array_equal(got, a2.astype(np.int64) @ b.astype(np.int64))

@@ -154,7 +154,8 @@ class _Products:
         return hit
 
     def _bind(self, rows: int, part: int):
-        """(step, its A buffer, its output buffer, the post-ops' arguments) for run `part`."""
+        """(step, its A buffer, [its own output buffer, made when first needed], the post-ops'
+        arguments) for run `part`."""
         k0, k1 = self.w.parts[part]
         n = self.w.n
         post = self._post_ops if self.scaled else None
@@ -163,15 +164,14 @@ class _Products:
         if (part, wmd) not in self.packed:  # (one packed copy per layout, for every row count)
             self.packed[part, wmd] = self.w.packed(k0, k1, inner, wmd)
         a = np.empty((rows, k1 - k0), np.float32)
-        y = np.empty((rows, n), np.float32)
-        args = {ARG_SRC: a, ARG_WEIGHTS: self.packed[part, wmd], ARG_DST: y}
+        args = {ARG_SRC: a, ARG_WEIGHTS: self.packed[part, wmd], ARG_DST: None}
         post_args = ()
         if self.scaled:
             p = self._post_ops()
             post_args = (p.binary_arg(0),) + ((p.binary_arg(1),) if self.bias else ())
             for arg in post_args:
                 args[arg] = np.zeros((1, n), np.float32)
-        return pd.primitive().bind(args), a, y, post_args
+        return pd.primitive().bind(args), a, [None], post_args
 
     def sums(self, a: np.ndarray, za, scale=None, bias=None, dst=None):
         """The float32 sums of (a - za) @ B for a 2-D 8-bit a (scaled and biased where
@@ -180,7 +180,7 @@ class _Products:
         parts, their float64 total."""
         steps = self.get(a.shape[0])
         total = None
-        for (k0, k1), (step, buf, y, post_args) in zip(self.w.parts, steps):
+        for (k0, k1), (step, buf, own, post_args) in zip(self.w.parts, steps):
             part = a[:, k0:k1] if len(steps) > 1 else a
             if za is None:
                 buf[...] = part
@@ -190,10 +190,15 @@ class _Products:
                 step[post_args[0]].array[...] = scale
                 if bias is not None:
                     step[post_args[1]].array[...] = bias
-            if len(steps) == 1:
-                step.run({ARG_DST: dst} if dst is not None else None)
-                return y if dst is None else dst
+            if len(steps) == 1 and dst is not None:
+                step.run({ARG_DST: dst})
+                return dst
+            if own[0] is None:
+                own[0] = np.empty((a.shape[0], self.w.n), np.float32)
+            y = own[0]
             step.run({ARG_DST: y})
+            if len(steps) == 1:
+                return y
             total = y.astype(np.float64) if total is None else total + y
         return total
 
