@@ -41,7 +41,7 @@ import numpy as np
 from ..ir import Node, TensorType
 from ..ops.geometry import per_channel_size
 from ._rewrite import Readers, bias_add, drop_unread, known_shape, origin, producers, rebuild
-from .fuse_qdq_matmul import MS, int8_engine_reason
+from .fuse_qdq_matmul import MS, int8_engine_reason, onednn_reason
 
 _F32 = np.dtype(np.float32)
 
@@ -54,20 +54,14 @@ def _one_value(types, consts, name) -> bool:
     return isinstance(t, TensorType) and t.shape is not None and tuple(t.shape) in ((), (1,))
 
 
-def _float_engine(providers) -> bool:
-    """Whether the onednn provider runs (int8_float_matmul.py's exact float32 products)."""
-    return any(p.name == "onednn" and not getattr(p, "unavailable", None) for p in providers)
-
-
 def _float_exact(w, w_zp, a_type, a_zp, consts) -> bool:
-    """Whether the float32 engine takes this product: its sums stay exact (in parts of K at most)."""
-    from ..kernels.onednn.int8_float_matmul import float_weights, reach
+    """Whether the float32 kernel takes this product: its sums stay exact (in parts of K at most)."""
+    from ..kernels.onednn.int8_float_matmul import weights_for
 
     dt = getattr(a_type, "dtype", None)
     if dt not in (np.dtype(np.uint8), np.dtype(np.int8)):
         return False
-    za = consts.get(a_zp) if a_zp else None
-    return float_weights(w, consts.get(w_zp) if w_zp else None, reach(dt, False if a_zp and za is None else za)).why \
+    return weights_for(w, consts.get(w_zp) if w_zp else None, dt, bool(a_zp), consts.get(a_zp) if a_zp else None).why \
         is None
 
 
@@ -77,7 +71,7 @@ def fuse_matmul_integer(graph, ctx):
     # the int8 engine (VNNI, AMX) takes every such product, convolutions too; the float32 one
     # (no VNNI: oneDNN's 8-bit products saturate) the products whose sums it holds exactly
     int8 = int8_engine_reason(ctx.providers) is None
-    if not int8 and not _float_engine(ctx.providers):
+    if not int8 and onednn_reason(ctx.providers):
         return graph, []
     consts, types = graph.constants(), ctx.types
     readers = Readers(graph, graph.nodes)

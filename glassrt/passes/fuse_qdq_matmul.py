@@ -34,10 +34,18 @@ from ..dtypes import EIGHT_BIT as _EIGHT_BIT
 MS = "com.microsoft"
 
 
-def int8_engine_reason(providers) -> str | None:
-    """None where the session's providers include one that runs exact 8-bit products."""
+def onednn_reason(providers) -> str | None:
+    """None where the session's providers include the onednn provider, and oneDNN loads."""
     if not any(p.name == "onednn" and not getattr(p, "unavailable", None) for p in providers):
         return "the onednn provider is not among the session's (or oneDNN is unavailable)"
+    return None
+
+
+def int8_engine_reason(providers) -> str | None:
+    """None where the session's providers include one that runs exact 8-bit products."""
+    why = onednn_reason(providers)
+    if why:
+        return why
     from ..kernels.onednn.int8 import exact_reason
 
     return exact_reason()

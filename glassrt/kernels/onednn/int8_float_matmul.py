@@ -97,8 +97,7 @@ _WEIGHTS: dict = {}  # id(B) -> (a weak reference to B, {(zero point, reach): Fl
 
 def float_weights(b: np.ndarray, zb, reach_: int) -> FloatWeights:
     """FloatWeights of a constant, made once per constant, zero point and reach: the fusion
-    pass asks (passes/fuse_matmul_integer.py), then placement and each plan (its bound is a
-    pass over B: BERT-base's 73 products, ~0.3 s each time on a 2-core AVX2 EPYC)."""
+    pass asks, then placement (several times) and each plan; its bound is a pass over B."""
     key = (None if zb is None else np.asarray(zb).tobytes(), reach_)
     hit = _WEIGHTS.get(id(b))
     if hit is None or hit[0]() is not b:
@@ -109,13 +108,17 @@ def float_weights(b: np.ndarray, zb, reach_: int) -> FloatWeights:
     return made
 
 
-def _weights(ctx, b_at: int, zb_at: int) -> FloatWeights:
-    """The node's FloatWeights, made once for placement and every plan (ctx.verdict)."""
-    def make():
-        za = ctx.const(2) if ctx.has(2) else None
-        r = reach(ctx.dtype(0), False if ctx.has(2) and za is None else za)
-        return float_weights(ctx.const(b_at), ctx.const(zb_at) if ctx.has(zb_at) else None, r)
-    return ctx.verdict(("8-bit product as float32: weights", b_at), make)
+def weights_for(b: np.ndarray, zb, a_dtype, a_zero_point_given: bool, a_zero_point) -> FloatWeights:
+    """float_weights for a product of an A of `a_dtype` whose zero point is absent, a
+    constant, or (given, not a constant) computed at run time: the kernels' and the fusion
+    pass's (passes/fuse_matmul_integer.py) one judgement."""
+    fed = a_zero_point_given and a_zero_point is None
+    return float_weights(b, zb, reach(a_dtype, False if fed else a_zero_point))
+
+
+def _weights(ctx, zb_at: int) -> FloatWeights:
+    return weights_for(ctx.const(1), ctx.const(zb_at) if ctx.has(zb_at) else None, ctx.dtype(0), ctx.has(2),
+                       ctx.const(2) if ctx.has(2) else None)
 
 
 def _constants_reason(ctx, zb_at: int):
@@ -125,7 +128,7 @@ def _constants_reason(ctx, zb_at: int):
         return why
     if ctx.has(2) and ctx.shape(2) is not None and tuple(ctx.shape(2)) not in ((), (1,)):
         return "a_zero_point is not one value"
-    return _weights(ctx, 1, zb_at).why
+    return _weights(ctx, zb_at).why
 
 
 class _Products:
@@ -229,7 +232,7 @@ def _matmul_integer_reason(ctx):
         name="float32")
 def matmul_integer(ctx):
     """int32 (A - a_zp) @ (B - b_zp) as an exact float32 product (B centered and packed once)."""
-    w = _weights(ctx, 1, 3)
+    w = _weights(ctx, 3)
     products = _Products(w, scaled=False, bias=False)
 
     def step(a, b, a_zero_point=None, b_zero_point=None, *, out=None):
@@ -267,7 +270,7 @@ def matmul_integer_to_float_reason(ctx):
 def matmul_integer_to_float(ctx):
     """Y = (A - a_zp) @ (B - b_zp) · a_scale · b_scale + bias: the exact sums as a float32
     product, the scales and bias as its post-ops (in parts: NumPy after the sums)."""
-    w = _weights(ctx, 1, 5)
+    w = _weights(ctx, 5)
     products = _Products(w, scaled=True, bias=ctx.has(6))
 
     def step(a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None, *, out=None):
@@ -280,7 +283,8 @@ def matmul_integer_to_float(ctx):
                               dst=out.reshape(-1, w.n) if direct else None)
             if direct:
                 return out
-            y = y.copy()  # (the binding's buffer, written again by the next call)
+            if out is None:
+                y = y.copy()  # (the binding's buffer, written again by the next call)
         else:  # in parts: float32(acc) · scale (+ bias) in NumPy, as MLAS's output stage
             y = products.sums(_rows(a, w.k), _zero_point(a_zero_point)).astype(np.int32).astype(np.float32) * scale
             if bias is not None:

@@ -6,7 +6,9 @@ activation; passes/fuse_matmul.py) runs as post-ops while each tile of the produ
 still in cache, with no pass over memory of its own (BERT-base: the bias Adds and the Gelu
 were 12% of a run). The weights are offered to oneDNN in any layout; where it prefers a
 blocked one (its brgemm kernels on AVX-512) they are reordered once, shared by every plan
-(kernels.packed_weights); on AVX2 oneDNN 3.2 reads them as they are. A (..., M, K) input
+(kernels.packed_weights). On AVX2 oneDNN 3.2's matmul reads them as they are and packs them
+anew at every call (sgemm); there a product of 2 to INNER_ROWS - 1 rows runs on its inner
+product instead, whose brgemm kernel reads them packed once (the `inner_product` kernel). A (..., M, K) input
 is one (rows, K) product.
 
 Products of two computed values (attention's Q·Kᵀ and P·V) run on a second kernel: the
@@ -208,10 +210,11 @@ def _primitive(ctx, product=None):
 
 
 # A product takes the inner product (when oneDNN's matmul has only its sgemm) for rows in
-# [2, INNER_ROWS): measured on the 2-core AVX2 EPYC, two threads, medians of two processes,
-# inner product / matmul: at 4 rows 0.49-0.91 (BERT's and GPT-2's four products), at 16
-# 0.64-1.00, at 128 0.77-0.96 (one 1.16), at 256 0.82-1.03, at 512 0.72-1.06, at 1024
-# 0.96-1.14 (sgemm's per-call packing is paid off over many rows); at one row 0.82-1.22.
+# [2, INNER_ROWS): measured on the 2-core AVX2 EPYC, two threads, medians of up to 200
+# calls, inner product / matmul over BERT's and GPT-2's four weight shapes: at 256 and 512
+# rows (two processes) 0.82-1.03 and 0.72-1.06, at 128 and 1024 (three) 0.43-1.16 and
+# 0.96-1.14 (sgemm's per-call packing is paid off over many rows); at 1, 4 and 16 rows (one)
+# 0.82-1.22, 0.49-0.91, 0.64-1.00.
 INNER_ROWS = 512
 _REPACKS = ("gemm",)  # oneDNN's matmul implementations that pack B anew at every call (its sgemm)
 
@@ -225,15 +228,21 @@ def _inner_reason(ctx):
         return "A is read transposed (an inner product reads A's rows as they lie)"
     if p.unpacked:
         return "B is too large to pack: the matmul primitive reads it where it lies"
-    if not 2 <= p.rows < INNER_ROWS:
-        return f"A has {p.rows} rows (the inner product pays from 2 rows to {INNER_ROWS - 1})"
-    impl = _product_pd(ctx, p).impl
+    return _inner_instead(p.rows, lambda: _product_pd(ctx, p), lambda: _inner_pd(ctx, p))[1]
+
+
+def _inner_instead(rows: int, matmul_pd, inner_pd):
+    """(the inner product's descriptor, None) where it should run a product instead of the
+    matmul, else (None, why not); matmul_pd() and inner_pd() make the two descriptors."""
+    if not 2 <= rows < INNER_ROWS:
+        return None, f"A has {rows} rows (the inner product pays from 2 rows to {INNER_ROWS - 1})"
+    impl = matmul_pd().impl
     if not impl.startswith(_REPACKS):
-        return f"oneDNN's matmul packs the weights itself here ({impl})"
-    inner = _inner_pd(ctx, p).impl
-    if not inner.startswith("brgemm"):
-        return f"oneDNN's inner product has no packed kernel here ({inner})"
-    return None
+        return None, f"oneDNN's matmul packs the weights itself here ({impl})"
+    inner = inner_pd()
+    if not inner.impl.startswith("brgemm"):
+        return None, f"oneDNN's inner product has no packed kernel here ({inner.impl})"
+    return inner, None
 
 
 def _inner_pd(ctx, p):
@@ -260,14 +269,15 @@ def constant_weights_pd(rows: int, k: int, n: int, post_ops=None, key=()):
 
     def attr():
         return None if post_ops is None else dnnl.Attr(post_ops=post_ops())
-    mm = shared_pd(("constant weights", rows, k, n, key),
-                   lambda: dnnl.matmul(src, MemoryDesc.any((k, n)), dst, attr=attr()), ahead=True)
-    if 2 <= rows < INNER_ROWS and mm.impl.startswith(_REPACKS):
-        inner = shared_pd(("constant weights, inner", rows, k, n, key),
-                          lambda: dnnl.inner_product(src, MemoryDesc.any((n, k)), dst, attr=attr()), ahead=True)
-        if inner.impl.startswith("brgemm"):
-            return inner, True
-    return mm, False
+    def matmul_pd():
+        return shared_pd(("constant weights", rows, k, n, key),
+                         lambda: dnnl.matmul(src, MemoryDesc.any((k, n)), dst, attr=attr()), ahead=True)
+
+    def inner_pd():
+        return shared_pd(("constant weights, inner", rows, k, n, key),
+                         lambda: dnnl.inner_product(src, MemoryDesc.any((n, k)), dst, attr=attr()), ahead=True)
+    inner, _ = _inner_instead(rows, matmul_pd, inner_pd)
+    return (inner, True) if inner is not None else (matmul_pd(), False)
 
 
 def constant_weights_md(k: int, n: int, inner: bool, dtype=np.float32) -> MemoryDesc:
