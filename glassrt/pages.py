@@ -9,7 +9,9 @@ MAP_SHARED (Python's mmap default): a forked child running the session wrote int
 parent's arena. So buffers of at least one huge page are mapped here private and aligned
 to 2 MiB.
 
-They start on small pages, and move onto huge pages when a plan has run STRAIGHT_AFTER
+A plan's arena (written and read whole at every run, a few MiB) is advised before its first
+touch (os_buffer(huge_now=True): runtime/memory.py's allocate_arena says what it gains).
+Everything else starts on small pages, and moves onto huge pages when a plan has run STRAIGHT_AFTER
 times (runtime/plan.py: a plan that keeps running, a served model or a decoding loop):
 `promote_when_idle` then queues the whole huge pages of every buffer mapped since (the
 partial page at a buffer's end stays small, so no buffer grows beyond its size, but for an
@@ -59,6 +61,7 @@ class PageStats:
     mapped_bytes: int = 0
     advised_bytes: int = 0  # moved onto huge pages by promote (advised, then collapsed where the kernel can)
     collapsed_bytes: int = 0  # of those, collapsed at once (MADV_COLLAPSE)
+    huge_from_start_bytes: int = 0  # advised before their first touch (os_buffer(huge_now=True): arenas)
     promote_seconds: float = 0.0  # spent in promote, all calls
 
 
@@ -90,15 +93,17 @@ def _private_map(nbytes: int) -> mmap.mmap:
     return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
-def os_buffer(nbytes: int, whole_pages: bool = False, *, promoted: bool = True) -> np.ndarray:
+def os_buffer(nbytes: int, whole_pages: bool = False, *, promoted: bool = True, huge_now: bool = False) -> np.ndarray:
     """A zeroed uint8 array of nbytes, mapped from the OS; from one huge page up its start
     is 2 MiB aligned and its whole huge pages wait for `promote` (see the module's doc).
     With `whole_pages` the partial page at its end is promoted too: a buffer that is all
     written at each run (a plan's arena) then takes one huge page there, not up to 511
     small ones, for at most one huge page more of resident memory. With promoted=False
     promote leaves it unless promote_with_the_rest asks (weights read from a model file:
-    most are packed and never read again; a kernel that reads one where it lies asks)."""
-    return _os_mapping(nbytes, whole_pages, promoted)[0]
+    most are packed and never read again; a kernel that reads one where it lies asks).
+    With huge_now its whole huge pages are advised at once, before anything touches them
+    (a plan's arena: see allocate_arena), and promote leaves it."""
+    return _os_mapping(nbytes, whole_pages, promoted, huge_now)[0]
 
 
 # Buffers of a huge page or more still on small pages: (the mapping, weakly, its address and
@@ -110,7 +115,8 @@ MADV_COLLAPSE = getattr(mmap, "MADV_COLLAPSE", 25)  # Linux's value (Python 3.11
 _collapse_works = [True]  # until a kernel without MADV_COLLAPSE says EINVAL to a huge-page-advised range
 
 
-def _os_mapping(nbytes: int, whole_pages: bool = False, promoted: bool = True) -> tuple[np.ndarray, mmap.mmap, int]:
+def _os_mapping(nbytes: int, whole_pages: bool = False, promoted: bool = True,
+                huge_now: bool = False) -> tuple[np.ndarray, mmap.mmap, int]:
     """os_buffer's array, the mapping it lies in and its offset there."""
     nbytes = max(int(nbytes), 1)
     if nbytes < HUGE_PAGE:
@@ -125,6 +131,10 @@ def _os_mapping(nbytes: int, whole_pages: bool = False, promoted: bool = True) -
         stats.mapped_bytes += nbytes
     if advice_enabled():
         pages = (-(-nbytes // HUGE_PAGE) if whole_pages else nbytes // HUGE_PAGE) * HUGE_PAGE
+        if huge_now:
+            if _madvise()(whole.ctypes.data + start, pages, mmap.MADV_HUGEPAGE) == 0:
+                stats.huge_from_start_bytes += pages
+            return whole[start:start + nbytes], region, start
         with _pending_lock:
             if len(_pending) >= _prune_at[0]:  # buffers that died unmoved (sessions that never kept running)
                 _pending[:] = [e for e in _pending if e[0]() is not None]

@@ -99,10 +99,10 @@ def test_a_dead_buffer_is_not_promoted(monkeypatch):
     assert pages.pending_bytes() <= pages.SLAB and _promote_or_skip() == 0  # (the slab being carved waits)
 
 
-def test_a_plan_that_keeps_running_moves_its_arena_onto_huge_pages(monkeypatch):
-    """runtime/plan.py asks for the move (promote_when_idle) when a plan has run
-    STRAIGHT_AFTER times, and it happens once no run goes on; the results stay the same
-    across the move."""
+def test_a_plans_arena_is_on_huge_pages_from_its_first_touch(monkeypatch):
+    """runtime/memory.py's allocate_arena advises an arena of a huge page or more before
+    anything touches it (every run writes all of it); promote then leaves it, and the
+    results are those of small pages."""
     import glassrt
     from glassrt.runtime.plan import STRAIGHT_AFTER
     from onnx import TensorProto, helper
@@ -116,14 +116,20 @@ def test_a_plan_that_keeps_running_moves_its_arena_onto_huge_pages(monkeypatch):
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n])])
     sess = glassrt.InferenceSession(helper.make_model(g).SerializeToString(), providers=["cpu"])
     x = np.linspace(-1, 1, n, dtype=np.float32)
+    before = pages.stats.huge_from_start_bytes
     first = sess.run(None, {"x": x})[0]
-    before = pages.stats.advised_bytes
+    assert pages.stats.huge_from_start_bytes >= before + pages.HUGE_PAGE  # (the plan, and its arena, made now)
+    np.testing.assert_array_equal(first, np.abs(-np.maximum(x, 0)))
+    advised = pages.stats.advised_bytes
     for _ in range(STRAIGHT_AFTER + 1):
         out = sess.run(None, {"x": x})[0]
     assert pages.wait_until_moved()
-    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], first)
     np.testing.assert_array_equal(out, first)
-    assert pages.stats.advised_bytes > before and pages.pending_bytes() <= pages.SLAB  # (the slab being carved waits)
+    assert pages.stats.advised_bytes == advised  # nothing left for promote: the arena was advised at once
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "0")  # and not where huge pages are turned off
+    before = pages.stats.huge_from_start_bytes
+    glassrt.InferenceSession(helper.make_model(g).SerializeToString(), providers=["cpu"]).run(None, {"x": x})
+    assert pages.stats.huge_from_start_bytes == before
 
 
 def test_huge_pages_move_only_while_no_run_goes_on(monkeypatch):

@@ -229,11 +229,11 @@ def explain(sess, dims: dict | None = None) -> dict:
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         # weight bytes mapped from their file / copied into memory / computed from weights (weights.py)
         "weights": weights.account(placement.graph, getattr(sess, "_loaded_weights", None)),
-        # large buffers (packed weights, arenas) of this process, and those moved onto huge
-        # pages once a plan kept running (pages.py)
+        # large buffers (packed weights, arenas) of this process, the arenas on huge pages from
+        # their first touch, and what moved onto huge pages once a plan kept running (pages.py)
         "pages": {"transparent_huge_pages": pages.thp_mode(), "advice": pages.advice_enabled(),
                   "buffers": pages.stats.buffers, "mapped_bytes": pages.stats.mapped_bytes,
-                  "advised_bytes": pages.stats.advised_bytes, "collapsed_bytes": pages.stats.collapsed_bytes,
+                  "huge_from_start_bytes": pages.stats.huge_from_start_bytes, "advised_bytes": pages.stats.advised_bytes, "collapsed_bytes": pages.stats.collapsed_bytes,
                   "promote_ms": round(pages.stats.promote_seconds * 1e3, 1),
                   "pending_bytes": pages.pending_bytes()},
         # one-row products (decode steps) streamed by row_panels' loop in this process, and why others were not
@@ -400,7 +400,8 @@ def render(report: dict, console, max_reason: int = 70) -> None:
                   f"{fmt_bytes(w['copied_bytes'])} copied into memory, {fmt_bytes(w['transformed_bytes'])} "
                   "transformed (folded by passes; reordered by oneDNN, which happens on a plan's first run)", highlight=False, markup=False)
     p = s["pages"]
-    console.print(f"large buffers (this process): {p['buffers']} of {fmt_bytes(p['mapped_bytes'])}; moved onto huge "
+    console.print(f"large buffers (this process): {p['buffers']} of {fmt_bytes(p['mapped_bytes'])}; arenas on huge "
+                  f"pages from their first touch: {fmt_bytes(p['huge_from_start_bytes'])}; moved onto huge "
                   f"pages once a plan kept running: {fmt_bytes(p['advised_bytes'])} ({fmt_bytes(p['collapsed_bytes'])} "
                   f"collapsed at once, {p['promote_ms']} ms), {fmt_bytes(p['pending_bytes'])} still on small pages "
                   f"(transparent huge pages: {p['transparent_huge_pages']}" + ("" if p["advice"] else ", advice off")

@@ -42,11 +42,14 @@ from ...ops.fused import MATMUL_ACTIVATIONS, PERM_ATTRS
 from ...weights import is_mapped
 from ..registry import kernel
 from . import capi, dnnl
+from .capi import ARG_ATTR_SCALES
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
 from .kernels import F32, SMALL_PRODUCT, ContiguousViews, _PerThreads, _unavailable, packed_weights, run_alone, shared_pd
 
 _PACK_LIMIT = 64 << 20
 _SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
+# implementations whose binary post-ops add a broadcast operand slowly (_batched_primitive)
+_SLOW_BROADCAST_POST_OPS = ("gemm",)
 
 # FusedMatMul's activations as oneDNN eltwise post-ops: (name, params -> (alpha, beta)).
 _POST = {"Relu": ("relu", lambda p: (0.0, 0.0)), "LeakyRelu": ("relu", lambda p: (p[0] if p else 0.01, 0.0)),
@@ -501,15 +504,15 @@ def _batched_reason(ctx):
         # (oneDNN 3.2's brgemm matmul ended the process with SIGSEGV adding Z to a result
         # written through permuted strides; the bias is the same kind of post-op)
         return "a bias or Z added to a result written transposed (perm_y)"
-    impl = _batched_pd(ctx)[0].impl
+    impl = _batched_pd(ctx).pd.impl
     if impl.startswith(_SLOW):
         return f"oneDNN has only its reference matmul ({impl}) for this product"
     return None
 
 
 def _batched_pd(ctx):
-    """(descriptor, bias argument, Z argument), shared by products of the same shapes and
-    epilogue (see _product_pd)."""
+    """_Batched: the descriptor and how its epilogue is fed, shared by products of the same
+    shapes and epilogue (see _product_pd)."""
     a, b, y = ctx.shape(0), ctx.shape(1), ctx.out_shape(0)
     fused = ctx.node.op_type == "FusedMatMul"
     key = ("computed", tuple(a), tuple(b), tuple(y), _perms(ctx), fused, ctx.has(2) and fused,
@@ -519,59 +522,115 @@ def _batched_pd(ctx):
     return shared_pd(key, lambda: _batched_primitive(ctx), ahead=True)
 
 
-def _batched_primitive(ctx):
-    """(primitive descriptor, the bias's post-op argument, Z's), in the output's rank."""
+class _Batched:
+    """A product of two computed values on oneDNN: its descriptor, and either the post-op
+    arguments of its bias and Z (bias_arg, z_arg) or, where the product runs on oneDNN's
+    sgemm, the scale and the prefill that replace those post-ops (see _batched_primitive)."""
+
+    def __init__(self, pd, bias_arg=None, z_arg=None, alpha=None, prefill=False):
+        self.pd, self.bias_arg, self.z_arg = pd, bias_arg, z_arg
+        self.alpha = alpha  # a run-time scale of A (ARG_ATTR_SCALES | ARG_SRC) standing for alpha
+        self.prefill = prefill  # the output holds bias + Z before the product adds onto it (a sum post-op)
+
+    def make_ahead(self):  # (shared_pd's ahead=True: the descriptor's primitive, made ahead)
+        self.pd.make_ahead()
+
+
+def _batched_primitive(ctx) -> _Batched:
+    """The descriptor in the output's rank, the epilogue as post-ops: alpha as a linear
+    eltwise, the bias and Z as binary adds, the activation as an eltwise.
+
+    Where that descriptor is oneDNN's sgemm-based matmul (`gemm:*`: AVX2, oneDNN 3.2) and
+    the bias or Z broadcasts, its binary post-ops add them at a fraction of a pass's speed:
+    attention's scores, 12 x 128 x 128 with the mask (1, 1, 1, 128) added, 554 us a product
+    against 368 with no epilogue (two threads, the 2-core AVX2 EPYC). There the output is
+    filled with bias + Z first (one NumPy pass) and the product added onto it (a sum
+    post-op: sgemm's beta = 1), alpha given as A's run-time scale (sgemm's alpha) rather
+    than an eltwise: 435 us with the prefill's pass. A Z of the output's own shape stays a
+    binary post-op (as fast either way, 425 us against 428), as does everything where the
+    matmul is not sgemm's (brgemm's post-ops run in its tiles)."""
     _, _, y = _product_dims(ctx)
     r = len(y)
     perm_a, perm_b, perm_y = _perms(ctx)
-    post = dnnl.PostOps()
-    bias_arg = z_arg = None
     fused = ctx.node.op_type == "FusedMatMul"
     alpha = float(ctx.attrs.get("alpha", 1.0)) if fused else 1.0
+    bias, z = fused and ctx.has(2), fused and ctx.has(3)
+    act = ctx.attrs.get("activation", "") if fused else ""
+    mds = (_strided_md(ctx.shape(0), perm_a, r), _strided_md(ctx.shape(1), perm_b, r),
+           _strided_md(ctx.out_shape(0), perm_y, r, inverse=True))
+
+    def activation(post):
+        if act:
+            name, params = _POST[act]
+            post.eltwise(name, *params([float(v) for v in ctx.attrs.get("activation_params") or []]))
+
+    post = dnnl.PostOps()
+    bias_arg = z_arg = None
     if alpha != 1.0:
         post.eltwise("linear", alpha, 0.0)
-    if fused and ctx.has(2):
+    if bias:
         post.binary("add", MemoryDesc.create([1] * (r - 1) + [y[-1]], np.float32, dnnl.plain_tag(r)))
         bias_arg = post.binary_arg()
-    if fused and ctx.has(3):
+    if z:
         post.binary("add", MemoryDesc.create(_padded(ctx.shape(3), r), np.float32, dnnl.plain_tag(r)))
         z_arg = post.binary_arg()
-    act = ctx.attrs.get("activation", "") if fused else ""
-    if act:
-        name, params = _POST[act]
-        post.eltwise(name, *params([float(v) for v in ctx.attrs.get("activation_params") or []]))
-    pd = dnnl.matmul(_strided_md(ctx.shape(0), perm_a, r), _strided_md(ctx.shape(1), perm_b, r),
-                     _strided_md(ctx.out_shape(0), perm_y, r, inverse=True), attr=post)
-    return pd, bias_arg, z_arg
+    activation(post)
+    pd = dnnl.matmul(*mds, attr=post)
+    broadcast = bias or (z and _padded(ctx.shape(3), r) != list(y))
+    if not pd.impl.startswith(_SLOW_BROADCAST_POST_OPS) or not (broadcast or alpha != 1.0):
+        return _Batched(pd, bias_arg, z_arg)
+    post = dnnl.PostOps()
+    if broadcast:
+        post.sum()
+    elif z:
+        post.binary("add", MemoryDesc.create(y, np.float32, dnnl.plain_tag(r)))
+        z_arg = post.binary_arg()
+    activation(post)
+    scales = {ARG_SRC: 0} if alpha != 1.0 else None
+    gemm = dnnl.matmul(*mds, attr=dnnl.Attr(post_ops=post, scales=scales))
+    if gemm.impl.startswith(_SLOW):
+        return _Batched(pd, bias_arg, z_arg)
+    return _Batched(gemm, None, None if broadcast else z_arg, alpha if alpha != 1.0 else None, bool(broadcast))
 
 
 @kernel(["MatMul"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_batched_reason,
         static_only=True, name="batched_matmul")
 def batched_matmul(ctx):
-    """oneDNN matmul of two computed values, the batch dims broadcast, the epilogue as post-ops."""
+    """oneDNN matmul of two computed values, the batch dims broadcast, the epilogue as post-ops
+    (or, on oneDNN's sgemm, a bias or Z that broadcasts written into the output first)."""
     a_dims, _, product = _product_dims(ctx)
     r = len(product)
     shapes = {3: _padded(ctx.shape(3), r)} if ctx.has(3) else {}  # (A and B: flat, their mds say the layout)
     bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(-1) if ctx.has(2) else None
+    made = _batched_pd(ctx)
 
     def build():
-        pd, bias_arg, z_arg = _batched_pd(ctx)
         args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
-        if bias_arg is not None:
-            args[bias_arg] = np.broadcast_to(bias, (product[-1],)).copy()
-        if z_arg is not None:
-            args[z_arg] = None
-        return pd.primitive().bind(args), z_arg
+        if made.bias_arg is not None:
+            args[made.bias_arg] = np.broadcast_to(bias, (product[-1],)).copy()
+        if made.z_arg is not None:
+            args[made.z_arg] = None
+        if made.alpha is not None:
+            args[ARG_ATTR_SCALES | ARG_SRC] = dnnl.vector(np.array([made.alpha], np.float32))
+        return made.pd.primitive().bind(args)
 
     prims = _PerThreads(build)
     view = ContiguousViews()  # slot -> A, B flat; Z in the padded rank (the same object: no re-pointing)
     alone = math.prod(product) * a_dims[-1] <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
 
     def step(a, b, bias_=None, z=None, *, out):
-        prim, z_arg = prims.get()
+        prim = prims.get()
         buffers = {ARG_SRC: view(0, a), ARG_WEIGHTS: view(1, b), ARG_DST: out}
-        if z_arg is not None:
-            buffers[z_arg] = view(3, z, shapes[3])
+        if made.prefill:  # (the output is no operand's buffer: the kernel is not in-place)
+            filled = out.reshape(product)
+            if z is None:
+                filled[...] = bias
+            elif bias is None:
+                np.copyto(filled, z.reshape(shapes[3]))
+            else:
+                np.add(z.reshape(shapes[3]), bias, out=filled)
+        elif made.z_arg is not None:
+            buffers[made.z_arg] = view(3, z, shapes[3])
         run_alone(prim, buffers, alone)
         return out
 
