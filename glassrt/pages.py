@@ -9,20 +9,28 @@ MAP_SHARED (Python's mmap default): a forked child running the session wrote int
 parent's arena. So buffers of at least one huge page are mapped here private and aligned
 to 2 MiB.
 
-A plan's arena (written and read whole at every run, a few MiB) is advised before its first
-touch (os_buffer(huge_now=True): runtime/memory.py's allocate_arena says what it gains).
-Everything else starts on small pages, and moves onto huge pages when a plan has run STRAIGHT_AFTER
+When: GLASSRT_HUGE_PAGES says. "early" (the default): every such buffer is advised before
+its first touch, so packed weights, weights read from the file and arenas are on huge pages
+from their first run. Measured on the 2-core AVX2 EPYC VM (alternating processes): GPT-2
+decoding 34.6-40.8 -> 32.2-38.0 ms a token, lower in 5 pairs of 5; BERT-base batch 1
+339-364 -> 334-360 ms a run, lower in 4 pairs of 4; the cost, a first touch of fresh huge
+pages (64 MiB: 14-115 ms against 25-32 on small pages there): BERT-base's creation and first
+run 1.21-1.25 -> 1.32-1.61 s (onnxruntime 1.23), the small models' none measurable
+(MobileNetV2 0.18 s, SqueezeNet 0.09 s). The slab small buffers are carved from (`carve`)
+stays on small pages until it is full, as in "late".
+
+"late": they start on small pages, and move onto huge pages when a plan has run STRAIGHT_AFTER
 times (runtime/plan.py: a plan that keeps running, a served model or a decoding loop):
 `promote_when_idle` then queues the whole huge pages of every buffer mapped since (the
 partial page at a buffer's end stays small, so no buffer grows beyond its size, but for an
 arena, which is written whole), and a thread advises them and has the kernel collapse them
 (MADV_COLLAPSE, Linux 6.1; on an older kernel the advice alone lets khugepaged do it over
 time) one huge page at a time, only while no plan run goes on (`promote` does it all at
-once, in the caller). Why not on huge pages from
-the start: a first touch of fresh memory costs more on a huge page wherever the host takes
-back what a guest frees (free page reporting: Firecracker, WSL2, cloud microVMs): the guest
-hands a huge page out of the 2 MiB blocks it has reported, which the host must fault in
-again, while small pages come from blocks it kept. Measured on the development VM, BERT-base
+once, in the caller); a process that runs plans back to back (a benchmark's loop) keeps
+small pages. For a VM whose first touches of huge pages cost much more: wherever the host
+takes back what a guest frees (free page reporting: Firecracker, WSL2, cloud microVMs), the
+guest hands a huge page out of the 2 MiB blocks it has reported, which the host must fault
+in again, while small pages come from blocks it kept. Measured on such a VM, BERT-base
 batch 8's first run (its 340 MB of weights packed): 3.0-3.9 s on huge pages from the start,
 1.4-1.6 s on small pages (three rounds of alternating processes); GPT-2 decoding per token on
 small pages against huge pages: 0.98x, 1.07x, 1.07x (16 alternating 32-token rounds each).
@@ -31,10 +39,12 @@ one-row products through NumPy's BLAS, ms per pass over 4 KiB / huge pages: 17.8
 15.5 / 15.1, 17.2 / 16.3), and the collapse is a cost paid once (GPT-2's 300-455 MB: 0.5-5.2
 s on that VM, a tenth of that where a machine's memory is its own), in idle time: paid in
 the run that triggered it, it stalled that run (see IDLE_S). Weights read from a model file
-are mapped here too (onnx_io), but promote leaves them unless a kernel reads one where it
-lies (promote_with_the_rest): most are packed on the first run and never read again.
-GLASSRT_HUGE_PAGES=0 turns the advice off (the buffers are still mapped the same way);
-`explain` shows the kernel's setting, what was advised and what collapsed.
+are left by promote unless a kernel reads one where it lies (promote_with_the_rest): most are
+packed on the first run and never read again. A plan's arena is advised at once under
+either (os_buffer(early=True): runtime/memory.py's allocate_arena says what it gains).
+
+"0" turns the advice off (the buffers are still mapped the same way); `explain` shows the
+kernel's setting, the policy, what was advised when and what collapsed.
 """
 from __future__ import annotations
 
@@ -61,7 +71,7 @@ class PageStats:
     mapped_bytes: int = 0
     advised_bytes: int = 0  # moved onto huge pages by promote (advised, then collapsed where the kernel can)
     collapsed_bytes: int = 0  # of those, collapsed at once (MADV_COLLAPSE)
-    huge_from_start_bytes: int = 0  # advised before their first touch (os_buffer(huge_now=True): arenas)
+    huge_from_start_bytes: int = 0  # advised before their first touch (policy "early", and arenas)
     promote_seconds: float = 0.0  # spent in promote, all calls
 
 
@@ -81,9 +91,15 @@ def thp_mode() -> str:
     return text[start + 1:end] if 0 <= start < end else "unavailable"
 
 
+def policy() -> str:
+    """When large buffers move onto huge pages (GLASSRT_HUGE_PAGES, see the module's doc):
+    "early" (the default), "late", or "off" ("0")."""
+    value = os.environ.get("GLASSRT_HUGE_PAGES", "early").strip().lower()
+    return "off" if value in ("0", "off", "never") else "late" if value == "late" else "early"
+
+
 def advice_enabled() -> bool:
-    return os.environ.get("GLASSRT_HUGE_PAGES", "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE") \
-        and thp_mode() in ("always", "madvise")
+    return policy() != "off" and hasattr(mmap, "MADV_HUGEPAGE") and thp_mode() in ("always", "madvise")
 
 
 def _private_map(nbytes: int) -> mmap.mmap:
@@ -93,7 +109,8 @@ def _private_map(nbytes: int) -> mmap.mmap:
     return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 
 
-def os_buffer(nbytes: int, whole_pages: bool = False, *, promoted: bool = True, huge_now: bool = False) -> np.ndarray:
+def os_buffer(nbytes: int, whole_pages: bool = False, *, promoted: bool = True,
+              early: bool | None = None) -> np.ndarray:
     """A zeroed uint8 array of nbytes, mapped from the OS; from one huge page up its start
     is 2 MiB aligned and its whole huge pages wait for `promote` (see the module's doc).
     With `whole_pages` the partial page at its end is promoted too: a buffer that is all
@@ -101,9 +118,10 @@ def os_buffer(nbytes: int, whole_pages: bool = False, *, promoted: bool = True, 
     small ones, for at most one huge page more of resident memory. With promoted=False
     promote leaves it unless promote_with_the_rest asks (weights read from a model file:
     most are packed and never read again; a kernel that reads one where it lies asks).
-    With huge_now its whole huge pages are advised at once, before anything touches them
-    (a plan's arena: see allocate_arena), and promote leaves it."""
-    return _os_mapping(nbytes, whole_pages, promoted, huge_now)[0]
+    early: its whole huge pages advised at once, before anything touches them (True: whatever
+    the policy, a plan's arena: see allocate_arena; False: never, the carving slab; None: as
+    the policy says); promote then leaves it."""
+    return _os_mapping(nbytes, whole_pages, promoted, early)[0]
 
 
 # Buffers of a huge page or more still on small pages: (the mapping, weakly, its address and
@@ -116,7 +134,7 @@ _collapse_works = [True]  # until a kernel without MADV_COLLAPSE says EINVAL to 
 
 
 def _os_mapping(nbytes: int, whole_pages: bool = False, promoted: bool = True,
-                huge_now: bool = False) -> tuple[np.ndarray, mmap.mmap, int]:
+                early: bool | None = None) -> tuple[np.ndarray, mmap.mmap, int]:
     """os_buffer's array, the mapping it lies in and its offset there."""
     nbytes = max(int(nbytes), 1)
     if nbytes < HUGE_PAGE:
@@ -131,7 +149,7 @@ def _os_mapping(nbytes: int, whole_pages: bool = False, promoted: bool = True,
         stats.mapped_bytes += nbytes
     if advice_enabled():
         pages = (-(-nbytes // HUGE_PAGE) if whole_pages else nbytes // HUGE_PAGE) * HUGE_PAGE
-        if huge_now:
+        if early or (early is None and policy() == "early"):
             if _madvise()(whole.ctypes.data + start, pages, mmap.MADV_HUGEPAGE) == 0:
                 stats.huge_from_start_bytes += pages
             return whole[start:start + nbytes], region, start
@@ -359,7 +377,7 @@ def carve(nbytes: int, align: int = 64) -> np.ndarray:
 
 
 def _new_slab() -> list:
-    slab, region, at = _os_mapping(SLAB)
+    slab, region, at = _os_mapping(SLAB, early=False)
     return [slab, 0, region, at]
 
 

@@ -1,4 +1,6 @@
-"""Large buffers from the OS, moved onto transparent huge pages once a plan keeps running (glassrt/pages.py)."""
+"""Large buffers from the OS on transparent huge pages: from their first touch (policy
+"early", the default; a plan's arena under any policy), or moved once a plan keeps running
+(policy "late") (glassrt/pages.py)."""
 from __future__ import annotations
 
 import os
@@ -30,10 +32,10 @@ def _promote_or_skip():
 
 
 def test_buffers_start_on_small_pages_and_promote_moves_their_whole_huge_pages(monkeypatch):
-    """Written before promote, a buffer is on small pages (unless the kernel puts every
+    """Policy "late": written before promote, a buffer is on small pages (unless the kernel puts every
     mapping on huge pages); promote advises its whole huge pages, never the partial tail,
     and collapses them where the kernel can; the contents stay."""
-    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "late")
     _promote_or_skip()  # what earlier tests left pending
     buf = pages.os_buffer(3 * pages.HUGE_PAGE + 100)
     buf[...] = 1
@@ -56,7 +58,7 @@ def test_buffers_start_on_small_pages_and_promote_moves_their_whole_huge_pages(m
 def test_a_weight_buffer_waits_until_a_kernel_reads_it_where_it_lies(monkeypatch):
     """A weight read from the model file (promoted=False) is left by promote until a kernel
     that reads it where it lies says so (with a view of it, here transposed)."""
-    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "late")
     _promote_or_skip()
     w = pages.os_buffer(2 * pages.HUGE_PAGE, promoted=False).view(np.float32).reshape(1024, 1024)
     w[...] = 2
@@ -72,7 +74,7 @@ def test_an_arena_is_promoted_with_its_tail_page(nbytes, monkeypatch):
     """whole_pages (a plan's arena, written whole at each run): the partial page at the end
     is promoted as well, the buffer still exactly its size and zeroed; the rounded-up page
     lies inside the mapping."""
-    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "late")
     _promote_or_skip()
     buf = pages.os_buffer(nbytes, whole_pages=True)
     assert buf.nbytes == nbytes and not buf.any() and buf.ctypes.data % pages.HUGE_PAGE == 0
@@ -81,6 +83,36 @@ def test_an_arena_is_promoted_with_its_tail_page(nbytes, monkeypatch):
     assert int(buf[-1]) == 3 and int(buf[0]) == 3
     huge = smaps_kib(buf.ctypes.data, "AnonHugePages:")
     assert huge is None or huge <= 4 * pages.HUGE_PAGE // 1024
+
+
+def test_early_advises_whole_huge_pages_before_the_first_touch(monkeypatch):
+    """Policy "early" (the default): a buffer's whole huge pages (an arena's tail page too),
+    a weight's read from the file as well, are advised as it is mapped, nothing is left for
+    promote; the slab small buffers are carved from is not (it waits until it is full)."""
+    monkeypatch.delenv("GLASSRT_HUGE_PAGES", raising=False)
+    if not pages.advice_enabled():
+        pytest.skip(f"transparent huge pages: {pages.thp_mode()}")
+    assert pages.policy() == "early"
+    pages.promote()
+    before = pages.stats.huge_from_start_bytes
+    buf = pages.os_buffer(3 * pages.HUGE_PAGE + 100)
+    arena = pages.os_buffer(pages.HUGE_PAGE + 100, whole_pages=True)
+    weight = pages.os_buffer(2 * pages.HUGE_PAGE, promoted=False)
+    assert pages.stats.huge_from_start_bytes - before == (3 + 2 + 2) * pages.HUGE_PAGE
+    assert not buf.any() and not arena.any() and not weight.any()
+    buf[...], arena[...], weight[...] = 1, 2, 3
+    assert int(buf.sum()) == buf.nbytes and int(arena[-1]) == 2 and int(weight[-1]) == 3
+    assert pages.pending_bytes() <= pages.SLAB and pages.promote() == 0  # (the slab being carved waits)
+    assert not pages.promote_with_the_rest(weight)  # (on huge pages already: nothing waits)
+    huge = smaps_kib(buf.ctypes.data, "AnonHugePages:")
+    assert huge is None or huge <= 3 * pages.HUGE_PAGE // 1024  # never the partial tail
+
+
+@pytest.mark.parametrize("value, policy", [("early", "early"), ("late", "late"), ("0", "off"), ("off", "off"),
+                                           ("1", "early"), (" LATE ", "late")])
+def test_the_policy_is_read_from_the_environment(monkeypatch, value, policy):
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", value)
+    assert pages.policy() == policy
 
 
 def test_the_advice_can_be_turned_off(monkeypatch):
@@ -92,7 +124,7 @@ def test_the_advice_can_be_turned_off(monkeypatch):
 
 
 def test_a_dead_buffer_is_not_promoted(monkeypatch):
-    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "late")
     _promote_or_skip()
     buf = pages.os_buffer(2 * pages.HUGE_PAGE)
     del buf
@@ -107,7 +139,7 @@ def test_a_plans_arena_is_on_huge_pages_from_its_first_touch(monkeypatch):
     from glassrt.runtime.plan import STRAIGHT_AFTER
     from onnx import TensorProto, helper
 
-    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "late")
     _promote_or_skip()
     n = 1 << 20  # 4 MiB float32 values: the arena is mapped from the OS
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["n"]),
@@ -135,7 +167,7 @@ def test_a_plans_arena_is_on_huge_pages_from_its_first_touch(monkeypatch):
 def test_huge_pages_move_only_while_no_run_goes_on(monkeypatch):
     """promote_when_idle queues the buffers' whole huge pages; its thread moves them once no
     plan run has gone on for IDLE_S: a run in flight (or runs back to back) holds them."""
-    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "1")
+    monkeypatch.setenv("GLASSRT_HUGE_PAGES", "late")
     _promote_or_skip()
     buf = pages.os_buffer(2 * pages.HUGE_PAGE)
     buf[...] = 5

@@ -319,10 +319,10 @@ def allocate_arena(nbytes: int) -> np.ndarray:
     malloc: when a plan is evicted its arena goes back to the OS at once, whatever malloc's
     heuristics (glibc keeps freed blocks below its sliding mmap threshold in the heap).
 
-    From a huge page up it is on transparent huge pages from its first touch (glassrt.pages;
-    weights wait until a plan keeps running): every run writes and reads all of it, often
-    through strides that cross a small page every few rows, and on a VM each TLB miss walks
-    two page tables. Measured on the 2-core AVX2 EPYC, BERT-base batch 1 (a 2.3 MiB arena:
+    From a huge page up it is on transparent huge pages from its first touch, whatever
+    glassrt.pages' policy (under "late" weights wait until a plan keeps running): every run
+    writes and reads all of it, often through strides that cross a small page every few
+    rows, and on a VM each TLB miss walks two page tables. Measured on the 2-core AVX2 EPYC, BERT-base batch 1 (a 2.3 MiB arena:
     two huge pages), attention's P·V (12 x 128 x 128 @ 128 x 64, B and the result strided)
     8.45 -> 5.5 ms a run over its 12 products; the same product on one thread, alone, on
     small pages 1.33 ms against 0.69 on huge pages. A first touch of a fresh huge page
@@ -330,7 +330,7 @@ def allocate_arena(nbytes: int) -> np.ndarray:
     few milliseconds for an arena's few pages, once."""
     if nbytes < (1 << 20):
         return np.empty(nbytes, np.uint8)
-    return os_buffer(nbytes, whole_pages=True, huge_now=True)
+    return os_buffer(nbytes, whole_pages=True, early=True)
 
 
 class _Handed(weakref.ref):

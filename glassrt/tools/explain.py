@@ -229,9 +229,10 @@ def explain(sess, dims: dict | None = None) -> dict:
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         # weight bytes mapped from their file / copied into memory / computed from weights (weights.py)
         "weights": weights.account(placement.graph, getattr(sess, "_loaded_weights", None)),
-        # large buffers (packed weights, arenas) of this process, the arenas on huge pages from
-        # their first touch, and what moved onto huge pages once a plan kept running (pages.py)
+        # large buffers (packed weights, arenas) of this process, those on huge pages from their
+        # first touch, and what moved onto huge pages once a plan kept running (pages.py)
         "pages": {"transparent_huge_pages": pages.thp_mode(), "advice": pages.advice_enabled(),
+                  "policy": pages.policy(),
                   "buffers": pages.stats.buffers, "mapped_bytes": pages.stats.mapped_bytes,
                   "huge_from_start_bytes": pages.stats.huge_from_start_bytes, "advised_bytes": pages.stats.advised_bytes, "collapsed_bytes": pages.stats.collapsed_bytes,
                   "promote_ms": round(pages.stats.promote_seconds * 1e3, 1),
@@ -400,11 +401,12 @@ def render(report: dict, console, max_reason: int = 70) -> None:
                   f"{fmt_bytes(w['copied_bytes'])} copied into memory, {fmt_bytes(w['transformed_bytes'])} "
                   "transformed (folded by passes; reordered by oneDNN, which happens on a plan's first run)", highlight=False, markup=False)
     p = s["pages"]
-    console.print(f"large buffers (this process): {p['buffers']} of {fmt_bytes(p['mapped_bytes'])}; arenas on huge "
-                  f"pages from their first touch: {fmt_bytes(p['huge_from_start_bytes'])}; moved onto huge "
+    console.print(f"large buffers (this process): {p['buffers']} of {fmt_bytes(p['mapped_bytes'])}; on huge pages "
+                  f"from their first touch: {fmt_bytes(p['huge_from_start_bytes'])}; moved onto huge "
                   f"pages once a plan kept running: {fmt_bytes(p['advised_bytes'])} ({fmt_bytes(p['collapsed_bytes'])} "
                   f"collapsed at once, {p['promote_ms']} ms), {fmt_bytes(p['pending_bytes'])} still on small pages "
-                  f"(transparent huge pages: {p['transparent_huge_pages']}" + ("" if p["advice"] else ", advice off")
+                  f"(transparent huge pages: {p['transparent_huge_pages']}, GLASSRT_HUGE_PAGES policy "
+                  f"{p['policy']}" + ("" if p["advice"] else ", advice off")
                   + ")", highlight=False, markup=False)
     r = s["row_products"]
     if r["streamed"] or r["not_streamed"]:
