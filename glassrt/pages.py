@@ -1,4 +1,4 @@
-"""Large buffers straight from the OS, private, and moved onto transparent huge pages once a plan keeps running.
+"""Large buffers straight from the OS, private, on transparent huge pages from their first touch (or once a plan keeps running).
 
 Packed weights and plan arenas are the memory a run streams through: a GPT-2-sized decode
 step reads ~340 MB of layer weights once per token, ~85,000 pages of 4 KiB. Most

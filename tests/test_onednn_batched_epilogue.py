@@ -78,10 +78,9 @@ def test_equal_to_cpu_with_every_epilogue(monkeypatch, alpha, z_shape, bias, act
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     got_again = s.run(None, feeds)[0]  # the prefill is written again at every run
     np.testing.assert_array_equal(got_again, got)
-    (made,) = _made()
     broadcasts = bias or (z_shape is not None and list(z_shape) != [1, H, S, S])
-    assert made.prefill == broadcasts
-    assert (made.alpha is not None) == (alpha != 1.0)
+    made = _made()  # (one per OpenMP thread count the product was judged or bound at)
+    assert made and all(m.prefill == broadcasts and (m.alpha is not None) == (alpha != 1.0) for m in made)
 
 
 def test_other_implementations_keep_their_post_ops(monkeypatch):
@@ -94,5 +93,26 @@ def test_other_implementations_keep_their_post_ops(monkeypatch):
     _, got = _run(m, feeds, ["onednn", "cpu"])
     _, want = _run(m, feeds, ["cpu"])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    (made,) = _made()
-    assert not made.prefill and made.alpha is None and made.z_arg is not None
+    made = _made()
+    assert made and all(not m.prefill and m.alpha is None and m.z_arg is not None for m in made)
+
+
+def test_a_second_thread_count_binds_its_own_primitive(monkeypatch):
+    """Each OpenMP thread count gets its own descriptor and primitive (oneDNN's kernels are
+    built for one), the prefill and scale with it; results equal at both counts."""
+    from glassrt.kernels.onednn import kernels, matmul
+
+    monkeypatch.setattr(matmul, "_SLOW_BROADCAST_POST_OPS", ("",))
+    monkeypatch.setattr(kernels, "_SHARED", {})
+    m, feeds = _scores(0.125, (1, 1, 1, S))
+    results = []
+    for threads in (1, 2):
+        options = glassrt.SessionOptions(intra_op_num_threads=threads)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            s = glassrt.InferenceSession(m.SerializeToString(), options, providers=["onednn", "cpu"])
+        results.append(s.run(None, feeds)[0])
+    _, want = _run(m, feeds, ["cpu"])
+    for got in results:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert all(m.prefill and m.alpha is not None for m in _made())

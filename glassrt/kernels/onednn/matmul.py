@@ -602,9 +602,9 @@ def batched_matmul(ctx):
     r = len(product)
     shapes = {3: _padded(ctx.shape(3), r)} if ctx.has(3) else {}  # (A and B: flat, their mds say the layout)
     bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(-1) if ctx.has(2) else None
-    made = _batched_pd(ctx)
 
     def build():
+        made = _batched_pd(ctx)  # (per OpenMP thread count, as every primitive: _PerThreads)
         args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
         if made.bias_arg is not None:
             args[made.bias_arg] = np.broadcast_to(bias, (product[-1],)).copy()
@@ -612,14 +612,14 @@ def batched_matmul(ctx):
             args[made.z_arg] = None
         if made.alpha is not None:
             args[ARG_ATTR_SCALES | ARG_SRC] = dnnl.vector(np.array([made.alpha], np.float32))
-        return made.pd.primitive().bind(args)
+        return made.pd.primitive().bind(args), made
 
     prims = _PerThreads(build)
     view = ContiguousViews()  # slot -> A, B flat; Z in the padded rank (the same object: no re-pointing)
     alone = math.prod(product) * a_dims[-1] <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
 
     def step(a, b, bias_=None, z=None, *, out):
-        prim = prims.get()
+        prim, made = prims.get()
         buffers = {ARG_SRC: view(0, a), ARG_WEIGHTS: view(1, b), ARG_DST: out}
         if made.prefill:  # (the output is no operand's buffer: the kernel is not in-place)
             filled = out.reshape(product)
