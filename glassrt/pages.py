@@ -11,9 +11,11 @@ to 2 MiB.
 
 When: GLASSRT_HUGE_PAGES says. "early" (the default): every such buffer is advised before
 its first touch, so packed weights, weights read from the file and arenas are on huge pages
-from their first run. Measured on the 2-core AVX2 EPYC VM (alternating processes): GPT-2
-decoding 34.6-40.8 -> 32.2-38.0 ms a token, lower in 5 pairs of 5; BERT-base batch 1
-339-364 -> 334-360 ms a run, lower in 4 pairs of 4; the cost, a first touch of fresh huge
+from their first run (where the kernel grants them: it may not, with no free huge page).
+Measured on the 2-core AVX2 EPYC VM, alternating processes, late then early: GPT-2 decoding
+lower in 7 pairs of 7 unpinned (34.6-40.8 -> 28.2-38.0 ms a token) and in 4 of 6 with the
+OpenBLAS pin (30.9-35.4 -> 28.5-35.4); BERT-base batch 1 lower in 4 of 4 unpinned (339-364 ->
+334-360 ms) and 2 of 3 pinned (334-341 -> 331-337); the cost, a first touch of fresh huge
 pages (64 MiB: 14-115 ms against 25-32 on small pages there): BERT-base's creation and first
 run 1.21-1.25 -> 1.32-1.61 s (onnxruntime 1.23), the small models' none measurable
 (MobileNetV2 0.18 s, SqueezeNet 0.09 s). The slab small buffers are carved from (`carve`)

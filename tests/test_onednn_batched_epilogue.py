@@ -116,3 +116,27 @@ def test_a_second_thread_count_binds_its_own_primitive(monkeypatch):
     for got in results:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert all(m.prefill and m.alpha is not None for m in _made())
+
+
+def test_a_refused_prefill_keeps_the_post_ops(monkeypatch):
+    """Where oneDNN has no implementation of the prefill's form (A's scale, a sum post-op),
+    the product keeps its first descriptor, post-ops and all, and stays exact."""
+    from glassrt.kernels.onednn import dnnl, kernels, matmul
+
+    made_with = dnnl.matmul
+
+    def refusing(*mds, attr=None, **kw):
+        post = getattr(attr, "post_ops", None)
+        if post is not None and any(op[0] == "sum" for op in post.ops):
+            raise capi.DnnlError("dnnl_matmul_primitive_desc_create", capi.unimplemented)
+        return made_with(*mds, attr=attr, **kw)
+
+    monkeypatch.setattr(dnnl, "matmul", refusing)
+    monkeypatch.setattr(matmul, "_SLOW_BROADCAST_POST_OPS", ("",))
+    monkeypatch.setattr(kernels, "_SHARED", {})
+    m, feeds = _scores(0.125, (1, 1, 1, S))
+    _, got = _run(m, feeds, ["onednn", "cpu"])
+    _, want = _run(m, feeds, ["cpu"])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    made = _made()
+    assert made and all(not m.prefill and m.alpha is None and m.z_arg is not None for m in made)

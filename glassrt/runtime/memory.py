@@ -324,8 +324,9 @@ def allocate_arena(nbytes: int) -> np.ndarray:
     writes and reads all of it, often through strides that cross a small page every few
     rows, and on a VM each TLB miss walks two page tables. Measured on the 2-core AVX2 EPYC, BERT-base batch 1 (a 2.3 MiB arena:
     two huge pages), attention's P·V (12 x 128 x 128 @ 128 x 64, B and the result strided)
-    8.45 -> 5.5 ms a run over its 12 products; the same product on one thread, alone, on
-    small pages 1.33 ms against 0.69 on huge pages. A first touch of a fresh huge page
+    8.1-8.5 -> 4.8-5.8 ms a run over its 12 products (four alternating process pairs, one
+    with the OpenBLAS pin); the same product on one thread, alone, on small pages 1.31-1.33
+    ms against 0.69-0.71 on huge pages (three processes). A first touch of a fresh huge page
     costs more than of its small pages on such a VM (64 MiB: 14-115 ms against 25-32), a
     few milliseconds for an arena's few pages, once."""
     if nbytes < (1 << 20):
