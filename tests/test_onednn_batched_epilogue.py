@@ -83,18 +83,23 @@ def test_equal_to_cpu_with_every_epilogue(monkeypatch, alpha, z_shape, bias, act
     assert made and all(m.prefill == broadcasts and (m.alpha is not None) == (alpha != 1.0) for m in made)
 
 
-def test_other_implementations_keep_their_post_ops(monkeypatch):
-    """Where the matmul is not sgemm's, the epilogue stays as post-ops (brgemm's run in its tiles)."""
-    from glassrt.kernels.onednn import kernels, matmul
-
-    monkeypatch.setattr(matmul, "_SLOW_BROADCAST_POST_OPS", ("no implementation is named this",))
-    monkeypatch.setattr(kernels, "_SHARED", {})
+def _assert_post_ops_kept():
+    """The masked scores equal cpu's, every descriptor with the mask and alpha as post-ops."""
     m, feeds = _scores(0.125, (1, 1, 1, S))
     _, got = _run(m, feeds, ["onednn", "cpu"])
     _, want = _run(m, feeds, ["cpu"])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     made = _made()
     assert made and all(not m.prefill and m.alpha is None and m.z_arg is not None for m in made)
+
+
+def test_other_implementations_keep_their_post_ops(monkeypatch):
+    """Where the matmul is not sgemm's, the epilogue stays as post-ops (brgemm's run in its tiles)."""
+    from glassrt.kernels.onednn import kernels, matmul
+
+    monkeypatch.setattr(matmul, "_SLOW_BROADCAST_POST_OPS", ("no implementation is named this",))
+    monkeypatch.setattr(kernels, "_SHARED", {})
+    _assert_post_ops_kept()
 
 
 def test_a_second_thread_count_binds_its_own_primitive(monkeypatch):
@@ -134,9 +139,4 @@ def test_a_refused_prefill_keeps_the_post_ops(monkeypatch):
     monkeypatch.setattr(dnnl, "matmul", refusing)
     monkeypatch.setattr(matmul, "_SLOW_BROADCAST_POST_OPS", ("",))
     monkeypatch.setattr(kernels, "_SHARED", {})
-    m, feeds = _scores(0.125, (1, 1, 1, S))
-    _, got = _run(m, feeds, ["onednn", "cpu"])
-    _, want = _run(m, feeds, ["cpu"])
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    made = _made()
-    assert made and all(not m.prefill and m.alpha is None and m.z_arg is not None for m in made)
+    _assert_post_ops_kept()
