@@ -76,6 +76,21 @@ def test_first_anomaly_tells_produced_from_propagated():
     assert first_anomaly(sess, {"x": np.array([1, 2, 3, 4], np.float32)}) is None
 
 
+def test_first_anomaly_sees_a_nan_a_fused_relu_would_turn_into_zero():
+    """oneDNN's fused relu is a max instruction, which makes a NaN 0: the tool runs on
+    kernels that keep NaN (nan_handling="exact"), so the Conv that carries it is named."""
+    w = np.array([2, -2], np.float32).reshape(1, 2, 1, 1)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["y"])]
+    m = model(nodes, [tensor("x", [1, 2, 2, 2])], [tensor("y", [1, 1, 2, 2])], [init("w", w)])
+    x = {"x": np.ones((1, 2, 2, 2), np.float32)}
+    x["x"][0, 1, 0, 0] = np.nan
+    found = first_anomaly(glassrt.InferenceSession(m), x)
+    assert (found.node, found.kind, found.count, found.inputs_finite) == ("conv", "NaN", 1, False)
+    fast = glassrt.InferenceSession(m, glassrt.SessionOptions(nan_handling="fast"))
+    if fast.explain()["nodes"][0]["kernel"].startswith("onednn"):
+        assert fast.run(None, x)[0][0, 0, 0, 0] == 0.0  # what the fused relu made of it
+
+
 def test_nan_tool_is_quiet_but_user_runs_still_warn():
     import warnings
 

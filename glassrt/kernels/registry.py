@@ -152,6 +152,11 @@ class Kernel:
     # Numba on its own thread as its creation ends, so that the run that first needs the
     # loop (a prompt's next run) does not wait for the import (0.4-0.8 s)
     warms_numba: bool = False
+    # Where its result differs from the reference's when an input holds a NaN or an Inf
+    # (oneDNN's relu is max(x, 0), which turns NaN into 0): a reason string, or a function
+    # (BindContext) -> reason or None. A run fed a NaN or an Inf moves such nodes to kernels
+    # that keep them (SessionOptions.nan_handling, runtime/nan_handling.py).
+    drops_nan: str | Callable | None = None
     doc: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -226,7 +231,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
            out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
            accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None, layouts=(),
            static_only: bool = False, any_shape: bool = False, one_row: bool = False, blas: bool | None = None,
-           warms_numba: bool = False, follows_layout: bool = False):
+           warms_numba: bool = False, follows_layout: bool = False, drops_nan=None):
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
@@ -241,7 +246,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
                 workspace=workspace, priority=priority, layouts=frozenset(layouts), static_only=static_only,
                 any_shape=any_shape, one_row=one_row, blas=not (alias or inplace) if blas is None else blas,
-                warms_numba=warms_numba, follows_layout=follows_layout,
+                warms_numba=warms_numba, follows_layout=follows_layout, drops_nan=drops_nan,
                 attrs=kattrs,
                 doc=(fn.__doc__ or "").strip().split("\n")[0],
             ))

@@ -29,6 +29,9 @@ _NOT_HERE = {
 }
 
 
+NAN_HANDLING = ("auto", "exact", "fast")
+
+
 @dataclass
 class SessionOptions:
     # Threads for BLAS and Numba (0: leave the process's setting alone). Process-wide.
@@ -77,6 +80,14 @@ class SessionOptions:
     optimized_model_filepath: str = ""
     # onnxruntime's: glassrt runs one node at a time, so 0 (default) or 1 only.
     inter_op_num_threads: int = 0
+    # NaN and Inf as the reference computes them. Some fast kernels lose them (oneDNN's relu
+    # and clip are max/min instructions that turn NaN into the bound; Winograd's transforms
+    # turn one Inf into a tile of NaN): Kernel.drops_nan. "auto": a run whose float inputs
+    # hold a NaN or an Inf runs on a plan without such kernels (built when first needed;
+    # runtime/nan_handling.py), others on the fast one; a NaN made inside the model from
+    # finite inputs (0/0, an overflow) can still be lost. "exact": never such kernels.
+    # "fast": always the fast kernels, inputs unchecked.
+    nan_handling: str = "auto"
 
     def __setattr__(self, name, value):
         # Every option works or is refused by name: a setting that silently did nothing
@@ -85,6 +96,8 @@ class SessionOptions:
             why = _NOT_HERE.get(name, "no such option")
             raise InvalidArgumentError(f"SessionOptions has no option {name!r}: {why}; the options are "
                                        f"{', '.join(self.__dataclass_fields__)}")
+        if name == "nan_handling" and value not in NAN_HANDLING:
+            raise InvalidArgumentError(f"nan_handling={value!r}: one of {', '.join(NAN_HANDLING)}")
         if name == "inter_op_num_threads" and int(value) > 1:
             raise InvalidArgumentError(f"inter_op_num_threads={value}: glassrt runs one node at a time (0 or 1); "
                                        f"intra_op_num_threads sets the threads each node uses")

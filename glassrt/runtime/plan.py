@@ -19,7 +19,7 @@ from ..errors import (GlassrtError, InvalidArgumentError, KernelContractError, M
 from ..ir import TensorType
 from ..kernels.registry import BindContext, before_first_run
 from ..ops.registry import get_contract
-from . import folding, run_guard, straight
+from . import folding, nan_handling, run_guard, straight
 from .infer import infer, subgraph_memo
 from .gc_pause import gc_paused
 from .inline import inline_known_branches
@@ -86,6 +86,7 @@ class Plan:
     dynamic_steps: int = 0  # steps bound per run (shapes known only then: _DynamicStep)
     inlined: tuple = ()  # (If node, branch): Ifs this plan runs as the branch its shapes take (inline.py)
     pooled: frozenset = frozenset()  # slots that may hold a buffer of the pool (_pooled_slots)
+    drops_nan: tuple = ()  # (node, why) whose kernel loses a NaN or an Inf (runtime/nan_handling.py)
 
 
 @gc_paused()
@@ -176,7 +177,9 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
                 types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end,
                 layouts=layouts, moved=tuple(name for name, _ in moved), inlined=tuple(inlined),
                 fallbacks=tuple(replace(f, shapes=_sig_str(input_types)) for _, f in moved if f),
-                dynamic_steps=sum(isinstance(st.fn, _DynamicStep) for st in steps), pooled=pooled)
+                dynamic_steps=sum(isinstance(st.fn, _DynamicStep) for st in steps), pooled=pooled,
+                drops_nan=tuple((node.name, why) for node, kern, ctx, _ in executed
+                                if (why := nan_handling.drop_reason(kern, ctx))))
     plan.build_seconds = time.perf_counter() - t0
     return plan
 
@@ -224,13 +227,15 @@ def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runn
         if decision.earlier and is_static(ctx):
             decision = _earlier_provider(decision, ctx) or decision
         try:
-            kern, why = choose_kernel(decision, ctx, options, make_runner, subgraphs)
-        except NodeExecutionError as e:
-            if decision.alternative is None:
+            kern, why, decision, refused = _choose(decision, ctx, options, make_runner, subgraphs)
+        except NodeExecutionError:
+            if not nan_handling.exact(options):
                 raise
-            refused = str(e).split(": ", 1)[-1]
-            placed, decision = placement.decisions[node.name].provider, decision.alternative
-            kern, why = choose_kernel(decision, ctx, options, make_runner, subgraphs)
+            # no kernel of either provider keeps NaN here: the fast one (the plan says so: drops_nan)
+            kern, why, decision, refused = _choose(decision, ctx, replace(options, nan_handling="fast"),
+                                                   make_runner, subgraphs)
+        if refused is not None:
+            placed = placement.decisions[node.name].provider
             why = f"{why} [{placed} for these shapes: {refused}]"
             moved.append((node.name, Fallback(node.name, node.op_type, decision.provider, f"{placed}: {refused}")
                           if decision.fallback else None))
@@ -245,6 +250,19 @@ def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runn
         executed.append((node, kern, ctx, decision))
         selections.append(Selection(node.name, node.op_type, decision.provider, kern.name, why))
     return executed, folded, selections, moved
+
+
+def _choose(decision, ctx, options, make_runner, subgraphs):
+    """(kernel, why, the decision it belongs to, what the placed provider refused or None):
+    the placed provider's best kernel for these shapes, else the decision's alternative's."""
+    try:
+        return (*choose_kernel(decision, ctx, options, make_runner, subgraphs), decision, None)
+    except NodeExecutionError as e:
+        if decision.alternative is None:
+            raise
+        refused = str(e).split(": ", 1)[-1]
+        return (*choose_kernel(decision.alternative, ctx, options, make_runner, subgraphs), decision.alternative,
+                refused)
 
 
 def _earlier_provider(decision, ctx):

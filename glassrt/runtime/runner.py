@@ -14,13 +14,14 @@ import contextlib
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import replace
 
 import numpy as np
 
 from ..errors import GlassrtError
 from ..kernels.cpu._jit import numba_loading
 from ..ir import TensorType, alike_arrays, type_of_value  # noqa: F401  (type_of_value re-exported)
-from . import threads
+from . import nan_handling, threads
 from .memory import BufferPool
 from .plan import STRAIGHT_AFTER, compile_plan, run_plan
 
@@ -52,6 +53,7 @@ class GraphRunner:
         self._busy: set[int] = set()  # ids of plans some thread is running now
         self._twins: dict = {}  # signature -> idle plans beside the cached one
         self._seen: OrderedDict = OrderedDict()  # recent signatures -> times asked for
+        self._nan_runner = None  # (nan_runner)
 
     def make_runner(self, sub_placement):
         key = id(sub_placement)
@@ -60,6 +62,16 @@ class GraphRunner:
                                                                   sub_placement.graph.outer_names,
                                                                   on_fallbacks=self.on_fallbacks))
         return self._sub_runners[key][1]
+
+    def nan_runner(self) -> GraphRunner:
+        """This runner's twin whose plans keep NaN and Inf (nan_handling="exact"), for the
+        runs fed one: made when first needed. Its plans choose another kernel for a node by
+        design, so they report no fallbacks."""
+        if self._nan_runner is None:
+            self._nan_runner = GraphRunner(self.placement, replace(self.options, nan_handling="exact"),
+                                           self.outer_names, adapt_threads=self.adapt_threads,
+                                           openmp_pool=self.openmp_pool, blas_providers=self.blas_providers)
+        return self._nan_runner
 
     def signature(self, feeds: dict, outer: dict | None) -> tuple:
         sig = []
@@ -239,6 +251,9 @@ class GraphRunner:
             if isinstance(v, np.generic):  # e.g. a scalar taken from a scan input
                 feeds[n] = np.asarray(v)
         plan = self._checkout(feeds)
+        if plan.drops_nan and nan_handling.checks_feeds(self.options) and not nan_handling.all_finite(feeds):
+            self._checkin(plan)  # a NaN or an Inf: the plan of kernels that keep them
+            return self.nan_runner().run(feeds, profile=profile, into=into)
         try:
             if not self.adapt_threads:
                 return run_plan(plan, feeds, profile=profile, into=into)

@@ -18,6 +18,7 @@ from .. import dtypes, symbolic
 from ..errors import GlassrtError, NodeExecutionError, describe_node
 from ..ir import TensorType
 from ..kernels.registry import BindContext, Kernel
+from . import nan_handling
 
 # Attributes that never change what an op computes (opsets 1-5's memory hint).
 NO_EFFECT_ATTRS = {"consumed_inputs"}
@@ -178,7 +179,8 @@ def is_static(ctx) -> bool:
 def choose_kernel(decision, ctx, options, make_runner=None, subgraphs=None):
     """The best eligible kernel of the decision's provider for these concrete shapes, and why."""
     if options.autotune and len(decision.kernels) > 1 and is_static(ctx):
-        eligible = [k for k in decision.kernels if kernel_reason(k, ctx) is None]
+        eligible = [k for k in decision.kernels if kernel_reason(k, ctx) is None
+                    and not (nan_handling.exact(options) and nan_handling.drop_reason(k, ctx))]
         if len(eligible) > 1:
             from . import autotune
 
@@ -189,9 +191,12 @@ def choose_kernel(decision, ctx, options, make_runner=None, subgraphs=None):
             picked = autotune.choose(eligible, ctx, bind, options)
             if picked is not None:
                 return picked
-    rejected = []
+    rejected, keep_nan = [], nan_handling.exact(options)
     for k in decision.kernels:
         why = kernel_reason(k, ctx)
+        if why is None and keep_nan:
+            why = nan_handling.drop_reason(k, ctx)
+            why = why and f"loses NaN or Inf ({why})"
         if why is not None:
             rejected.append(f"{algorithm(k)}: {why}")
             continue

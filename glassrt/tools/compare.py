@@ -14,15 +14,18 @@ from ..runtime.plan import compile_plan, run_plan
 from ..ir import type_of_value
 
 
-def all_values(sess, feeds: dict) -> tuple[dict, list]:
-    """({value name: value} after one run, the executed steps in order)."""
+def all_values(sess, feeds: dict, keep_nan: bool = False) -> tuple[dict, list]:
+    """({value name: value} after one run, the executed steps in order). keep_nan: on
+    kernels that keep NaN and Inf (nan_handling="exact"): a NaN made inside the model and
+    turned into 0 by a fused relu would otherwise never be seen."""
     checked = sess._check_feeds(feeds)
     types = {n: type_of_value(v) for n, v in checked.items()}
     # Both tools look at every value themselves (finding the NaN is `nan`'s point), so
     # NumPy's RuntimeWarnings would repeat them, with kernel file paths, as noise. Scoped to
     # this plan and run (folding included): a user's own sess.run still warns.
     with np.errstate(all="ignore"):
-        plan = compile_plan(sess.placement, types, replace(sess.options, check_outputs=True),
+        options = replace(sess.options, check_outputs=True, **({"nan_handling": "exact"} if keep_nan else {}))
+        plan = compile_plan(sess.placement, types, options,
                             sess.runner.make_runner, retain=True)
         _, env = run_plan(plan, checked, keep_env=True)
     return env, plan.steps
@@ -132,7 +135,7 @@ class Anomaly:
 
 def first_anomaly(sess, feeds: dict) -> Anomaly | None:
     """The first node, in execution order, whose output holds a NaN or an Inf."""
-    env, steps = all_values(sess, feeds)
+    env, steps = all_values(sess, feeds, keep_nan=True)
 
     def finite(v):
         return not isinstance(v, np.ndarray) or v.dtype.kind not in "fc" or bool(np.isfinite(v).all())

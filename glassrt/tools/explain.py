@@ -158,6 +158,7 @@ def explain(sess, dims: dict | None = None) -> dict:
     selection = {s.node: s for s in plan.selections} if plan else {}
     folded_in_plan = set(plan.folded) if plan else set()
     step_of = {st.node.name: k for k, st in enumerate(plan.steps)} if plan else {}
+    drops_nan = dict(plan.drops_nan) if plan else {}
     nodes, total_flops = [], 0
     for node in placement.graph.nodes:
         d = placement.decisions[node.name]
@@ -176,6 +177,7 @@ def explain(sess, dims: dict | None = None) -> dict:
             "origin": node.origin or None, "step": step_of.get(node.name),
             "outputs": [_type_json(o, t, dims) for o, t in zip(node.outputs, out_t) if o],
             "flops": _dim(flops, dims) if flops is not None else None,
+            "drops_nan": drops_nan.get(node.name),  # why its kernel loses a NaN or an Inf (nan_handling)
         })
         nodes += _body_rows(placement.subgraphs.get(node.name) or {}, node.name, 1, dims, inferred)
 
@@ -226,6 +228,9 @@ def explain(sess, dims: dict | None = None) -> dict:
                     "edges": [{"value": e.value, "node": e.node, "kind": e.kind} for e in placement.layout_edges]
                     if not plan or plan.layouts else []},
         "threads": plan.threads.to_json() if plan and plan.threads is not None else None,
+        # kernels of the plan that lose a NaN or an Inf, and what a run fed one does (runtime/nan_handling.py)
+        "nan_handling": {"policy": sess.options.nan_handling, "nodes_losing_nan": len(drops_nan),
+                         "exact_plans": len(exact.plans) if (exact := vars(sess.runner).get("_nan_runner")) else 0},
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         # weight bytes mapped from their file / copied into memory / computed from weights (weights.py)
         "weights": weights.account(placement.graph, getattr(sess, "_loaded_weights", None)),
@@ -394,6 +399,13 @@ def render(report: dict, console, max_reason: int = 70) -> None:
         console.print(f"layouts: {s['layouts']['nhwc_values']} value(s) in NHWC between kernels that take it; "
                       f"{len(s['layouts']['edges'])} edge(s) where a region meets NCHW values (the kernel there "
                       "reorders)", highlight=False, markup=False)
+    n = s["nan_handling"]
+    if n["nodes_losing_nan"] or n["policy"] != "auto":
+        then = {"auto": "runs fed a NaN or an Inf run on a plan of kernels that keep them "
+                        f"({n['exact_plans']} built so far)",
+                "exact": "kept only where no kernel keeps NaN", "fast": "inputs unchecked: NaN and Inf may be lost"}
+        console.print(f"NaN/Inf: {n['nodes_losing_nan']} node(s) on a kernel that loses them (nan_handling="
+                      f"{n['policy']}: {then[n['policy']]})", highlight=False, markup=False)
     for note in s["notes"]:
         console.print(f"note: {note}", style="yellow", highlight=False, markup=False)
     w = s["weights"]

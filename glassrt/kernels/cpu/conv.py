@@ -604,7 +604,8 @@ def _winograd_workspace(ctx):
 
 
 @kernel("Conv", dtypes=FLOATS, out=True, bind=True, accepts=_winograd_reason, priority=15, name="winograd",
-        workspace=_winograd_workspace)
+        workspace=_winograd_workspace,
+        drops_nan="its transforms add and subtract neighbouring inputs: one Inf makes NaN of its output tile")
 def conv_winograd(ctx):
     """3x3 stride-1 conv by Winograd F(4x4, 3x3): weights transformed once; per chunk of
     tile rows, an input transform, 36 GEMMs and an output transform that adds the bias and

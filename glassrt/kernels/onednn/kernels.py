@@ -457,6 +457,22 @@ def _conv_workspace(ctx):
     return _ws_bytes(math.prod(x) if reorder_in else 0, math.prod(y) if out_layout != NHWC else 0)
 
 
+# oneDNN 3.2's relu (alpha 0), clip and hardsigmoid are max/min instructions against the
+# bound, which return the bound where the value is NaN (a Conv + Relu fed one NaN pixel gave
+# 0 where the reference gives NaN); its leaky relu, sigmoid, tanh and hardswish keep NaN.
+_NAN_TO_BOUND = {"Relu": "0", "Clip": "a bound", "HardSigmoid": "a bound"}
+
+
+def activation_drops_nan(ctx) -> str | None:
+    """Kernel.drops_nan of a kernel that applies the node's activation (a fused op's
+    `activation` attribute, or the op itself) as a oneDNN eltwise."""
+    op = ctx.node.op_type
+    act = ctx.attrs.get("activation", "") if op.startswith("Fused") else op
+    if act in _NAN_TO_BOUND:
+        return f"oneDNN's {act.lower()} is a max/min instruction: NaN becomes {_NAN_TO_BOUND[act]}"
+    return None
+
+
 def _post_spec(ctx, z_layout=None) -> tuple:
     """The epilogue as plain data: (the residual's layout or None, activation, its params)."""
     z = (z_layout or ctx.layout(ctx.node.inputs[3])) if _residual(ctx) else None
@@ -486,7 +502,7 @@ def _post_ops(ctx, y_shape, z_layout=None):
 
 
 @kernel(["Conv"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_conv_reason, layouts=LAYOUTS,
-        static_only=True, workspace=_conv_workspace, name="conv")
+        static_only=True, workspace=_conv_workspace, name="conv", drops_nan=activation_drops_nan)
 def conv(ctx):
     """oneDNN convolution, NHWC activations, weights in the layout the primitive chose."""
     return _conv(ctx, dense_groups=False)
@@ -570,10 +586,11 @@ def _conv(ctx, dense_groups: bool):
 
 # The same kernel runs glassrt::FusedConv (bias, residual and activation as post-ops).
 kernel(["FusedConv"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_conv_reason,
-       layouts=LAYOUTS, static_only=True, workspace=_conv_workspace, name="conv")(conv)
+       layouts=LAYOUTS, static_only=True, workspace=_conv_workspace, name="conv",
+       drops_nan=activation_drops_nan)(conv)
 kernel(["FusedConv"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
        accepts=_dense_groups_reason, layouts=LAYOUTS, static_only=True, workspace=_conv_workspace,
-       name="dense_groups")(conv_dense_groups)
+       name="dense_groups", drops_nan=activation_drops_nan)(conv_dense_groups)
 
 
 # ---------------------------------------------------------------- pooling
@@ -830,7 +847,7 @@ def _eltwise_args(ctx):
 
 @kernel(["Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish"], provider="onednn", dtypes=F32,
         out=True, bind=True, accepts=_eltwise_reason, layouts=LAYOUTS, static_only=True, name="eltwise",
-        workspace=_change_workspace)
+        workspace=_change_workspace, drops_nan=activation_drops_nan)
 def eltwise(ctx):
     x = [int(d) for d in ctx.shape(0)]
     name, alpha, beta = _eltwise_args(ctx)
@@ -1039,7 +1056,8 @@ def batch_norm(ctx):
 
 
 kernel(["FusedBatchNormalization"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
-       accepts=_bn_reason, layouts=LAYOUTS, static_only=True, name="batch_norm", workspace=_change_workspace)(batch_norm)
+       accepts=_bn_reason, layouts=LAYOUTS, static_only=True, name="batch_norm", workspace=_change_workspace,
+       drops_nan=activation_drops_nan)(batch_norm)
 
 
 def _lrn_reason(ctx):

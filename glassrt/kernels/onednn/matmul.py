@@ -44,7 +44,8 @@ from ..registry import kernel
 from . import capi, dnnl
 from .capi import ARG_ATTR_SCALES
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
-from .kernels import F32, SMALL_PRODUCT, ContiguousViews, _PerThreads, _unavailable, packed_weights, run_alone, shared_pd
+from .kernels import (F32, SMALL_PRODUCT, ContiguousViews, _PerThreads, _unavailable, activation_drops_nan,
+                      packed_weights, run_alone, shared_pd)
 
 _PACK_LIMIT = 64 << 20
 _SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
@@ -297,7 +298,7 @@ def matmul(ctx):
 
 
 kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_reason,
-       static_only=True, name="matmul")(matmul)
+       static_only=True, name="matmul", drops_nan=activation_drops_nan)(matmul)
 
 
 @kernel(["MatMul", "Gemm"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_inner_reason,
@@ -311,7 +312,8 @@ def inner_product(ctx):
 
 
 kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
-       accepts=_inner_reason, static_only=True, priority=5, name="inner_product")(inner_product)
+       accepts=_inner_reason, static_only=True, priority=5, name="inner_product",
+       drops_nan=activation_drops_nan)(inner_product)
 
 
 def _bound_product(ctx, inner: bool):
@@ -643,4 +645,4 @@ def batched_matmul(ctx):
 
 
 kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
-       accepts=_batched_reason, static_only=True, name="batched_matmul")(batched_matmul)
+       accepts=_batched_reason, static_only=True, name="batched_matmul", drops_nan=activation_drops_nan)(batched_matmul)

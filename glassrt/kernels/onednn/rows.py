@@ -162,7 +162,8 @@ def _softmax_reason(ctx):
 
 
 @kernel(["Softmax", "LogSoftmax"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_softmax_reason,
-        static_only=True, name="softmax")
+        static_only=True, name="softmax",
+        drops_nan="oneDNN takes each row's maximum with max instructions: a NaN in the row is lost")
 def softmax(ctx):
     """oneDNN softmax (accurate: the row max subtracted first) along the node's axis."""
     shape, axis = _softmax_geometry(ctx)
