@@ -113,7 +113,9 @@ def test_finite_runs_keep_the_fast_kernel_and_explain_says_what_it_loses():
     assert len(exact.plans) == 1
     plan = next(iter(exact.plans.values()))
     assert plan.drops_nan == ()
-    assert [s.kernel for s in plan.selections] != ["onednn.FusedConv.conv"]
+    # the same oneDNN conv without its relu post-op, the relu applied after it in NumPy
+    (selection,) = plan.selections
+    assert selection.kernel == "onednn.FusedConv.conv" and "Relu applied after it, in NumPy" in selection.reason
     assert sess.explain()["summary"]["nan_handling"]["exact_plans"] == 1
     hits = exact.plan_hits
     sess.run(None, {"x": finite})  # finite again: the fast plan
@@ -127,7 +129,23 @@ def test_fast_loses_nan_exact_never_chooses_such_a_kernel():
     y = exact.run(None, {"x": X})[0]
     _same_as_reference(y, ReferenceEvaluator(CASES["Conv3x3+Relu"]).run(None, {"x": X})[0])
     node = next(n for n in exact.explain()["nodes"] if n["op"] == "FusedConv")
-    assert node["drops_nan"] is None and "loses NaN or Inf" in node["reason"]
+    assert node["drops_nan"] is None and "applied after it, in NumPy, which keeps NaN" in node["reason"]
+    relu = _onednn_session("Relu", nan_handling="exact")  # the op itself: another kernel
+    node = relu.explain()["nodes"][0]
+    assert node["drops_nan"] is None and "eltwise: loses NaN or Inf" in node["reason"]
+
+
+def test_a_chain_of_fused_convs_keeps_nan_in_channels_last_values():
+    """Conv+Clip twice (MobileNet's ReLU6 blocks): values between oneDNN convs are NHWC; the
+    exact plan's clip, applied after each conv in NumPy, works on those views."""
+    w = numpy_helper.from_array(_rng.standard_normal((C, C, 3, 3)).astype(np.float32), "W3b")
+    nodes = [helper.make_node("Conv", ["x", "W3", "B"], ["c1"], pads=[1] * 4),
+             helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+             helper.make_node("Conv", ["r1", "W3b", "B"], ["c2"], pads=[1] * 4),
+             helper.make_node("Clip", ["c2", "lo", "hi"], ["y"])]
+    model = _model(nodes, [_W3, w, _B, *_BOUNDS])
+    sess = glassrt.InferenceSession(model.SerializeToString(), fallback="silent")
+    _same_as_reference(sess.run(None, {"x": X})[0], ReferenceEvaluator(model).run(None, {"x": X})[0])
 
 
 def test_the_option_is_checked():

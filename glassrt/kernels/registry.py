@@ -50,6 +50,9 @@ class BindContext:
     # value name -> "nhwc" where not plain NCHW (runtime/layout.py); None where layouts are
     # not chosen yet (placement judging the node): every value reads as plain then
     layouts: dict | None = None
+    # (activation, params) the plan applies after the kernel, in NumPy: a fused op's activation
+    # taken off a kernel whose own form of it loses NaN (runtime/nan_handling.py)
+    after: tuple | None = None
     # what a kernel worked out from this context, kept for its binding with the same one (a
     # plan asks a kernel's reason, then binds it): not copied by dataclasses.replace
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)

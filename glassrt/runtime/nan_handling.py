@@ -10,17 +10,20 @@ onnxruntime and the ONNX reference lose a NaN in the window too, each depending 
 in the window it lies.)
 
 SessionOptions.nan_handling:
-  "auto"  (default) a run checks its float feeds when its plan holds such a kernel: one
-          sum per feed (any NaN or Inf makes the sum NaN or Inf; an overflowing sum of
-          finite values only sends the run to the slower plan). A run with a NaN or an Inf
-          runs on a second plan that chooses, per node, the best kernel that keeps them
-          (a later provider's where the placed one has none), built when first needed.
+  "auto"  (default) a run checks its float feeds when its plan holds such a kernel (one
+          reduction per feed, all_finite). A run with a NaN or an Inf runs on a second
+          plan, built when first needed, that chooses per node the best kernel that keeps
+          them: where a fused op's kernel loses NaN only in its activation, the same kernel
+          without it, the activation applied after in NumPy (without_activation); else a
+          later provider's kernel.
   "exact" every plan is that second kind.
   "fast"  no check: the fast kernels always.
 "auto" cannot see a NaN made inside the model from finite inputs (0/0, an overflow);
 "exact" keeps those too (what `glassrt nan` runs with).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -62,3 +65,31 @@ def all_finite(feeds: dict) -> bool:
 
 
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def without_activation(ctx):
+    """ctx of a fused op (FusedConv, FusedMatMul, FusedBatchNormalization) with its activation
+    taken off, to be applied after the kernel by NumPy (then_activate; np.maximum and
+    np.clip keep NaN), or None where the op has no such activation."""
+    from ..kernels.cpu._util import ACTIVATIONS
+
+    act = ctx.attrs.get("activation", "")
+    if not ctx.node.op_type.startswith("Fused") or act not in ACTIVATIONS:
+        return None
+    split = replace(ctx, attrs={**ctx.attrs, "activation": "", "activation_params": []})
+    split.after = (act, tuple(float(v) for v in ctx.attrs.get("activation_params") or ()))
+    return split
+
+
+def then_activate(step, activation: str, params: tuple):
+    """`step`, then the activation in place on its output."""
+    from ..kernels.cpu._util import ACTIVATIONS
+
+    apply = ACTIVATIONS[activation]
+
+    def step_then_activation(*args, **kwargs):
+        y = step(*args, **kwargs)
+        apply(y, params)
+        return y
+
+    return step_then_activation

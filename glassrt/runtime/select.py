@@ -193,10 +193,14 @@ def choose_kernel(decision, ctx, options, make_runner=None, subgraphs=None):
                 return picked
     rejected, keep_nan = [], nan_handling.exact(options)
     for k in decision.kernels:
-        why = kernel_reason(k, ctx)
-        if why is None and keep_nan:
-            why = nan_handling.drop_reason(k, ctx)
-            why = why and f"loses NaN or Inf ({why})"
+        why, after = kernel_reason(k, ctx), ""
+        if why is None and keep_nan and (drop := nan_handling.drop_reason(k, ctx)):
+            split = nan_handling.without_activation(ctx)
+            if split is not None and kernel_reason(k, split) is None and not nan_handling.drop_reason(k, split):
+                ctx.attrs, ctx.after = split.attrs, split.after  # (bind_kernel applies it after the kernel)
+                after = f" [its {split.after[0]} applied after it, in NumPy, which keeps NaN: {drop}]"
+            else:
+                why = f"loses NaN or Inf ({drop})"
         if why is not None:
             rejected.append(f"{algorithm(k)}: {why}")
             continue
@@ -212,7 +216,7 @@ def choose_kernel(decision, ctx, options, make_runner=None, subgraphs=None):
                 text += f" — {k.doc}"
         if decision.rejected and not decision.fallback:  # passed a partial provider (onednn)
             text += f" [{decision.skipped()}]"
-        return k, text
+        return k, text + after
     raise NodeExecutionError(f"{describe_node(ctx.node)}: no {decision.provider} kernel accepts these "
                              f"input shapes: {'; '.join(rejected)}")
 
@@ -227,7 +231,8 @@ def bind_kernel(kern, ctx, make_runner=None, subgraphs=None):
     `make_runner` let control-flow kernels run their bodies."""
     ctx.session = SubgraphAccess(make_runner, subgraphs or {})
     try:
-        return kern.bind(ctx)
+        step = kern.bind(ctx)
+        return step if ctx.after is None else nan_handling.then_activate(step, *ctx.after)
     except GlassrtError:
         raise
     except Exception as e:
