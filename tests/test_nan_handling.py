@@ -163,5 +163,15 @@ def test_all_finite_sees_every_non_finite_value(poison, dtype):
     assert not nan_handling.all_finite({"v": v.T})  # not contiguous: the sum
 
 
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_all_finite_sees_nan_in_ml_dtypes_floats(name):
+    import ml_dtypes
+
+    v = np.full(600, 400, np.float32).astype(getattr(ml_dtypes, name))  # (its sum overflows float8)
+    assert nan_handling.all_finite({"v": v})
+    v[7] = np.nan
+    assert not nan_handling.all_finite({"v": v})
+
+
 def test_all_finite_ignores_integers_and_empty_feeds():
     assert nan_handling.all_finite({"ids": np.arange(5), "mask": np.ones(3, bool), "e": np.empty((0, 3), np.float32)})
