@@ -359,6 +359,7 @@ class Session:
     def memory_stats(self) -> dict:
         return {"plans_cached": len(self.runner.plans), "plans_built": self.runner.plans_built,
                 "plans_evicted": self.runner.plans_evicted, "plan_hits": self.runner.plan_hits,
+                "runs_with_nan": self.runner.nan_runs,  # (runtime/nan_handling.py)
                 "arena_bytes": {str(sig): p.memory.arena_bytes for sig, p in self.runner.plans.items()},
                 "pool": self.runner.pool.stats()}
 

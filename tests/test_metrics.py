@@ -35,6 +35,7 @@ def test_runs_latency_plans_and_errors_are_exported():
     assert _sample(registry, "glassrt_plan_cache_misses_total", model="add") == 2
     assert _sample(registry, "glassrt_plan_cache_hits_total", model="add") == 1
     assert _sample(registry, "glassrt_plan_cache_evictions_total", model="add") == 0
+    assert _sample(registry, "glassrt_nan_runs_total", model="add") == 0  # (an Add loses no NaN: never checked)
     # the batch-2 plan's arena is empty (one Add, input to output): what the session reports
     stats = sess.memory_stats()
     assert _sample(registry, "glassrt_arena_bytes", model="add") == sum(stats["arena_bytes"].values())

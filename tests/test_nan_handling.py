@@ -106,7 +106,7 @@ def test_finite_runs_keep_the_fast_kernel_and_explain_says_what_it_loses():
     assert node["kernel"] == "onednn.FusedConv.conv"
     assert "NaN becomes 0" in node["drops_nan"]
     summary = sess.explain()["summary"]["nan_handling"]
-    assert summary == {"policy": "auto", "nodes_losing_nan": 1, "exact_plans": 0}
+    assert summary == {"policy": "auto", "nodes_losing_nan": 1, "exact_plans": 0, "runs_with_nan": 0}
 
     sess.run(None, {"x": X})  # a NaN: the exact plan, built now and kept
     exact = sess.runner.nan_runner()
@@ -117,6 +117,8 @@ def test_finite_runs_keep_the_fast_kernel_and_explain_says_what_it_loses():
     (selection,) = plan.selections
     assert selection.kernel == "onednn.FusedConv.conv" and "Relu applied after it, in NumPy" in selection.reason
     assert sess.explain()["summary"]["nan_handling"]["exact_plans"] == 1
+    assert sess.explain()["summary"]["nan_handling"]["runs_with_nan"] == 1
+    assert sess.memory_stats()["runs_with_nan"] == 1  # (glassrt_nan_runs_total in the metrics)
     hits = exact.plan_hits
     sess.run(None, {"x": finite})  # finite again: the fast plan
     assert exact.plan_hits == hits

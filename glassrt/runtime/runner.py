@@ -54,6 +54,7 @@ class GraphRunner:
         self._twins: dict = {}  # signature -> idle plans beside the cached one
         self._seen: OrderedDict = OrderedDict()  # recent signatures -> times asked for
         self._nan_runner = None  # (nan_runner)
+        self.nan_runs = 0  # runs fed a NaN or an Inf that went to it
 
     def make_runner(self, sub_placement):
         key = id(sub_placement)
@@ -253,6 +254,7 @@ class GraphRunner:
         plan = self._checkout(feeds)
         if plan.drops_nan and nan_handling.checks_feeds(self.options) and not nan_handling.all_finite(feeds):
             self._checkin(plan)  # a NaN or an Inf: the plan of kernels that keep them
+            self.nan_runs += 1
             return self.nan_runner().run(feeds, profile=profile, into=into)
         try:
             if not self.adapt_threads:

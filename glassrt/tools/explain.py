@@ -230,7 +230,8 @@ def explain(sess, dims: dict | None = None) -> dict:
         "threads": plan.threads.to_json() if plan and plan.threads is not None else None,
         # kernels of the plan that lose a NaN or an Inf, and what a run fed one does (runtime/nan_handling.py)
         "nan_handling": {"policy": sess.options.nan_handling, "nodes_losing_nan": len(drops_nan),
-                         "exact_plans": len(exact.plans) if (exact := vars(sess.runner).get("_nan_runner")) else 0},
+                         "exact_plans": len(exact.plans) if (exact := vars(sess.runner).get("_nan_runner")) else 0,
+                         "runs_with_nan": vars(sess.runner).get("nan_runs", 0)},
         "flops": _dim(total_flops, dims) if total_flops != 0 else 0,
         # weight bytes mapped from their file / copied into memory / computed from weights (weights.py)
         "weights": weights.account(placement.graph, getattr(sess, "_loaded_weights", None)),
@@ -402,7 +403,7 @@ def render(report: dict, console, max_reason: int = 70) -> None:
     n = s["nan_handling"]
     if n["nodes_losing_nan"] or n["policy"] != "auto":
         then = {"auto": "runs fed a NaN or an Inf run on a plan of kernels that keep them "
-                        f"({n['exact_plans']} built so far)",
+                        f"({n['runs_with_nan']} so far, on {n['exact_plans']} such plan(s))",
                 "exact": "kept only where no kernel keeps NaN", "fast": "inputs unchecked: NaN and Inf may be lost"}
         console.print(f"NaN/Inf: {n['nodes_losing_nan']} node(s) on a kernel that loses them (nan_handling="
                       f"{n['policy']}: {then[n['policy']]})", highlight=False, markup=False)

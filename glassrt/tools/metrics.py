@@ -54,6 +54,7 @@ METRIC_NAMES = {
     "glassrt_plan_cache_hits_total": "Runs that found their plan in the cache",
     "glassrt_plan_cache_misses_total": "Plans compiled (a run that found none cached)",
     "glassrt_plan_cache_evictions_total": "Plans evicted from the cache (size or byte budget)",
+    "glassrt_nan_runs_total": "Runs fed a NaN or an Inf, run on the plan of kernels that keep them (nan_handling)",
     "glassrt_arena_bytes": "Arena bytes of the cached plans",
     "glassrt_pool_allocated_bytes": "Run-time buffer pool: bytes handed out and in use",
     "glassrt_pool_reserved_bytes": "Run-time buffer pool: bytes held (in use + free for reuse)",
@@ -91,6 +92,7 @@ class _SessionState:
         plans, arena = gauge("glassrt_plan_cache_plans"), gauge("glassrt_arena_bytes")
         hits, misses, evictions = (counter("glassrt_plan_cache_hits_total"), counter("glassrt_plan_cache_misses_total"),
                                    counter("glassrt_plan_cache_evictions_total"))
+        nan_runs = counter("glassrt_nan_runs_total")
         allocated, reserved = gauge("glassrt_pool_allocated_bytes"), gauge("glassrt_pool_reserved_bytes")
         peak, ratio = gauge("glassrt_pool_peak_allocated_bytes"), gauge("glassrt_pool_fragmentation_ratio")
         with self._lock:
@@ -114,13 +116,15 @@ class _SessionState:
             hits.add_metric([m], stats["plan_hits"])
             misses.add_metric([m], stats["plans_built"])
             evictions.add_metric([m], stats["plans_evicted"])
+            nan_runs.add_metric([m], stats["runs_with_nan"])
             arena.add_metric([m], sum(stats["arena_bytes"].values()))
             allocated.add_metric([m], pool["allocated_bytes"])
             reserved.add_metric([m], pool["reserved_bytes"])
             peak.add_metric([m], pool["peak_allocated_bytes"])
             # Nothing reserved wastes nothing: 1, so that an idle pool never reads as fragmented.
             ratio.add_metric([m], pool["allocated_bytes"] / pool["reserved_bytes"] if pool["reserved_bytes"] else 1.0)
-        yield from (fallbacks, transfers, plans, hits, misses, evictions, arena, allocated, reserved, peak, ratio)
+        yield from (fallbacks, transfers, plans, hits, misses, evictions, nan_runs, arena, allocated, reserved, peak,
+                    ratio)
 
 
 def _count(items, key) -> dict:
