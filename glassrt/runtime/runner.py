@@ -68,11 +68,12 @@ class GraphRunner:
         """This runner's twin whose plans keep NaN and Inf (nan_handling="exact"), for the
         runs fed one: made when first needed. Its plans choose another kernel for a node by
         design, so they report no fallbacks."""
-        if self._nan_runner is None:
-            self._nan_runner = GraphRunner(self.placement, replace(self.options, nan_handling="exact"),
-                                           self.outer_names, adapt_threads=self.adapt_threads,
-                                           openmp_pool=self.openmp_pool, blas_providers=self.blas_providers)
-        return self._nan_runner
+        with self._lock:  # (two threads fed a NaN at once make one twin)
+            if self._nan_runner is None:
+                self._nan_runner = GraphRunner(self.placement, replace(self.options, nan_handling="exact"),
+                                               self.outer_names, adapt_threads=self.adapt_threads,
+                                               openmp_pool=self.openmp_pool, blas_providers=self.blas_providers)
+            return self._nan_runner
 
     def signature(self, feeds: dict, outer: dict | None) -> tuple:
         sig = []
