@@ -158,7 +158,8 @@ class Kernel:
     # Where its result differs from the reference's when an input holds a NaN or an Inf
     # (oneDNN's relu is max(x, 0), which turns NaN into 0): a reason string, or a function
     # (BindContext) -> reason or None. A run fed a NaN or an Inf moves such nodes to kernels
-    # that keep them (SessionOptions.nan_handling, runtime/nan_handling.py).
+    # that keep them, or binds the same kernel without a fused activation, applied after it
+    # (SessionOptions.nan_handling, runtime/nan_handling.py).
     drops_nan: str | Callable | None = None
     doc: str = ""
     extra: dict = field(default_factory=dict)

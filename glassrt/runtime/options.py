@@ -83,7 +83,8 @@ class SessionOptions:
     # NaN and Inf as the reference computes them. Some fast kernels lose them (oneDNN's relu
     # and clip are max/min instructions that turn NaN into the bound; Winograd's transforms
     # turn one Inf into a tile of NaN): Kernel.drops_nan. "auto": a run whose float inputs
-    # hold a NaN or an Inf runs on a plan without such kernels (built when first needed;
+    # hold a NaN or an Inf runs on a plan without such kernels (built when first needed; a
+    # fused op's kernel there binds without the activation, which NumPy applies after it:
     # runtime/nan_handling.py), others on the fast one; a NaN made inside the model from
     # finite inputs (0/0, an overflow) can still be lost. "exact": never such kernels.
     # "fast": always the fast kernels, inputs unchecked.
