@@ -73,10 +73,10 @@ def _creating(source):
     return _progress(f"creating the session for {Path(str(source)).name}")
 
 
-def _options(threads):
+def _options(threads, nan_handling="auto"):
     from . import SessionOptions
 
-    return SessionOptions(intra_op_num_threads=threads)
+    return SessionOptions(intra_op_num_threads=threads, nan_handling=nan_handling)
 
 
 threads_option = click.option("--threads", default=0, show_default=True,
@@ -112,15 +112,18 @@ def _model_arg(model):
 @click.option("--runs", default=5, show_default=True, help="Timed runs after the first (latency is their median).")
 @click.option("--detect-anomaly", is_flag=True,
               help="Name the first node that produced a NaN or an Inf instead: `glassrt nan` (PyTorch's name).")
+@click.option("--nan-handling", type=click.Choice(["auto", "exact", "fast"]), default="auto", show_default=True,
+              help="SessionOptions.nan_handling: auto (inputs holding a NaN or an Inf run on kernels that keep "
+                   "them), exact (always those kernels), fast (never checked).")
 @threads_option
-def run(model, inputs, dims, providers, strict, save, runs, threads, detect_anomaly):
+def run(model, inputs, dims, providers, strict, save, runs, threads, detect_anomaly, nan_handling):
     """Run MODEL (default: the embedded light_resnet50 from the onnx package) and report."""
     from . import InferenceSession
     from .session import FallbackWarning
 
     if detect_anomaly:
         ctx = click.get_current_context()
-        given = [f"--{p}" for p in ("strict", "save", "runs", "threads")
+        given = [f"--{p.replace('_', '-')}" for p in ("strict", "save", "runs", "threads", "nan_handling")
                  if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise click.UsageError(f"--detect-anomaly runs `glassrt nan`, which has no {', '.join(given)}")
@@ -131,7 +134,7 @@ def run(model, inputs, dims, providers, strict, save, runs, threads, detect_anom
             warnings.simplefilter("always", FallbackWarning)
             t0 = time.perf_counter()
             sess = InferenceSession(source, providers=providers.split(","), fallback="error" if strict else "warn",
-                                    sess_options=_options(threads))
+                                    sess_options=_options(threads, nan_handling))
             created = time.perf_counter() - t0
         feeds = _load_inputs(sess, inputs, _parse_dims(dims), default_name)
         t0 = time.perf_counter()
@@ -166,6 +169,10 @@ def run(model, inputs, dims, providers, strict, save, runs, threads, detect_anom
     console.print("nodes per provider: " + ", ".join(f"{p}={n}" for p, n in counts.items())
                   + f"  (graph passes rewrote {len(sess.pass_log)} place(s); {len(sess.folded)} node(s) folded)",
                   highlight=False)
+    if sess.runner.nan_runs:
+        console.print(f"NaN/Inf in the inputs: the runs took the plan of kernels that keep them "
+                      f"(nan_handling={nan_handling}; `glassrt nan` names the first node that made one)",
+                      highlight=False)
     plan = sess.runner.plans.get(sess.runner.signature(sess._check_feeds(feeds), None))
     if plan is not None:
         from .tools.explain import fmt_bytes

@@ -49,6 +49,30 @@ def test_run_with_inputs_dims_save_and_strict(tmp_path):
     assert res.returncode == 0 and "[3, 7, 64]" in res.stdout
 
 
+def test_run_nan_handling(tmp_path):
+    """A NaN input on a Conv + Relu: kept (the run says it took the exact plan), or, with
+    --nan-handling fast on oneDNN, lost as its relu loses it."""
+    from onnx import TensorProto, helper
+
+    w = onnx.numpy_helper.from_array(np.array([1, -1], np.float32).reshape(1, 2, 1, 1), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2])], [w])
+    p = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), p)
+    x = np.ones((1, 2, 2, 2), np.float32)
+    x[0, 0, 0, 0] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    args = ("run", str(p), "--input", f"x={tmp_path / 'x.npy'}", "--runs", "1", "--save", str(tmp_path / "out"))
+    res = _cli(*args)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert np.isnan(np.load(tmp_path / "out" / "y.npy")[0, 0, 0, 0])
+    if "onednn=" in res.stdout:
+        assert "took the plan of kernels that keep them" in " ".join(res.stdout.split())
+    res = _cli(*args, "--nan-handling", "sometimes")
+    assert res.returncode == 2 and "sometimes" in res.stderr
+
+
 def test_run_reports_errors_without_a_traceback(tmp_path):
     res = _cli("run", str(tmp_path / "missing.onnx"))
     assert res.returncode == 1 and "error:" in res.stdout and "Traceback" not in res.stderr
