@@ -14,8 +14,8 @@ SessionOptions.nan_handling:
           reduction per feed, all_finite). A run with a NaN or an Inf runs on a second
           plan, built when first needed, that chooses per node the best kernel that keeps
           them: where a fused op's kernel loses NaN only in its activation, the same kernel
-          without it, the activation applied after in NumPy (without_activation); else a
-          later provider's kernel.
+          without it, the activation applied after in NumPy (without_activation); else the
+          provider's next kernel, or a later provider's.
   "exact" every plan is that second kind.
   "fast"  no check: the fast kernels always.
 "auto" cannot see a NaN made inside the model from finite inputs (0/0, an overflow);
@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
-_CHECKED_KINDS = "fc"  # float and complex feeds; integer, bool and string ones cannot hold a NaN
+_CHECKED_KINDS = "fc"  # float and complex feeds (and ml_dtypes' floats); integers, bools, strings hold no NaN
 
 
 def drop_reason(kernel, ctx) -> str | None:
