@@ -49,7 +49,7 @@ def checks_feeds(options) -> bool:
 def all_finite(feeds: dict) -> bool:
     """No NaN or Inf in any float feed. One reduction per feed that a NaN or an Inf survives,
     read once without a boolean copy: BLAS's dot of the feed with itself where it is a
-    contiguous float32/float64 array (18 us for a 224x224 RGB image here, NumPy's sum 48 us;
+    contiguous float32/float64 array (19-23 us for a 224x224 RGB image here, NumPy's sum 40-48;
     it overflows beyond 1.8e19, float32, which only sends the run to the exact plan), else
     the sum (Inf plus -Inf is NaN)."""
     for v in feeds.values():

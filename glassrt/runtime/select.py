@@ -179,6 +179,8 @@ def is_static(ctx) -> bool:
 def choose_kernel(decision, ctx, options, make_runner=None, subgraphs=None):
     """The best eligible kernel of the decision's provider for these concrete shapes, and why."""
     if options.autotune and len(decision.kernels) > 1 and is_static(ctx):
+        # (a plan that keeps NaN times only kernels that keep it as they are; where fewer
+        # than two do, the loop below may still bind one without its activation)
         eligible = [k for k in decision.kernels if kernel_reason(k, ctx) is None
                     and not (nan_handling.exact(options) and nan_handling.drop_reason(k, ctx))]
         if len(eligible) > 1:
