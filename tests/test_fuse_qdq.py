@@ -72,10 +72,10 @@ def test_the_numpy_fallback_without_numba_is_the_same(monkeypatch):
     from glassrt.kernels.cpu import quantize
 
     m = _pair(np.int8, -3)
-    compiled = glassrt.InferenceSession(m).run(None, {"x": X})[0]
+    compiled = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": X})[0]
     monkeypatch.setattr(quantize, "use_compiled", lambda path: False)  # (as where Numba cannot be imported)
     monkeypatch.setattr(quantize, "_fake_quant", None)  # a call to the compiled loop would fail
-    fallback = glassrt.InferenceSession(m).run(None, {"x": X})[0]
+    fallback = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": X})[0]
     np.testing.assert_array_equal(fallback, compiled)
 
 

@@ -1,5 +1,6 @@
-"""DynamicQuantizeLinear on oneDNN's OpenMP pool (glassrt/kernels/onednn/quantize.py): the
-codes shared out over the threads, cpu's kernel's bytes."""
+"""oneDNN's quantizing kernels (glassrt/kernels/onednn/quantize.py): DynamicQuantizeLinear's
+codes shared out over the threads, and glassrt::QuantizeDequantize as one binary primitive;
+both cpu's kernel's bytes."""
 from __future__ import annotations
 
 import numpy as np
@@ -86,3 +87,112 @@ def test_channels_last_values_give_the_same_codes(kernel, monkeypatch):
             got = fn(xs, out=(y, None, None))
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)
+
+
+# ---------------------------------------------------------------- glassrt::QuantizeDequantize
+
+
+def _fake_quant_values(n):
+    x = (RNG.standard_normal(n) * 6).astype(np.float32)
+    special = np.array([np.inf, -np.inf, 1e30, -1e30, 3e38, 0.0, -0.0, 1e-40, -1e-40, 1e-45], np.float32)
+    x[:special.size] = special
+    k = min(400, n - special.size)
+    ties = (np.arange(k, dtype=np.float32) - k // 2) * np.float32(0.5) * np.float32(0.04)  # (k / 2) * s: ties
+    x[special.size:special.size + k] = ties
+    return x
+
+
+def _qdq_model(shape, zp, conv=False):
+    """x -> [Conv ->] QuantizeLinear -> DequantizeLinear -> y (the pair fused into one node)."""
+    from onnx import helper
+
+    from .helpers import init, model, tensor
+
+    nodes, inits, src = [], [init("s", np.array(0.04, np.float32))], "x"
+    if conv:
+        w = (RNG.standard_normal((shape[1], shape[1], 1, 1)) * 0.5).astype(np.float32)
+        nodes.append(helper.make_node("Conv", ["x", "w"], ["c"], name="conv"))
+        inits.append(init("w", w))
+        src = "c"
+    q_in = [src, "s"] + (["z"] if zp is not None else [])
+    dq_in = ["q", "s"] + (["z"] if zp is not None else [])
+    if zp is not None:
+        inits.append(init("z", np.array(zp)))
+    nodes += [helper.make_node("QuantizeLinear", q_in, ["q"], name="quant"),
+              helper.make_node("DequantizeLinear", dq_in, ["y"], name="dequant")]
+    return model(nodes, [tensor("x", list(shape))], [tensor("y", None)], inits)
+
+
+@pytest.mark.parametrize("zp", [np.uint8(128), np.uint8(0), np.int8(-7), None])
+@pytest.mark.parametrize("shape", [(3, 50), (1, 16, 48, 64)])  # (one thread; over SMALL_ELEMENTS: two)
+def test_quantize_dequantize_is_cpus_bytes(shape, zp):
+    """The binary division and its epilogue give cpu's kernel's bits: rounding ties, values
+    past the range, infinities, signed zeros, subnormals."""
+    import glassrt
+
+    x = _fake_quant_values(int(np.prod(shape))).reshape(shape)
+    m = _qdq_model(shape, zp)
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"], sess_options=glassrt.SessionOptions(nan_handling="fast"))
+    assert [n["kernel"] for n in sess.explain()["nodes"]] == ["onednn.QuantizeDequantize.binary"]
+    want = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0]
+    got = sess.run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("zp", [np.uint8(128), np.int8(-7)])
+def test_quantize_dequantize_nan(zp):
+    """A NaN: oneDNN's clip makes it the range's minimum, the reference's 0 for uint8 (so the
+    kernel keeps the reference's value), -128 for int8: that kernel says it loses the NaN, and
+    a run fed one takes the plan of kernels that keep it."""
+    import glassrt
+
+    shape = (1, 16, 48, 64)
+    x = _fake_quant_values(int(np.prod(shape))).reshape(shape)
+    x.reshape(-1)[[3, 777, x.size - 1]] = np.nan
+    m = _qdq_model(shape, zp)
+    want = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0]
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    node = sess.explain()["nodes"][0]
+    assert node["kernel"] == "onednn.QuantizeDequantize.binary"
+    assert bool(node.get("drops_nan")) == (zp.dtype == np.int8)
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
+
+
+def test_quantize_dequantize_between_convolutions_keeps_channels_last():
+    """After a oneDNN convolution the pair runs on the channels-last value in memory order, no
+    reorder around it; the values are cpu's."""
+    import glassrt
+
+    shape = (1, 8, 20, 24)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    m = _qdq_model(shape, np.uint8(120), conv=True)
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    got = sess.run(None, {"x": x})[0]
+    plan = next(iter(sess.runner.plans.values()))
+    step = next(st for st in plan.steps if st.node.op_type == "QuantizeDequantize")
+    assert step.kernel.name == "onednn.QuantizeDequantize.binary"
+    assert plan.layouts.get(step.node.inputs[0]) == "nhwc"
+    want = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # (the convolutions' sums may differ)
+
+
+def test_quantize_dequantize_with_a_computed_scale_is_left_to_cpu():
+    """A glassrt::QuantizeDequantize node written with a computed scale (the fusion makes them
+    with constants only): oneDNN's kernel fixes the scale into its primitive, so cpu's runs."""
+    from onnx import helper
+
+    import glassrt
+
+    from .helpers import init, model, tensor
+
+    nodes = [helper.make_node("Abs", ["s_in"], ["s"], name="abs"),
+             helper.make_node("QuantizeDequantize", ["x", "s", "z"], ["y"], name="fake_quant", domain="glassrt")]
+    m = model(nodes, [tensor("x", [2, 40]), tensor("s_in", [])], [tensor("y", None)], [init("z", np.array(3, np.uint8))],
+              domains={"glassrt": 1})
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    x = RNG.standard_normal((2, 40)).astype(np.float32)
+    node = next(n for n in sess.explain()["nodes"] if n["op"] == "QuantizeDequantize")
+    assert node["kernel"] == "cpu.QuantizeDequantize"
+    assert "computed at run time" in str(node)
+    want = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x, "s_in": np.array(0.05, np.float32)})[0]
+    np.testing.assert_array_equal(sess.run(None, {"x": x, "s_in": np.array(0.05, np.float32)})[0], want)
