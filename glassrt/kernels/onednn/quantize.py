@@ -35,7 +35,7 @@ from ..cpu._jit import compiled, jit, numba_threads
 from ..registry import kernel
 from . import capi, dnnl, row_panels
 from .dnnl import ARG_DST, ARG_SRC_0, ARG_SRC_1, MemoryDesc
-from .kernels import SMALL_ELEMENTS, _PerThreads, _unavailable, run_alone
+from .kernels import SMALL_ELEMENTS, _PerThreads, _unavailable, run_alone, shared_pd
 
 SHARED_FROM = 16384  # values: below this one thread's pass is a few microseconds
 
@@ -143,13 +143,22 @@ def quantize_dequantize(ctx):
     n = math.prod(int(d) for d in ctx.shape(0))
     scale = np.full(1, s, np.float32)  # (src1 of the division and of the multiply: kept alive here)
 
-    def build():
+    def make_pd():
         flat = MemoryDesc.create((n,), np.float32, "a")
         one = MemoryDesc.create((1,), np.float32, "a")
         post = dnnl.PostOps().eltwise("round").eltwise("linear", 1.0, float(z)).eltwise("clip", lo, hi) \
             .eltwise("linear", 1.0, -float(z)).binary("mul", one)
-        pd = dnnl.binary(flat, one, flat, "div", attr=dnnl.Attr(post_ops=post))
-        return pd.primitive().bind({ARG_SRC_0: None, ARG_SRC_1: scale, ARG_DST: None, post.binary_arg(): scale})
+        return dnnl.binary(flat, one, flat, "div", attr=dnnl.Attr(post_ops=post))
+
+    def pd():  # (shared by the nodes of one size and zero point; s is an argument)
+        return shared_pd(("fake quantize", n, float(z), lo, hi), make_pd, ahead=True)
+
+    pd()  # (made now: its primitive is made ahead of the first run, ahead.py)
+
+    def build():
+        desc = pd()
+        return desc.primitive().bind({ARG_SRC_0: None, ARG_SRC_1: scale, ARG_DST: None,
+                                      desc.attr.post_ops.binary_arg(): scale})
 
     prims = _PerThreads(build)
     alone = n < SMALL_ELEMENTS
