@@ -7,8 +7,10 @@ rounds some values the other way) whose epilogue is round (half to even), + z, c
 then a binary multiply by s: every step one float32 rounding, as cpu's kernel takes them,
 so the same bits (tests/test_onednn_quantize.py). Measured on the 2-core AVX2 machine, a
 quantize_static MobileNetV2 in QDQ form (66 of them a run): 46 ms a run on cpu's NumPy
-path, 7.4 on its compiled loop (one thread), and that loop needs Numba, whose load stalls
-runs 2-4 of a fresh process (~1 s in all); here two threads and no Numba.
+path, 7.4 on its compiled loop (one thread), and that loop needs Numba, whose load stalled
+runs 2-10 of a fresh process to 1.2-1.5 s in all; here 0.19 s, two threads and no Numba
+(peak RSS 236 -> 111 MiB), the steady run as fast as on the loop (memory-bound: 18.3-21.6
+against 19.9-22.9 ms, alternating processes).
 
 DynamicQuantizeLinear: a quantize_dynamic model quantizes every
 activation that feeds an integer product (a BERT-base: 49 a pass, 128 x 768 or 128 x 3072
