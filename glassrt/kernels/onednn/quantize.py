@@ -101,8 +101,8 @@ def dynamic_quantize_linear_threads(x, *, out=(None, None, None)):
 
 
 def _fake_quant_params(ctx):
-    """(s, z, lo, hi) as float32 from the node's constants; None where one is computed at run
-    time or holds more than one value."""
+    """(scale, zero point) as float32 and the zero point type's range (lo, hi), from the node's
+    constants; None where one is computed at run time or holds more than one value."""
     from ..cpu.quantize import _int_range
 
     scale = ctx.const(1)
@@ -136,8 +136,9 @@ def _fake_quant_drops_nan(ctx):
         drops_nan=_fake_quant_drops_nan)
 def quantize_dequantize(ctx):
     """(clip(rint(x / s) + z, lo, hi) - z) * s as one oneDNN binary division with its epilogue
-    (see the module's doc), over the values' bytes in memory order (any layout: each element
-    on its own); a value laid out otherwise than its output goes through cpu's kernel."""
+    (see the module's doc), over the output's bytes in memory order (plain or channels-last:
+    each element on its own; an input laid out otherwise read into that order); an output
+    laid out neither way goes through cpu's kernel."""
     from ..cpu.quantize import _flat_pair
     from ..cpu.quantize import quantize_dequantize as cpu_kernel
 
