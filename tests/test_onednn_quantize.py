@@ -156,6 +156,7 @@ def test_quantize_dequantize_nan(zp):
     assert node["kernel"] == "onednn.QuantizeDequantize.binary"
     assert bool(node.get("drops_nan")) == (zp.dtype == np.int8)
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
+    assert sess.memory_stats()["runs_with_nan"] == (zp.dtype == np.int8)  # (uint8: the fast plan, kept as is)
 
 
 def test_quantize_dequantize_between_convolutions_keeps_channels_last():
@@ -196,3 +197,31 @@ def test_quantize_dequantize_with_a_computed_scale_is_left_to_cpu():
     assert "computed at run time" in str(node)
     want = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x, "s_in": np.array(0.05, np.float32)})[0]
     np.testing.assert_array_equal(sess.run(None, {"x": x, "s_in": np.array(0.05, np.float32)})[0], want)
+
+
+def test_quantize_dequantize_step_reads_each_runs_values():
+    """The step keeps its flat views while the same arrays come back (a plan's arena views):
+    values written into them between runs are read, and an input read through a copy (plain
+    into a channels-last output) is copied again every run."""
+    import glassrt
+    from glassrt.runtime.layout import channels_last_view
+
+    shape = (1, 16, 48, 64)
+    m = _qdq_model(shape, np.uint8(120))
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    x0 = RNG.standard_normal(shape).astype(np.float32)
+    sess.run(None, {"x": x0})
+    step = next(iter(sess.runner.plans.values())).steps[0]
+    assert step.kernel.name == "onednn.QuantizeDequantize.binary"
+    cpu = glassrt.InferenceSession(m, providers=["cpu"])
+
+    def nhwc(a):
+        return channels_last_view(np.ascontiguousarray(a.transpose(0, 2, 3, 1)).reshape(-1), a.shape)
+
+    for x, out in ((x0.copy(), np.empty(shape, np.float32)),  # plain into plain: views kept
+                   (nhwc(x0), channels_last_view(np.empty(x0.size, np.float32), shape)),  # channels-last: kept
+                   (x0.copy(), channels_last_view(np.empty(x0.size, np.float32), shape))):  # plain into NHWC: a copy
+        for scale in (1.0, 3.0, -0.5):
+            x[...] = x0 * np.float32(scale)  # (the same array objects, new values)
+            step.fn(x, None, None, out=out)
+            np.testing.assert_array_equal(out, cpu.run(None, {"x": np.ascontiguousarray(x)})[0])

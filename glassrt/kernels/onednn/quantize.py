@@ -8,9 +8,9 @@ then a binary multiply by s: every step one float32 rounding, as cpu's kernel ta
 so the same bits (tests/test_onednn_quantize.py). Measured on the 2-core AVX2 machine, a
 quantize_static MobileNetV2 in QDQ form (66 of them a run): 46 ms a run on cpu's NumPy
 path, 7.4 on its compiled loop (one thread), and that loop needs Numba, whose load stalled
-runs 2-10 of a fresh process to 1.2-1.5 s in all; here 0.19 s, two threads and no Numba
-(peak RSS 236 -> 111 MiB), the steady run as fast as on the loop (memory-bound: 18.3-21.6
-against 19.9-22.9 ms, alternating processes).
+runs 2-10 of a fresh process to 1.2-1.5 s in all; here 0.15-0.22 s, two threads and no
+Numba (peak RSS 236 -> 111 MiB), the 66 passes 6.9-8.2 ms a run (the pass is memory-bound;
+alternating processes, OpenBLAS pinned and not).
 
 DynamicQuantizeLinear: a quantize_dynamic model quantizes every
 activation that feeds an integer product (a BERT-base: 49 a pass, 128 x 768 or 128 x 3072
@@ -166,10 +166,22 @@ def quantize_dequantize(ctx):
     prims = _PerThreads(build)
     alone = n < SMALL_ELEMENTS
     fallback = cpu_kernel(ctx)
+    kept = [None, None, None]  # (x, y, their flat views): a plan hands the same arena views every run
+
+    def flat(x, y):
+        """_flat_pair, kept while x and y come back (its ~6 us, and the primitive's memories
+        then see the same arrays and are not re-pointed: ~10 us each). A copy of x (its
+        layout not y's) holds this run's values: made again every run."""
+        if kept[0] is x and kept[1] is y:
+            return kept[2]
+        pair = _flat_pair(np.asarray(x, np.float32), y) if y.shape == x.shape and x.size == n else None
+        if pair is not None and np.may_share_memory(pair[0], x):
+            kept[:] = x, y, pair
+        return pair
 
     def step(x, scale_in, zero_point=None, *, out=None):
         y = np.empty(x.shape, np.float32) if out is None else out
-        pair = _flat_pair(np.asarray(x, np.float32), y) if y.shape == x.shape and x.size == n else None
+        pair = flat(x, y)
         if pair is None:
             return fallback(x, scale_in, zero_point, out=out)
         run_alone(prims.get(), {ARG_SRC_0: pair[0], ARG_DST: pair[1]}, alone)
