@@ -1,8 +1,9 @@
 """The onednn provider's inner-product kernel for products with constant weights: where
 oneDNN's matmul has only its sgemm (which packs B again at every call: oneDNN 3.2 on AVX2),
-a product of 2 to INNER_ROWS - 1 rows runs on its inner product, whose brgemm kernel reads
+a product of 1 to INNER_ROWS - 1 rows runs on its inner product, whose brgemm kernel reads
 B packed once. Equal to NumPy with every epilogue the matmul kernel fuses, and it does not
-take what it must not (one row, many rows, A transposed, weights too large to pack).
+take what it must not (many rows, A transposed, weights too large to pack). Plans of
+different row counts share one packed copy of the weights.
 
 The kernel is judged on any CPU here: `_REPACKS` is widened so that the matmul primitive
 counts as one that repacks whatever its implementation."""
@@ -91,9 +92,8 @@ def test_gemm_equals_numpy(trans_b, alpha, beta):
 
 
 def test_rows_outside_its_range_and_transposed_a_keep_the_matmul_primitive():
-    """One row (sgemm's matrix-vector path is as fast), INNER_ROWS rows and more (sgemm's
-    per-call packing is paid off), A read transposed (an inner product reads A as it lies):
-    the matmul primitive, with the reason in explain."""
+    """INNER_ROWS rows and more (sgemm's per-call packing is paid off), A read transposed
+    (an inner product reads A as it lies): the matmul primitive, with the reason in explain."""
     from glassrt.kernels.onednn.matmul import INNER_ROWS
 
     k, n = 16, 8
@@ -104,7 +104,7 @@ def test_rows_outside_its_range_and_transposed_a_keep_the_matmul_primitive():
               [init("w", w)], opset=13)
     s = _session(m)
     xt = RNG.standard_normal((k, 4)).astype(np.float32)
-    for rows, kernel in ((1, "onednn.MatMul"), (2, "onednn.MatMul.inner_product"),
+    for rows, kernel in ((1, "onednn.MatMul.inner_product"), (2, "onednn.MatMul.inner_product"),
                          (INNER_ROWS - 1, "onednn.MatMul.inner_product"), (INNER_ROWS, "onednn.MatMul")):
         x = RNG.standard_normal((rows, k)).astype(np.float32)
         y, yt = s.run(None, {"x": x, "xt": xt})
@@ -113,6 +113,31 @@ def test_rows_outside_its_range_and_transposed_a_keep_the_matmul_primitive():
         assert _row(s, "p", {"rows": rows})["kernel"] == kernel
     t = _row(s, "t", {"rows": 2})
     assert t["kernel"] == "onednn.Gemm.matmul" and "A is read transposed" in t["reason"]
+
+
+def test_plans_of_other_rows_share_the_packed_weights():
+    """oneDNN packs 64 x 64 weights AB8b16a for 16 rows and AB8b24a for one: the one-row
+    plan (a decode step after its prompt) reads the prompt plan's copy instead of packing a
+    second; a plan made first packs what oneDNN prefers for it."""
+    from glassrt.kernels.onednn import kernels
+
+    k = n = 64
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    b = RNG.standard_normal(n).astype(np.float32)
+    node = helper.make_node("FusedMatMul", ["x", "w", "b"], ["y"], name="p", domain="glassrt", activation="Relu")
+    s = _session(model([node], [tensor("x", ["rows", k])], [tensor("y", None)], [init("w", w), init("b", b)],
+                       opset=17, domains={"glassrt": 1}))
+
+    def packed():
+        return sorted(str(key[4]) for key in list(kernels._PACKED.keys()) if key[1] == (n, k) or key[1] == (k, n))
+
+    before = packed()
+    for rows in (16, 1, 16, 3):
+        x = RNG.standard_normal((rows, k)).astype(np.float32)
+        np.testing.assert_allclose(s.run(None, {"x": x})[0], np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+        assert _row(s, "p", {"rows": rows})["kernel"] == "onednn.FusedMatMul.inner_product"
+    added = [f for f in packed() if f not in before]
+    assert len(added) == 1 and "AB8b16a" in added[0], added
 
 
 def test_weights_too_large_to_pack_are_read_where_they_lie(monkeypatch):

@@ -250,6 +250,14 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
     return hit
 
 
+def packed_layouts(source: np.ndarray, user) -> list:
+    """The layouts `source` (laid out as `user`) lies packed in already (packed_weights),
+    oldest first: a kernel whose primitive can read one of them shares that copy rather than
+    pack another (matmul.py's one-row inner products)."""
+    head = (source.__array_interface__["data"][0], source.shape, source.strides, source.dtype.str)
+    return [key[4] for key in list(_PACKED.keys()) if key[:4] == head and key[5] == user]
+
+
 # Bytes of a mapped weight reordered at a time (packed_weights): the most a weight is held
 # twice while packed. Each slab is one more (cached) reorder descriptor to make.
 PACK_SLAB = 256 << 10

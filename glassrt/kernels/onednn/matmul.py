@@ -7,9 +7,10 @@ still in cache, with no pass over memory of its own (BERT-base: the bias Adds an
 were 12% of a run). The weights are offered to oneDNN in any layout; where it prefers a
 blocked one (its brgemm kernels on AVX-512) they are reordered once, shared by every plan
 (kernels.packed_weights). On AVX2 oneDNN 3.2's matmul reads them as they are and packs them
-anew at every call (sgemm); there a product of 2 to INNER_ROWS - 1 rows runs on its inner
-product instead, whose brgemm kernel reads them packed once (the `inner_product` kernel). A (..., M, K) input
-is one (rows, K) product.
+anew at every call (sgemm); there a product of 1 to INNER_ROWS - 1 rows runs on its inner
+product instead, whose brgemm kernel reads them packed once (the `inner_product` kernel),
+plans of other row counts (a prompt's and a decode step's) sharing one packed copy. A
+(..., M, K) input is one (rows, K) product.
 
 Products of two computed values (attention's Q·Kᵀ and P·V) run on a second kernel: the
 batch dims of A and B broadcast by oneDNN, the epilogue (the scale and the mask) as
@@ -45,7 +46,7 @@ from . import capi, dnnl
 from .capi import ARG_ATTR_SCALES
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS, MemoryDesc
 from .kernels import (F32, SMALL_PRODUCT, ContiguousViews, _PerThreads, _unavailable, activation_drops_nan,
-                      packed_weights, run_alone, shared_pd)
+                      packed_layouts, packed_weights, run_alone, shared_pd)
 
 _PACK_LIMIT = 64 << 20
 _SLOW = ("ref",)  # oneDNN's reference matmul: a loop nest, far slower than BLAS
@@ -214,11 +215,14 @@ def _primitive(ctx, product=None):
 
 
 # A product takes the inner product (when oneDNN's matmul has only its sgemm) for rows in
-# [2, INNER_ROWS): measured on the 2-core AVX2 EPYC, two threads, medians of up to 200
+# [1, INNER_ROWS): measured on the 2-core AVX2 EPYC, two threads, medians of up to 200
 # calls, inner product / matmul over BERT's and GPT-2's four weight shapes: at 256 and 512
 # rows (two processes) 0.82-1.03 and 0.72-1.06, at 128 and 1024 (three) 0.43-1.16 and
 # 0.96-1.14 (sgemm's per-call packing is paid off over many rows); at 1, 4 and 16 rows (one)
-# 0.82-1.22, 0.49-0.91, 0.64-1.00.
+# 0.82-1.22, 0.49-0.91, 0.64-1.00. One row alone, GPT-2's 48 layer products cycled (340 MB,
+# no post-ops): 13.6-14.3 ms against 15.2-15.4; in its decode step, where the matmul applies
+# bias, residual and GeluTanh after its sgemm, 15.5-15.9 ms against 17.4-17.8 (the step
+# 27.5-28.6 -> 24.7-25.4 ms, four alternating processes).
 INNER_ROWS = 512
 _REPACKS = ("gemm",)  # oneDNN's matmul implementations that pack B anew at every call (its sgemm)
 
@@ -238,8 +242,8 @@ def _inner_reason(ctx):
 def _inner_instead(rows: int, matmul_pd, inner_pd):
     """(the inner product's descriptor, None) where it should run a product instead of the
     matmul, else (None, why not); matmul_pd() and inner_pd() make the two descriptors."""
-    if not 2 <= rows < INNER_ROWS:
-        return None, f"A has {rows} rows (the inner product pays from 2 rows to {INNER_ROWS - 1})"
+    if not 1 <= rows < INNER_ROWS:
+        return None, f"A has {rows} rows (the inner product pays up to {INNER_ROWS - 1})"
     impl = matmul_pd().impl
     if not impl.startswith(_REPACKS):
         return None, f"oneDNN's matmul packs the weights itself here ({impl})"
@@ -250,17 +254,37 @@ def _inner_instead(rows: int, matmul_pd, inner_pd):
 
 
 def _inner_pd(ctx, p):
-    """The inner product's descriptor for the product (weights 'any': packed for brgemm)."""
+    """The inner product's descriptor for the product: weights 'any' (packed for brgemm),
+    or a layout the same weights lie packed in already where brgemm reads that too. oneDNN's
+    choice depends on the rows (GPT-2's: AB8b24a at 1 to 4 rows, AB8b16a at 8 to 64), so a
+    prompt plan and a decode plan would each pack a copy (340 MB each for GPT-2)."""
     y = [int(d) for d in ctx.out_shape(0)]
     key = ("inner", p.rows, p.k, p.n, p.alpha, p.bias is not None, p.z_dims(y) if p.z_shape is not None else None,
            p.act, tuple(p.params))
 
-    def make():
+    def make(weights):
         post, bias_arg, _ = p.post_ops(y)
         bias = MemoryDesc.create((p.n,), np.float32, "a") if p.bias is not None and bias_arg is None else None
-        return dnnl.inner_product(MemoryDesc.create((p.rows, p.k), np.float32, "ab"), MemoryDesc.any((p.n, p.k)),
+        return dnnl.inner_product(MemoryDesc.create((p.rows, p.k), np.float32, "ab"), weights,
                                   MemoryDesc.create((p.rows, p.n), np.float32, "ab"), bias, attr=post)
-    return shared_pd(key, make, ahead=True)
+    for packed in packed_layouts(p.b, _inner_user_md(p)):
+        pd = shared_pd((*key, packed), lambda: _pd_or_none(make, packed))
+        if pd is not None and pd.impl.startswith("brgemm"):
+            pd.make_ahead()
+            return pd
+    return shared_pd(key, lambda: make(MemoryDesc.any((p.n, p.k))), ahead=True)
+
+
+def _inner_user_md(p):
+    """The weights as they lie, as the inner product reads them: (N, K)."""
+    return _weights_md(p).permute_axes((1, 0))
+
+
+def _pd_or_none(make, weights):
+    try:
+        return make(weights)
+    except capi.DnnlError:  # (no implementation reads that layout at these rows)
+        return None
 
 
 def constant_weights_pd(rows: int, k: int, n: int, post_ops=None, key=()):
@@ -328,7 +352,7 @@ def _bound_product(ctx, inner: bool):
         pd = (_inner_pd if inner else _product_pd)(ctx, p)
         post, bias_arg, z_arg = p.post_ops(y)
         wmd = pd.weights_md()
-        user = _weights_md(p).permute_axes((1, 0)) if inner else _weights_md(p)
+        user = _inner_user_md(p) if inner else _weights_md(p)
         if wmd not in packed:
             # the holder of shared packed weights stays referenced here, or the sharing ends;
             # weights the primitive reads where they lie move onto huge pages with its buffers

@@ -245,10 +245,10 @@ def panel_view(memory, md) -> np.ndarray | None:
 def stream(prim, product):
     """A function (a, z, out) -> out running `product` (matmul.py's _Product) on the loop over
     the primitive's packed weights (None from it in a forked child), or None (stats says why)."""
-    why = why_not_here()
-    w = None if why else panel_view(prim[ARG_WEIGHTS], prim.pd.weights_md())
-    if why is None and w is None:
-        why = f"the packed layout is not 64-column panels ({prim.pd.weights_md()})"
+    # (the layout first: where it is not panels, as the inner product's on AVX2, Numba's loop
+    # is not compiled for nothing)
+    w = panel_view(prim[ARG_WEIGHTS], prim.pd.weights_md())
+    why = f"the packed layout is not 64-column panels ({prim.pd.weights_md()})" if w is None else why_not_here()
     if why is None and (product.trans_a or product.act not in _ACT):
         why = "A read transposed" if product.trans_a else f"activation {product.act}"
     if why:
