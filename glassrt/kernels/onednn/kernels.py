@@ -226,6 +226,13 @@ class _Packed:
 
 
 _PACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# the keys of _PACKED by the weights they were packed from (packed_layouts), oldest first;
+# an entry whose weights are gone is dropped as it is next read or when this outgrows _PACKED
+_PACKED_BY_SOURCE: dict = {}
+
+
+def _source_key(source: np.ndarray) -> tuple:
+    return source.__array_interface__["data"][0], source.shape, source.strides, source.dtype.str
 
 
 def packed_weights(source: np.ndarray, user, target) -> _Packed:
@@ -235,7 +242,8 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
     plan would hold the model's weights once more each. Kept while a kernel holds it.
     Weights are known by where they lie (a tied weight's view, made again by each kernel,
     is the same weights); the entry keeps them alive, so no other array can take their place."""
-    key = (source.__array_interface__["data"][0], source.shape, source.strides, source.dtype.str, target, user)
+    head = _source_key(source)
+    key = (*head, target, user)
     hit = _PACKED.get(key)
     if hit is None:
         # weights mapped from their file: the copy is what runs read, so the file's pages
@@ -246,6 +254,10 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
         hit = _Packed(source, dnnl.prepack(source, user, target, make_reorder=shared_reorder,
                                            slab_bytes=PACK_SLAB, done=done))
         _PACKED[key] = hit
+        if len(_PACKED_BY_SOURCE) > 2 * len(_PACKED) + 64:
+            for h in [h for h, keys in _PACKED_BY_SOURCE.items() if not any(k in _PACKED for k in keys)]:
+                del _PACKED_BY_SOURCE[h]
+        _PACKED_BY_SOURCE.setdefault(head, []).append(key)
         release_pages(source)
     return hit
 
@@ -254,8 +266,12 @@ def packed_layouts(source: np.ndarray, user) -> list:
     """The layouts `source` (laid out as `user`) lies packed in already (packed_weights),
     oldest first: a kernel whose primitive can read one of them shares that copy rather than
     pack another (matmul.py's one-row inner products)."""
-    head = (source.__array_interface__["data"][0], source.shape, source.strides, source.dtype.str)
-    return [key[4] for key in list(_PACKED.keys()) if key[:4] == head and key[5] == user]
+    head = _source_key(source)
+    keys = _PACKED_BY_SOURCE.get(head)
+    if not keys:
+        return []
+    keys[:] = [k for k in keys if k in _PACKED]
+    return [k[4] for k in keys if k[5] == user]
 
 
 # Bytes of a mapped weight reordered at a time (packed_weights): the most a weight is held
