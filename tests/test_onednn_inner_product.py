@@ -152,3 +152,22 @@ def test_weights_too_large_to_pack_are_read_where_they_lie(monkeypatch):
     assert row["kernel"] == "onednn.MatMul" and "too large to pack" in row["reason"]
     x = RNG.standard_normal((4, k)).astype(np.float32)
     np.testing.assert_allclose(s.run(None, {"x": x})[0], x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_layouts_names_the_copies_alive():
+    """kernels.packed_layouts: the layouts a weight lies packed in while a kernel holds the
+    copy, for the layout it was read as; none once every copy is dropped."""
+    import gc
+
+    from glassrt.kernels.onednn import dnnl, kernels
+
+    w = RNG.standard_normal((64, 48)).astype(np.float32)  # (K, N), read as (N, K)
+    user = dnnl.MemoryDesc.create((64, 48), np.float32, "ab").permute_axes((1, 0))
+    target = dnnl.inner_product(dnnl.MemoryDesc.create((16, 64), np.float32, "ab"), dnnl.MemoryDesc.any((48, 64)),
+                                dnnl.MemoryDesc.create((16, 48), np.float32, "ab")).weights_md()
+    copy = kernels.packed_weights(w, user, target)
+    assert kernels.packed_layouts(w, user) == [target]
+    assert kernels.packed_layouts(w, dnnl.MemoryDesc.create((48, 64), np.float32, "ab")) == []  # read otherwise
+    del copy
+    gc.collect()
+    assert kernels.packed_layouts(w, user) == []

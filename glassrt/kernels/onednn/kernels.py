@@ -227,7 +227,7 @@ class _Packed:
 
 _PACKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 # the keys of _PACKED by the weights they were packed from (packed_layouts), oldest first;
-# an entry whose weights are gone is dropped as it is next read or when this outgrows _PACKED
+# the weights whose copies are all gone are dropped once this outgrows _PACKED
 _PACKED_BY_SOURCE: dict = {}
 
 
@@ -255,8 +255,10 @@ def packed_weights(source: np.ndarray, user, target) -> _Packed:
                                            slab_bytes=PACK_SLAB, done=done))
         _PACKED[key] = hit
         if len(_PACKED_BY_SOURCE) > 2 * len(_PACKED) + 64:
-            for h in [h for h, keys in _PACKED_BY_SOURCE.items() if not any(k in _PACKED for k in keys)]:
-                del _PACKED_BY_SOURCE[h]
+            # (a copy of the items: another thread's plan may be packing its weights meanwhile)
+            for h, keys in list(_PACKED_BY_SOURCE.items()):
+                if not any(k in _PACKED for k in keys):
+                    _PACKED_BY_SOURCE.pop(h, None)
         _PACKED_BY_SOURCE.setdefault(head, []).append(key)
         release_pages(source)
     return hit
@@ -270,8 +272,8 @@ def packed_layouts(source: np.ndarray, user) -> list:
     keys = _PACKED_BY_SOURCE.get(head)
     if not keys:
         return []
-    keys[:] = [k for k in keys if k in _PACKED]
-    return [k[4] for k in keys if k[5] == user]
+    live = [k for k in list(keys) if k in _PACKED]
+    return [k[4] for k in live if k[5] == user]
 
 
 # Bytes of a mapped weight reordered at a time (packed_weights): the most a weight is held
