@@ -18,8 +18,11 @@ post-ops. Both kernels are bound to a plan's concrete shapes: in a plan whose di
 symbolic (decoding with a growing cache, once shapes are generalized) the plan hands
 these nodes to cpu rather than make primitives (tens of microseconds each) every run.
 
-At one row (a decode step), once the plan has run a few times, the primitive's packed
-weights are read by row_panels.py's compiled loop instead, which streams them faster.
+At one row (a decode step), once the plan has run a few times, the matmul primitive's
+packed weights are read by row_panels.py's compiled loop instead, which streams them
+faster, where they lie in 64-column panels (its brgemm's layout on AVX-512; on AVX2 the
+one-row product is the inner product's, whose brgemm streams its own layout at ~24 GB/s,
+faster than that loop over it).
 
 Weights larger than `_PACK_LIMIT` are read where they lie (plain layout) rather than
 copied: a packed copy doubles what a 400 MB classifier layer holds in memory (unless they
