@@ -23,6 +23,7 @@ from .ir import MapType, OptionalType, SequenceType, TensorType
 from .kernels.cpu._jit import run_started, warm_numba_soon
 from .kernels.onednn import preload as onednn_preload
 from .passes import run_passes
+from .passes.cache_concat import cache_inputs
 from .runtime import providers as providers_mod
 from .runtime.infer import infer_symbolic, subgraph_memo
 from .runtime.gc_pause import gc_paused
@@ -217,6 +218,9 @@ class Session:
         # plain arrays of those types pass in one pass (_as_declared); None: the full checks
         self._plain = {v.name: (v.type.dtype, self._dims[v.name]) for v in self._inputs} if all(
             self._dims[v.name] is not None and v.type.dtype != object for v in self._inputs) else None
+        # inputs a run takes strided (a KV cache's past: a view of the buffer the kernel
+        # appends into, passes/cache_concat.py); every other input is made C-contiguous
+        self._strided = cache_inputs(self.placement.graph)
         self._lowered = None
         self._profile = Profile()
 
@@ -366,7 +370,7 @@ class Session:
     # ---------------------------------------------------------------- validation
 
     def _check_feeds(self, input_feed) -> dict:
-        if self._plain is not None and _as_declared(input_feed, self._plain):
+        if self._plain is not None and _as_declared(input_feed, self._plain, self._strided):
             return dict(input_feed)  # (a copy: the runner may replace entries)
         if not isinstance(input_feed, dict):
             raise InputTypeError(f"feeds must be a dict of input name to array, got {type(input_feed).__name__}")
@@ -383,7 +387,7 @@ class Session:
         for name, value in input_feed.items():
             t = declared[name].type if name in declared else TensorType(self.graph.initializers[name].dtype,
                                                                         self.graph.initializers[name].shape)
-            feeds[name] = _check_value(name, value, t, bound, self._dims.get(name))
+            feeds[name] = _check_value(name, value, t, bound, self._dims.get(name), name in self._strided)
         return feeds
 
 
@@ -399,9 +403,9 @@ def _dim_checks(t) -> tuple | None:
     return tuple(out)
 
 
-def _as_declared(feeds, plain: dict) -> bool:
+def _as_declared(feeds, plain: dict, strided=frozenset()) -> bool:
     """Whether `feeds` is a dict feeding exactly the declared inputs, each a C-contiguous
-    array of its dtype whose dims match (named symbols alike across inputs): what nearly
+    (or, for the inputs in `strided`, any) array of its dtype whose dims match (named symbols alike across inputs): what nearly
     every run feeds, checked in one pass (per run, so lean: a small model runs in tens of
     microseconds). False sends the feeds through _check_feeds' full checks, which convert
     what they may and name what is wrong."""
@@ -410,7 +414,7 @@ def _as_declared(feeds, plain: dict) -> bool:
     bound = None
     for name, v in feeds.items():
         p = plain.get(name)
-        if p is None or type(v) is not np.ndarray or v.dtype != p[0] or not v.flags.c_contiguous:
+        if p is None or type(v) is not np.ndarray or v.dtype != p[0] or not (v.flags.c_contiguous or name in strided):
             return False
         dims = p[1]
         if len(dims) != v.ndim:
@@ -427,7 +431,7 @@ def _as_declared(feeds, plain: dict) -> bool:
     return True
 
 
-def _check_value(name, value, t, bound, dims=None):
+def _check_value(name, value, t, bound, dims=None, strided=False):
     if isinstance(t, TensorType):
         if not isinstance(value, np.ndarray):
             if isinstance(value, (list, tuple, int, float, bool, np.generic)):
@@ -469,7 +473,7 @@ def _check_value(name, value, t, bound, dims=None):
                             f"input '{name}': dim {axis} is '{want}', which input '{prev[1]}' set to "
                             f"{prev[0]}; got {got}")
                     bound[want] = (got, name)
-        if not value.flags.c_contiguous:
+        if not value.flags.c_contiguous and not strided:
             value = value.copy(order="C")
         return value
     if isinstance(t, SequenceType):

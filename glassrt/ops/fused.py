@@ -21,6 +21,10 @@ kernels against it).
   Transpose(0, 2, 1, ...) → Reshape(N, C, ...), as one op (`group` = g); written by
   passes/fuse_shuffle.py, so it can run in a layout region (oneDNN's shuffle reads and
   writes NHWC) instead of breaking it.
+  glassrt::CacheConcat(past, new) — Concat(past, new) along `axis`, where `past` is a graph
+  input and the result a graph output (a KV cache fed back each decode step); written by
+  passes/cache_concat.py so that the kernel may append `new` into spare room behind the
+  rows of a past it handed out itself, instead of copying the whole cache every step.
   glassrt::Transfer(X) — X copied from `src_device` to `dst_device`; inserted by placement
   where a value crosses between providers on different devices (primitive: the provider
   on the device side runs it).
@@ -35,6 +39,7 @@ from .contract import COMPOSITE, PRIMITIVE, OpContract
 from .custom_schema import CustomSchema
 from .meta.nn import conv as conv_meta
 from .meta.nn import conv_shape, matmul_shape
+from .meta.shape import concat as concat_meta
 from .registry import register_custom
 
 DOMAIN = "glassrt"
@@ -378,6 +383,27 @@ def _channel_shuffle_decomposition(node, input_types, visible):
 register_custom(OpContract(DOMAIN, "ChannelShuffle", 1, CHANNEL_SHUFFLE, meta=_channel_shuffle_meta,
                            category=COMPOSITE, decomposition=_channel_shuffle_decomposition,
                            notes=["Reshape + Transpose + Reshape of a channel shuffle, fused by passes/fuse_shuffle.py"]))
+
+
+CACHE_CONCAT = CustomSchema(DOMAIN, "CacheConcat", [("past", False), ("new", False)], {"axis": ("int", 0)},
+                            ["present"], "glassrt::CacheConcat(Tensor past, Tensor new, int axis) -> Tensor")
+
+
+def _cache_concat_decomposition(node, input_types, visible):
+    """One Concat of the same inputs along the same axis."""
+    from onnx import helper
+
+    from ..onnx_io import nodes_from_protos
+
+    protos = [helper.make_node("Concat", list(node.inputs), list(node.outputs), name=node.name,
+                               axis=int(node.attrs.get("axis", 0)))]
+    return nodes_from_protos(protos, {"": 13}, visible, f"expanded from CacheConcat '{node.name}'")
+
+
+register_custom(OpContract(DOMAIN, "CacheConcat", 1, CACHE_CONCAT, meta=concat_meta, category=COMPOSITE,
+                           decomposition=_cache_concat_decomposition,
+                           notes=["a KV cache's Concat (graph input + new rows -> graph output), marked by "
+                                  "passes/cache_concat.py"]))
 
 
 TRANSFER = CustomSchema(DOMAIN, "Transfer", [("X", False)], {"src_device": ("str", "cpu"), "dst_device": ("str", "cpu")},

@@ -7,6 +7,7 @@ and what it needs. `glassrt explain MODEL` lists every pass that ran and what it
 from __future__ import annotations
 
 from .bodies import has_bodies, optimize_bodies
+from .cache_concat import mark_cache_concats
 from .constant_folding import fold_constants
 from .conv_folding import fold_affine_into_conv, fold_batchnorm_into_conv
 from .cse import eliminate_common_subexpressions
@@ -85,6 +86,9 @@ PIPELINE = [
     Pass("fold_transposes", "extended", fold_transposes, frozenset({TYPES}), option="fusion",
          doc="Transposes into and out of a product of two computed values (attention's heads) are read "
              "and written through permuted strides by a glassrt::FusedMatMul"),
+    Pass("mark_cache_concats", "extended", mark_cache_concats, option="fusion",
+         doc="a KV cache's Concat (graph input + new rows -> graph output) becomes glassrt::CacheConcat, which "
+             "appends into spare room behind a past it handed out instead of copying the whole cache"),
 ]
 
 

@@ -67,7 +67,7 @@ def _optimize_body(body: Graph, passes, ctx: PassContext, scope: Inference, cons
     body = _capture(body, constants, where)
     # the lists passes fill for explain are the session's; types and values are the body's
     body_ctx = PassContext(ctx.options, ctx.providers, expansions=ctx.expansions, folded=ctx.folded,
-                           expansion_failures=ctx.expansion_failures)
+                           expansion_failures=ctx.expansion_failures, body=True)
     body, ran = run_pipeline(body, passes, body_ctx, typed)
     records += [replace(r, name=f"{r.name} in {where}") for r in ran if r.changes]
     if has_bodies(body):

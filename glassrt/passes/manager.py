@@ -61,6 +61,7 @@ class PassContext:
     expansion_failures: dict = field(default_factory=dict)  # node name -> why its decomposition failed
     final_inference: object = None  # the Inference of the graph the pipeline returns, when it has one
     first_inference: object = None  # the Inference the passes were given (of the graph before them)
+    body: bool = False  # passes over an If / Loop / Scan body (bodies.py), whose inputs and outputs are not the caller's
 
 
 @dataclass

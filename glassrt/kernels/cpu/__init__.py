@@ -10,7 +10,7 @@ from ..families import KernelFamilies
 
 # Registration order: where two modules register kernels for one op (BatchNormalization:
 # norm, normalization), they are imported in this order, so their kernels list the same.
-MODULES = ("attention", "control", "conv", "conv_transpose", "deform_conv", "elementwise", "grid_sample", "image",
+MODULES = ("attention", "cache", "control", "conv", "conv_transpose", "deform_conv", "elementwise", "grid_sample", "image",
            "indexing", "matmul", "ml", "nms", "norm", "normalization", "pool", "quantize", "random", "reduce",
            "resize", "rnn", "roi", "sequence", "shape", "signal", "strings", "svm", "training")
 

@@ -16,6 +16,7 @@ import numpy as np
 from ... import dtypes
 from ..registry import kernel
 from ._jit import jit, numba_missing
+from .cache import buffer_behind
 from ._util import FLOATS_BF16, as_out, new_out, write_elementwise
 
 _HALF = FLOATS_BF16 - {np.dtype(np.float32), np.dtype(np.float64)}
@@ -475,14 +476,14 @@ SDPA_ROW_LOOP_ROWS = 8
 
 
 @jit(error_model="numpy", fastmath={"reassoc", "nsz", "contract"})
-def _sdpa_rows(q, k, v, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s):
-    """Per (batch, head, query row): the scores against every key, kept/masked, softmaxed
-    and applied to V, the row's scores in `s`. q (B, H, S, D), k (B, H, T, D), v (B, H, T,
-    Dv), out (B, H, S, Dv); keep/mask 4-D with 1 where they broadcast. A NaN score makes
+def _sdpa_rows(q, k, v, t_len, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s):
+    """Per (batch, head, query row): the scores against the first t_len keys, kept/masked,
+    softmaxed and applied to V, the row's scores in `s`. q (B, H, S, D), k (B, H, >= T, D),
+    v (B, H, >= T, Dv), out (B, H, S, Dv); keep/mask 4-D with 1 where they broadcast. A NaN score makes
     its row NaN, an all -inf row too (inf - inf), as the op-by-op softmax gives. zero and
     one come in Q's dtype, so that float32 stays float32 throughout."""
     nb, nh, rows, d = q.shape
-    t_len, dv = k.shape[2], v.shape[3]
+    dv = v.shape[3]
     for b in range(nb):
         kb, mb = min(b, keep.shape[0] - 1), min(b, mask.shape[0] - 1)
         for h in range(nh):
@@ -532,7 +533,7 @@ def scaled_dot_product_attention(q, k, v, keep=None, mask=None, *, out=None, sca
         scores = q.shape[:-1] + (k.shape[-2],)
         keep4, mask4 = _as_4d(keep, scores, _NO_KEEP), _as_4d(mask, scores, _NO_MASK[dt])
         y4 = y if y.flags.c_contiguous else np.empty(y.shape, dt)
-        _sdpa_rows(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), dt.type(scale),
+        _sdpa_rows(np.ascontiguousarray(q), _rows_buffer(k), _rows_buffer(v), k.shape[-2], dt.type(scale),
                    keep4, keep is not None, dt.type(fill), mask4, mask is not None, dt.type(0), dt.type(1), y4,
                    np.empty(k.shape[-2], dt))
         if y4 is not y:
@@ -550,6 +551,16 @@ def scaled_dot_product_attention(q, k, v, keep=None, mask=None, *, out=None, sca
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
     return np.matmul(s, v, out=y)
+
+
+def _rows_buffer(a):
+    """A C-contiguous array whose leading rows (axis -2) are `a`: `a` itself, or the buffer a
+    KV cache's present is the leading rows of (kernels/cpu/cache.py), read in place; else a copy.
+    (Numba's loop reading 12 heads x 48 rows strided took 117 us, against 31 from the buffer.)"""
+    if a.flags.c_contiguous:
+        return a
+    base = buffer_behind(a)
+    return base if base is not None else np.ascontiguousarray(a)
 
 
 def _as_4d(a, scores, default):
