@@ -195,3 +195,14 @@ def test_bodies_are_left_alone():
     assert not any(n.op_type == "CacheConcat" for n in s.placement.graph.walk())
     (acc,) = s.run(None, {"trips": np.array(3, np.int64), "acc0": np.zeros((1, 2), np.float32)})
     np.testing.assert_array_equal(acc, np.concatenate([np.zeros((1, 2)), np.ones((3, 2))]).astype(np.float32))
+
+
+def test_the_nan_check_of_feeds_reads_a_present_in_place_and_only_its_rows():
+    from glassrt.runtime.nan_handling import all_finite
+    step = cache.cache_concat(type("Ctx", (), {"attrs": {"axis": 2}})())
+    present = step(np.zeros((1, H, 4, D), np.float32), np.ones((1, H, 1, D), np.float32))
+    assert all_finite({"past": present})
+    present.base[:, :, 5:] = np.nan  # (the room behind its rows: no value of it)
+    assert all_finite({"past": present})
+    extended = step(present, np.full((1, H, 1, D), np.inf, np.float32))
+    assert not all_finite({"past": extended})
