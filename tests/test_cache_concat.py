@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 
 import glassrt
 from glassrt.errors import GlassrtError
+from glassrt.kernels import cache_views
 from glassrt.kernels.cpu import cache
 
 from .helpers import init, model, op_types, ort_outputs, tensor
@@ -172,7 +173,7 @@ def test_fused_attention_reads_the_presents_buffer_in_place():
     step = cache.cache_concat(type("Ctx", (), {"attrs": {"axis": -2}})())
     rng = np.random.default_rng(7)
     k = step(rng.standard_normal((1, H, 5, D)).astype(np.float32), rng.standard_normal((1, H, 1, D)).astype(np.float32))
-    assert cache.buffer_behind(k) is k.base and k.base.shape[2] > 6
+    assert cache_views.buffer_behind(k) is k.base and k.base.shape[2] > 6
     from glassrt.kernels.cpu.attention import _rows_buffer, scaled_dot_product_attention
     assert _rows_buffer(k) is k.base
     q = rng.standard_normal((1, H, 1, D)).astype(np.float32)
@@ -180,7 +181,7 @@ def test_fused_attention_reads_the_presents_buffer_in_place():
     want = scaled_dot_product_attention(q, np.ascontiguousarray(k), np.ascontiguousarray(k), scale=0.5)
     np.testing.assert_allclose(y, want, rtol=1e-6)
     step(k, rng.standard_normal((1, H, 1, D)).astype(np.float32))  # extended: its rows behind are claimed
-    assert cache.buffer_behind(k) is None
+    assert cache_views.buffer_behind(k) is None
 
 
 def test_bodies_are_left_alone():

@@ -27,7 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..kernels.cpu.cache import buffer_behind
+from ..kernels.cache_views import buffer_behind
 
 _CHECKED_KINDS = "fc"  # float and complex feeds (and ml_dtypes' floats); integers, bools, strings hold no NaN
 

@@ -14,9 +14,9 @@ import math
 import numpy as np
 
 from ... import dtypes
+from ..cache_views import buffer_behind
 from ..registry import kernel
 from ._jit import jit, numba_missing
-from .cache import buffer_behind
 from ._util import FLOATS_BF16, as_out, new_out, write_elementwise
 
 _HALF = FLOATS_BF16 - {np.dtype(np.float32), np.dtype(np.float64)}

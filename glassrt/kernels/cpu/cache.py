@@ -10,68 +10,26 @@ buffer with room for half as many rows again, as a Concat would copy it.
 
 What keeps this safe:
   * rows are claimed once: a present handed out is extendable until a run claims the rows
-    behind it (`_HANDED` forgets it then, atomically), so a past fed twice, to branch off a
-    generation, is copied the second time and no present handed out ever changes;
+    behind it (kernels/cache_views.py forgets it then, atomically), so a past fed twice, to
+    branch off a generation, is copied the second time and no present handed out changes;
   * the views handed out are read-only, so a caller cannot write through one into rows
     another present shares (`np.array(present)` is a writable copy);
   * a buffer is the caller's to drop: it lives as long as any present viewing it, and only
-    weak references to the views are kept here.
+    weak references to the views are kept (kernels/cache_views.py).
 
-Measured in GPT-2's decode step: the Python here costs ~10 us a call, hot (~25 us in the
-step, where the products' weight streams have emptied the caches), against a Concat's copy
-of 30-50 us at 48 rows that grows with the context.
+Measured in GPT-2's decode step: claiming and handing out cost ~11 us a call hot, ~20 us in
+the step (the products' weight streams empty the caches), against a Concat's copy of 30 us
+at 48 rows, 180-300 us at 512.
 """
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
+from ..cache_views import claim, hand_out
 from ..registry import kernel
 from ._util import ALL
 
 SPARE_MIN = 16  # rows of room a new buffer gets at least behind its rows (half as many again, where more)
-
-# id(view) -> weakref to the view: the presents handed out whose buffer's rows behind them
-# are unclaimed (a view's entry goes when it is claimed or dies)
-_HANDED: dict = {}
-
-
-def _hand_out(base, lead: tuple, rows: int) -> np.ndarray:
-    """A read-only view of `base`'s first `rows` along the axis after `lead`, extendable."""
-    view = base[lead + (slice(0, rows),)]
-    view.flags.writeable = False
-    key = id(view)
-    _HANDED[key] = weakref.ref(view, lambda ref: _HANDED.get(key) is ref and _HANDED.pop(key, None))
-    return view
-
-
-def _leading(a, base, axis: int) -> bool:
-    """Whether `a` (a view handed out from `base`) still has base's dims and strides but along `axis`."""
-    return a.strides == base.strides and a.shape[:axis] == base.shape[:axis] \
-        and a.shape[axis + 1:] == base.shape[axis + 1:]
-
-
-def _claim(past, axis: int, rows: int) -> np.ndarray | None:
-    """The buffer behind `past` when `past` is an extendable present with room for `rows`
-    more behind it: claimed (`past` is extendable no more); else None."""
-    ref = _HANDED.pop(id(past), None)  # (one pop: of two runs fed one past at once, one gets it)
-    if ref is None or ref() is not past:
-        return None
-    base = past.base
-    if base.shape[axis] < past.shape[axis] + rows or not _leading(past, base, axis):
-        return None
-    return base
-
-
-def buffer_behind(a) -> np.ndarray | None:
-    """The C-contiguous buffer whose leading rows along axis -2 are `a`, where `a` is a present
-    handed out here and not yet extended (fused attention reads its K and V there in place)."""
-    ref = _HANDED.get(id(a))
-    if ref is None or ref() is not a or a.ndim < 2:
-        return None
-    base = a.base
-    return base if _leading(a, base, a.ndim - 2) and base.flags.c_contiguous else None
 
 
 @kernel("CacheConcat", domain="glassrt", dtypes=ALL, bind=True, any_shape=True, blas=False)
@@ -89,12 +47,12 @@ def cache_concat(ctx):
                              f"rank, and the same dims outside axis {axis_attr}")
         t, n = ps[axis], ns[axis]
         lead = (slice(None),) * axis
-        base = _claim(past, axis, n)
+        base = claim(past, axis, n)
         if base is None:
             room = t + n + max(SPARE_MIN, (t + n) // 2)
             base = np.empty(ps[:axis] + (room,) + ps[axis + 1:], past.dtype)
             base[lead + (slice(0, t),)] = past
         base[lead + (slice(t, t + n),)] = new
-        return _hand_out(base, lead, t + n)
+        return hand_out(base, lead, t + n)
 
     return step
