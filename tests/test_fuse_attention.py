@@ -233,3 +233,28 @@ def test_a_session_with_the_fused_attention_starts_loading_numba_as_it_is_made(t
     outs = [subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120,
                            check=True).stdout.split() for p in (path, plain)]
     assert outs == [["True", "True"], ["False", "False"]], outs
+
+
+def test_a_long_one_row_attention_splits_its_heads_between_threads_with_the_same_numbers(monkeypatch):
+    """Past SDPA_PARALLEL_KEYS keys the one-row loop runs its (batch, head) pairs on OpenMP's
+    threads: each pair's arithmetic is the one-thread loop's, so the bits are the same."""
+    pytest.importorskip("numba")
+    from glassrt.kernels.cpu import attention as A
+
+    rng = np.random.default_rng(11)
+    b, heads, t = 3, 3, 300  # (9 pairs: two threads take 5 and 4)
+    q = rng.standard_normal((b, heads, 1, D)).astype(np.float32)
+    k, v = (rng.standard_normal((b, heads, t, D)).astype(np.float32) for _ in range(2))
+    keep = rng.random((b, 1, 1, t)) > 0.2
+    mask = rng.standard_normal((1, 1, 1, t)).astype(np.float32)
+    monkeypatch.setattr(A, "SDPA_PARALLEL_KEYS", 10**9)
+    one = A.scaled_dot_product_attention(q, k, v, keep, mask, scale=0.3, fill=-1e9)
+    monkeypatch.setattr(A, "SDPA_PARALLEL_KEYS", 1)
+    threads = A._parallel_threads(b * heads, t)
+    if threads == 1:
+        from glassrt.kernels.onednn import row_panels
+        pytest.skip(f"one thread here: {row_panels.why_not_here() or 'Numba has one thread'}")
+    split = A.scaled_dot_product_attention(q, k, v, keep, mask, scale=0.3, fill=-1e9)
+    np.testing.assert_array_equal(split, one)
+    many_rows = A.scaled_dot_product_attention(np.repeat(q, 9, axis=2), k, v, keep, mask, scale=0.3, fill=-1e9)
+    np.testing.assert_allclose(split, many_rows[:, :, :1], rtol=1e-5, atol=1e-6)  # (the BLAS path)

@@ -10,6 +10,7 @@ heads that share a K/V head are stacked along the sequence axis of one batched G
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -475,50 +476,120 @@ def linear_attention(query, key, value, past_state=None, decay=None, beta=None, 
 SDPA_ROW_LOOP_ROWS = 8
 
 
-@jit(error_model="numpy", fastmath={"reassoc", "nsz", "contract"})
-def _sdpa_rows(q, k, v, t_len, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s):
-    """Per (batch, head, query row): the scores against the first t_len keys, kept/masked,
-    softmaxed and applied to V, the row's scores in `s`. q (B, H, S, D), k (B, H, >= T, D),
-    v (B, H, >= T, Dv), out (B, H, S, Dv); keep/mask 4-D with 1 where they broadcast. A NaN score makes
-    its row NaN, an all -inf row too (inf - inf), as the op-by-op softmax gives. zero and
-    one come in Q's dtype, so that float32 stays float32 throughout."""
-    nb, nh, rows, d = q.shape
-    dv = v.shape[3]
-    for b in range(nb):
-        kb, mb = min(b, keep.shape[0] - 1), min(b, mask.shape[0] - 1)
-        for h in range(nh):
-            kh, mh = min(h, keep.shape[1] - 1), min(h, mask.shape[1] - 1)
-            for i in range(rows):
-                ki, mi = min(i, keep.shape[2] - 1), min(i, mask.shape[2] - 1)
-                qi = q[b, h, i]
-                mx = -one / zero
-                for t in range(t_len):
-                    kt = k[b, h, t]
-                    acc = zero
-                    for j in range(d):
-                        acc += qi[j] * kt[j]
-                    x = acc * scale
-                    if use_keep and not keep[kb, kh, ki, min(t, keep.shape[3] - 1)]:
-                        x = fill
-                    if use_mask:
-                        x += mask[mb, mh, mi, min(t, mask.shape[3] - 1)]
-                    s[t] = x
-                    if x > mx or x != x:
-                        mx = x
-                total = zero
-                for t in range(t_len):
-                    e = np.exp(s[t] - mx)
-                    s[t] = e
-                    total += e
-                inv = one / total
-                yi = out[b, h, i]
-                for j in range(dv):
-                    yi[j] = zero
-                for t in range(t_len):
-                    p = s[t] * inv
-                    vt = v[b, h, t]
-                    for j in range(dv):
-                        yi[j] += p * vt[j]
+# Keys from which a one-row attention splits its heads between threads (Numba's prange on
+# OpenMP's pool, as onednn/row_panels.py's loop): a decode step's K and V come in cold, after
+# the products' weight streams, and one thread reads them at its own memory bandwidth.
+# Measured on the 2-core AVX2 EPYC, 12 heads of 64 with the caches emptied before each
+# call, one thread / two: 64 keys 148-154 / 204-219 us, 128 keys 203-216 / 234-251, 256
+# keys 292-348 / 273-297, 528 keys 500-530 / 407-429; in GPT-2's decode after a 512-token
+# prompt, 460 -> 340 us a call.
+SDPA_PARALLEL_KEYS = 256
+prange = range  # numba.prange once Numba is imported (_parallel_threads)
+
+_SDPA_MATH = {"reassoc", "nsz", "contract"}
+
+
+@jit(error_model="numpy", fastmath=_SDPA_MATH)
+def _scores(qi, kh, t_len, scale, zero, s):  # pragma: no cover - compiled
+    """s[t] = scale·(qi · kh[t]) for the first t_len rows of one head's keys (a function of
+    its own, so that LLVM sees two C-contiguous arrays and vectorizes the dot products)."""
+    d = qi.shape[0]
+    for t in range(t_len):
+        acc = zero
+        for j in range(d):
+            acc += qi[j] * kh[t, j]
+        s[t] = acc * scale
+
+
+@jit(error_model="numpy", fastmath=_SDPA_MATH)
+def _weighted_rows(s, inv, vh, t_len, yi):  # pragma: no cover - compiled
+    """yi = Σ_t s[t]·inv·vh[t]: one head's values weighted, four rows a pass (yi read and
+    written once a pass, not once a row) in a function of its own, where LLVM vectorizes
+    along the row. In the caller's loop over 4-D indexing it did not; 12 heads x 528 rows,
+    hot: 4-D 299 us for the whole attention, one row a pass 64 us for this part, four 48."""
+    dv = yi.shape[0]
+    for j in range(dv):
+        yi[j] = 0
+    t = 0
+    while t + 4 <= t_len:
+        p0, p1, p2, p3 = s[t] * inv, s[t + 1] * inv, s[t + 2] * inv, s[t + 3] * inv
+        for j in range(dv):
+            yi[j] += p0 * vh[t, j] + p1 * vh[t + 1, j] + p2 * vh[t + 2, j] + p3 * vh[t + 3, j]
+        t += 4
+    while t < t_len:
+        p = s[t] * inv
+        for j in range(dv):
+            yi[j] += p * vh[t, j]
+        t += 1
+
+
+@jit(error_model="numpy", fastmath=_SDPA_MATH)
+def _sdpa_head(q, k, v, t_len, b, h, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s):  # pragma: no cover
+    """One (batch, head): per query row, the scores against the first t_len keys, kept/masked,
+    softmaxed and applied to V, the row's scores in `s`. A NaN score makes its row NaN, an
+    all -inf row too (inf - inf), as the op-by-op softmax gives."""
+    kb, mb = min(b, keep.shape[0] - 1), min(b, mask.shape[0] - 1)
+    kh, mh = min(h, keep.shape[1] - 1), min(h, mask.shape[1] - 1)
+    for i in range(q.shape[2]):
+        ki, mi = min(i, keep.shape[2] - 1), min(i, mask.shape[2] - 1)
+        _scores(q[b, h, i], k[b, h], t_len, scale, zero, s)
+        mx = -one / zero
+        for t in range(t_len):
+            x = s[t]
+            if use_keep and not keep[kb, kh, ki, min(t, keep.shape[3] - 1)]:
+                x = fill
+            if use_mask:
+                x += mask[mb, mh, mi, min(t, mask.shape[3] - 1)]
+            s[t] = x
+            if x > mx or x != x:
+                mx = x
+        total = zero
+        for t in range(t_len):
+            e = np.exp(s[t] - mx)
+            s[t] = e
+            total += e
+        _weighted_rows(s, one / total, v[b, h], t_len, out[b, h, i])
+
+
+@jit(error_model="numpy", fastmath=_SDPA_MATH)
+def _sdpa_rows(q, k, v, t_len, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s):  # pragma: no cover
+    """Every (batch, head) on this thread. q (B, H, S, D), k (B, H, >= T, D), v (B, H, >= T,
+    Dv), out (B, H, S, Dv); keep/mask 4-D with 1 where they broadcast; zero and one come in
+    Q's dtype, so that float32 stays float32 throughout."""
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            _sdpa_head(q, k, v, t_len, b, h, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s)
+
+
+@jit(parallel=True, error_model="numpy", fastmath=_SDPA_MATH)
+def _sdpa_rows_parallel(q, k, v, t_len, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s,
+                        threads):  # pragma: no cover - compiled
+    """_sdpa_rows with the (batch, head) pairs split into `threads` blocks, one a thread,
+    each with its row of scores in s (threads, >= T)."""
+    nh = q.shape[1]
+    pairs = q.shape[0] * nh
+    per = (pairs + threads - 1) // threads
+    for w in prange(threads):
+        for p in range(w * per, min(pairs, w * per + per)):
+            _sdpa_head(q, k, v, t_len, p // nh, p % nh, scale, keep, use_keep, fill, mask, use_mask, zero, one, out,
+                       s[w])
+
+
+def _parallel_threads(pairs: int, t_len: int) -> int:
+    """How many threads a one-row attention of `pairs` heads over `t_len` keys splits into:
+    1 below SDPA_PARALLEL_KEYS, or where Numba's OpenMP layer cannot run here (onednn's
+    row_panels decides that for both loops: a forked child, Numba not loaded, another layer)."""
+    if t_len < SDPA_PARALLEL_KEYS or pairs < 2:
+        return 1
+    try:
+        from ..onednn import row_panels
+    except ImportError:  # pragma: no cover - no oneDNN: its OpenMP pool is not there to share
+        return 1
+    if row_panels.why_not_here() is not None:
+        return 1
+    numba = sys.modules["numba"]
+    globals()["prange"] = numba.prange
+    return max(1, min(pairs, numba.get_num_threads()))
 
 
 @kernel("ScaledDotProductAttention", domain="glassrt", dtypes=[np.float32, np.float64], out=True, warms_numba=True)
@@ -533,9 +604,14 @@ def scaled_dot_product_attention(q, k, v, keep=None, mask=None, *, out=None, sca
         scores = q.shape[:-1] + (k.shape[-2],)
         keep4, mask4 = _as_4d(keep, scores, _NO_KEEP), _as_4d(mask, scores, _NO_MASK[dt])
         y4 = y if y.flags.c_contiguous else np.empty(y.shape, dt)
-        _sdpa_rows(np.ascontiguousarray(q), _rows_buffer(k), _rows_buffer(v), k.shape[-2], dt.type(scale),
-                   keep4, keep is not None, dt.type(fill), mask4, mask is not None, dt.type(0), dt.type(1), y4,
-                   np.empty(k.shape[-2], dt))
+        t_len = k.shape[-2]
+        args = (np.ascontiguousarray(q), _rows_buffer(k), _rows_buffer(v), t_len, dt.type(scale), keep4,
+                keep is not None, dt.type(fill), mask4, mask is not None, dt.type(0), dt.type(1), y4)
+        threads = _parallel_threads(q.shape[0] * q.shape[1], t_len)
+        if threads > 1:
+            _sdpa_rows_parallel(*args, np.empty((threads, t_len), dt), threads)
+        else:
+            _sdpa_rows(*args, np.empty(t_len, dt))
         if y4 is not y:
             y[...] = y4
         return y
