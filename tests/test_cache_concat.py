@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -37,6 +38,11 @@ def _decoder(past_readers=(), keep_output=True, three=False):
                 for op, _ in past_readers]
     inits = [init("w", rng.standard_normal((D, D)).astype(np.float32)), init("axes", np.array([2], np.int64))]
     return model(nodes, inputs, outputs, inits, opset=17)
+
+
+def _kernel(axis):
+    """The kernel's step as a plan binds it, without a memory limit."""
+    return cache.cache_concat(SimpleNamespace(attrs={"axis": axis}, memory_limit=None, node=None))
 
 
 def _session(m, **kw):
@@ -97,7 +103,7 @@ def test_a_past_fed_twice_is_copied_and_the_first_present_keeps_its_rows():
 
 
 def test_two_threads_feeding_one_past_each_get_their_own_rows():
-    step = cache.cache_concat(type("Ctx", (), {"attrs": {"axis": 2}})())
+    step = _kernel(2)
     past = step(np.zeros((1, H, 2, D), np.float32), np.ones((1, H, 1, D), np.float32))
     results, go = {}, threading.Barrier(2)
 
@@ -129,7 +135,7 @@ def test_a_past_the_caller_made_strided_is_read_as_it_is():
 
 
 def test_a_new_part_of_another_shape_or_dtype_is_refused():
-    step = cache.cache_concat(type("Ctx", (), {"attrs": {"axis": 2}})())
+    step = _kernel(2)
     past = step(np.zeros((1, H, 2, D), np.float32), np.ones((1, H, 1, D), np.float32))
     with pytest.raises(ValueError, match="same dims outside axis"):
         step(past, np.ones((1, 1, 1, D), np.float32))  # (would broadcast into the heads)
@@ -170,7 +176,7 @@ def test_shape_readers_of_the_past_keep_the_rewrite_and_see_the_strided_past():
 
 
 def test_fused_attention_reads_the_presents_buffer_in_place():
-    step = cache.cache_concat(type("Ctx", (), {"attrs": {"axis": -2}})())
+    step = _kernel(-2)
     rng = np.random.default_rng(7)
     k = step(rng.standard_normal((1, H, 5, D)).astype(np.float32), rng.standard_normal((1, H, 1, D)).astype(np.float32))
     assert cache_views.buffer_behind(k) is k.base and k.base.shape[2] > 6
@@ -200,10 +206,20 @@ def test_bodies_are_left_alone():
 
 def test_the_nan_check_of_feeds_reads_a_present_in_place_and_only_its_rows():
     from glassrt.runtime.nan_handling import all_finite
-    step = cache.cache_concat(type("Ctx", (), {"attrs": {"axis": 2}})())
+    step = _kernel(2)
     present = step(np.zeros((1, H, 4, D), np.float32), np.ones((1, H, 1, D), np.float32))
     assert all_finite({"past": present})
     present.base[:, :, 5:] = np.nan  # (the room behind its rows: no value of it)
     assert all_finite({"past": present})
     extended = step(present, np.full((1, H, 1, D), np.inf, np.float32))
     assert not all_finite({"past": extended})
+
+
+def test_a_cache_past_the_memory_limit_is_refused_naming_the_node_and_gets_no_room_past_it():
+    limit = 4 * H * D * 20  # 20 rows
+    s = _session(_decoder(), sess_options=glassrt.SessionOptions(memory_limit_bytes=limit))
+    rng = np.random.default_rng(8)
+    _, present = s.run(None, _step_feeds(rng, np.zeros((1, H, 15, D), np.float32)))
+    assert present.base.shape[2] == 20  # (16 rows, room for 4 more: the limit, not 16 + 16)
+    with pytest.raises(glassrt.MemoryLimitError, match="CacheConcat node 'cat'.*memory limit of 960 bytes"):
+        s.run(None, _step_feeds(rng, np.zeros((1, H, 20, D), np.float32)))

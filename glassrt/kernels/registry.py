@@ -53,6 +53,9 @@ class BindContext:
     # (activation, params) the plan applies after the kernel, in NumPy: a fused op's activation
     # taken off a kernel whose own form of it loses NaN (runtime/nan_handling.py)
     after: tuple | None = None
+    # the session's memory limit in bytes, where a plan binds the kernel (None when placement
+    # judges it): a kernel that allocates for shapes only known at run time checks against it
+    memory_limit: int | None = None
     # what a kernel worked out from this context, kept for its binding with the same one (a
     # plan asks a kernel's reason, then binds it): not copied by dataclasses.replace
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)

@@ -209,6 +209,7 @@ def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runn
     that passes a complete provider, as placement counts fallbacks; None where a partial
     provider refused the shapes, as it may by design])."""
     executed, folded, selections, moved = [], [], [], []
+    limit = options.memory_limit()
     for node in placement.graph.nodes:
         decision = placement.decisions[node.name]
         contract = get_contract(node.domain, node.op_type, node.opset)
@@ -220,7 +221,7 @@ def _select_or_fold(placement, layouts, types, consts, feeds, options, make_runn
         ctx = BindContext(node, contract.attrs_with_defaults(node), [types.get(i) if i else None for i in node.inputs],
                           [types.get(o) if o else None for o in node.outputs],
                           [consts.get(i) if i else None for i in node.inputs], contract=contract,
-                          layouts=layouts)
+                          layouts=layouts, memory_limit=limit)
         if decision.verdicts is not None and decision.node is node:  # (placement's, for these types)
             ctx.verdicts = decision.verdicts
         subgraphs = placement.subgraphs.get(node.name)
@@ -409,8 +410,12 @@ class _DynamicStep:
         self.plain = None  # the bound step of a kernel that is not a builder
         # In a plan with symbolic dims, a plain kernel's output shapes are formulas of its
         # input shapes: evaluated per run, no meta rule needed (shape_formula.py).
+        # A builder bound once that allocates its output itself (CacheConcat, which appends
+        # into room behind its past) needs no shapes: its step runs as it is, below, and checks
+        # what it allocates against ctx.memory_limit itself (the formula's evaluation and the
+        # limit check here cost its decode step 68 us a call against 38 for the kernel).
         n_in = len(ctx.node.inputs)
-        bound_once = not kern.builder or kern.any_shape
+        bound_once = not kern.builder or (kern.any_shape and kern.out)
         self.formula = ShapeFormula.build(ctx.input_types[:n_in], ctx.output_types) if bound_once else None
         self.out_dtypes = [t.dtype for t in ctx.output_types] if self.formula is not None else None
         # one output written into the buffer given (a KV cache's Concat, per decode step): _run_one

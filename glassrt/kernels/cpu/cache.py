@@ -23,8 +23,11 @@ at 48 rows, 180-300 us at 512.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ...errors import MemoryLimitError, describe_node
 from ..cache_views import claim, hand_out
 from ..registry import kernel
 from ._util import ALL
@@ -37,6 +40,7 @@ def cache_concat(ctx):
     """Concat(past, new) written as new rows behind a past this node handed out, where their
     buffer has room and the rows are unclaimed; else a copy into a buffer with room to grow."""
     axis_attr = int(ctx.attrs.get("axis", 0))
+    limit = ctx.memory_limit
 
     def step(past, new):
         ps, ns = past.shape, new.shape
@@ -50,6 +54,13 @@ def cache_concat(ctx):
         base = claim(past, axis, n)
         if base is None:
             room = t + n + max(SPARE_MIN, (t + n) // 2)
+            if limit is not None:
+                row = math.prod(ps[:axis] + ps[axis + 1:]) * past.dtype.itemsize
+                if (t + n) * row > limit:
+                    raise MemoryLimitError(f"{describe_node(ctx.node)} would allocate {(t + n) * row:,} bytes for "
+                                           f"inputs {[list(ps), list(ns)]}, over the session's memory limit of "
+                                           f"{limit:,} bytes")
+                room = min(room, max(t + n, limit // max(row, 1)))  # (no room past the limit)
             base = np.empty(ps[:axis] + (room,) + ps[axis + 1:], past.dtype)
             base[lead + (slice(0, t),)] = past
         base[lead + (slice(t, t + n),)] = new
