@@ -405,10 +405,10 @@ def _dim_checks(t) -> tuple | None:
 
 def _as_declared(feeds, plain: dict, strided=frozenset()) -> bool:
     """Whether `feeds` is a dict feeding exactly the declared inputs, each a C-contiguous
-    (or, for the inputs in `strided`, any) array of its dtype whose dims match (named symbols alike across inputs): what nearly
-    every run feeds, checked in one pass (per run, so lean: a small model runs in tens of
-    microseconds). False sends the feeds through _check_feeds' full checks, which convert
-    what they may and name what is wrong."""
+    array (any array, for the inputs in `strided`) of its dtype whose dims match (named
+    symbols alike across inputs): what nearly every run feeds, checked in one pass (per run,
+    so lean: a small model runs in tens of microseconds). False sends the feeds through
+    _check_feeds' full checks, which convert what they may and name what is wrong."""
     if type(feeds) is not dict or len(feeds) != len(plain):
         return False
     bound = None

@@ -194,8 +194,10 @@ def test_bodies_are_left_alone():
     body = helper.make_graph(
         [helper.make_node("Concat", ["acc_in", "row"], ["acc_out"], axis=0, name="grow"),
          helper.make_node("Identity", ["cond_in"], ["cond_out"], name="cond")],
-        "body", [tensor("i", [], TensorProto.INT64), tensor("cond_in", [], TensorProto.BOOL), tensor("acc_in", ["n", 2])],
-        [tensor("cond_out", [], TensorProto.BOOL), tensor("acc_out", ["m", 2])], [init("row", np.ones((1, 2), np.float32))])
+        "body",
+        [tensor("i", [], TensorProto.INT64), tensor("cond_in", [], TensorProto.BOOL), tensor("acc_in", ["n", 2])],
+        [tensor("cond_out", [], TensorProto.BOOL), tensor("acc_out", ["m", 2])],
+        [init("row", np.ones((1, 2), np.float32))])
     m = model([helper.make_node("Loop", ["trips", "", "acc0"], ["acc"], body=body, name="loop")],
               [tensor("trips", [], TensorProto.INT64), tensor("acc0", ["n", 2])], [tensor("acc", ["m", 2])], opset=17)
     s = _session(m)

@@ -524,7 +524,8 @@ def _weighted_rows(s, inv, vh, t_len, yi):  # pragma: no cover - compiled
 
 
 @jit(error_model="numpy", fastmath=_SDPA_MATH)
-def _sdpa_head(q, k, v, t_len, b, h, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s):  # pragma: no cover
+def _sdpa_head(q, k, v, t_len, b, h, scale, keep, use_keep, fill, mask, use_mask, zero, one, out,
+               s):  # pragma: no cover - compiled
     """One (batch, head): per query row, the scores against the first t_len keys, kept/masked,
     softmaxed and applied to V, the row's scores in `s`. A NaN score makes its row NaN, an
     all -inf row too (inf - inf), as the op-by-op softmax gives."""
@@ -552,7 +553,8 @@ def _sdpa_head(q, k, v, t_len, b, h, scale, keep, use_keep, fill, mask, use_mask
 
 
 @jit(error_model="numpy", fastmath=_SDPA_MATH)
-def _sdpa_rows(q, k, v, t_len, scale, keep, use_keep, fill, mask, use_mask, zero, one, out, s):  # pragma: no cover
+def _sdpa_rows(q, k, v, t_len, scale, keep, use_keep, fill, mask, use_mask, zero, one, out,
+               s):  # pragma: no cover - compiled
     """Every (batch, head) on this thread. q (B, H, S, D), k (B, H, >= T, D), v (B, H, >= T,
     Dv), out (B, H, S, Dv); keep/mask 4-D with 1 where they broadcast; zero and one come in
     Q's dtype, so that float32 stays float32 throughout."""
@@ -601,26 +603,26 @@ def scaled_dot_product_attention(q, k, v, keep=None, mask=None, *, out=None, sca
     y = out if out is not None else np.empty(q.shape[:-1] + (v.shape[-1],), dt)
     if q.ndim == 4 and q.shape[2] <= SDPA_ROW_LOOP_ROWS and numba_missing() is None:
         # (lean: a decode step calls this a dozen times with its caches cold, where each
-        # Python-level step costs several times its hot price; 138 -> 87 us a call so, the
+        # Python-level step costs several times its hot price; 138 -> 96 us a call so, the
         # loop alone 84: GPT-2's 12 heads x 40 keys with the caches emptied before each call)
         consts = _SDPA_CONSTS.get((dt, scale, fill))
         if consts is None:
+            if len(_SDPA_CONSTS) > 256:  # (a NaN scale is never found again: no unbounded growth)
+                _SDPA_CONSTS.clear()
             consts = _SDPA_CONSTS[(dt, scale, fill)] = (dt.type(scale), dt.type(fill), dt.type(0), dt.type(1))
         t_len = k.shape[-2]
         scores = (q.shape[0], q.shape[1], q.shape[2], t_len)
         keep4 = _NO_KEEP if keep is None else _as_4d(keep, scores)
         mask4 = _NO_MASK[dt] if mask is None else _as_4d(mask, scores)
         y4 = y if y.flags.c_contiguous else np.empty(y.shape, dt)
-        threads = _parallel_threads(q.shape[0] * q.shape[1], t_len) if t_len >= SDPA_PARALLEL_KEYS else 1
         scale_, fill_, zero, one = consts
+        args = (q if q.flags.c_contiguous else np.ascontiguousarray(q), _rows_buffer(k), _rows_buffer(v), t_len,
+                scale_, keep4, keep is not None, fill_, mask4, mask is not None, zero, one, y4)
+        threads = _parallel_threads(q.shape[0] * q.shape[1], t_len)
         if threads > 1:
-            _sdpa_rows_parallel(q if q.flags.c_contiguous else np.ascontiguousarray(q), _rows_buffer(k),
-                                _rows_buffer(v), t_len, scale_, keep4, keep is not None, fill_, mask4,
-                                mask is not None, zero, one, y4, np.empty((threads, t_len), dt), threads)
+            _sdpa_rows_parallel(*args, np.empty((threads, t_len), dt), threads)
         else:
-            _sdpa_rows(q if q.flags.c_contiguous else np.ascontiguousarray(q), _rows_buffer(k), _rows_buffer(v), t_len,
-                       scale_, keep4, keep is not None, fill_, mask4, mask is not None, zero, one, y4,
-                       np.empty(t_len, dt))
+            _sdpa_rows(*args, np.empty(t_len, dt))
         if y4 is not y:
             y[...] = y4
         return y
