@@ -259,3 +259,22 @@ def test_a_long_one_row_attention_splits_its_heads_between_threads_with_the_same
     np.testing.assert_allclose(split, one, rtol=1e-6, atol=1e-7)
     many_rows = A.scaled_dot_product_attention(np.repeat(q, 9, axis=2), k, v, keep, mask, scale=0.3, fill=-1e9)
     np.testing.assert_allclose(split, many_rows[:, :, :1], rtol=1e-5, atol=1e-6)  # (the BLAS path)
+
+
+def test_a_many_row_attention_splits_its_heads_between_two_threads_with_the_same_bits(monkeypatch):
+    """A prompt's attention (many query rows: BLAS products and NumPy passes) runs half of its
+    heads on a helper thread where runs have two threads: the same operations per head, so
+    the same bits; a keep per head is cut with them, one for all heads is shared."""
+    from glassrt.kernels import run_threads
+    from glassrt.kernels.cpu import attention as A
+
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal((2, 5, 40, D)).astype(np.float32) for _ in range(3))
+    for keep in (np.tril(np.ones((40, 40), bool)), rng.random((2, 5, 40, 40)) > 0.3):
+        mask = rng.standard_normal((2, 1, 1, 40)).astype(np.float32)
+        monkeypatch.setattr(A, "SDPA_SPLIT_SCORES", 1)
+        monkeypatch.setattr(run_threads, "count", 1)
+        one = A.scaled_dot_product_attention(q, k, v, keep, mask, scale=0.3, fill=-1e9)
+        monkeypatch.setattr(run_threads, "count", 2)
+        two = A.scaled_dot_product_attention(q, k, v, keep, mask, scale=0.3, fill=-1e9)
+        np.testing.assert_array_equal(two, one)
