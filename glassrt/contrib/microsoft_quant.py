@@ -1948,9 +1948,6 @@ def _lstm_direction(x, lens, reverse, w, r, bias, peep, h0, c0, acts, clip, inpu
     return y, h_state, c
 
 
-_second_thread = []  # a one-thread pool for a bidirectional LSTM's second direction, made when first needed
-
-
 def _run_directions(runs):
     """Each direction's result from _lstm_direction(..., r_bytes=): its steps' function run
     (a bidirectional node's two side by side, the second on a helper thread, where this run
@@ -1959,11 +1956,7 @@ def _run_directions(runs):
     live = [k for k, run in enumerate(runs) if callable(run)]
     results = [None if callable(run) else run for run in runs]
     if len(live) == 2 and run_threads.count >= 2:
-        if not _second_thread:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _second_thread.append(ThreadPoolExecutor(1, thread_name_prefix="glassrt-lstm"))
-        other = _second_thread[0].submit(runs[live[1]])
+        other = run_threads.second_thread().submit(runs[live[1]])
         results[live[0]] = runs[live[0]]()
         results[live[1]] = other.result()
         return results

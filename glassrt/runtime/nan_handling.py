@@ -64,7 +64,7 @@ def all_finite(feeds: dict) -> bool:
             total = np.dot(flat, flat)
         elif v.dtype in _BLAS and (base := buffer_behind(v)) is not None:
             n = v.shape[-2] * v.shape[-1]  # (per leading index, its rows are the first n of the buffer's)
-            total = np.dot(base.reshape(-1, base.shape[-2] * base.shape[-1])[:, :n], np.ones(n, v.dtype)).sum()
+            total = np.dot(base.reshape(-1, base.shape[-2] * base.shape[-1])[:, :n], _ones(n, v.dtype)).sum()
         elif v.dtype.kind in _CHECKED_KINDS:
             total = np.add.reduce(v, axis=None)
         elif v.dtype.kind == "V" and v.dtype.name.startswith(("bfloat", "float")):
@@ -78,6 +78,15 @@ def all_finite(feeds: dict) -> bool:
 
 
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64))
+_ONES: dict = {}  # dtype -> ones, grown as needed (a run's check would allocate them per cache)
+
+
+def _ones(n: int, dt) -> np.ndarray:
+    ones = _ONES.get(dt)
+    if ones is None or ones.size < n:
+        ones = _ONES[dt] = np.ones(max(n, 2 * (0 if ones is None else ones.size)), dt)
+        ones.flags.writeable = False
+    return ones[:n]
 
 
 def without_activation(ctx):

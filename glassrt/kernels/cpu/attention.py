@@ -641,7 +641,7 @@ def scaled_dot_product_attention(q, k, v, keep=None, mask=None, *, out=None, sca
                 return None if a is None else (a if a.shape[1] == 1 else a[:, lo:hi])
             _sdpa_products(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], heads(keep4), heads(mask4), y[:, lo:hi], scale, fill)
 
-        other = _helper_thread().submit(part, half, q.shape[1])
+        other = run_threads.second_thread().submit(part, half, q.shape[1])
         part(0, half)
         other.result()
         return y
@@ -652,15 +652,6 @@ def scaled_dot_product_attention(q, k, v, keep=None, mask=None, *, out=None, sca
 # between two threads, where a run has two (a 512-token prompt of GPT-2: 12 x 512 x 512;
 # one thread spent 57 ms a layer there, 16 in Q·Kᵀ, 14 in ·V and 26 in NumPy's softmax passes)
 SDPA_SPLIT_SCORES = 1 << 20
-_helper: list = []  # a one-thread pool for the second half, made when first needed
-
-
-def _helper_thread():
-    if not _helper:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _helper.append(ThreadPoolExecutor(1, thread_name_prefix="glassrt-attention"))
-    return _helper[0]
 
 
 def _sdpa_products(q, k, v, keep, mask, y, scale, fill):
