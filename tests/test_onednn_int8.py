@@ -504,22 +504,22 @@ def test_lstm_directions_run_side_by_side_with_the_same_bits(monkeypatch):
     """A bidirectional node's two compiled recurrences run on two threads where the session
     has two (the second on a helper thread), the same bits as one after the other."""
     pytest.importorskip("numba")
-    from glassrt.contrib import microsoft_quant
+    from glassrt.kernels import run_threads
 
     rng = rng_for("lstm-directions")
     inputs = lstm_inputs(rng, 7, 2, 12, 16, 2)
     inputs[7] = None  # no peepholes
     model, feeds = _lstm_model(inputs, hidden_size=16, direction="bidirectional")
-    monkeypatch.setattr(microsoft_quant, "_second_thread", [])  # (no helper thread yet)
+    monkeypatch.setattr(run_threads, "_second", [])  # (no helper thread yet)
     one = glassrt.InferenceSession(model, sess_options=glassrt.SessionOptions(intra_op_num_threads=1,
                                                                               adaptive_threads=False))
     first = one.run(None, feeds)
-    assert not microsoft_quant._second_thread  # one thread: one direction after the other
+    assert not run_threads._second  # one thread: one direction after the other
     two = glassrt.InferenceSession(model, sess_options=glassrt.SessionOptions(intra_op_num_threads=2,
                                                                               adaptive_threads=False))
     for a, b in zip(first, two.run(None, feeds)):
         np.testing.assert_array_equal(a, b)
-    assert microsoft_quant._second_thread, "the second direction did not run on the helper thread"
+    assert run_threads._second, "the second direction did not run on the helper thread"
 
 
 @pytest.mark.parametrize("dt", [U8, I8])
