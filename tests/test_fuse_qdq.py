@@ -91,14 +91,17 @@ def _qdq_conv_chain():
                  [init("w1", w1), init("w2", w2), init("s", np.array(0.02, np.float32)), init("z", np.array(120, np.uint8))])
 
 
-def test_between_convolutions_the_pair_runs_on_their_channels_last_values():
+def test_between_convolutions_the_pair_runs_on_their_channels_last_values(monkeypatch):
     """The fused pair takes any layout (each element on its own): its input and output stay
     channels-last between oneDNN's convolutions, no reorder around it; the values are those
-    of the pair on plain arrays."""
+    of the pair on plain arrays. (As a node of its own: fuse_conv_qdq, off here, would take
+    it into the conv before it; tests/test_fuse_conv_qdq.py.)"""
+    from glassrt import passes
     from glassrt.kernels.onednn import capi
 
     if capi.UNAVAILABLE is not None:
         pytest.skip("oneDNN unavailable")
+    monkeypatch.setattr(passes, "PIPELINE", [p for p in passes.PIPELINE if p.name != "fuse_conv_qdq"])
     m = _qdq_conv_chain()
     x = RNG.standard_normal((1, 3, 10, 12)).astype(np.float32)
     sess = glassrt.InferenceSession(m)

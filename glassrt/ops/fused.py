@@ -2,9 +2,12 @@
 defines it in plain ONNX (so every provider can run it, and `check` verifies the fused
 kernels against it).
 
-  glassrt::FusedConv(X, W, B?, Z?) — Conv, plus a residual Z when given (ResNet's skip
-  connection), then `activation` (one of CONV_ACTIVATIONS, "" for none) with
-  `activation_params`; written by passes/fuse_conv.py.
+  glassrt::FusedConv(X, W, B?, Z?, q_scale?, q_zero_point?) — Conv, plus a residual Z when
+  given (ResNet's skip connection), then `activation` (one of CONV_ACTIVATIONS, "" for none)
+  with `activation_params`; written by passes/fuse_conv.py. With q_scale, the result is
+  then quantized and dequantized with that one scale and zero point (QuantizeLinear then
+  DequantizeLinear: a QDQ model's fake-quantized activation), written by
+  passes/fuse_conv_qdq.py.
   glassrt::FusedBatchNormalization(X, scale, B, mean, var) — inference BatchNormalization
   followed by `activation`, likewise (pre-activation nets: DenseNet, ResNet v2).
   glassrt::FusedMatMul(A, B, bias?, Z?) — act(alpha·(A @ B) + bias + Z): MatMul with what
@@ -46,10 +49,12 @@ DOMAIN = "glassrt"
 
 _CONV_ATTRS = {"auto_pad": ("str", "NOTSET"), "dilations": ("int[]", []), "group": ("int", 1),
                "kernel_shape": ("int[]", []), "pads": ("int[]", []), "strides": ("int[]", [])}
-FUSED_CONV = CustomSchema(DOMAIN, "FusedConv", [("X", False), ("W", False), ("B", True), ("Z", True)],
+FUSED_CONV = CustomSchema(DOMAIN, "FusedConv", [("X", False), ("W", False), ("B", True), ("Z", True),
+                                                 ("q_scale", True), ("q_zero_point", True)],
                           {**_CONV_ATTRS, "activation": ("str", "Relu"), "activation_params": ("float[]", [])},
-                          ["Y"], "glassrt::FusedConv(Tensor X, Tensor W, Tensor? B, Tensor? Z, str activation, "
-                                 "float[] activation_params, <Conv attributes>) -> Tensor")
+                          ["Y"], "glassrt::FusedConv(Tensor X, Tensor W, Tensor? B, Tensor? Z, Tensor? q_scale, "
+                                 "Tensor? q_zero_point, str activation, float[] activation_params, "
+                                 "<Conv attributes>) -> Tensor")
 
 
 _BN_ATTRS = {"epsilon": ("float", 1e-5), "momentum": ("float", 0.9)}
@@ -98,10 +103,12 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
     act = node.attrs.get("activation", "" if op_type == "MatMul" else "Relu")  # (each schema's default)
     params = list(node.attrs.get("activation_params") or [])
     mid = f"{node.name}/{op_type.lower()}_out"
-    inputs, residual = list(node.inputs), None
+    inputs, residual, quantize = list(node.inputs), None, []
     if op_type == "Conv" and len(inputs) > 3:
-        inputs, residual = inputs[:3], inputs[3] or None
+        inputs, residual, quantize = inputs[:3], inputs[3] or None, [i for i in inputs[4:6] if i]
     protos, outputs = [], list(node.outputs)
+    if quantize:  # the activation's output, then QuantizeLinear and DequantizeLinear
+        outputs = [f"{mid}/activated"]
     if op_type == "MatMul":
         inputs, bias, residual = inputs[:2], (inputs + ["", ""])[2], (inputs + ["", ""])[3] or None
         alpha = float(node.attrs.get("alpha", 1.0))
@@ -150,7 +157,11 @@ def _with_activation(node, op_type, op_attrs, input_types, visible, opset):
     else:
         extra = {"alpha": params[0]} if act == "LeakyRelu" and params else {}
         protos.append(helper.make_node(act, [mid], outputs, name=f"{node.name}/act", **extra))
-    if outputs != list(node.outputs):
+    if quantize:
+        protos.append(helper.make_node("QuantizeLinear", [outputs[0], *quantize], [f"{mid}/q"], name=f"{node.name}/quantize"))
+        protos.append(helper.make_node("DequantizeLinear", [f"{mid}/q", *quantize], list(node.outputs),
+                                       name=f"{node.name}/dequantize"))
+    elif outputs != list(node.outputs):
         protos.append(helper.make_node("Transpose", outputs, list(node.outputs), name=f"{node.name}/perm_y",
                                        perm=list(node.attrs["perm_y"])))
     return nodes_from_protos(protos, {"": opset}, visible, f"expanded from {node.op_type} '{node.name}'")
@@ -176,8 +187,15 @@ def _fused_bn_meta(ctx):
 
 def _fused_conv_meta(ctx):
     """Conv's rule; a residual Z must be exactly the output (the kernels add it without
-    broadcasting)."""
+    broadcasting); q_scale and q_zero_point are QuantizeDequantize's (one value each), the
+    zero point only with a scale."""
     _check_activation(ctx)
+    if ctx.has(5) and not ctx.has(4):
+        ctx.fail("q_zero_point is given without q_scale")
+    if ctx.has(4):
+        if ctx.dtype(0) is not None and ctx.dtype(0) != np.float32:
+            ctx.fail(f"X must be float32 to be quantized (q_scale), got {ctx.dtype(0)}")
+        _check_quantize_params(ctx, 4, 5, "q_")
     out = conv_meta(ctx)
     if ctx.has(3):
         y, z = out[0], ctx.type(3)
@@ -251,7 +269,8 @@ def _same_as_x(ctx):
 
 register_custom(OpContract(DOMAIN, "FusedConv", 1, FUSED_CONV, meta=_fused_conv_meta, category=COMPOSITE,
                            decomposition=_fused_decomposition("Conv", _CONV_ATTRS, 13),
-                           notes=["Conv [+ residual] + activation, fused by passes/fuse_conv.py"]))
+                           notes=["Conv [+ residual] + activation [+ QuantizeLinear, DequantizeLinear], fused by "
+                                  "passes/fuse_conv.py and passes/fuse_conv_qdq.py"]))
 register_custom(OpContract(DOMAIN, "FusedMatMul", 1, FUSED_MATMUL, meta=_fused_matmul_meta, category=COMPOSITE,
                            decomposition=_fused_decomposition("MatMul", (), 20),
                            notes=["MatMul + scale + bias + residual + activation, fused by passes/fuse_matmul.py"]))
@@ -420,15 +439,21 @@ QUANTIZE_DEQUANTIZE = CustomSchema(DOMAIN, "QuantizeDequantize", [("X", False), 
 def _quantize_dequantize_meta(ctx):
     if ctx.dtype(0) is not None and ctx.dtype(0) != np.float32:
         ctx.fail(f"X must be float32, got {ctx.dtype(0)}")
-    for i, what in ((1, "scale"), (2, "zero_point")):
+    _check_quantize_params(ctx, 1, 2)
+    return [ctx.tensor(np.float32, ctx.shape(0))]
+
+
+def _check_quantize_params(ctx, scale: int, zero: int, prefix: str = ""):
+    """A per-tensor quantization's scale and zero point, inputs `scale` and `zero`: one
+    value each, float32 and 8-bit."""
+    for i, what in ((scale, "scale"), (zero, "zero_point")):
         shape = ctx.shape(i) if ctx.has(i) else None
         if shape is not None and math.prod(d if isinstance(d, int) else 2 for d in shape) != 1:
-            ctx.fail(f"{what} must hold one value (per-tensor quantization), got shape {list(shape)}")
-    if ctx.has(1) and ctx.dtype(1) not in (None, np.float32):
-        ctx.fail(f"scale must be float32, got {ctx.dtype(1)}")
-    if ctx.has(2) and ctx.dtype(2) not in (None, np.uint8, np.int8):
-        ctx.fail(f"zero_point must be uint8 or int8, got {ctx.dtype(2)}")
-    return [ctx.tensor(np.float32, ctx.shape(0))]
+            ctx.fail(f"{prefix}{what} must hold one value (per-tensor quantization), got shape {list(shape)}")
+    if ctx.has(scale) and ctx.dtype(scale) not in (None, np.float32):
+        ctx.fail(f"{prefix}scale must be float32, got {ctx.dtype(scale)}")
+    if ctx.has(zero) and ctx.dtype(zero) not in (None, np.uint8, np.int8):
+        ctx.fail(f"{prefix}zero_point must be uint8 or int8, got {ctx.dtype(zero)}")
 
 
 def _quantize_dequantize_decomposition(node, input_types, visible):

@@ -16,6 +16,7 @@ from .expand import expand_composites
 from .fold_transposes import fold_transposes
 from .fuse_attention import fuse_attention
 from .fuse_conv import fuse_conv_activation, fuse_conv_residual
+from .fuse_conv_qdq import fuse_conv_qdq
 from .fuse_gelu import fuse_gelu
 from .fuse_hardswish import fuse_hardswish
 from .fuse_layernorm import fuse_layernorm
@@ -73,6 +74,9 @@ PIPELINE = [
     Pass("fuse_qdq", "extended", fuse_qdq, frozenset({TYPES}), option="fusion",
          doc="QuantizeLinear + DequantizeLinear on a float activation (per tensor, same parameters) become "
              "one glassrt::QuantizeDequantize"),
+    Pass("fuse_conv_qdq", "extended", fuse_conv_qdq, option="fusion",
+         doc="Conv [+ residual + activation] whose output only a glassrt::QuantizeDequantize reads becomes one "
+             "glassrt::FusedConv quantizing in its epilogue"),
     Pass("fuse_channel_shuffle", "extended", fuse_channel_shuffle, frozenset({TYPES}), option="fusion",
          doc="Reshape + Transpose + Reshape of a channel shuffle become one glassrt::ChannelShuffle"),
     Pass("fuse_attention", "extended", fuse_attention, frozenset({TYPES}), option="fusion",

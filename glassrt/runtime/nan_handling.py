@@ -92,12 +92,14 @@ def _ones(n: int, dt) -> np.ndarray:
 def without_activation(ctx):
     """ctx of a fused op (FusedConv, FusedMatMul, FusedBatchNormalization) with its activation
     taken off, to be applied after the kernel by NumPy (then_activate; np.maximum and
-    np.clip keep NaN), or None where the op has no such activation."""
+    np.clip keep NaN), or None where the op has no such activation or quantizes after it."""
     from ..kernels.cpu._util import ACTIVATIONS
 
     act = ctx.attrs.get("activation", "")
     if not ctx.node.op_type.startswith("Fused") or act not in ACTIVATIONS:
         return None
+    if ctx.node.op_type == "FusedConv" and len(ctx.node.inputs) > 4 and ctx.node.inputs[4]:
+        return None  # (its quantization comes after the activation: the activation cannot move past it)
     split = replace(ctx, attrs={**ctx.attrs, "activation": "", "activation_params": []})
     split.after = (act, tuple(float(v) for v in ctx.attrs.get("activation_params") or ()))
     return split

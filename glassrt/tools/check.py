@@ -660,6 +660,17 @@ def _internal_samples():
         m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
         samples.append((SimpleNamespace(name=f"fused_conv_residual_{act.lower() or 'none'}_{kernel[0]}x{kernel[1]}",
                                         model=m), [x, wk, b, z]))
+    # quantized in the epilogue (a QDQ CNN's layer: passes/fuse_conv_qdq.py), uint8 and int8
+    for act, res, zp in (("", False, np.array(128, np.uint8)), ("Relu", True, np.array(3, np.uint8)),
+                         ("Clip", False, np.array(-5, np.int8))):
+        attrs = {"activation": act, "pads": [1, 1, 1, 1], "strides": [2, 1]}
+        if act == "Clip":
+            attrs["activation_params"] = [0.0, 6.0]
+        inputs = [x, w, b, z if res else None, np.array(0.05, np.float32), zp]
+        m = single_node_model("FusedConv", inputs, attrs, domain="glassrt", opset=21)
+        m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1, None))
+        samples.append((SimpleNamespace(name=f"fused_conv_quantized_{act.lower() or 'none'}_{zp.dtype}"
+                                        f"{'_residual' if res else ''}", model=m), [i for i in inputs if i is not None]))
     bn_samples = []
     stats = [rng.uniform(0.5, 1.5, 3).astype(np.float32), rng.standard_normal(3).astype(np.float32),
              rng.standard_normal(3).astype(np.float32), rng.uniform(0.5, 1.5, 3).astype(np.float32)]

@@ -63,16 +63,18 @@ def _has_residual(ctx) -> bool:
 
 
 def _finish(ctx, step, half, residual_done=False):
-    """Wrap a conv step(x, w, b, *, out) into step(x, w, b=None, z=None, *, out): the fused
-    residual (FusedConv's Z) unless the kernel added it itself, then the fused activation,
-    and float16 handling."""
+    """Wrap a conv step(x, w, b, *, out) into step(x, w, b=None, z=None, q_scale=None,
+    q_zero_point=None, *, out): the fused residual (FusedConv's Z) unless the kernel added it
+    itself, then the fused activation, then the fused quantization (QuantizeDequantize's, in
+    place), and float16 handling."""
     act = ctx.attrs.get("activation")
     apply = ACTIVATIONS[act] if act else None
     params = [float(v) for v in ctx.attrs.get("activation_params") or []]
     add_z = _has_residual(ctx) and not residual_done
+    quantize = _quantize_range(ctx)
     conv = step
 
-    def full(x, w, b=None, z=None, *, out):
+    def full(x, w, b=None, z=None, q_scale=None, q_zero_point=None, *, out):
         if add_z or residual_done:  # the residual is added element by element, never broadcast
             if z is None or z.shape != out.shape:
                 raise ValueError(f"residual input Z has shape {None if z is None else list(z.shape)}, "
@@ -80,9 +82,24 @@ def _finish(ctx, step, half, residual_done=False):
         y = conv(x, w, b, z, out=out) if residual_done else conv(x, w, b, out=out)
         if add_z:
             y += z
-        return apply(y, params) if apply is not None else y
+        y = apply(y, params) if apply is not None else y
+        if quantize is not None:
+            from .quantize import fake_quant_params, fake_quantize
+
+            fake_quantize(y, *fake_quant_params(q_scale, q_zero_point), *quantize, y)
+        return y
 
     return _in_float32(full) if half else full
+
+
+def _quantize_range(ctx):
+    """The 8-bit range (lo, hi) of a FusedConv's fused quantization (its q_scale, input 4),
+    or None where it has none."""
+    if not (len(ctx.node.inputs) > 4 and ctx.node.inputs[4]):
+        return None
+    from .quantize import _int_range
+
+    return tuple(float(v) for v in _int_range(np.dtype(ctx.dtype(5) if ctx.has(5) else np.uint8)))
 
 
 def _add_bias(out, b):

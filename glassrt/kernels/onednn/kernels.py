@@ -385,6 +385,9 @@ def _conv_common_reason(ctx):
     act = ctx.attrs.get("activation", "")
     if act not in _ACTIVATIONS:
         return f"activation {act} has no oneDNN post-op here"
+    if _quantizes(ctx) and _quantize_spec(ctx) is None:
+        return ("the fused quantization's scale or zero point is computed at run time or holds more than one "
+                "value (the primitive fixes them)")
     if min(_conv_geometry(ctx)[5]) <= 0:
         return "an empty output"
     return None
@@ -499,16 +502,45 @@ def activation_drops_nan(ctx) -> str | None:
     return None
 
 
+def conv_drops_nan(ctx) -> str | None:
+    """Kernel.drops_nan of the FusedConv kernels: the activation's, or the fused
+    quantization's clip (quantize.py's QuantizeDequantize)."""
+    why = activation_drops_nan(ctx)
+    if why is None and _quantizes(ctx):
+        from .quantize import _fake_quant_drops_nan
+
+        why = _fake_quant_drops_nan(ctx, 4, 5)
+    return why
+
+
+def _quantizes(ctx) -> bool:
+    """A FusedConv that quantizes its output (q_scale, input 4: passes/fuse_conv_qdq.py)."""
+    return ctx.node.op_type == "FusedConv" and len(ctx.node.inputs) > 4 and bool(ctx.node.inputs[4])
+
+
+def _quantize_spec(ctx):
+    """(scale, zero point, lo, hi) of a FusedConv's fused quantization, from its constants;
+    None where it has none or they are not one constant value each."""
+    from .quantize import _fake_quant_params
+
+    return _fake_quant_params(ctx, 4, 5) if _quantizes(ctx) else None
+
+
 def _post_spec(ctx, z_layout=None) -> tuple:
-    """The epilogue as plain data: (the residual's layout or None, activation, its params)."""
+    """The epilogue as plain data: (the residual's layout or None, activation, its params,
+    the quantization's (zero point, lo, hi) or None; its scale is an argument)."""
     z = (z_layout or ctx.layout(ctx.node.inputs[3])) if _residual(ctx) else None
-    return z, ctx.attrs.get("activation", ""), tuple(float(v) for v in ctx.attrs.get("activation_params") or ())
+    q = _quantize_spec(ctx)
+    return z, ctx.attrs.get("activation", ""), tuple(float(v) for v in ctx.attrs.get("activation_params") or ()), \
+        None if q is None else tuple(float(v) for v in q[1:])
 
 
 def _post_ops(ctx, y_shape, z_layout=None):
+    """(post-ops, the residual's argument or None, the arguments that take the
+    quantization's scale): residual add, activation, quantization, in that order."""
     post = dnnl.PostOps()
     z_arg = None
-    z_layout, act, params = _post_spec(ctx, z_layout)
+    z_layout, act, params, quantize = _post_spec(ctx, z_layout)
     if z_layout is not None:
         post.binary("add", MemoryDesc.create(y_shape, np.float32, _fmt(z_layout)))
         z_arg = post.binary_arg()
@@ -524,7 +556,14 @@ def _post_ops(ctx, y_shape, z_layout=None):
         post.eltwise(act.lower(), alpha=params[0], beta=params[1])
     elif act == "Swish":
         post.eltwise("swish", alpha=1.0)
-    return post, z_arg
+    scale_args = ()
+    if quantize is not None:
+        from .quantize import fake_quant_post_ops
+
+        first = len(post.ops)
+        fake_quant_post_ops(post, *quantize, MemoryDesc.create((1,) * len(y_shape), np.float32, "abcd"[:len(y_shape)]))
+        scale_args = (post.binary_arg(first), post.binary_arg())  # (the division's and the multiply's)
+    return post, z_arg, scale_args
 
 
 @kernel(["Conv"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_conv_reason, layouts=LAYOUTS,
@@ -552,12 +591,14 @@ def _conv(ctx, dense_groups: bool):
         weights, group = _block_diagonal(np.asarray(weights, np.float32), group), 1
     bias = np.ascontiguousarray(ctx.const(2), np.float32) if ctx.has(2) else None
     z_layout = ctx.layout(ctx.node.inputs[3]) if _residual(ctx) else None
+    quantize = _quantize_spec(ctx)  # (the scale: one value broadcast, bound to the primitive)
+    q_scale = None if quantize is None else np.full((1,) * len(y), quantize[0], np.float32)
     src_ws, dst_ws = _workspace_views(ctx.workspace, math.prod(x) if reorder_in else 0,
                                       math.prod(y) if out_layout != NHWC else 0)
     packed = {}  # weights reordered once per layout a primitive chose
 
     def build():
-        _, z_arg = _post_ops(ctx, y)
+        _, z_arg, scale_args = _post_ops(ctx, y)
         pd = _conv_pd(ctx, group)
         wmd = pd.weights_md()
         if wmd not in packed:
@@ -567,6 +608,8 @@ def _conv(ctx, dense_groups: bool):
             args[ARG_BIAS] = bias
         if z_arg is not None:
             args[z_arg] = None
+        for arg in scale_args:
+            args[arg] = q_scale
         main = pd.primitive().bind(args)
         to_nhwc = shared_reorder(MemoryDesc.create(x, np.float32, "abcd"), MemoryDesc.create(x, np.float32, "acdb")) \
             .primitive().bind({ARG_FROM: None, ARG_TO: src_ws.reshape(x[0], x[2], x[3], x[1])}) if reorder_in else None
@@ -582,7 +625,7 @@ def _conv(ctx, dense_groups: bool):
     views = _Views()
     last = [None, None, None, None]  # the arrays and primitives of the last run (see _same_as_last)
 
-    def step(xa, wa=None, ba=None, za=None, *, out):
+    def step(xa, wa=None, ba=None, za=None, q_scale_in=None, q_zero_point_in=None, *, out):
         p = prims.get()
         main, z_arg, to_nhwc, to_nchw = p
         if _same_as_last(last, xa, out, za, p):
@@ -610,13 +653,13 @@ def _conv(ctx, dense_groups: bool):
     return step
 
 
-# The same kernel runs glassrt::FusedConv (bias, residual and activation as post-ops).
+# The same kernel runs glassrt::FusedConv (bias, residual, activation and quantization as post-ops).
 kernel(["FusedConv"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_conv_reason,
        layouts=LAYOUTS, static_only=True, workspace=_conv_workspace, name="conv",
-       drops_nan=activation_drops_nan)(conv)
+       drops_nan=conv_drops_nan)(conv)
 kernel(["FusedConv"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
        accepts=_dense_groups_reason, layouts=LAYOUTS, static_only=True, workspace=_conv_workspace,
-       name="dense_groups", drops_nan=activation_drops_nan)(conv_dense_groups)
+       name="dense_groups", drops_nan=conv_drops_nan)(conv_dense_groups)
 
 
 # ---------------------------------------------------------------- pooling
@@ -1072,7 +1115,7 @@ def batch_norm(ctx):
     x = [int(d) for d in ctx.shape(0)]
     scale, shift, mean, var = (np.ascontiguousarray(ctx.const(i), np.float32).reshape(-1) for i in range(1, 5))
     eps = float(ctx.attrs.get("epsilon", 1e-5))
-    post, _ = _post_ops(ctx, x)
+    post = _post_ops(ctx, x)[0]
 
     def make(src, dst):
         return dnnl.batch_norm(MemoryDesc.create(x, np.float32, src), MemoryDesc.create(x, np.float32, dst), eps,

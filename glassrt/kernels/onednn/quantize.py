@@ -100,13 +100,13 @@ def dynamic_quantize_linear_threads(x, *, out=(None, None, None)):
 # ---------------------------------------------------------------- glassrt::QuantizeDequantize
 
 
-def _fake_quant_params(ctx):
+def _fake_quant_params(ctx, scale: int = 1, zero: int = 2):
     """(scale, zero point) as float32 and the zero point type's range (lo, hi), from the node's
-    constants; None where one is computed at run time or holds more than one value."""
+    constant inputs `scale` and `zero`; None where one is computed at run time or holds more
+    than one value."""
     from ..cpu.quantize import _int_range
 
-    scale = ctx.const(1)
-    zero = ctx.const(2) if ctx.has(2) else np.zeros((), np.uint8)
+    scale, zero = ctx.const(scale), ctx.const(zero) if ctx.has(zero) else np.zeros((), np.uint8)
     if scale is None or zero is None or scale.size != 1 or zero.size != 1 or scale.dtype != np.float32:
         return None
     lo, hi = _int_range(zero.dtype)
@@ -122,13 +122,25 @@ def _fake_quant_reason(ctx):
     return None
 
 
-def _fake_quant_drops_nan(ctx):
+def _fake_quant_drops_nan(ctx, scale: int = 1, zero: int = 2):
     """oneDNN's clip is a max/min instruction: a NaN comes out of it as the range's minimum,
     where the reference quantizes it to 0. The same value for uint8 (minimum 0); not for int8."""
-    params = _fake_quant_params(ctx)
+    params = _fake_quant_params(ctx, scale, zero)
     if params is not None and params[2] != 0:
         return f"oneDNN's clip makes a NaN the range's minimum ({params[2]:.0f}), where the reference quantizes it to 0"
     return None
+
+
+def fake_quant_post_ops(post, z, lo, hi, one: MemoryDesc, divide: bool = True):
+    """`post` with the quantization's steps appended: [binary division by s,] round (half to
+    even), + z, clip to (lo, hi), - z, binary multiply by s; `one` is s's descriptor (one
+    value broadcast). Each step one float32 rounding, as cpu's kernel takes them (the
+    module's doc): a fused conv's epilogue (kernels.py) and this kernel's, whose primitive
+    is the division itself."""
+    if divide:
+        post.binary("div", one)
+    return post.eltwise("round").eltwise("linear", 1.0, float(z)).eltwise("clip", lo, hi) \
+        .eltwise("linear", 1.0, -float(z)).binary("mul", one)
 
 
 @kernel("QuantizeDequantize", provider="onednn", domain="glassrt", dtypes=[np.float32], out=True, bind=True,
@@ -149,8 +161,7 @@ def quantize_dequantize(ctx):
     def make_pd():
         flat = MemoryDesc.create((n,), np.float32, "a")
         one = MemoryDesc.create((1,), np.float32, "a")
-        post = dnnl.PostOps().eltwise("round").eltwise("linear", 1.0, float(z)).eltwise("clip", lo, hi) \
-            .eltwise("linear", 1.0, -float(z)).binary("mul", one)
+        post = fake_quant_post_ops(dnnl.PostOps(), z, lo, hi, one, divide=False)
         return dnnl.binary(flat, one, flat, "div", attr=dnnl.Attr(post_ops=post))
 
     def pd():  # (shared by the nodes of one size and zero point; s is an argument)
