@@ -43,6 +43,7 @@ DOMAIN = "glassrt"
 PASS_THROUGH = {
     "FusedConv": ("Conv", ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")),
     "FusedBatchNormalization": ("BatchNormalization", ("epsilon",)),
+    "CenteredQLinearConv": ("QLinearConv", ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")),
 }
 
 

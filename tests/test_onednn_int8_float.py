@@ -181,10 +181,24 @@ def test_scales_fed_at_run_time_stay_on_cpu():
     assert row["kernel"] == "cpu.QLinearConv" and "run time" in str(row), row
 
 
+def _centered_or_not(monkeypatch, centered: bool):
+    """Two QLinearConvs in a row hand each other float32 codes (center_qlinear_convs) or, with
+    that pass off, their 8-bit bytes: (the value between them, the kernel that runs them)."""
+    from glassrt import passes
+
+    if not centered:
+        monkeypatch.setattr(passes, "PIPELINE", [p for p in passes.PIPELINE if p.name != "center_qlinear_convs"])
+        return "h", "onednn.QLinearConv.float32"
+    return "h/centered", "onednn.CenteredQLinearConv.float32"
+
+
+@pytest.mark.parametrize("centered", [False, True])
 @pytest.mark.parametrize("x_dt", [U8, I8])
-def test_qlinear_convs_in_a_row_keep_their_bytes_channels_last(x_dt):
-    """Between two of these kernels the 8-bit value stays NHWC (their reorders read and write
-    either layout); the graph's input and output stay NCHW. Each conv the exact requantization."""
+def test_qlinear_convs_in_a_row_keep_their_bytes_channels_last(x_dt, centered, monkeypatch):
+    """Between two of these kernels the 8-bit value (or its float32 codes, centered) stays
+    NHWC (their reorders read and write either layout); the graph's input and output stay
+    NCHW. Each conv the exact requantization."""
+    between, kernel = _centered_or_not(monkeypatch, centered)
     rng = rng_for("int8-float-chain", x_dt)
     consts, nodes = {"xs": np.array(0.05, np.float32), "xz": _codes(rng, x_dt, ())}, []
     for name, x, y, c_in, strides in (("conv1", "x", "h", 6, [1, 1]), ("conv2", "h", "y", 16, [2, 2])):
@@ -199,9 +213,10 @@ def test_qlinear_convs_in_a_row_keep_their_bytes_channels_last(x_dt):
                                       [y], name=name, pads=[1, 1, 1, 1], strides=strides))
     m = _qlinear_model(nodes, consts, (1, 6, 20, 18), x_dt)
     sess = glassrt.InferenceSession(m)
+    assert [_kernel(sess, n)["kernel"] for n in ("conv1", "conv2")] == [kernel] * 2
     x = _codes(rng, x_dt, (1, 6, 20, 18))
     got = sess.run(None, {"x": x})[0]
-    assert next(iter(sess.runner.plans.values())).layouts == {"h": "nhwc"}
+    assert next(iter(sess.runner.plans.values())).layouts == {between: "nhwc"}
     c = consts
     h = _requantized(_exact_sums(x, c["xz"], c["conv1_w"], c["conv1_wz"], {"pads": [1, 1, 1, 1]}), c["conv1_b"],
                      c["xs"], c["conv1_ws"], c["conv1_ys"], c["conv1_yz"], x_dt)
@@ -222,9 +237,11 @@ def test_a_zero_y_scale_is_left_to_cpus_kernel():
     assert row["kernel"] == "cpu.QLinearConv" and "not finite" in str(row), row
 
 
-def test_a_conv_in_parts_reads_its_input_channels_last():
+@pytest.mark.parametrize("centered", [False, True])
+def test_a_conv_in_parts_reads_its_input_channels_last(centered, monkeypatch):
     """The second of two QLinearConvs reaches past 2**24 and runs in parts: its reorders cut
     runs of channels out of the NHWC value between them; the exact chain's bytes."""
+    between, kernel = _centered_or_not(monkeypatch, centered)
     rng = rng_for("int8-float-parts-chain")
     w2 = np.where(rng.random((4, 256, 3, 3)) < 0.5, -127, 127).astype(I8)
     w2[0] = 127
@@ -239,10 +256,10 @@ def test_a_conv_in_parts_reads_its_input_channels_last():
                               name="conv2", pads=[1, 1, 1, 1])]
     m = _qlinear_model(nodes, consts, (1, 6, 7, 7), U8)
     sess = glassrt.InferenceSession(m)
-    assert [_kernel(sess, n)["kernel"] for n in ("conv1", "conv2")] == ["onednn.QLinearConv.float32"] * 2
+    assert [_kernel(sess, n)["kernel"] for n in ("conv1", "conv2")] == [kernel] * 2
     x = _codes(rng, U8, (1, 6, 7, 7))
     got = sess.run(None, {"x": x})[0]
-    assert next(iter(sess.runner.plans.values())).layouts == {"h": "nhwc"}
+    assert next(iter(sess.runner.plans.values())).layouts == {between: "nhwc"}
     c = consts
     h = _requantized(_exact_sums(x, c["xz"], c["w1"], c["wz1"], {}), c["b1"], c["xs"], c["ws1"], c["ys1"], c["yz1"], U8)
     acc = _exact_sums(h, c["yz1"], w2, c["wz2"], {"pads": [1, 1, 1, 1]})

@@ -28,6 +28,12 @@ kernels against it).
   input and the result a graph output (a KV cache fed back each decode step); written by
   passes/cache_concat.py so that the kernel may append `new` into spare room behind the
   rows of a past it handed out itself, instead of copying the whole cache every step.
+  glassrt::CenteredQLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+  y_zero_point, B?) — QLinearConv whose x (`x_centered`) and/or y (`y_centered`) is a
+  float32 tensor holding the 8-bit codes minus their zero point: two 8-bit convs in a row
+  (a QOperator CNN's expand, depthwise and project convs) hand each other the float32 values
+  the first computes and the second convolves, instead of 8-bit bytes converted on the way
+  out and back in (passes/center_qlinear_convs.py).
   glassrt::Transfer(X) — X copied from `src_device` to `dst_device`; inserted by placement
   where a value crosses between providers on different devices (primitive: the provider
   on the device side runs it).
@@ -473,6 +479,62 @@ register_custom(OpContract(DOMAIN, "QuantizeDequantize", 1, QUANTIZE_DEQUANTIZE,
                            category=COMPOSITE, decomposition=_quantize_dequantize_decomposition,
                            notes=["QuantizeLinear then DequantizeLinear with the same per-tensor scale and zero "
                                   "point (a QDQ model's activations), fused by passes/fuse_qdq.py"]))
+
+
+CENTERED_QLINEAR_CONV = CustomSchema(
+    DOMAIN, "CenteredQLinearConv",
+    [("x", False), ("x_scale", False), ("x_zero_point", False), ("w", False), ("w_scale", False),
+     ("w_zero_point", False), ("y_scale", False), ("y_zero_point", False), ("B", True)],
+    {**_CONV_ATTRS, "x_centered": ("int", 0), "y_centered": ("int", 0)}, ["y"],
+    "glassrt::CenteredQLinearConv(Tensor x, Tensor x_scale, Tensor x_zero_point, Tensor w, Tensor w_scale, "
+    "Tensor w_zero_point, Tensor y_scale, Tensor y_zero_point, Tensor? B, int x_centered, int y_centered, "
+    "<Conv attributes>) -> Tensor")
+
+
+def _centered_qlinear_conv_meta(ctx):
+    """QLinearConv's rule, but a centered x is float32 and a centered y float32."""
+    for i, what in ((2, "x_zero_point"), (7, "y_zero_point")):
+        if ctx.dtype(i) is not None and ctx.dtype(i) not in (np.uint8, np.int8):
+            ctx.fail(f"{what} must be uint8 or int8, got {ctx.dtype(i)}")
+    want_x = np.dtype(np.float32) if int(ctx.attr("x_centered", 0)) else ctx.dtype(2)
+    if ctx.dtype(0) is not None and want_x is not None and ctx.dtype(0) != want_x:
+        why = "x_centered: x - x_zero_point" if want_x == np.float32 else "x_zero_point's type"
+        ctx.fail(f"x must be {want_x} ({why}), got {ctx.dtype(0)}")
+    y_dt = np.dtype(np.float32) if int(ctx.attr("y_centered", 0)) else ctx.dtype(7)
+    return [ctx.tensor(y_dt, conv_shape(ctx, 0, 3, 8))]
+
+
+def _centered_qlinear_conv_decomposition(node, input_types, visible):
+    """x = Cast(x + x_zero_point) where x is centered; QLinearConv; y - y_zero_point in float32
+    where y is centered."""
+    from onnx import TensorProto, helper
+
+    from ..dtypes import elem_type
+    from ..onnx_io import nodes_from_protos
+
+    name, inputs = node.name, list(node.inputs)
+    conv_attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS}
+    protos, out = [], list(node.outputs)
+    if int(node.attrs.get("x_centered", 0)):
+        xz_type = elem_type(input_types[2].dtype) if input_types and input_types[2] is not None else TensorProto.UINT8
+        protos += [helper.make_node("Cast", [inputs[2]], [f"{name}/xz"], name=f"{name}/xz", to=TensorProto.FLOAT),
+                   helper.make_node("Add", [inputs[0], f"{name}/xz"], [f"{name}/x+xz"], name=f"{name}/uncenter"),
+                   helper.make_node("Cast", [f"{name}/x+xz"], [f"{name}/x"], name=f"{name}/x", to=xz_type)]
+        inputs[0] = f"{name}/x"
+    y_centered = int(node.attrs.get("y_centered", 0))
+    protos.append(helper.make_node("QLinearConv", inputs, [f"{name}/y"] if y_centered else out, name=f"{name}/conv",
+                                   **conv_attrs))
+    if y_centered:
+        protos += [helper.make_node("Cast", [f"{name}/y"], [f"{name}/yf"], name=f"{name}/yf", to=TensorProto.FLOAT),
+                   helper.make_node("Cast", [inputs[7]], [f"{name}/yz"], name=f"{name}/yz", to=TensorProto.FLOAT),
+                   helper.make_node("Sub", [f"{name}/yf", f"{name}/yz"], out, name=f"{name}/center")]
+    return nodes_from_protos(protos, {"": 13}, visible, f"expanded from CenteredQLinearConv '{name}'")
+
+
+register_custom(OpContract(DOMAIN, "CenteredQLinearConv", 1, CENTERED_QLINEAR_CONV, meta=_centered_qlinear_conv_meta,
+                           category=COMPOSITE, decomposition=_centered_qlinear_conv_decomposition,
+                           notes=["QLinearConv reading and/or writing its 8-bit codes minus their zero point as "
+                                  "float32 (two 8-bit convs in a row), written by passes/center_qlinear_convs.py"]))
 
 
 LOOKUP_TABLE = CustomSchema(DOMAIN, "LookupTable", [("X", False), ("table", False)], {}, ["Y"],

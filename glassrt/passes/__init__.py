@@ -10,6 +10,7 @@ from .bodies import has_bodies, optimize_bodies
 from .cache_concat import mark_cache_concats
 from .constant_folding import fold_constants
 from .conv_folding import fold_affine_into_conv, fold_batchnorm_into_conv
+from .center_qlinear_convs import center_qlinear_convs
 from .cse import eliminate_common_subexpressions
 from .dead_code import remove_dead_code
 from .expand import expand_composites
@@ -90,6 +91,9 @@ PIPELINE = [
     Pass("fold_transposes", "extended", fold_transposes, frozenset({TYPES}), option="fusion",
          doc="Transposes into and out of a product of two computed values (attention's heads) are read "
              "and written through permuted strides by a glassrt::FusedMatMul"),
+    Pass("center_qlinear_convs", "extended", center_qlinear_convs, option="fusion",
+         doc="two QLinearConv in a row, where oneDNN runs them as float32 convs, hand each other float32 codes "
+             "(glassrt::CenteredQLinearConv) instead of 8-bit bytes converted out and back in"),
     Pass("mark_cache_concats", "extended", mark_cache_concats, option="fusion",
          doc="a KV cache's Concat (graph input + new rows -> graph output) becomes glassrt::CacheConcat, which "
              "appends into spare room behind a past it handed out instead of copying the whole cache"),

@@ -768,10 +768,28 @@ def _internal_samples():
                                                  f"{'per_channel' if per_channel else 'per_tensor'}"
                                                  f"{'_' + bias + '_bias' if bias else ''}", model=m),
                             [v for v in ins if v is not None]))
+    # QLinearConv reading / writing float32 codes minus the zero point (two 8-bit convs in a row)
+    centered_samples = []
+    for dt, xz, yz in ((np.uint8, 100, 7), (np.int8, -5, 3)):
+        codes = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max + 1, (1, 4, 7, 7))
+        wq = rng.integers(-63, 64, (6, 4, 3, 3)).astype(np.int8)
+        consts = [np.array(0.05, np.float32), np.array(xz, dt), wq, rng.uniform(0.002, 0.01, 6).astype(np.float32),
+                  np.zeros(6, np.int8), np.array(0.1, np.float32), np.array(yz, dt),
+                  rng.integers(-300, 300, 6).astype(np.int32)]
+        for x_centered, y_centered in ((1, 0), (0, 1), (1, 1)):
+            xq = (codes - xz).astype(np.float32) if x_centered else codes.astype(dt)
+            attrs = {"x_centered": x_centered, "y_centered": y_centered, "pads": [1, 1, 1, 1]}
+            inputs = [xq, *consts]
+            m = single_node_model("CenteredQLinearConv", inputs, attrs, domain="glassrt", opset=21)
+            m.graph.output[0].CopyFrom(helper.make_tensor_value_info("out0", 1 if y_centered else
+                                                                     (2 if dt == np.uint8 else 3), None))
+            centered_samples.append((SimpleNamespace(
+                name=f"centered_qlinear_conv_{np.dtype(dt)}_x{x_centered}_y{y_centered}", model=m), inputs))
     return {("glassrt", "FusedConv"): samples, ("glassrt", "FusedBatchNormalization"): bn_samples,
             ("glassrt", "FusedMatMul"): mm_samples, ("glassrt", "ChannelShuffle"): shuffle_samples,
             ("glassrt", "ScaledDotProductAttention"): sdpa_samples, ("glassrt", "QuantizeDequantize"): qdq_samples,
-            ("glassrt", "LookupTable"): lut_samples, ("glassrt", "ConvIntegerToFloat"): cif_samples}
+            ("glassrt", "LookupTable"): lut_samples, ("glassrt", "ConvIntegerToFloat"): cif_samples,
+            ("glassrt", "CenteredQLinearConv"): centered_samples}
 
 
 def _differentiable_without_backward(op_filter):

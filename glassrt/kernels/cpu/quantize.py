@@ -485,6 +485,23 @@ def qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_
     return qlinear_conv_output(acc, x, x_scale, w, w_scale, y_scale, y_zero_point, b, out)
 
 
+@kernel("CenteredQLinearConv", domain="glassrt", dtypes=[np.float32, *_I8], out=True)
+def centered_qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *,
+                          out=None, x_centered=0, y_centered=0, **conv):
+    """glassrt::CenteredQLinearConv: QLinearConv, its x given as float32 x - x_zero_point and/or
+    its y wanted as float32 y - y_zero_point (the onednn kernel's float32 hand-over; this is
+    its plain form: the codes made bytes, the conv, the bytes made float32)."""
+    xz = np.asarray(x_zero_point)
+    if int(x_centered):
+        lo, hi = _int_range(xz.dtype)
+        v = np.asarray(x, np.float32) + np.float32(xz.reshape(-1)[0])
+        x = np.clip(np.nan_to_num(v), lo, hi).astype(xz.dtype)  # (whole numbers in range: exact)
+    y = qlinear_conv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b, **conv)
+    if int(y_centered):
+        y = np.subtract(y, np.float32(np.asarray(y_zero_point).reshape(-1)[0]), dtype=np.float32)
+    return as_out(y, out)
+
+
 def qlinear_conv_output(acc, x, x_scale, w, w_scale, y_scale, y_zero_point, b=None, out=None):
     """QLinearConv's output from its exact int32 conv `acc` (N, M, ...): + the int32 bias,
     requantized to y's scale and zero point (shared with the onednn provider's kernel)."""

@@ -57,8 +57,11 @@ class _Spec:
         self.geometry = _conv_integer_geometry(ctx, w_at=3 if qlinear else 1)
         wz = ctx.const(wz_i) if ctx.has(wz_i) else None
         xz = ctx.const(xz_i) if ctx.has(xz_i) else None
-        self.x_dtype = np.dtype(ctx.dtype(0))
-        self.y_dtype = np.dtype(np.int32) if not qlinear else np.dtype(ctx.dtype(7) if ctx.has(7) else ctx.dtype(0))
+        # glassrt::CenteredQLinearConv: x and/or y as float32 codes minus their zero point
+        self.x_centered = bool(int(ctx.attrs.get("x_centered", 0)))
+        self.y_centered = bool(int(ctx.attrs.get("y_centered", 0)))
+        self.x_dtype = np.dtype(ctx.dtype(2) if self.x_centered else ctx.dtype(0))
+        self.y_dtype = np.dtype(np.int32) if not qlinear else np.dtype(ctx.dtype(7) if ctx.has(7) else self.x_dtype)
         self.why = self._constants(ctx, w, wz, xz)
         if self.why:
             return
@@ -135,12 +138,17 @@ class _Spec:
         x_shape = tuple(x_shape)
         y_shape = (x_shape[0], self.m, *out_hw)
         post = dnnl.PostOps()
+        centered = None
         if self.qlinear and whole:
             post.binary("mul", MemoryDesc.create((1, self.m, 1, 1), np.float32, "abcd")).eltwise("round")
+            if self.y_centered:  # sat(v + yz) - yz, exactly (v is a whole number): y's codes minus yz
+                lo, hi = np.iinfo(self.y_dtype).min, np.iinfo(self.y_dtype).max
+                centered = (float(lo - self.yz), float(hi - self.yz))
+                post.eltwise("clip", *centered)
         bias = whole and self.bias_f is not None
         wshape = self.weights[part].shape
         key = ("8-bit conv as float32", x_shape, wshape, tuple(strides), tuple(dil), tuple(begin), tuple(end), bias,
-               self.qlinear and whole)
+               self.qlinear and whole, centered)
         return shared_pd(key, lambda: dnnl.convolution(
             MemoryDesc.create(x_shape, np.float32, "acdb"), MemoryDesc.create(wshape, np.float32, "any"),
             MemoryDesc.create(y_shape, np.float32, "acdb"), MemoryDesc.create((self.m,), np.float32, "a") if bias else None,
@@ -213,15 +221,23 @@ def _bind(ctx, qlinear: bool):
     xf = xf.reshape(x_shape[0], *x_shape[2:], x_shape[1])  # NHWC
     yf = yf.reshape(y_shape[0], *y_shape[2:], y_shape[1])
 
+    # a centered x or y laid out channels-last is the conv's own source or destination
+    x_direct, y_direct = spec.x_centered and in_layout == NHWC, spec.y_centered and out_layout == NHWC
+
     def to_float_pd():
-        return _to_float_pd(x_shape, x_shape, (0, 0, 0, 0), spec.x_dtype, in_layout)
+        return _to_float_pd(x_shape, x_shape, (0, 0, 0, 0), spec.x_dtype, in_layout, spec.x_centered)
 
     def to_out_pd():
-        return shared_pd(("float32 to 8-bit", y_shape, spec.y_dtype.str, out_layout, qlinear), lambda: dnnl.reorder(
-            MemoryDesc.create(y_shape, np.float32, "acdb"), MemoryDesc.create(y_shape, spec.y_dtype, _fmt(out_layout)),
-            attr=dnnl.Attr(zero_points={ARG_TO: 0} if qlinear else {})), ahead=True)
+        y_dtype = np.float32 if spec.y_centered else spec.y_dtype
+        zero_points = {ARG_TO: 0} if qlinear and not spec.y_centered else {}
+        return shared_pd(("float32 to 8-bit", y_shape, np.dtype(y_dtype).str, out_layout, qlinear, spec.y_centered),
+                         lambda: dnnl.reorder(MemoryDesc.create(y_shape, np.float32, "acdb"),
+                                              MemoryDesc.create(y_shape, y_dtype, _fmt(out_layout)),
+                                              attr=dnnl.Attr(zero_points=zero_points)), ahead=True)
 
-    to_float_pd(), to_out_pd()  # (made now: their primitives are made ahead, as the conv's, ahead.py)
+    # (made now: their primitives are made ahead, as the conv's, ahead.py)
+    None if x_direct else to_float_pd()
+    None if y_direct else to_out_pd()
 
     def build():
         pd = spec.conv_pd()
@@ -231,13 +247,15 @@ def _bind(ctx, qlinear: bool):
         if qlinear:
             args[pd.attr.post_ops.binary_arg()] = spec.mult
         conv = pd.primitive().bind(args)
-        to_float = to_float_pd().primitive().bind(
+        to_float = None if x_direct else to_float_pd().primitive().bind(
+            {ARG_FROM: None, ARG_TO: xf} if spec.x_centered else
             {ARG_FROM: None, ARG_TO: xf, ARG_ATTR_ZERO_POINTS | ARG_FROM: dnnl.vector(np.array([spec.xz], np.int32))})
-        to_out = to_out_pd().primitive()
+        if y_direct:
+            return to_float, conv, None
         out_args = {ARG_FROM: yf, ARG_TO: None}
-        if qlinear:
+        if qlinear and not spec.y_centered:
             out_args[ARG_ATTR_ZERO_POINTS | ARG_TO] = dnnl.vector(np.array([spec.yz], np.int32))
-        return to_float, conv, to_out.bind(out_args)
+        return to_float, conv, to_out_pd().primitive().bind(out_args)
 
     prims = _PerThreads(build)
     views = _Views()
@@ -245,14 +263,26 @@ def _bind(ctx, qlinear: bool):
     def step(x, *_, out=None):
         to_float, conv, to_out = prims.get()
         if out is None:
-            out = np.empty(y_shape, spec.y_dtype)
+            out = np.empty(y_shape, np.float32 if spec.y_centered else spec.y_dtype)
             layout = "nchw"
         else:
             layout = out_layout
+        if to_float is None:
+            src = views("x", x, NHWC)
+            if not src.flags.c_contiguous:  # (an x not laid out as planned: read through a copy)
+                src = np.ascontiguousarray(src)
+        else:
+            to_float.run({ARG_FROM: views("x", x, in_layout)})
+            src = xf
         dst = views("y", out, layout)
-        to_float.run({ARG_FROM: views("x", x, in_layout)})
-        conv.run()
-        to_out.run({ARG_TO: dst})
+        if to_out is None and layout == NHWC:
+            conv.run({ARG_SRC: src, ARG_DST: dst})
+        else:
+            conv.run({ARG_SRC: src, ARG_DST: yf})
+            if to_out is not None:
+                to_out.run({ARG_TO: dst})
+            else:  # (a centered y written to an output not laid out as planned)
+                np.copyto(dst.transpose(0, 3, 1, 2) if layout == NHWC else dst, yf.transpose(0, 3, 1, 2))
         if not np.may_share_memory(dst, out):  # (an output not laid out as planned: written through a copy)
             np.copyto(out, dst.transpose(0, 3, 1, 2) if layout == NHWC else dst)
         return out
@@ -260,16 +290,18 @@ def _bind(ctx, qlinear: bool):
     return step
 
 
-def _to_float_pd(x_shape, part_shape, offsets, x_dtype, in_layout):
+def _to_float_pd(x_shape, part_shape, offsets, x_dtype, in_layout, centered=False):
     """A reorder of x's channels [offsets[1], +part_shape[1]) (its whole, with offsets 0) into
-    dense float32 NHWC, minus x's zero point (a run-time argument)."""
+    dense float32 NHWC, minus x's zero point (a run-time argument); or, where x is centered
+    already (float32 x - x_zero_point), a copy."""
     def make():
-        src = MemoryDesc.create(x_shape, x_dtype, _fmt(in_layout))
+        src = MemoryDesc.create(x_shape, np.float32 if centered else x_dtype, _fmt(in_layout))
         if tuple(part_shape) != tuple(x_shape):
             src = src.submemory(part_shape, offsets)
-        return dnnl.reorder(src, MemoryDesc.create(part_shape, np.float32, "acdb"), attr=dnnl.Attr(zero_points={ARG_FROM: 0}))
-    return shared_pd(("8-bit to centered float32", x_shape, part_shape, offsets, x_dtype.str, in_layout), make,
-                     ahead=True)
+        return dnnl.reorder(src, MemoryDesc.create(part_shape, np.float32, "acdb"),
+                            attr=None if centered else dnnl.Attr(zero_points={ARG_FROM: 0}))
+    return shared_pd(("8-bit to centered float32", x_shape, part_shape, offsets, x_dtype.str, in_layout, centered),
+                     make, ahead=True)
 
 
 def _bind_parts(spec, in_layout):
@@ -290,13 +322,15 @@ def _bind_parts(spec, in_layout):
     shapes = [(n, c1 - c0, *x_shape[2:]) for c0, c1 in parts]
     offsets = [(0, c0, 0, 0) for c0, _ in parts]
     for sh, off in zip(shapes, offsets):
-        _to_float_pd(x_shape, sh, off, spec.x_dtype, in_layout)  # (made now: primitives made ahead)
+        _to_float_pd(x_shape, sh, off, spec.x_dtype, in_layout, spec.x_centered)  # (made now: made ahead)
 
     def build():
         steps = []
         for i, (sh, off) in enumerate(zip(shapes, offsets)):
-            to_float = _to_float_pd(x_shape, sh, off, spec.x_dtype, in_layout).primitive().bind(
-                {ARG_FROM: None, ARG_TO: xs[i], ARG_ATTR_ZERO_POINTS | ARG_FROM: dnnl.vector(np.array([spec.xz], np.int32))})
+            zero_point = {} if spec.x_centered else {
+                ARG_ATTR_ZERO_POINTS | ARG_FROM: dnnl.vector(np.array([spec.xz], np.int32))}
+            to_float = _to_float_pd(x_shape, sh, off, spec.x_dtype, in_layout, spec.x_centered).primitive().bind(
+                {ARG_FROM: None, ARG_TO: xs[i], **zero_point})
             pd = spec.conv_pd(i)
             conv = pd.primitive().bind({ARG_SRC: xs[i], ARG_DST: ys[i],
                                         ARG_WEIGHTS: packed_weights(spec.weights[i], None, pd.weights_md()).memory})
@@ -316,7 +350,7 @@ def _bind_parts(spec, in_layout):
             np.add(acc, part, out=acc)
         if bias is not None:
             np.add(acc, bias, out=acc)
-        y = np.empty(y_shape, spec.y_dtype) if out is None else out
+        y = np.empty(y_shape, np.float32 if spec.y_centered else spec.y_dtype) if out is None else out
         dst = y.transpose(0, 2, 3, 1)  # (N, OH, OW, M): the buffer itself where y is channels-last, else a view
         if not spec.qlinear:
             np.copyto(dst, acc, casting="unsafe")  # (exact: within int32, the sums of MAX_PARTS parts)
@@ -324,6 +358,10 @@ def _bind_parts(spec, in_layout):
         np.copyto(v, acc, casting="same_kind")  # float32(acc + b), as onnxruntime converts its int32
         np.multiply(v, mult, out=v)
         np.rint(v, out=v)
+        if spec.y_centered:  # y's codes minus yz, in float32 (exact: whole numbers)
+            np.clip(v, lo - spec.yz, hi - spec.yz, out=v)
+            np.copyto(dst, v)
+            return y
         np.add(v, spec.yz, out=v)
         np.clip(v, lo, hi, out=v)
         np.copyto(dst, v, casting="unsafe")
@@ -337,6 +375,16 @@ def _bind_parts(spec, in_layout):
 def qlinear_conv(ctx):
     """QLinearConv as an exact float32 convolution (where its sums stay within 2**24), requantized
     as onnxruntime does: for CPUs without VNNI or AMX, where oneDNN's 8-bit products saturate."""
+    return _bind(ctx, True)
+
+
+@kernel("CenteredQLinearConv", provider="onednn", domain="glassrt", dtypes=[np.float32, *_I8], out=True, bind=True,
+        accepts=lambda ctx: _reason(ctx, True), static_only=True, name="float32", layouts=(NHWC,),
+        workspace=lambda ctx: _workspace(ctx, True))
+def centered_qlinear_conv(ctx):
+    """glassrt::CenteredQLinearConv: qlinear_conv's exact float32 convolution, its centered x
+    read and its centered y written as the conv's own float32 NHWC source and destination
+    (passes/center_qlinear_convs.py): the two 8-bit reorders between two such convs gone."""
     return _bind(ctx, True)
 
 
