@@ -27,6 +27,20 @@ def skip_without_vnni(reason="this CPU has no VNNI/AMX: the int8 paths are left 
     return pytest.mark.skipif(capi.UNAVAILABLE is None and int8_exact_reason() is not None, reason=reason)
 
 
+def session_without_pass(m, pass_name: str, **kwargs):
+    """glassrt.InferenceSession(m, **kwargs) with one graph pass left out of the pipeline:
+    a fusion's result against the same model without it."""
+    import glassrt
+    from glassrt import passes
+
+    saved = list(passes.PIPELINE)
+    passes.PIPELINE[:] = [p for p in saved if p.name != pass_name]
+    try:
+        return glassrt.InferenceSession(m, **kwargs)
+    finally:
+        passes.PIPELINE[:] = saved
+
+
 def op_types(sess) -> list:
     """The op types of a session's graph after the passes, sorted."""
     return sorted(n.op_type for n in sess.placement.graph.nodes)

@@ -12,10 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import glassrt
-from glassrt import passes
 from glassrt.kernels.onednn import capi
 
-from .helpers import init, model, tensor
+from .helpers import init, model, session_without_pass, tensor
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason="oneDNN unavailable")
 RNG = np.random.default_rng(31)
@@ -74,12 +73,7 @@ def _feeds(w_zero_input=False):
 
 
 def _without_the_pass(m, feeds, providers):
-    saved = list(passes.PIPELINE)
-    passes.PIPELINE[:] = [p for p in saved if p.name != "center_qlinear_convs"]
-    try:
-        sess = glassrt.InferenceSession(m, providers=providers)
-    finally:
-        passes.PIPELINE[:] = saved
+    sess = session_without_pass(m, "center_qlinear_convs", providers=providers)
     assert "CenteredQLinearConv" not in [n.op_type for n in sess.placement.graph.nodes]
     return sess.run(None, feeds)
 

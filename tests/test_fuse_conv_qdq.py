@@ -11,7 +11,7 @@ from onnx import helper
 import glassrt
 from glassrt.kernels.onednn import capi
 
-from .helpers import init, model, tensor
+from .helpers import init, model, session_without_pass, tensor
 
 RNG = np.random.default_rng(23)
 X = RNG.standard_normal((1, 8, 14, 14)).astype(np.float32)
@@ -69,14 +69,7 @@ def _quantizing_convs(sess) -> int:
 
 def _plain(m, providers, feeds):
     """The same model with the conv fusions off (fuse_qdq still on: QuantizeDequantize nodes)."""
-    from glassrt import passes
-
-    saved = list(passes.PIPELINE)
-    passes.PIPELINE[:] = [p for p in saved if p.name != "fuse_conv_qdq"]
-    try:
-        sess = glassrt.InferenceSession(m, providers=providers)
-    finally:
-        passes.PIPELINE[:] = saved
+    sess = session_without_pass(m, "fuse_conv_qdq", providers=providers)
     assert _quantizing_convs(sess) == 0 and "QuantizeDequantize" in [n.op_type for n in sess.placement.graph.nodes]
     return sess.run(None, feeds)
 
