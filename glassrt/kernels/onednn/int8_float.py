@@ -275,14 +275,14 @@ def _bind(ctx, qlinear: bool):
             to_float.run({ARG_FROM: views("x", x, in_layout)})
             src = xf
         dst = views("y", out, layout)
-        if to_out is None and layout == NHWC:
-            conv.run({ARG_SRC: src, ARG_DST: dst})
-        else:
-            conv.run({ARG_SRC: src, ARG_DST: yf})
-            if to_out is not None:
-                to_out.run({ARG_TO: dst})
-            else:  # (a centered y written to an output not laid out as planned)
-                np.copyto(dst.transpose(0, 3, 1, 2) if layout == NHWC else dst, yf.transpose(0, 3, 1, 2))
+        if to_out is None and layout == NHWC and dst.flags.c_contiguous:
+            conv.run({ARG_SRC: src, ARG_DST: dst})  # (a centered y, channels-last: the conv's own output)
+            return out
+        conv.run({ARG_SRC: src, ARG_DST: yf})
+        if to_out is None:  # (a centered y for an output not laid out as planned)
+            np.copyto(out, yf.transpose(0, 3, 1, 2))
+            return out
+        to_out.run({ARG_TO: dst})
         if not np.may_share_memory(dst, out):  # (an output not laid out as planned: written through a copy)
             np.copyto(out, dst.transpose(0, 3, 1, 2) if layout == NHWC else dst)
         return out
