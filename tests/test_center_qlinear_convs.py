@@ -182,3 +182,15 @@ def test_a_conv_cut_into_channel_runs_reads_and_writes_float32_codes(monkeypatch
     got = sess.run(None, feeds)[0]
     assert bound_in_parts and min(bound_in_parts) >= 2
     np.testing.assert_array_equal(got, _without_the_pass(m, feeds, ["onednn", "cpu"])[0])
+
+
+def test_the_float32_codes_take_a_name_no_value_has():
+    """A model that already names a value `a/centered`: the codes between the convs get another."""
+    m = _chain()
+    m.graph.node.append(helper.make_node("Identity", ["x"], ["a/centered"], name="taken"))
+    m.graph.output.append(tensor("a/centered", list(X.shape)))
+    sess = glassrt.InferenceSession(m, providers=["onednn", "cpu"])
+    assert _centered(sess) == {"expand": (0, 1), "depthwise": (1, 1), "project": (1, 0)}
+    got = sess.run(None, _feeds())
+    np.testing.assert_array_equal(got[1], X)
+    np.testing.assert_array_equal(got[0], _without_the_pass(m, _feeds(), ["onednn", "cpu"])[0])

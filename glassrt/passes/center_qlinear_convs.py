@@ -25,6 +25,7 @@ from ..ir import Node
 from ._rewrite import Readers, origin, producers
 from .fuse_qdq_matmul import int8_engine_reason, onednn_reason
 
+
 def _conv(node) -> bool:
     return (node.op_type, node.domain) in (("QLinearConv", ""), ("CenteredQLinearConv", "glassrt"))
 
@@ -38,6 +39,8 @@ def center_qlinear_convs(graph, ctx):
     producer = producers(graph.nodes)
     current = {}  # name -> the node as rewritten so far (a conv in a chain is rewritten twice)
     changes = []
+    taken = {v for n in graph.nodes for v in (*n.inputs, *n.outputs)} | set(graph.initializers) \
+        | {v.name for v in graph.inputs}
 
     def zero_point(node, i):
         c = consts.get(node.inputs[i]) if len(node.inputs) > i and node.inputs[i] else None
@@ -61,6 +64,9 @@ def center_qlinear_convs(graph, ctx):
         if yz is None or xz is None or yz.dtype != xz.dtype or yz.reshape(-1)[0] != xz.reshape(-1)[0]:
             continue
         codes = f"{b.inputs[0]}/centered"
+        while codes in taken:  # (a model may already hold a value of that name)
+            codes += "_"
+        taken.add(codes)
         current[a.name] = centered(a, None, [codes], y_centered=1)
         current[b.name] = centered(b, [codes, *b.inputs[1:]], None, x_centered=1)
         changes.append(f"conv '{a.name}' hands conv '{b.name}' its codes as float32")
