@@ -561,7 +561,8 @@ def fake_quantize(x, s, z, lo, hi, y):
     pair = _flat_pair(np.asarray(x, np.float32), y) if use_compiled("QuantizeDequantize") else None
     if pair is not None and pair[0].ctypes.data == pair[1].ctypes.data and pair[0].strides == pair[1].strides:
         # in place: one array, so the loop vectorizes (two that overlap fail LLVM's alias
-        # check, and it runs one element at a time: a fused conv's 1.2 M outputs 3.4 ms, not 0.5)
+        # check, and it ran one element at a time: the QDQ MobileNetV2 on cpu 41.6 ms a run
+        # with its convs' quantization fused, 27.1 without; with this loop 25.3 against 25.0)
         _fake_quant_in_place(pair[1], s, z, np.float32(lo), np.float32(hi))
     elif pair is not None:
         _fake_quant(pair[0], s, z, np.float32(lo), np.float32(hi), pair[1])
