@@ -117,3 +117,29 @@ def test_a_nan_takes_the_kernels_that_keep_the_references_value(zp):
     np.testing.assert_array_equal(got, _plain(m, ["cpu"], {"x": x})[0])
     if zp.dtype == np.int8:  # (the quantization's clip alone changes a NaN's value: no conv keeps oneDNN)
         assert all(n["kernel"].startswith("cpu.FusedConv.") for n in sess.explain()["nodes"])
+
+
+@pytest.mark.parametrize("zp,lo,hi", [(128.0, 0.0, 255.0), (-5.0, -128.0, 127.0)])
+def test_the_in_place_loop_gives_the_bytes_of_the_two_array_one(zp, lo, hi, monkeypatch):
+    """cpu's fused conv quantizes its output in place, on a loop of its own (the two-array
+    loop fed one array fails LLVM's alias check): the same bits as into another array, and
+    as NumPy's path. Ties, values past the range, NaN, infinities and signed zeros."""
+    pytest.importorskip("numba")
+    from glassrt.kernels.cpu import quantize
+
+    x = np.concatenate([RNG.standard_normal(4000).astype(np.float32) * 5,
+                        (np.arange(-300, 300, dtype=np.float32) + 0.5) * 0.02,
+                        np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 0.0, -0.0, -1e-3], np.float32)])
+    s, z = np.float32(0.02), np.float32(zp)
+    monkeypatch.setattr(quantize, "use_compiled", lambda path: False)
+    numpy_path = quantize.fake_quantize(x, s, z, lo, hi, np.empty_like(x))
+    monkeypatch.setattr(quantize, "use_compiled", lambda path: True)
+    apart = quantize.fake_quantize(x, s, z, lo, hi, np.empty_like(x))
+    called = []
+    in_place_loop = quantize._fake_quant_in_place
+    monkeypatch.setattr(quantize, "_fake_quant_in_place", lambda *a: called.append(1) or in_place_loop(*a))
+    y = x.copy()
+    in_place = quantize.fake_quantize(y, s, z, lo, hi, y)
+    assert called and in_place is y
+    np.testing.assert_array_equal(in_place.view(np.uint32), apart.view(np.uint32))
+    np.testing.assert_array_equal(apart.view(np.uint32), numpy_path.view(np.uint32))

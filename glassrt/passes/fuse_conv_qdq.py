@@ -19,10 +19,10 @@ import numpy as np
 
 from ..dtypes import EIGHT_BIT
 from ..ir import Node
-from ._rewrite import Readers, origin, producers
+from ._rewrite import Readers, origin, producers, rebuild
 
 
-def qdq_params(consts, node) -> bool:
+def _constant_params(consts, node) -> bool:
     """Whether a QuantizeDequantize's scale and zero point are one-value constants of the
     types the fused conv takes (float32, 8-bit)."""
     scale = consts.get(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] else None
@@ -39,10 +39,10 @@ def fuse_conv_qdq(graph, ctx):
     producer = producers(graph.nodes)
     replaced, dropped, changes = {}, set(), []
     for qdq in graph.nodes:
-        if qdq.op_type != "QuantizeDequantize" or qdq.domain != "glassrt" or not qdq_params(consts, qdq):
+        if qdq.op_type != "QuantizeDequantize" or qdq.domain != "glassrt" or not _constant_params(consts, qdq):
             continue
         conv = producer.get(qdq.inputs[0])
-        if conv is None or readers.single(qdq.inputs[0]) is not qdq or conv.name in replaced:
+        if conv is None or readers.single(qdq.inputs[0]) is not qdq or id(conv) in replaced:
             continue
         if conv.op_type == "Conv" and not conv.domain:
             attrs = {**conv.attrs, "activation": "", "activation_params": []}
@@ -53,11 +53,11 @@ def fuse_conv_qdq(graph, ctx):
         inputs = (list(conv.inputs) + [""] * 4)[:4] + list(qdq.inputs[1:3])
         while inputs and not inputs[-1]:
             inputs.pop()
-        replaced[conv.name] = Node("FusedConv", "glassrt", inputs, list(qdq.outputs), attrs, conv.name, 1,
+        replaced[id(conv)] = [Node("FusedConv", "glassrt", inputs, list(qdq.outputs), attrs, conv.name, 1,
                                    list(conv.implicit_inputs),
-                                   origin=origin(conv, f"QuantizeDequantize '{qdq.name}' fused in"))
-        dropped.add(qdq.name)
+                                   origin=origin(conv, f"QuantizeDequantize '{qdq.name}' fused in"))]
+        dropped.add(id(qdq))
         changes.append(f"fuse QuantizeDequantize '{qdq.name}' into {conv.op_type} '{conv.name}'")
     if not changes:
         return graph, []
-    return replace(graph, nodes=[replaced.get(n.name, n) for n in graph.nodes if n.name not in dropped]), changes
+    return replace(graph, nodes=rebuild(graph.nodes, replaced, dropped)), changes

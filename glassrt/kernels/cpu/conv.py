@@ -72,6 +72,11 @@ def _finish(ctx, step, half, residual_done=False):
     params = [float(v) for v in ctx.attrs.get("activation_params") or []]
     add_z = _has_residual(ctx) and not residual_done
     quantize = _quantize_range(ctx)
+    if quantize is not None:  # (its scale and zero point read once here where they are constants)
+        from .quantize import fake_quant_params, fake_quantize
+
+        fixed = fake_quant_params(ctx.const(4), ctx.const(5)) if ctx.const(4) is not None and (
+            not ctx.has(5) or ctx.const(5) is not None) else None
     conv = step
 
     def full(x, w, b=None, z=None, q_scale=None, q_zero_point=None, *, out):
@@ -84,9 +89,7 @@ def _finish(ctx, step, half, residual_done=False):
             y += z
         y = apply(y, params) if apply is not None else y
         if quantize is not None:
-            from .quantize import fake_quant_params, fake_quantize
-
-            fake_quantize(y, *fake_quant_params(q_scale, q_zero_point), *quantize, y)
+            fake_quantize(y, *(fixed or fake_quant_params(q_scale, q_zero_point)), *quantize, y)
         return y
 
     return _in_float32(full) if half else full
