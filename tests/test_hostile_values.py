@@ -442,6 +442,70 @@ def test_resize_by_fed_scales_is_bounded_by_the_memory_limit():
             None, {"x": x, "scales": scales})
 
 
+def test_max_unpool_by_a_fed_output_shape_is_bounded_by_the_memory_limit():
+    """A fed output_shape is known when the run binds the node: a shape of 37 GiB is refused
+    before anything is allocated (NumPy was asked for it), one that fits runs."""
+    x = np.array([[[[1, 2], [3, 4]]]], F32)
+    i = np.array([[[[0, 3], [8, 15]]]], np.int64)
+    m = _model("MaxUnpool", {"x": x, "i": i, "s": np.array([1, 1, 4, 4], np.int64)},
+               attrs=dict(kernel_shape=[2, 2], strides=[2, 2]), opset=11)
+    small = glassrt.SessionOptions(memory_limit_bytes=1 << 20)
+    for providers in PROVIDERS:
+        s = glassrt.InferenceSession(m, small, providers=providers)
+        with pytest.raises(glassrt.MemoryLimitError, match="MaxUnpool node 'n0'"):
+            s.run(None, {"x": x, "i": i, "s": np.array([1, 1, 100_000, 100_000], np.int64)})
+        y = s.run(None, {"x": x, "i": i, "s": np.array([1, 1, 5, 6], np.int64)})[0]
+        assert y.shape == (1, 1, 5, 6) and y[0, 0, :4, :4].reshape(-1)[[0, 3, 8, 15]].tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("equation,shapes,phrase", [
+    ("ij,jk->ik", [(2, 3), (4, 5)], "label 'j' is 3 in input 0 and 4 in input 1"),
+    ("...ij,...jk->...ik", [(2, 2, 3), (3, 3, 4)], "'...' stands for do not broadcast: input 0 [2], input 1 [3]"),
+    ("ii->i", [(2, 3)], "label 'i' is both 2 and 3 in input 0"),
+    ("ijk->i", [(2, 3)], "Rank of input 0 (2) does not match")])
+def test_einsum_sizes_that_do_not_match_are_told_in_the_equations_terms(equation, shapes, phrase):
+    """(NumPy's error named the letter it renames '...' to, and counted inputs its own way.)"""
+    feeds = {f"x{k}": np.ones(s, F32) for k, s in enumerate(shapes)}
+    _refused(_model("Einsum", feeds, attrs=dict(equation=equation)), feeds, phrase)
+
+
+def test_einsum_sizes_of_1_broadcast_as_in_numpy_and_onnxruntime():
+    feeds = {"a": np.arange(2, dtype=F32).reshape(2, 1), "b": np.arange(12, dtype=F32).reshape(3, 4)}
+    for (y,) in _runs(_model("Einsum", feeds, attrs=dict(equation="ij,jk->ik")), feeds):
+        np.testing.assert_array_equal(y, np.einsum("ij,jk->ik", *feeds.values()))
+
+
+def test_einsum_size_check_agrees_with_numpy_on_random_equations():
+    """The size check refuses exactly what np.einsum (with and without optimize) refuses."""
+    import random
+
+    from glassrt.kernels.cpu.indexing import _check_einsum_sizes
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        terms, shapes = [], []
+        for _ in range(rng.choice([1, 2, 2, 3])):
+            letters = "".join(rng.choice("ijk") for _ in range(rng.randint(0, 3)))
+            dots = rng.random() < 0.3
+            cut = rng.randint(0, len(letters))
+            terms.append(letters[:cut] + "..." + letters[cut:] if dots else letters)
+            nd = len(letters) + (rng.randint(0, 2) if dots else 0) + (rng.random() < 0.05)
+            shapes.append(tuple(rng.choice([1, 2, 3]) for _ in range(nd)))
+        eq = ",".join(terms)
+        try:
+            _check_einsum_sizes(eq, shapes)
+            ours = True
+        except ValueError:
+            ours = False
+        for optimize in (False, True):
+            try:
+                np.einsum(eq, *[np.ones(s) for s in shapes], optimize=optimize)
+                theirs = True
+            except (ValueError, IndexError):
+                theirs = False
+            assert ours == theirs, (eq, shapes, optimize)
+
+
 def test_a_string_input_fed_other_objects_gets_their_str_as_onnxruntime_does():
     m = _model("Identity", {"x": np.array(["a", "b", "c", "d"], object)})
     feed = np.array(["abc", b"\xff", 3, None], object)

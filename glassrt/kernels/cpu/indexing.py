@@ -433,9 +433,42 @@ def det(x, *, out=None):
     return as_out(np.asarray(np.linalg.det(x.astype(_wide(x.dtype), copy=False))).astype(x.dtype, copy=False), out)
 
 
+def _check_einsum_sizes(eq: str, shapes) -> None:
+    """NumPy's (and onnxruntime's) rule, checked first so that a mismatch is told in the
+    equation's own terms: a letter has one size in all inputs, or 1 (broadcast), and once
+    within one input (a diagonal); the dims '...' stands for broadcast as NumPy's do. (NumPy's
+    own error, with optimize, names the letters it renames '...' to, and counts inputs its way.)"""
+    terms = eq.partition("->")[0].split(",")
+    sizes, extra = {}, []
+    for k, (term, shape) in enumerate(zip(terms, shapes)):
+        head, dots, tail = term.partition("...")
+        if len(head) + len(tail) > len(shape) or (not dots and len(term) != len(shape)):
+            raise ValueError(f"Einsum {eq!r}: input {k}'s term {term!r} does not fit its {len(shape)} dim(s) {list(shape)}")
+        dims = {}
+        for letter, d in [*zip(head, shape), *zip(tail, shape[len(shape) - len(tail):])]:
+            if dims.setdefault(letter, d) != d:
+                raise ValueError(f"Einsum {eq!r}: label '{letter}' is both {dims[letter]} and {d} in input {k} "
+                                 f"{list(shape)}")
+        for letter, d in dims.items():
+            seen, where = sizes.get(letter, (1, None))
+            if d != 1 and seen != 1 and d != seen:
+                raise ValueError(f"Einsum {eq!r}: label '{letter}' is {seen} in input {where} and {d} in input {k} "
+                                 "(equal sizes or 1 needed)")
+            if d != 1 or where is None:
+                sizes[letter] = (d, k)
+        if dots:
+            extra.append((k, tuple(shape[len(head):len(shape) - len(tail)])))
+    try:
+        np.broadcast_shapes(*[e for _, e in extra])
+    except ValueError:
+        raise ValueError(f"Einsum {eq!r}: the dims '...' stands for do not broadcast: "
+                         + ", ".join(f"input {k} {list(e)}" for k, e in extra)) from None
+
+
 @kernel("Einsum", dtypes=NUMERIC, versions=(12, None), out=True)
 def einsum(*xs, out=None, equation):
     eq = equation.replace(" ", "")
+    _check_einsum_sizes(eq, [x.shape for x in xs])
     dt = xs[0].dtype
     wide = _wide(dt)
     ops = [x.astype(wide, copy=False) for x in xs]

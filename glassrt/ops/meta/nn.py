@@ -181,6 +181,34 @@ def pool(ctx):
     return res
 
 
+@meta("MaxUnpool", versions=(9, None))
+def max_unpool(ctx):
+    """output_shape's value where it is given, else the pooling's geometry undone. A fed
+    output_shape is known when a run binds the node, so the memory limit is checked against
+    it before anything is allocated (a fed [1, 1, 1e5, 1e5] asked NumPy for 37 GiB). That the
+    shape holds the unpooled tensor is the kernel's check (it needs the indices)."""
+    x, dt = ctx.shape(0), ctx.dtype(0)
+    if ctx.has(2):
+        v = ctx.const(2)
+        if v is None:
+            n = ctx.shape(2)
+            rank = n[0] if n is not None and len(n) == 1 and isinstance(n[0], int) else None
+            return [ctx.tensor(dt, None if rank is None else tuple(symbolic.fresh() for _ in range(rank)))]
+        dims = [int(d) for d in v.reshape(-1)]
+        if any(d < 0 for d in dims) or (x is not None and len(dims) != len(x)):
+            ctx.fail(f"output_shape {dims} must be {len(x) if x is not None else 'the input'}'s rank of dims, none negative")
+        return [ctx.tensor(dt, tuple(dims))]
+    if x is None:
+        return [ctx.tensor(dt, None)]
+    kernel = list(ctx.attr("kernel_shape"))
+    n = len(kernel)
+    strides, pads = list(ctx.attrs.get("strides") or [1] * n), list(ctx.attrs.get("pads") or [0] * (2 * n))
+    if len(x) != n + 2 or len(strides) != n or len(pads) != 2 * n:
+        ctx.fail(f"kernel_shape {kernel}, strides {strides} and pads {pads} do not match input {symbolic.shape_str(x)}")
+    out = [(x[2 + i] - 1) * strides[i] - pads[i] - pads[i + n] + kernel[i] for i in range(n)]
+    return [ctx.tensor(dt, (*x[:2], *(d if isinstance(d, int) else symbolic.normalize(d) for d in out)))]
+
+
 @meta(["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"])
 def global_pool(ctx):
     x = ctx.shape(0)
