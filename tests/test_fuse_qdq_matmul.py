@@ -180,6 +180,34 @@ def test_dequantize_linear_per_tensor_loop_is_the_numpy_path(monkeypatch):
         assert np.array_equal(np.signbit(fast), np.signbit(slow))
 
 
+@pytest.mark.parametrize("dt", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32])
+def test_dequantize_linear_is_the_spec_in_float32_per_tensor_and_per_axis(dt):
+    """(x - z) * s with x - z exact (in int64 for 32-bit x) and rounded once to float32, then
+    one rounding in the multiply: per tensor and per axis, with and without a zero point,
+    into a new array, a C-contiguous buffer and a channels-last one, NumPy's path (a weight
+    folded at session creation) and with 32-bit values past float32's 2**24."""
+    from glassrt.kernels.cpu import quantize
+
+    info = np.iinfo(dt)
+    x = RNG.integers(info.min, info.max, (2, 5, 3, 4), dtype=np.int64, endpoint=True).astype(dt)
+    for axis, scale_shape in ((1, (5,)), (-1, (4,)), (0, ())):
+        s = (RNG.random(scale_shape) * 0.05 + 1e-3).astype(np.float32)
+        for z in (None, RNG.integers(info.min, info.max, scale_shape, dtype=np.int64, endpoint=True).astype(dt)):
+            bshape = [1] * 4
+            if scale_shape:
+                bshape[axis] = -1
+            diff = x.astype(np.int64) - (0 if z is None else z.astype(np.int64).reshape(bshape))
+            want = diff.astype(np.float32) * s.reshape(bshape)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(quantize, "use_compiled", lambda *a, **k: False)
+                outs = [None, np.empty(x.shape, np.float32), np.empty((2, 3, 4, 5), np.float32).transpose(0, 3, 1, 2)]
+                for out in outs:
+                    got = quantize.dequantize_linear(x, s, z, out=out, axis=axis)
+                    assert got.dtype == np.float32 and (out is None or got is out)
+                    np.testing.assert_array_equal(got, want)
+                    assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
 def test_optional_compiled_loops_wait_for_numba_or_a_model_that_keeps_running():
     """A process that has not imported Numba takes the NumPy twin of an optional compiled
     loop in the first session run that asks for it (importing Numba costs 0.5-1 s: more than
