@@ -10,6 +10,8 @@ computed whole (int32) and copied into theirs.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ... import dtypes
@@ -33,7 +35,10 @@ def _np(elem_type):
     return dtypes.np_dtype(int(elem_type))
 
 
+@functools.lru_cache(maxsize=None)
 def _int_range(dt):
+    """(min, max) of an integer type (np.iinfo costs ~10 us a call; placement asks it of
+    every quantizing conv several times)."""
     if dt in dtypes.SMALL_INTS:
         import ml_dtypes  # (loaded already: the dtype is one of its)
 

@@ -523,7 +523,8 @@ def _quantize_spec(ctx):
     None where it has none or they are not one constant value each."""
     from .quantize import _fake_quant_params
 
-    return _fake_quant_params(ctx, 4, 5) if _quantizes(ctx) else None
+    # (asked half a dozen times per conv by its reasons, descriptor and epilogue: once per context)
+    return ctx.cached("quantize_spec", lambda: _fake_quant_params(ctx, 4, 5)) if _quantizes(ctx) else None
 
 
 def _post_spec(ctx, z_layout=None) -> tuple:
