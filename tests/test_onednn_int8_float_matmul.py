@@ -173,3 +173,28 @@ def test_a_call_into_its_own_buffer_after_one_into_the_callers():
     got = products.sums(a2, None)
     np.testing.assert_array_equal(mine, kept)
     np.testing.assert_array_equal(got, a2.astype(np.int64) @ b.astype(np.int64))
+
+
+def test_a_closed_sessions_weights_are_not_kept():
+    """The exactness checks of each constant B are cached for as long as B lives, not longer:
+    they held B itself, and every session made kept its 8-bit weights alive for good (an int8
+    BERT-base: ~90 MB more per session, made and closed)."""
+    import gc
+
+    from glassrt.kernels.onednn import int8_float_matmul
+
+    m, b, za = _matmul_integer(np.uint8, np.int8, 70, 33, (4, 70), _full_range(np.int8, (33,)))
+    before = set(int8_float_matmul._WEIGHTS)
+    s, y = _run(m, {"a": _full_range(np.uint8, (4, 70)), "za": za})
+    assert _kernel(s, "p")["kernel"] == "onednn.MatMulInteger.float32"
+    assert set(int8_float_matmul._WEIGHTS) - before, "the session's B was not cached"
+    del s
+    gc.collect()
+    assert not set(int8_float_matmul._WEIGHTS) - before
+    w = _full_range(np.int8, (40, 8))
+    made = int8_float_matmul.float_weights(w, None, 255)
+    assert made.centered(0, 40).tolist() == w.astype(np.float32).tolist()
+    del w
+    gc.collect()
+    with pytest.raises(RuntimeError, match="freed"):
+        made.centered(0, 40)

@@ -55,10 +55,13 @@ def reach(a_dtype, a_zero_point) -> int:
 class FloatWeights:
     """A constant 8-bit B (K, N) less its zero point, cut into runs of K whose float32 sums
     stay exact for products with an A of reach `reach_` (`why` says why not, where none do).
-    Only B itself is held: each run is centered as float32 when a binding packs it."""
+    Each run is centered as float32 when a binding packs it, from B itself, which this holds
+    by a weak reference only: float_weights keeps these for as long as B lives, and a strong
+    one kept every B alive for good (an int8 BERT-base's 85 MB more with each session made).
+    A binding packs while its plan, which holds B, lives."""
 
     def __init__(self, b: np.ndarray, zb, reach_: int):
-        self.b, (self.k, self.n) = b, b.shape
+        self._b, (self.k, self.n) = weakref.ref(b), b.shape
         z = np.zeros(1, np.int32) if zb is None else np.asarray(zb).astype(np.int32).reshape(-1)
         self.z = None if not z.any() else np.float32(z[0]) if z.size == 1 else z.astype(np.float32)
         # per column, the most its products can add: reach * sum_k |B - zb|
@@ -75,6 +78,13 @@ class FloatWeights:
                 self.why = (f"a column's sums can reach {bound:,} (|a - a_zero_point| up to {reach_} times "
                             f"its weights): past 2**24, where float32 stops holding integers exactly, and cut "
                             f"into parts of K that stay within it it would take over {MAX_PARTS}")
+
+    @property
+    def b(self) -> np.ndarray:
+        b = self._b()
+        if b is None:
+            raise RuntimeError("the 8-bit weights were freed before their product was packed")
+        return b
 
     def centered(self, k0: int, k1: int) -> np.ndarray:
         """B[k0:k1] - zb as float32 (exact: 8-bit integers)."""
