@@ -198,3 +198,33 @@ def test_a_closed_sessions_weights_are_not_kept():
     gc.collect()
     with pytest.raises(RuntimeError, match="freed"):
         made.centered(0, 40)
+
+
+@pytest.mark.parametrize("ta, tb", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
+@pytest.mark.parametrize("quantized, c_shape", [(True, None), (True, (6,)), (False, (5, 1)), (True, (1, 6))])
+@pytest.mark.parametrize("in_parts", [False, True])
+def test_qgemm_sums_as_float32_products_are_cpus_bytes(monkeypatch, ta, tb, quantized, c_shape, in_parts):
+    """com.microsoft QGemm with a constant B (transposed or not, zero points per tensor or per
+    column, A transposed too): its int32 sums as exact float32 products, then cpu's own
+    float32 steps, so the output is cpu's to the byte; in parts of K too."""
+    from tests.test_contrib_quant import _model, _qgemm_inputs
+
+    if in_parts:
+        _limit(monkeypatch, 1 << 19)
+    rng = np.random.default_rng([7, int(quantized), int(in_parts), len(c_shape or ())])
+    for trans_a, trans_b, per_column, alpha in [(0, 1, True, 1.0), (1, 0, False, 0.5), (0, 0, True, 2.0)]:
+        ins = _qgemm_inputs(rng, ta, tb, 5, 70, 6, trans_a, trans_b, per_column, c_shape, quantized)
+        consts = {i for i, x in enumerate(ins) if x is not None and i > 0}
+        model, feeds = _model("QGemm", ins, consts=consts, alpha=alpha, transA=trans_a, transB=trans_b)
+        s = glassrt.InferenceSession(model, providers=["onednn", "cpu"])
+        assert _kernel(s, "node")["kernel"] == "onednn.QGemm.float32", str(_kernel(s, "node"))
+        if in_parts:
+            from glassrt.kernels.onednn import int8_float_matmul
+
+            w = int8_float_matmul.float_weights(s.graph.initializers["in3"], s.graph.initializers["in5"], 255,
+                                                bool(trans_b))
+            assert len(w.parts) > 1
+        got = s.run(None, feeds)[0]
+        want = glassrt.InferenceSession(model, providers=["cpu"]).run(None, feeds)[0]
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)

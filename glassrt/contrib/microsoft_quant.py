@@ -1040,13 +1040,15 @@ def _qgemm(a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, 
                       f"(transB={transB})")
     sa, za = _scale(a_scale, "a_scale"), _zero_point(a_zp, a.dtype, "a_zero_point")
     _require(b_scale is not None and b_scale.dtype == F32, "b_scale must be float32")
-    _require(b_zp is not None and b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
+    if b_zp is None or b_zp.dtype != b.dtype:  # (tested before formatting: see _q8)
+        raise ValueError(f"b_zero_point must have B's type {b.dtype}")
     _require(b_scale.shape == b_zp.shape or b_scale.size == b_zp.size == 1,
              f"b_scale {list(b_scale.shape)} and b_zero_point {list(b_zp.shape)} must have the same shape")
     bs, bz = _column_param(b_scale, n, "b_scale"), _column_param(b_zp, n, "b_zero_point")
     acc = _int_matmul(a2, za, b2, bz.astype(F64)) if product is None else product(a2, za)
     if c is not None:
-        _require(c.dtype == I32, f"C must be int32, got {c.dtype}")
+        if c.dtype != I32:
+            raise ValueError(f"C must be int32, got {c.dtype}")
         try:
             acc = acc + np.broadcast_to(c, (m, n))
         except ValueError:
@@ -1057,7 +1059,8 @@ def _qgemm(a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, 
     y = acc.astype(F32) * scale
     if y_zp is None:
         return as_out(y, out)
-    _require(y_zp.dtype == a.dtype, f"y_zero_point is {y_zp.dtype} but A is {a.dtype}: they must match")
+    if y_zp.dtype != a.dtype:
+        raise ValueError(f"y_zero_point is {y_zp.dtype} but A is {a.dtype}: they must match")
     return as_out(_saturate(y, _zero_point(y_zp, a.dtype, "y_zero_point"), a.dtype), out)
 
 
@@ -1100,6 +1103,31 @@ def _qgemm_onednn(ctx):
     def step(a, a_scale, a_zp, b_, b_scale, b_zp, c=None, y_scale=None, y_zp=None, *, out=None):
         return _qgemm(a, a_scale, a_zp, b_, b_scale, b_zp, c, y_scale, y_zp, out=out, product=weights.product,
                       **attrs)
+
+    return step
+
+
+def _onednn_qgemm_float_reason(ctx):
+    from ..kernels.onednn.int8_float_matmul import qgemm_reason  # (oneDNN loaded only where it runs)
+
+    return qgemm_reason(ctx)
+
+
+@kernel("QGemm", provider="onednn", domain=MS, dtypes=Q8, out=True, bind=True, accepts=_onednn_qgemm_float_reason,
+        name="float32")
+def _qgemm_onednn_float(ctx):
+    """cpu's QGemm with its int32 sums as an exact float32 oneDNN product (B centered and
+    packed once), where the CPU's 8-bit products saturate (kernels/onednn/int8_float_matmul.py):
+    the same float32 steps after, the same bytes. A quantize_static MobileNetV2's classifier
+    (1280 -> 1000) on a 2-core AVX2 EPYC: 1.9 ms a run on cpu's float GEMMs over slices of
+    K (B converted to float32 at every call)."""
+    from ..kernels.onednn.int8_float_matmul import qgemm_product
+
+    product = qgemm_product(ctx)
+    attrs = {k: ctx.attrs[k] for k in ("alpha", "transA", "transB") if k in ctx.attrs}
+
+    def step(a, a_scale, a_zp, b_, b_scale, b_zp, c=None, y_scale=None, y_zp=None, *, out=None):
+        return _qgemm(a, a_scale, a_zp, b_, b_scale, b_zp, c, y_scale, y_zp, out=out, product=product, **attrs)
 
     return step
 

@@ -60,8 +60,11 @@ class FloatWeights:
     one kept every B alive for good (an int8 BERT-base's 85 MB more with each session made).
     A binding packs while its plan, which holds B, lives."""
 
-    def __init__(self, b: np.ndarray, zb, reach_: int):
-        self._b, (self.k, self.n) = weakref.ref(b), b.shape
+    def __init__(self, b: np.ndarray, zb, reach_: int, transposed: bool = False):
+        # (transposed: B stored (N, K), as Gemm's transB; the weak reference is to that array)
+        self._b, self.transposed = weakref.ref(b), transposed
+        b = b.T if transposed else b
+        self.k, self.n = b.shape
         z = np.zeros(1, np.int32) if zb is None else np.asarray(zb).astype(np.int32).reshape(-1)
         self.z = None if not z.any() else np.float32(z[0]) if z.size == 1 else z.astype(np.float32)
         # per column, the most its products can add: reach * sum_k |B - zb|
@@ -81,10 +84,11 @@ class FloatWeights:
 
     @property
     def b(self) -> np.ndarray:
+        """B as (K, N)."""
         b = self._b()
         if b is None:
             raise RuntimeError("the 8-bit weights were freed before their product was packed")
-        return b
+        return b.T if self.transposed else b
 
     def centered(self, k0: int, k1: int) -> np.ndarray:
         """B[k0:k1] - zb as float32 (exact: 8-bit integers)."""
@@ -105,25 +109,26 @@ class FloatWeights:
 _WEIGHTS: dict = {}  # id(B) -> (a weak reference to B, {(zero point, reach): FloatWeights})
 
 
-def float_weights(b: np.ndarray, zb, reach_: int) -> FloatWeights:
+def float_weights(b: np.ndarray, zb, reach_: int, transposed: bool = False) -> FloatWeights:
     """FloatWeights of a constant, made once per constant, zero point and reach: the fusion
     pass asks, then placement (several times) and each plan; its bound is a pass over B."""
-    key = (None if zb is None else np.asarray(zb).tobytes(), reach_)
+    key = (None if zb is None else np.asarray(zb).tobytes(), reach_, transposed)
     hit = _WEIGHTS.get(id(b))
     if hit is None or hit[0]() is not b:
         hit = _WEIGHTS[id(b)] = (weakref.ref(b, lambda _, i=id(b), held=_WEIGHTS: held.pop(i, None)), {})
     made = hit[1].get(key)
     if made is None:
-        made = hit[1][key] = FloatWeights(b, zb, reach_)
+        made = hit[1][key] = FloatWeights(b, zb, reach_, transposed)
     return made
 
 
-def weights_for(b: np.ndarray, zb, a_dtype, a_zero_point_given: bool, a_zero_point) -> FloatWeights:
+def weights_for(b: np.ndarray, zb, a_dtype, a_zero_point_given: bool, a_zero_point,
+                transposed: bool = False) -> FloatWeights:
     """float_weights for a product of an A of `a_dtype` whose zero point is absent, a
     constant, or (given, not a constant) computed at run time: the kernels' and the fusion
     pass's (passes/fuse_matmul_integer.py) one judgement."""
     fed = a_zero_point_given and a_zero_point is None
-    return float_weights(b, zb, reach(a_dtype, False if fed else a_zero_point))
+    return float_weights(b, zb, reach(a_dtype, False if fed else a_zero_point), transposed)
 
 
 def _weights(ctx, zb_at: int) -> FloatWeights:
@@ -302,3 +307,43 @@ def matmul_integer_to_float(ctx):
         return as_out(y.reshape(shape), out, cast=True)
 
     return step
+
+
+# ---------------------------------------------------------------- com.microsoft QGemm
+# (registered in contrib/microsoft_quant.py with the op's other kernels)
+
+
+def _qgemm_weights(ctx) -> FloatWeights:
+    """QGemm's B (input 3, stored (N, K) with transB) and its zero point (input 5)."""
+    return weights_for(ctx.const(3), ctx.const(5), ctx.dtype(0), ctx.has(2), ctx.const(2) if ctx.has(2) else None,
+                       transposed=bool(ctx.attrs.get("transB", 0)))
+
+
+def qgemm_reason(ctx):
+    """Why this module cannot compute a QGemm node's int32 sums, or None."""
+    why = _unavailable(ctx)
+    if why:
+        return why
+    b = ctx.const(3)
+    if b is None:
+        return "B is not a constant (it is made ready once, when the plan is built)"
+    if b.ndim != 2 or b.dtype not in (np.int8, np.uint8) or b.size == 0:
+        return f"B is {b.dtype}{list(b.shape)}, not a non-empty 2-D 8-bit matrix"
+    n = b.shape[0] if ctx.attrs.get("transB", 0) else b.shape[1]
+    bz = ctx.const(5)
+    if bz is None or bz.dtype != b.dtype or bz.size not in (1, n) or bz.ndim > 1:
+        return "b_zero_point is computed at run time, or is neither one value nor one per column"
+    return _qgemm_weights(ctx).why
+
+
+def qgemm_product(ctx):
+    """product(A (M, K), its zero point) -> the int32 sums (A - za) @ (B - zb), for the cpu
+    kernel's float32 steps after them (contrib/microsoft_quant._qgemm)."""
+    w = _qgemm_weights(ctx)
+    products = _Products(w, scaled=False, bias=False)
+
+    def product(a: np.ndarray, za) -> np.ndarray:
+        # (whole numbers within 2**24 a run: exact as int32)
+        return products.sums(_rows(a, w.k), _zero_point(None if not za else np.asarray(za))).astype(np.int32)
+
+    return product
