@@ -1067,12 +1067,9 @@ def _qgemm(a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, 
 qgemm.register_kernel("cpu", _qgemm, out=True)
 
 
-def _onednn_qgemm_reason(ctx):
-    from ..kernels.onednn.int8 import exact_reason
-
-    why = exact_reason()
-    if why:
-        return why
+def _qgemm_b_reason(ctx):
+    """Why B (input 3) and its zero point are not constants oneDNN's kernels make ready once,
+    when the plan is built, or None."""
     b = ctx.const(3)
     if b is None:
         return "B is not a constant (its bytes are reordered once, when the plan is built)"
@@ -1083,6 +1080,12 @@ def _onednn_qgemm_reason(ctx):
     if bz is None or bz.dtype != b.dtype or bz.size not in (1, n) or bz.ndim > 1:
         return "b_zero_point is computed at run time, or is neither one value nor one per column"
     return None
+
+
+def _onednn_qgemm_reason(ctx):
+    from ..kernels.onednn.int8 import exact_reason
+
+    return exact_reason() or _qgemm_b_reason(ctx)
 
 
 @kernel("QGemm", provider="onednn", domain=MS, dtypes=Q8, out=True, bind=True, accepts=_onednn_qgemm_reason,
@@ -1110,7 +1113,7 @@ def _qgemm_onednn(ctx):
 def _onednn_qgemm_float_reason(ctx):
     from ..kernels.onednn.int8_float_matmul import qgemm_reason  # (oneDNN loaded only where it runs)
 
-    return qgemm_reason(ctx)
+    return _qgemm_b_reason(ctx) or qgemm_reason(ctx)
 
 
 @kernel("QGemm", provider="onednn", domain=MS, dtypes=Q8, out=True, bind=True, accepts=_onednn_qgemm_float_reason,

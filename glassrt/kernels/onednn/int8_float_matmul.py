@@ -320,20 +320,9 @@ def _qgemm_weights(ctx) -> FloatWeights:
 
 
 def qgemm_reason(ctx):
-    """Why this module cannot compute a QGemm node's int32 sums, or None."""
-    why = _unavailable(ctx)
-    if why:
-        return why
-    b = ctx.const(3)
-    if b is None:
-        return "B is not a constant (it is made ready once, when the plan is built)"
-    if b.ndim != 2 or b.dtype not in (np.int8, np.uint8) or b.size == 0:
-        return f"B is {b.dtype}{list(b.shape)}, not a non-empty 2-D 8-bit matrix"
-    n = b.shape[0] if ctx.attrs.get("transB", 0) else b.shape[1]
-    bz = ctx.const(5)
-    if bz is None or bz.dtype != b.dtype or bz.size not in (1, n) or bz.ndim > 1:
-        return "b_zero_point is computed at run time, or is neither one value nor one per column"
-    return _qgemm_weights(ctx).why
+    """Why this module cannot hold a QGemm node's sums exactly, or None (its B and zero point
+    constants checked by the caller: contrib/microsoft_quant._qgemm_b_reason)."""
+    return _unavailable(ctx) or _qgemm_weights(ctx).why
 
 
 def qgemm_product(ctx):
