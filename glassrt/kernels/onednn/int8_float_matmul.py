@@ -106,7 +106,7 @@ class FloatWeights:
                             make_reorder=shared_reorder)
 
 
-_WEIGHTS: dict = {}  # id(B) -> (a weak reference to B, {(zero point, reach): FloatWeights})
+_WEIGHTS: dict = {}  # id(B) -> (a weak reference to B, {(zero point, reach, transposed): FloatWeights})
 
 
 def float_weights(b: np.ndarray, zb, reach_: int, transposed: bool = False) -> FloatWeights:

@@ -196,7 +196,7 @@ def max_unpool(ctx):
             return [ctx.tensor(dt, None if rank is None else tuple(symbolic.fresh() for _ in range(rank)))]
         dims = [int(d) for d in v.reshape(-1)]
         if any(d < 0 for d in dims) or (x is not None and len(dims) != len(x)):
-            ctx.fail(f"output_shape {dims} must be {len(x) if x is not None else 'the input'}'s rank of dims, none negative")
+            ctx.fail(f"output_shape {dims} must have the input's {len(x) if x is not None else ''} dims, none negative")
         return [ctx.tensor(dt, tuple(dims))]
     if x is None:
         return [ctx.tensor(dt, None)]
