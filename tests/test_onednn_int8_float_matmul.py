@@ -228,3 +228,19 @@ def test_qgemm_sums_as_float32_products_are_cpus_bytes(monkeypatch, ta, tb, quan
         want = glassrt.InferenceSession(model, providers=["cpu"]).run(None, feeds)[0]
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+
+
+def test_qgemm_with_a_fed_zero_point_takes_any_value_of_a():
+    """A's scale and zero point fed at run time: the exactness bound takes the widest |a - za|
+    A's type allows, and each run's zero point is the one subtracted."""
+    from tests.test_contrib_quant import _model, _qgemm_inputs
+
+    rng = np.random.default_rng(5)
+    ins = _qgemm_inputs(rng, np.uint8, np.int8, 3, 300, 40, 0, 1, True, (40,), True)
+    model, feeds = _model("QGemm", ins, consts={3, 4, 5, 6, 7, 8}, transB=1)
+    s = glassrt.InferenceSession(model, providers=["onednn", "cpu"])
+    assert _kernel(s, "node")["kernel"] == "onednn.QGemm.float32"
+    cpu = glassrt.InferenceSession(model, providers=["cpu"])
+    for za in (feeds["in2"], np.asarray(0, np.uint8), np.asarray(255, np.uint8)):
+        run = {**feeds, "in2": za}
+        np.testing.assert_array_equal(s.run(None, run)[0], cpu.run(None, run)[0])
