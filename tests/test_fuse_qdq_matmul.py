@@ -200,6 +200,11 @@ def test_dequantize_linear_is_the_spec_in_float32_per_tensor_and_per_axis(dt):
             want = diff.astype(np.float32) * s.reshape(bshape)
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(quantize, "use_compiled", lambda *a, **k: False)
+
+                def tiled(*a, **k):
+                    raise AssertionError("took the tiled path, not the direct one")
+
+                mp.setattr(quantize, "write_elementwise", tiled)  # (the direct path writes into y itself)
                 outs = [None, np.empty(x.shape, np.float32), np.empty((2, 3, 4, 5), np.float32).transpose(0, 3, 1, 2)]
                 for out in outs:
                     got = quantize.dequantize_linear(x, s, z, out=out, axis=axis)

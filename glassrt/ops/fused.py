@@ -186,6 +186,11 @@ def _check_activation(ctx):
                  f"activation_params, got {n}")
 
 
+def fused_conv_quantizes(node) -> bool:
+    """Whether a glassrt::FusedConv quantizes its output (its q_scale, input 4, is given)."""
+    return node.op_type == "FusedConv" and node.domain == DOMAIN and len(node.inputs) > 4 and bool(node.inputs[4])
+
+
 def _fused_bn_meta(ctx):
     _check_activation(ctx)
     return _same_as_x(ctx)

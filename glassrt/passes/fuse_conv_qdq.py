@@ -19,6 +19,7 @@ import numpy as np
 
 from ..dtypes import EIGHT_BIT
 from ..ir import Node
+from ..ops.fused import fused_conv_quantizes
 from ._rewrite import Readers, origin, producers, rebuild
 
 
@@ -46,7 +47,7 @@ def fuse_conv_qdq(graph, ctx):
             continue
         if conv.op_type == "Conv" and not conv.domain:
             attrs = {**conv.attrs, "activation": "", "activation_params": []}
-        elif conv.op_type == "FusedConv" and conv.domain == "glassrt" and not (len(conv.inputs) > 4 and conv.inputs[4]):
+        elif conv.op_type == "FusedConv" and conv.domain == "glassrt" and not fused_conv_quantizes(conv):
             attrs = dict(conv.attrs)
         else:
             continue

@@ -28,6 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..kernels.cache_views import buffer_behind
+from ..ops.fused import fused_conv_quantizes
 
 _CHECKED_KINDS = "fc"  # float and complex feeds (and ml_dtypes' floats); integers, bools, strings hold no NaN
 
@@ -98,7 +99,7 @@ def without_activation(ctx):
     act = ctx.attrs.get("activation", "")
     if not ctx.node.op_type.startswith("Fused") or act not in ACTIVATIONS:
         return None
-    if ctx.node.op_type == "FusedConv" and len(ctx.node.inputs) > 4 and ctx.node.inputs[4]:
+    if fused_conv_quantizes(ctx.node):
         return None  # (its quantization comes after the activation: the activation cannot move past it)
     split = replace(ctx, attrs={**ctx.attrs, "activation": "", "activation_params": []})
     split.after = (act, tuple(float(v) for v in ctx.attrs.get("activation_params") or ()))

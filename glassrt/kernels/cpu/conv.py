@@ -6,6 +6,7 @@ import numpy as np
 from dataclasses import replace
 
 from .. import gemm, registry
+from ...ops.fused import fused_conv_quantizes
 from ..registry import kernel
 from . import pool
 from ._jit import compiled, jit, numba_missing
@@ -98,7 +99,7 @@ def _finish(ctx, step, half, residual_done=False):
 def _quantize_range(ctx):
     """The 8-bit range (lo, hi) of a FusedConv's fused quantization (its q_scale, input 4),
     or None where it has none."""
-    if not (len(ctx.node.inputs) > 4 and ctx.node.inputs[4]):
+    if not fused_conv_quantizes(ctx.node):
         return None
     from .quantize import _int_range
 

@@ -30,6 +30,7 @@ import weakref
 
 import numpy as np
 
+from ...ops.fused import fused_conv_quantizes
 from ...ops.geometry import spatial_pads
 from ...weights import is_mapped, release_pages
 from ..buffers import NHWC
@@ -515,7 +516,7 @@ def conv_drops_nan(ctx) -> str | None:
 
 def _quantizes(ctx) -> bool:
     """A FusedConv that quantizes its output (q_scale, input 4: passes/fuse_conv_qdq.py)."""
-    return ctx.node.op_type == "FusedConv" and len(ctx.node.inputs) > 4 and bool(ctx.node.inputs[4])
+    return fused_conv_quantizes(ctx.node)
 
 
 def _quantize_spec(ctx):
