@@ -13,7 +13,9 @@ BLAS (see conv.py). The exception is onednn/row_panels.py's loop (parallel=True)
 on OpenMP's pool through Numba's omp threading layer. Compiled functions may call each other: Numba reads a callee from the
 caller's module globals when it compiles the caller, so the first compilation in a module
 puts the dispatchers of all of that module's lazy functions in those globals (dispatchers
-compile their own code only when first called, so this costs nothing). Functions must be
+compile their own code only when first called, so this costs nothing; a vectorize is made
+on its own first call). A dispatcher's first call loads its machine code from the cache
+without Numba's set-up of its whole CPU target (_load_cached). Functions must be
 module-level, not closures: Numba's disk cache misses every time for a closure over other
 compiled functions.
 
@@ -125,19 +127,9 @@ def warm_numba_soon() -> None:
 
 def _load_numba() -> None:
     try:
-        import numba  # noqa: F401
-        from numba.core.compiler_lock import global_compiler_lock
-        from numba.core.registry import cpu_target
-
-        # what a dispatcher's first compilation or cache load does first (Numba's own calls,
-        # under the lock its compilations hold: a kernel that needs Numba may compile now)
-        with global_compiler_lock:
-            cpu_target.target_context.refresh()
-            cpu_target.typing_context.refresh()
+        _load()
     except Exception as e:  # noqa: BLE001 - an installed Numba that cannot load: the twins stay
         _REASON[:] = [f"numba unavailable (its import failed: {type(e).__name__}: {e})"]
-    else:
-        _warm.set()
 
 
 def numba_loading() -> bool:
@@ -154,15 +146,67 @@ def wait_for_numba() -> None:
         t.join()
 
 
+_ready: list = []  # [True] once _set_up_for_cache_loads ran
+
+
+def _load():
+    """Numba imported and set up for loading compiled loops (on any thread)."""
+    import numba
+
+    _set_up_for_cache_loads()
+    _warm.set()
+    return numba
+
+
 def _import_numba():
     try:
-        import numba
+        numba = _load()
     except Exception as e:  # pragma: no cover - numba is a dependency
         raise RuntimeError(f"this kernel needs Numba, which failed to import: {type(e).__name__}: {e}") from e
-    _warm.set()
     if _threads:
         numba_threads(_threads.pop())
     return numba
+
+
+def _set_up_for_cache_loads() -> None:
+    """What loading glassrt's compiled loops from Numba's disk cache needs of its CPU target,
+    and no more: the runtime (NRT: loops that allocate call it) and the symbols the one
+    registry module that adds any at import defines (hashing's). Numba's own cache load
+    first refreshes the whole target, importing every registry of implementations (~120
+    modules): 0.6 s of a 0.9 s load on a 2-core Zen 1, which a run had to share the GIL
+    with. A compilation still refreshes it first (numba's CompilerBase), as before."""
+    if _ready:
+        return
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.registry import cpu_target
+    from numba.core.runtime import nrt
+    import numba.cpython.hashing  # noqa: F401 - adds the _numba_hashsecret_ symbols
+
+    with global_compiler_lock:
+        nrt.rtsys.initialize(cpu_target.target_context)
+    _ready.append(True)
+
+
+def _load_cached(cache, sig, target_context):
+    """numba's Cache.load_overload without its refresh of the whole target (see
+    _set_up_for_cache_loads); where the rebuild fails, it refreshes and tries as Numba does."""
+    try:
+        with cache._guard_against_spurious_io_errors():
+            return cache._load_overload(sig, target_context)
+    except Exception:  # noqa: BLE001 - Numba's own steps then report what is wrong
+        target_context.refresh()
+        with cache._guard_against_spurious_io_errors():
+            return cache._load_overload(sig, target_context)
+
+
+def _loads_without_refresh(dispatcher):
+    """A jit dispatcher whose cache loads (on its first calls) go through _load_cached."""
+    from numba.core.caching import Cache
+
+    cache = getattr(dispatcher, "_cache", None)
+    if isinstance(cache, Cache):
+        cache.load_overload = functools.partial(_load_cached, cache)
+    return dispatcher
 
 
 def limit_threads(n: int) -> None:
@@ -202,9 +246,10 @@ def numba_threads(n: int) -> None:
 class _Lazy:
     """A function compiled on its first call (see the module docstring)."""
 
-    def __init__(self, fn, make):
+    def __init__(self, fn, make, alone: bool = False):
         functools.update_wrapper(self, fn)
         self.fn, self.make = fn, make  # make(numba, fn) -> the compiled function
+        self.alone = alone  # made on its own first use, not with its module's others
         self.compiled = None
 
     def __call__(self, *args, **kwargs):
@@ -212,18 +257,19 @@ class _Lazy:
 
     def dispatcher(self):
         if self.compiled is None:
-            _compile_module(self.fn.__globals__)
+            _compile_module(self.fn.__globals__, self if self.alone else None)
         return self.compiled
 
 
-def _compile_module(namespace):
+def _compile_module(namespace, alone: _Lazy | None = None):
+    """Makes the dispatchers of a module's lazy functions (or the one made `alone`)."""
     reason = numba_missing()
     if reason is not None:
         raise RuntimeError(f"this kernel needs Numba: {reason}")
     numba = _import_numba()
 
     for name, obj in list(namespace.items()):
-        if isinstance(obj, _Lazy) and obj.compiled is None:
+        if obj is alone or (alone is None and isinstance(obj, _Lazy) and not obj.alone and obj.compiled is None):
             obj.compiled = obj.make(numba, obj.fn)
             namespace[name] = obj.compiled  # compiled callers find compiled callees
 
@@ -238,11 +284,12 @@ def compiled(fn):
 def jit(**options):
     """Decorator: numba.njit(cache=True, nogil=True, **options) on first call."""
     opts = dict(cache=True, nogil=True, **options)
-    return lambda fn: _Lazy(fn, lambda numba, f: numba.njit(**opts)(f))
+    return lambda fn: _Lazy(fn, lambda numba, f: _loads_without_refresh(numba.njit(**opts)(f)))
 
 
 def vectorize(signatures, **options):
     """Decorator: numba.vectorize(signatures, cache=True, **options) on first call (a ufunc:
-    broadcasting and out= included)."""
+    broadcasting and out= included). Made on its own first call, not with its module's
+    other functions: building the ufunc needs Numba's whole CPU target (0.6 s to set up)."""
     opts = dict(cache=True, **options)
-    return lambda fn: _Lazy(fn, lambda numba, f: numba.vectorize(signatures, **opts)(f))
+    return lambda fn: _Lazy(fn, lambda numba, f: numba.vectorize(signatures, **opts)(f), alone=True)
