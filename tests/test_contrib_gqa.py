@@ -26,6 +26,8 @@ import glassrt
 
 ort = pytest.importorskip("onnxruntime")
 
+from tests.test_contrib_microsoft import _glassrt, _ort  # noqa: E402 - the same harness as the other contrib ops
+
 MS = "com.microsoft"
 F16, F32 = np.float16, np.float32
 NAMES = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
@@ -62,17 +64,6 @@ def _model(inputs: dict, outputs=OUTS, **attrs):
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
     model.ir_version = 10
     return model, {n: inputs[n] for n in names if n}
-
-
-def _ort(model, feeds):
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
-def _glassrt(model, feeds):
-    return glassrt.InferenceSession(model, providers=["cpu"], fallback="error").run(None, feeds)
 
 
 def _close(got, ref, what):
