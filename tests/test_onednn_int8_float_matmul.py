@@ -245,3 +245,30 @@ def test_qgemm_with_a_fed_zero_point_takes_any_value_of_a():
     for za in (feeds["in2"], np.asarray(0, np.uint8), np.asarray(255, np.uint8)):
         run = {**feeds, "in2": za}
         np.testing.assert_array_equal(s.run(None, run)[0], cpu.run(None, run)[0])
+
+
+def test_packing_8_bit_weights_on_one_thread_leaves_the_runs_thread_count(monkeypatch):
+    """B without a zero point is converted as oneDNN packs it, on one OpenMP thread (faster
+    there); the calling thread's count is as it was after, and the sums stay exact."""
+    from glassrt.kernels.onednn import dnnl, int8_float_matmul
+
+    inside, around = [], []
+    prepack, packed = dnnl.prepack, int8_float_matmul.FloatWeights.packed
+
+    def count_around(self, *args):
+        before = capi.query_max_threads()
+        try:
+            return packed(self, *args)
+        finally:
+            around.append((before, capi.query_max_threads()))
+
+    monkeypatch.setattr(dnnl, "prepack", lambda *a, **k: inside.append(capi.query_max_threads()) or prepack(*a, **k))
+    monkeypatch.setattr(int8_float_matmul.FloatWeights, "packed", count_around)
+    m, b, za = _matmul_integer(np.uint8, np.int8, 700, 300, (64, 700), 0)
+    s = glassrt.InferenceSession(m.SerializeToString(), glassrt.SessionOptions(intra_op_num_threads=2),
+                                 providers=["onednn", "cpu"])
+    a = _full_range(np.uint8, (64, 700))
+    y = s.run(None, {"a": a, "za": za})[0]
+    assert _kernel(s, "p")["kernel"] == "onednn.MatMulInteger.float32"
+    assert inside == [1] and len(around) == 1 and around[0][0] == around[0][1] and around[0][0] >= 1
+    np.testing.assert_array_equal(y, (a.astype(np.int64) - int(za)) @ b.astype(np.int64))

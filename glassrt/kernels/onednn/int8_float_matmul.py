@@ -100,8 +100,16 @@ class FloatWeights:
         where B has no zero point (oneDNN converts as it packs), else from a centered copy."""
         if self.z is None:
             part = np.ascontiguousarray(self.b[k0:k1])
-            return dnnl.prepack(part, constant_weights_md(k1 - k0, self.n, inner, part.dtype), target,
-                                make_reorder=shared_reorder)
+            # On one OpenMP thread: oneDNN's 8-bit to float32 reorder ran slower on two here
+            # (768x3072: 3.5 against 5.4 ms, fresh output each time), and an int8 BERT-base's
+            # first run packs 73 of them (its packing 245-294 -> 115-142 ms, four alternating pairs).
+            n = capi.get_max_threads()
+            capi.set_num_threads(1)
+            try:
+                return dnnl.prepack(part, constant_weights_md(k1 - k0, self.n, inner, part.dtype), target,
+                                    make_reorder=shared_reorder)
+            finally:
+                capi.set_num_threads(n)
         return dnnl.prepack(self.centered(k0, k1), constant_weights_md(k1 - k0, self.n, inner), target,
                             make_reorder=shared_reorder)
 
