@@ -299,12 +299,12 @@ def _cache(past_kv, new_kv, past, new, length, dt, out):
     `past` rows of the past buffer, then its `new` rows of this step, then zeros."""
     b, n_kv, _, d = new_kv.shape
     present = new_out(out, (b, n_kv, length, d), dt)
-    present.fill(0)
-    for i in range(b):
+    for i in range(b):  # (each row written once: a fixed-size cache is mostly the zeros)
         p, n = int(past[i]), int(new[i])
-        if p:
+        if p:  # (no past_kv at all in a first prompt)
             present[i, :, :p] = past_kv[i, :, :p]
         present[i, :, p:p + n] = new_kv[i, :, :n]
+        present[i, :, p + n:] = 0
     return present
 
 
