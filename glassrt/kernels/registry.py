@@ -130,6 +130,10 @@ class Kernel:
     builder: bool = False
     multi: bool = False  # takes and returns a tuple of outputs (multi-output ops)
     accepts: Callable | None = None  # (BindContext) -> None if OK, else a reason
+    # (BindContext) -> None or a reason that holds whatever the shapes (attributes, constants):
+    # asked with the other shape-free checks, so a node it refuses is not judged again on
+    # each stand-in binding of its symbolic dims (select.py)
+    applies: Callable | None = None
     workspace: Callable | None = None  # (BindContext) -> bytes of scratch memory
     priority: int = 0
     attrs: frozenset | _SignatureAttrs | None = None  # attribute names understood (`in`); None: any
@@ -238,7 +242,7 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
            out: bool = False, alias: bool = False, inplace: bool = False, bind: bool = False, multi: bool = False,
            accepts=None, workspace=None, priority: int = 0, name: str | None = None, attrs=None, layouts=(),
            static_only: bool = False, any_shape: bool = False, one_row: bool = False, blas: bool | None = None,
-           warms_numba: bool = False, follows_layout: bool = False, drops_nan=None):
+           warms_numba: bool = False, follows_layout: bool = False, drops_nan=None, applies=None):
     """Decorator registering `fn` as a kernel for one or more ops."""
 
     def deco(fn):
@@ -251,7 +255,8 @@ def kernel(ops, *, provider: str = "cpu", domain: str = "", versions=(1, None), 
                 provider=provider, domain=domain, op_type=op, fn=fn, versions=versions,
                 dtypes=kdtypes,
                 out=out, alias=alias, inplace=inplace, builder=bind, multi=multi, accepts=accepts,
-                workspace=workspace, priority=priority, layouts=frozenset(layouts), static_only=static_only,
+                applies=applies, workspace=workspace, priority=priority, layouts=frozenset(layouts),
+                static_only=static_only,
                 any_shape=any_shape, one_row=one_row, blas=not (alias or inplace) if blas is None else blas,
                 warms_numba=warms_numba, follows_layout=follows_layout, drops_nan=drops_nan,
                 attrs=kattrs,

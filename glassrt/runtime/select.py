@@ -29,12 +29,16 @@ def kernel_reason(k: Kernel, ctx: BindContext, *, shapes: bool = True) -> str | 
     """None if the kernel can run the node, else why not. shapes=False skips what depends on
     the shapes: the kernel's own predicate and its need of concrete shapes (selection
     re-checks both per plan)."""
+    return _shape_free_reason(k, ctx) or (_shape_reason(k, ctx) if shapes else None)
+
+
+def _shape_free_reason(k: Kernel, ctx: BindContext) -> str | None:
+    """What refuses the node whatever its shapes: the op's version, its outputs, the dtype,
+    attributes the kernel does not know, the kernel's own `applies`."""
     since = ctx.since_version
     if not k.covers_version(since):
         lo, hi = k.versions
         return f"{k.name} covers {ctx.node.op_type} versions {lo}..{hi or 'latest'}, node needs version {since}"
-    if shapes and k.static_only and not is_static(ctx):
-        return f"{k.name} is bound to concrete shapes, and this node's are symbolic here"
     n_out = max((i + 1 for i, o in enumerate(ctx.node.outputs) if o), default=0)
     if n_out > 1 and not k.multi:
         return f"{k.name} computes one output; the node asks for {n_out}"
@@ -47,13 +51,26 @@ def kernel_reason(k: Kernel, ctx: BindContext, *, shapes: bool = True) -> str | 
         for a, v in ctx.node.attrs.items():
             if a not in k.attrs and a not in NO_EFFECT_ATTRS and not _same(defaults.get(a, _MISSING), v):
                 return f"attribute {a}={_short(v)} not supported by {k.name}"
-    if shapes and k.accepts is not None:
-        try:
-            why = k.accepts(ctx)
-        except Exception as e:  # a predicate that can't decide on symbolic shapes says no
-            why = f"{k.name} cannot decide on these shapes ({type(e).__name__}: {e})"
-        if why:
-            return why if isinstance(why, str) else f"{k.name} does not accept this node"
+    if k.applies is not None:
+        return _predicate(k, k.applies, ctx)
+    return None
+
+
+def _shape_reason(k: Kernel, ctx: BindContext) -> str | None:
+    """What refuses the node at these shapes: symbolic ones where the kernel binds concrete
+    shapes, and the kernel's own predicate."""
+    if k.static_only and not is_static(ctx):
+        return f"{k.name} is bound to concrete shapes, and this node's are symbolic here"
+    return _predicate(k, k.accepts, ctx) if k.accepts is not None else None
+
+
+def _predicate(k: Kernel, predicate, ctx: BindContext) -> str | None:
+    try:
+        why = predicate(ctx)
+    except Exception as e:  # a predicate that can't decide on symbolic shapes says no
+        why = f"{k.name} cannot decide on these shapes ({type(e).__name__}: {e})"
+    if why:
+        return why if isinstance(why, str) else f"{k.name} does not accept this node"
     return None
 
 
@@ -107,20 +124,23 @@ def provider_verdict_checked(provider, node, contract, ctx, batch=frozenset()) -
         return [], f"no {provider.name} kernel for {node.op_type}{where}", False, False
     candidates, ok, why, shape_free = [], [], [], False
     for k in ks:
-        r = kernel_reason(k, ctx, shapes=False)
+        r = _shape_free_reason(k, ctx)
         if r:
             why.append(r)
             continue
         shape_free = True
-        r = kernel_reason(k, ctx)
+        r = _shape_reason(k, ctx)
         if r and k.static_only and not is_static(ctx):
             # A kernel bound per concrete shape judges a stand-in binding of the symbolic
             # dims (ranks, channels and kernel sizes are what its predicate looks at); each
-            # plan re-checks its own shapes and moves the node on if it refuses them.
+            # plan re-checks its own shapes and moves the node on if it refuses them. (A
+            # stand-in changes no dtype, attribute or output: only the shape checks again.
+            # One stand-in context per binding, shared by the node's kernels and providers,
+            # so that what a kernel works out from it is worked out once.)
             bindings = [(1, ())] if k.one_row else \
                 [(STAND_IN_DIM, batch)] * bool(batch) + [(STAND_IN_DIM, ()), (STAND_IN_LARGE, ())]
             for value, ones in bindings:
-                r = kernel_reason(k, stand_in(ctx, value, ones))
+                r = _shape_reason(k, ctx.cached(("stand-in", value, ones), lambda: stand_in(ctx, value, ones)))
                 if not r:
                     break
             if r:

@@ -437,13 +437,16 @@ DENSE_GROUPS_MAX = 8
 DENSE_WEIGHT_BYTES_MAX = 1 << 22
 
 
+def _grouped(ctx):
+    """dense_groups' `applies`: a conv of one group is not its case, whatever the shapes."""
+    return None if int(ctx.attrs.get("group", 1)) > 1 else "not a grouped conv"
+
+
 def _dense_groups_reason(ctx):
-    why = _conv_common_reason(ctx)
+    why = _conv_common_reason(ctx) or _grouped(ctx)
     if why:
         return why
     group = int(ctx.attrs.get("group", 1))
-    if group == 1:
-        return "not a grouped conv"
     if not _grouped_impl(ctx, group).startswith(_SLOW_IMPLS):
         return "oneDNN has a jit kernel for the grouped conv itself"
     if group > DENSE_GROUPS_MAX:
@@ -576,7 +579,7 @@ def conv(ctx):
 
 
 @kernel(["Conv"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_dense_groups_reason,
-        layouts=LAYOUTS, static_only=True, workspace=_conv_workspace, name="dense_groups")
+        applies=_grouped, layouts=LAYOUTS, static_only=True, workspace=_conv_workspace, name="dense_groups")
 def conv_dense_groups(ctx):
     """A grouped conv oneDNN has no jit kernel for (a few channels per group: ShuffleNet's
     first 1x1), as one dense oneDNN conv with block-diagonal weights: group x the FLOPs, but a
@@ -660,8 +663,8 @@ kernel(["FusedConv"], provider="onednn", domain="glassrt", dtypes=F32, out=True,
        layouts=LAYOUTS, static_only=True, workspace=_conv_workspace, name="conv",
        drops_nan=conv_drops_nan)(conv)
 kernel(["FusedConv"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
-       accepts=_dense_groups_reason, layouts=LAYOUTS, static_only=True, workspace=_conv_workspace,
-       name="dense_groups", drops_nan=conv_drops_nan)(conv_dense_groups)
+       accepts=_dense_groups_reason, applies=_grouped, layouts=LAYOUTS, static_only=True,
+       workspace=_conv_workspace, name="dense_groups", drops_nan=conv_drops_nan)(conv_dense_groups)
 
 
 # ---------------------------------------------------------------- pooling
