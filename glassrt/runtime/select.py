@@ -192,8 +192,10 @@ def _all_static(ctx) -> bool:
 
 
 def is_static(ctx) -> bool:
-    """Every tensor input and output shape known: the kernel can be bound for good."""
-    return all(not isinstance(t, TensorType) or t.is_static for t in [*ctx.input_types, *ctx.output_types])
+    """Every tensor input and output shape known: the kernel can be bound for good. (Asked
+    of a node's context by each of its kernels, at placement and again in plans: once each.)"""
+    return ctx.cached("static", lambda: all(not isinstance(t, TensorType) or t.is_static
+                                             for t in [*ctx.input_types, *ctx.output_types]))
 
 
 def choose_kernel(decision, ctx, options, make_runner=None, subgraphs=None):

@@ -343,7 +343,12 @@ _ACTIVATIONS = ("", "Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "Swis
 def _conv_geometry(ctx):
     """(x, w, kernel, pads begin, pads end, y, strides, dilations) as lists of ints, always
     those of a 2-D conv (_geometry: a 1-D conv or a column is given as a row). Asked a dozen
-    times per conv while placing and binding: computed once per distinct conv."""
+    times per conv while placing and binding: computed once per distinct conv, and looked
+    up once per context (the lists are shared: read them, do not change them)."""
+    return ctx.cached("conv geometry", lambda: _conv_geometry_now(ctx))
+
+
+def _conv_geometry_now(ctx):
     a = ctx.attrs
     opt = lambda name: None if a.get(name) is None else tuple(a[name])  # noqa: E731
     got = _geometry(tuple(ctx.shape(0)), tuple(ctx.shape(1)), opt("kernel_shape"), opt("strides"),
