@@ -353,6 +353,23 @@ def test_prepack_in_slabs_writes_the_same_bytes_as_one_reorder(shape, trans):
         assert len(seen) > 2
 
 
+def test_prepack_shares_the_plain_descriptor_of_weights_of_one_shape():
+    """Weights given without their layout are read as their array's plain one, made once per
+    shape, strides and dtype and shared (a grouped conv's 4-D weights seen as the 5-D
+    descriptor it packs them into): the same packed bytes as a descriptor of their own."""
+    group, w1, w2 = 2, rand(8, 3, 3, 3), rand(8, 3, 3, 3)
+    pd = D.conv((1, 6, 10, 10), w1.shape, group=group, pads=[1, 1, 1, 1], src_format="acdb", dst_format="acdb")
+    target = pd.weights_md()
+    assert len(target.dims) == 5
+    D._plain_desc.cache_clear()
+    packed = [D.prepack(w, None, target) for w in (w1, w2)]
+    assert D._plain_desc.cache_info().hits == 1 and D._plain_desc.cache_info().currsize == 1
+    for w, p in zip((w1, w2), packed):
+        own = D.prepack(w, D.MemoryDesc.from_array(w).reshape(target.dims), target)
+        np.testing.assert_array_equal(p.array, own.array)
+        np.testing.assert_array_equal(D.to_numpy(p).reshape(w.shape), w)
+
+
 def test_matmul_batched_broadcast_weights():
     a, w = rand(3, 4, 16), rand(1, 16, 8)
     y = np.empty((3, 4, 8), F32)
@@ -531,6 +548,7 @@ def test_every_handle_is_destroyed_with_its_object(monkeypatch):
     classes = {D.MemoryDesc: "dnnl_memory_desc_destroy", D.Memory: "dnnl_memory_destroy",
                D.PrimitiveDesc: "dnnl_primitive_desc_destroy", D.Primitive: "dnnl_primitive_destroy",
                D.Attr: "dnnl_primitive_attr_destroy", D.PostOps: "dnnl_post_ops_destroy"}
+    D._plain_desc.cache_clear()  # (prepack's shared plain descriptors: kept while cached, cleared below)
     gc.collect()  # what earlier tests left dies now, not while this one records
     for cls, kind in classes.items():
         real_init, real_destroy = cls.__init__, getattr(capi.lib, kind)
@@ -545,6 +563,7 @@ def test_every_handle_is_destroyed_with_its_object(monkeypatch):
     try:
         _bind_and_run_convs(20)
     finally:
+        D._plain_desc.cache_clear()
         gc.enable()
     alive, made = set(), {}
     for what, kind, h in events:

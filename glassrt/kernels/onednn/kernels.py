@@ -409,7 +409,13 @@ def _grouped_impl(ctx, group: int) -> str:
 def _conv_pd(ctx, group: int, z_layout=None):
     """The primitive descriptor of the node's conv (NHWC, its bias and post-ops) with the
     weights seen as `group` groups: made once and shared (shared_pd) by the predicates that
-    ask its implementation and the binding that runs it, and by identical convs."""
+    ask its implementation and the binding that runs it, and by identical convs; looked up
+    once per context and OpenMP thread count (its reasons and its binding ask it four times;
+    a descriptor is made for its thread count, shared_pd)."""
+    return ctx.cached(("conv pd", group, z_layout, capi.get_max_threads()), lambda: _conv_pd_now(ctx, group, z_layout))
+
+
+def _conv_pd_now(ctx, group: int, z_layout):
     x, w, k, begin, end, y, strides, dil = _conv_geometry(ctx)
     w = (w[0], w[1] * int(ctx.attrs.get("group", 1)) // group, *w[2:])
     bias = ctx.has(2)
