@@ -243,3 +243,34 @@ def test_the_gc_is_paused_only_while_a_session_is_made_and_back_on_after_a_failu
     with pytest.raises(glassrt.GlassrtError):
         glassrt.InferenceSession(b"not a model", providers=["cpu"])
     assert gc.isenabled()
+
+
+def test_a_plans_arena_is_faulted_in_on_another_thread_before_its_first_run_writes_it(monkeypatch):
+    """allocate_arena has the arena's pages faulted in by a thread of its own (populate_soon),
+    so that the first run's steps do not stall on them; its contents stay zeros, and the
+    run's results are the same."""
+    from glassrt.runtime import memory
+
+    started = []
+    real = memory.populate_soon
+    monkeypatch.setattr(memory, "populate_soon", lambda buf: started.append(real(buf)) or started[-1])
+    before = pages.stats.populated_bytes
+    arena = memory.allocate_arena(3 * pages.HUGE_PAGE + 12345)
+    if started[0] is None:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE")
+    started[0].join()
+    assert pages.stats.populated_bytes - before >= arena.nbytes
+    rss = smaps_kib(arena.__array_interface__["data"][0], "Rss:")
+    if rss is not None:
+        assert rss * 1024 >= arena.nbytes  # resident before anything wrote it
+    assert not arena.any()
+    small = memory.allocate_arena(1 << 19)  # (below 1 MiB: malloc's, not populated)
+    assert len(started) == 1 and small.nbytes == 1 << 19
+
+
+def test_populate_soon_refuses_what_does_not_start_a_page():
+    buf = pages.os_buffer(1 << 16)
+    assert pages.populate_soon(buf[1:]) is None
+    t = pages.populate_soon(buf)
+    assert t is None or (t.join() or True)
+    assert not buf.any()

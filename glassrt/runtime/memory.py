@@ -22,7 +22,7 @@ import weakref
 
 import numpy as np
 
-from ..pages import os_buffer
+from ..pages import os_buffer, populate_soon
 
 ALIGN = 64
 
@@ -331,7 +331,11 @@ def allocate_arena(nbytes: int) -> np.ndarray:
     few milliseconds for an arena's few pages, once."""
     if nbytes < (1 << 20):
         return np.empty(nbytes, np.uint8)
-    return os_buffer(nbytes, whole_pages=True, early=True)
+    arena = os_buffer(nbytes, whole_pages=True, early=True)
+    # faulted in on another core while the plan is finished and its first run binds its
+    # steps (pages.populate_soon: a MobileNetV2's first run waited 7 ms on its arena's pages)
+    populate_soon(arena)
+    return arena
 
 
 class _Handed(weakref.ref):

@@ -240,8 +240,11 @@ def explain(sess, dims: dict | None = None) -> dict:
         "pages": {"transparent_huge_pages": pages.thp_mode(), "advice": pages.advice_enabled(),
                   "policy": pages.policy(),
                   "buffers": pages.stats.buffers, "mapped_bytes": pages.stats.mapped_bytes,
-                  "huge_from_start_bytes": pages.stats.huge_from_start_bytes, "advised_bytes": pages.stats.advised_bytes, "collapsed_bytes": pages.stats.collapsed_bytes,
+                  "huge_from_start_bytes": pages.stats.huge_from_start_bytes,
+                  "advised_bytes": pages.stats.advised_bytes, "collapsed_bytes": pages.stats.collapsed_bytes,
                   "promote_ms": round(pages.stats.promote_seconds * 1e3, 1),
+                  # plan arenas faulted in on another thread before their first run wrote them
+                  "populated_bytes": pages.stats.populated_bytes,
                   "pending_bytes": pages.pending_bytes()},
         # one-row products (decode steps) streamed by row_panels' loop in this process, and why others were not
         "row_products": _row_products(),
@@ -417,7 +420,8 @@ def render(report: dict, console, max_reason: int = 70) -> None:
     console.print(f"large buffers (this process): {p['buffers']} of {fmt_bytes(p['mapped_bytes'])}; on huge pages "
                   f"from their first touch: {fmt_bytes(p['huge_from_start_bytes'])}; moved onto huge "
                   f"pages once a plan kept running: {fmt_bytes(p['advised_bytes'])} ({fmt_bytes(p['collapsed_bytes'])} "
-                  f"collapsed at once, {p['promote_ms']} ms), {fmt_bytes(p['pending_bytes'])} still on small pages "
+                  f"collapsed at once, {p['promote_ms']} ms), {fmt_bytes(p['pending_bytes'])} still on small pages; "
+                  f"plan arenas faulted in ahead of their first run: {fmt_bytes(p['populated_bytes'])} "
                   f"(transparent huge pages: {p['transparent_huge_pages']}, GLASSRT_HUGE_PAGES policy "
                   f"{p['policy']}" + ("" if p["advice"] else ", advice off")
                   + ")", highlight=False, markup=False)
