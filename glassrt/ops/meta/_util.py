@@ -32,11 +32,11 @@ def ints(v):
 def expect_shape(ctx, i, want, what):
     """Fail unless input i (when given, and its shape known) has exactly the dims `want`
     (ints or symbols; only int-vs-int disagreements can be told at this point)."""
-    from ... import symbolic
-
     got = ctx.shape(i) if ctx.has(i) else None
     if got is None or want is None:
         return
     if len(got) != len(want) or any(isinstance(g, int) and isinstance(w, int) and g != w for g, w in zip(got, want)):
+        from ... import symbolic  # (here, not above: asked of every conv and norm while inferring)
+
         ctx.fail(f"input {i} '{ctx.node.inputs[i]}' ({what}) must have shape {symbolic.shape_str(tuple(want))}, "
                  f"got {symbolic.shape_str(got)}")
