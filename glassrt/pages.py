@@ -211,7 +211,7 @@ def populate_soon(buf: np.ndarray) -> threading.Thread | None:
     GIL let go meanwhile), instead of one by one as its first user writes them. For a
     buffer made just before it is first written, with Python work between (a plan's arena:
     the plan's compilation ends and the first run binds its steps as it goes): on a 2-core VM
-    whose first touch of a page costs 2.5-6 us (a fresh huge page 1-3 ms), the first run's
+    whose first touch of a page costs 2.5-6 us (a fresh huge page 0.3-3.6 ms), the first run's
     early steps stalled on them (a YOLOv8n's 2.7 MiB arena: its first run's steps 19-23 -> 19
     ms). The thread, or None where none was started (a kernel without it; a buffer that does
     not start a page)."""

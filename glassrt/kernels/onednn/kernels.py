@@ -412,7 +412,8 @@ def _conv_pd(ctx, group: int, z_layout=None):
     ask its implementation and the binding that runs it, and by identical convs; looked up
     once per context and OpenMP thread count (its reasons and its binding ask it four times;
     a descriptor is made for its thread count, shared_pd)."""
-    return ctx.cached(("conv pd", group, z_layout, capi.get_max_threads()), lambda: _conv_pd_now(ctx, group, z_layout))
+    return ctx.cached(("conv pd", group, z_layout, capi.get_max_threads()),
+                      lambda: _conv_pd_now(ctx, group, z_layout))
 
 
 def _conv_pd_now(ctx, group: int, z_layout):
