@@ -272,3 +272,20 @@ def test_packing_8_bit_weights_on_one_thread_leaves_the_runs_thread_count(monkey
     assert _kernel(s, "p")["kernel"] == "onednn.MatMulInteger.float32"
     assert inside == [1] and len(around) == 1 and around[0][0] == around[0][1] and around[0][0] >= 1
     np.testing.assert_array_equal(y, (a.astype(np.int64) - int(za)) @ b.astype(np.int64))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("k", [1, 256, 257, 258, 771])
+def test_column_magnitudes_are_the_exact_sums_of_abs(dtype, k):
+    """The bound's column sums, taken 257 rows at a time in uint16: int8's -128 counts 128,
+    every value at its type's extreme in a column of more rows than a block holds, a
+    transposed B (Gemm's transB) read through its view."""
+    from glassrt.kernels.onednn.int8_float_matmul import _column_magnitudes
+
+    info = np.iinfo(dtype)
+    b = RNG.integers(info.min, info.max + 1, (k, 5)).astype(dtype)
+    b[:, 0] = info.min
+    b[:, 1] = info.max
+    want = np.abs(b.astype(np.int64)).sum(axis=0)
+    np.testing.assert_array_equal(_column_magnitudes(b), want)
+    np.testing.assert_array_equal(_column_magnitudes(np.ascontiguousarray(b.T).T), want)
