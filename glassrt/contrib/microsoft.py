@@ -79,8 +79,11 @@ def _c(g, value, like):
 
 
 def _require(cond, message):
+    """ValueError(message) unless cond; the message a string or, where it names values, a
+    function that formats it (an f-string naming a dtype costs ~5 us, and the checks run on
+    every inference: an int8 BERT-base's 73 MatMulIntegerToFloat metas made ~440 of them)."""
     if not cond:
-        raise ValueError(message)
+        raise ValueError(message() if callable(message) else message)
 
 
 def _per_feature(x, params, what="hidden size") -> None:
@@ -92,7 +95,7 @@ def _per_feature(x, params, what="hidden size") -> None:
     for name, m in params.items():
         if m is not None and m.shape and all(isinstance(d, int) for d in m.shape):  # (a scalar: every feature alike)
             _require(tuple(m.shape) == (x.shape[-1],),
-                     f"{name} {list(m.shape)} must be 1-D, one value per feature ({what} {x.shape[-1]})")
+                     lambda: f"{name} {list(m.shape)} must be 1-D, one value per feature ({what} {x.shape[-1]})")
 
 
 def _buffers(out, n):
@@ -308,7 +311,7 @@ def _skip_norm(x, skip, bias, out, norm):
     over the last axis, a block of rows at a time into the planned buffers. skip may be
     (B, S, H), (1, S, H) or (S, H)."""
     _require(skip.shape[-1] == x.shape[-1] and skip.ndim <= x.ndim,
-             f"skip {list(skip.shape)} does not match input {list(x.shape)}")
+             lambda: f"skip {list(skip.shape)} does not match input {list(x.shape)}")
     parts = [x, skip] + ([bias] if bias is not None else [])
     shape = np.broadcast_shapes(*(p.shape for p in parts))
     stat = shape[:-1] + (1,)
@@ -333,7 +336,7 @@ def _skip_metas(x, skip, **params):
             isinstance(d, int) for d in (*x.shape, *skip.shape)):
         b, s_, h = x.shape
         _require(tuple(skip.shape) in ((b, s_, h), (1, s_, h), (s_, h)),
-                 f"skip {list(skip.shape)} must be input's {list(x.shape)}, [1, {s_}, {h}] or [{s_}, {h}]")
+                 lambda: f"skip {list(skip.shape)} must be input's {list(x.shape)}, [1, {s_}, {h}] or [{s_}, {h}]")
     stat = None if x.shape is None else tuple(x.shape[:-1]) + (1,)
     shape = x.shape if skip.shape is None or x.shape is None else broadcast_shapes(x.shape, skip.shape)
     return _like(x, shape), Meta(F32, stat), Meta(F32, stat), _like(x, shape)
@@ -438,7 +441,7 @@ simplified_layer_norm = custom_op(
 
 @simplified_layer_norm.register_meta
 def _simplified_layer_norm_meta(x, scale, axis, epsilon, stash_type):
-    _require(stash_type == 1, f"stash_type {stash_type} is not supported (onnxruntime's cpu kernels take 1)")
+    _require(stash_type == 1, lambda: f"stash_type {stash_type} is not supported (onnxruntime's cpu kernels take 1)")
     if x.shape is None:
         return Meta(scale.dtype, None), Meta(F32, None)
     a = normalize_axis(axis, len(x.shape))
@@ -483,15 +486,17 @@ def _ort_mask(mask, b, s, past, total, causal, filter_value):
     fv = F32.type(filter_value)
     if mask is not None:
         if mask.ndim == 3:
-            _require(mask.shape == (b, s, total), f"3-D mask must be {(b, s, total)}, got {mask.shape}")
+            _require(mask.shape == (b, s, total), lambda: f"3-D mask must be {(b, s, total)}, got {mask.shape}")
             m[:] = np.where(mask > 0, F32.type(0), fv)
         elif mask.ndim == 2:
-            _require(mask.shape == (b, total), f"2-D mask must be {(b, total)} (batch, total length), got {mask.shape}")
+            _require(mask.shape == (b, total),
+                     lambda: f"2-D mask must be {(b, total)} (batch, total length), got {mask.shape}")
             m[:] = np.where(mask > 0, F32.type(0), fv)[:, None, :]
         elif mask.ndim == 1:
             _require(mask.shape[0] in (b, 2 * b, 3 * b + 2),
-                     f"1-D mask must have {b}, {2 * b} or {3 * b + 2} entries, got {mask.shape[0]}")
-            _require(mask.size == 0 or mask.min() >= 0, f"mask_index holds {mask.min()}: positions are not negative")
+                     lambda: f"1-D mask must have {b}, {2 * b} or {3 * b + 2} entries, got {mask.shape[0]}")
+            _require(mask.size == 0 or mask.min() >= 0,
+                     lambda: f"mask_index holds {mask.min()}: positions are not negative")
             keys = np.arange(total)
             dead = keys[None, :] >= mask[:b, None]
             if mask.shape[0] == 2 * b:
@@ -509,7 +514,7 @@ def _ort_mask(mask, b, s, past, total, causal, filter_value):
 def _heads(x, n):
     """(B, L, N·D) -> (B, N, L, D)."""
     b, length, hidden = x.shape
-    _require(n > 0 and hidden % n == 0, f"hidden size {hidden} is not divisible by num_heads {n}")
+    _require(n > 0 and hidden % n == 0, lambda: f"hidden size {hidden} is not divisible by num_heads {n}")
     return x.reshape(b, length, n, hidden // n).transpose(0, 2, 1, 3)
 
 
@@ -523,7 +528,7 @@ def _sdpa(q, k, v, mask, attention_bias, scale):
     if mask is not None:
         scores += mask[:, None]
     if attention_bias is not None:
-        _require(attention_bias.ndim == 4, f"attention_bias must be 4-D, got {list(attention_bias.shape)}")
+        _require(attention_bias.ndim == 4, lambda: f"attention_bias must be 4-D, got {list(attention_bias.shape)}")
         scores += attention_bias.astype(F32, copy=False)
     qk = scores.copy()
     from ..kernels.cpu.norm import softmax  # on first use: `import glassrt` imports no kernels
@@ -548,18 +553,19 @@ attention = custom_op(
 def _qkv_sizes(total, qkv_hidden_sizes):
     if qkv_hidden_sizes:
         _require(len(qkv_hidden_sizes) == 3 and qkv_hidden_sizes[0] == qkv_hidden_sizes[1],
-                 f"qkv_hidden_sizes must be [q, k, v] with q == k, got {list(qkv_hidden_sizes)}")
+                 lambda: f"qkv_hidden_sizes must be [q, k, v] with q == k, got {list(qkv_hidden_sizes)}")
         return [int(v) for v in qkv_hidden_sizes]
     if isinstance(total, int):
-        _require(total % 3 == 0, f"weights' second dimension {total} is not divisible by 3 (set qkv_hidden_sizes)")
+        _require(total % 3 == 0,
+                 lambda: f"weights' second dimension {total} is not divisible by 3 (set qkv_hidden_sizes)")
     return [total // 3] * 3
 
 
 def _mask_rank_supported(mask):
     """A (B, 1, M, M) mask (Megatron GPT-2) is refused at session creation, as onnxruntime's cpu kernel does."""
     _require(mask is None or mask.shape is None or len(mask.shape) in (1, 2, 3),
-             f"a {None if mask is None or mask.shape is None else len(mask.shape)}-D mask is not supported "
-             "(1-D lengths, 2-D or 3-D 0/1 masks are)")
+             lambda: f"a {None if mask is None or mask.shape is None else len(mask.shape)}-D mask is not supported "
+                     "(1-D lengths, 2-D or 3-D 0/1 masks are)")
 
 
 def _attention_unsupported(do_rotary, past_present_share_buffer, past_sequence_length=None):
@@ -577,7 +583,7 @@ def _attention_meta(x, weights, bias, mask_index, past, attention_bias, past_seq
     _attention_unsupported(do_rotary, past_present_share_buffer, past_sequence_length)
     _mask_rank_supported(mask_index)
     _require(mask_index is None or mask_index.dtype is None or np.dtype(mask_index.dtype) == np.int32,
-             f"mask_index must be int32, got {mask_index.dtype if mask_index is not None else None}")
+             lambda: f"mask_index must be int32, got {mask_index.dtype if mask_index is not None else None}")
     if x.shape is None or weights.shape is None:
         return Meta(x.dtype, None), Meta(x.dtype, None)
     b, s = x.shape[0], x.shape[1]
@@ -595,9 +601,10 @@ def _attention(x, weights, bias=None, mask_index=None, past=None, attention_bias
     present = past K/V with this step's appended, stacked as (2, B, N, T, D)."""
     _attention_unsupported(do_rotary, past_present_share_buffer, past_sequence_length)
     _require(x.ndim == 3 and weights.ndim == 2 and weights.shape[0] == x.shape[2],
-             f"input {list(x.shape)} and weights {list(weights.shape)} must be (B, S, H) and (H, Q+K+V)")
+             lambda: f"input {list(x.shape)} and weights {list(weights.shape)} must be (B, S, H) and (H, Q+K+V)")
     hq, hk, hv = _qkv_sizes(weights.shape[1], qkv_hidden_sizes)
-    _require(hq + hk + hv == weights.shape[1], f"qkv_hidden_sizes {[hq, hk, hv]} do not sum to {weights.shape[1]}")
+    _require(hq + hk + hv == weights.shape[1],
+             lambda: f"qkv_hidden_sizes {[hq, hk, hv]} do not sum to {weights.shape[1]}")
     proj = np.matmul(x.astype(F32, copy=False), weights.astype(F32, copy=False))
     if bias is not None:
         proj += bias.astype(F32, copy=False)
@@ -616,7 +623,7 @@ def attend(proj, hq, hk, dtype, mask_index, past, attention_bias, out, *, num_he
     if past is not None:
         want = (2,) + k.shape[:2] + ("P", k.shape[3])
         _require(past.ndim == 5 and past.shape[:3] == want[:3] and past.shape[4] == k.shape[3],
-                 f"past must be (2, B, N, P, D) = {want}, got {list(past.shape)}")
+                 lambda: f"past must be (2, B, N, P, D) = {want}, got {list(past.shape)}")
         n_past = past.shape[3]
         k = np.concatenate([past[0].astype(F32, copy=False), k], axis=2)
         v = np.concatenate([past[1].astype(F32, copy=False), v], axis=2)
@@ -704,16 +711,16 @@ def _mha_layout(q, k, v):
     with cached keys: no bias, no past); 'packed_kv' K (B,L,N,2,D); 'packed_qkv' Q (B,S,N,3,D)."""
     if len(q) == 5:
         _require(k is None and v is None, "with packed QKV (B, S, N, 3, D), key and value must be absent")
-        _require(q[3] == 3, f"packed QKV must be (B, S, N, 3, D), got {list(q)}")
+        _require(q[3] == 3, lambda: f"packed QKV must be (B, S, N, 3, D), got {list(q)}")
         return "packed_qkv"
-    _require(len(q) == 3, f"query must be (B, S, H) or packed (B, S, N, 3, D), got {list(q)}")
+    _require(len(q) == 3, lambda: f"query must be (B, S, H) or packed (B, S, N, 3, D), got {list(q)}")
     _require(k is not None, "key is required unless query is packed QKV")
     if len(k) == 5:
-        _require(v is None and k[3] == 2, f"packed KV must be (B, L, N, 2, D) with no value, got {list(k)}")
+        _require(v is None and k[3] == 2, lambda: f"packed KV must be (B, L, N, 2, D) with no value, got {list(k)}")
         return "packed_kv"
     _require(v is not None and len(v) == len(k) and len(k) in (3, 4),
-             f"key and value must both be (B, L, H) or both (B, N, L, D), got {list(k)}, "
-             f"{None if v is None else list(v)}")
+             lambda: f"key and value must both be (B, L, H) or both (B, N, L, D), got {list(k)}, "
+                     f"{None if v is None else list(v)}")
     return "bnsh" if len(k) == 4 else "separate"
 
 
@@ -803,9 +810,10 @@ def _rotary_meta(x, position_ids, cos_cache, sin_cache, num_heads, rotary_embedd
     _require(not is_packed_batching, "is_packed_batching=1 is not supported")
     if cos_cache.shape is not None and sin_cache.shape is not None:
         _require(tuple(cos_cache.shape) == tuple(sin_cache.shape),
-                 f"cos_cache {list(cos_cache.shape)} and sin_cache {list(sin_cache.shape)} must have one shape")
+                 lambda: f"cos_cache {list(cos_cache.shape)} and sin_cache {list(sin_cache.shape)} must have one shape")
     if num_heads and x.shape is not None and len(x.shape) == 3 and isinstance(x.shape[2], int):
-        _require(x.shape[2] % num_heads == 0, f"hidden size {x.shape[2]} is not a multiple of num_heads {num_heads}")
+        _require(x.shape[2] % num_heads == 0,
+                 lambda: f"hidden size {x.shape[2]} is not a multiple of num_heads {num_heads}")
     return x
 
 
@@ -819,21 +827,21 @@ def _rotary_embedding(x, position_ids, cos_cache, sin_cache, *, out=None, num_he
     if x.ndim == 4:
         xv = x.transpose(0, 2, 1, 3)  # (B, S, N, D)
     else:
-        _require(x.ndim == 3, f"input must be 3-D or 4-D, got {list(x.shape)}")
+        _require(x.ndim == 3, lambda: f"input must be 3-D or 4-D, got {list(x.shape)}")
         head = x.shape[2] // num_heads if num_heads else 2 * cos_cache.shape[1]
         _require(head > 0 and x.shape[2] % head == 0,
-                 f"hidden size {x.shape[2]} is not a multiple of the head size {head}")
+                 lambda: f"hidden size {x.shape[2]} is not a multiple of the head size {head}")
         xv = x.reshape(x.shape[0], x.shape[1], -1, head)
     b, s, _, d = xv.shape
     r = int(rotary_embedding_dim) or d
     _require(r % 2 == 0 and r <= d and cos_cache.shape[1] * 2 >= r,
-             f"rotary dim {r} must be even, at most the head size {d} and covered by cos_cache {list(cos_cache.shape)}")
+             lambda: f"rotary dim {r} must be even, at most the head size {d} and covered by cos_cache {list(cos_cache.shape)}")
     if position_ids.size == 1:  # the first position; the others follow it
         pos = int(position_ids.reshape(-1)[0]) + np.arange(s)[None]
     else:
         pos = position_ids.reshape(b, s)
     _require(pos.min() >= 0 and pos.max() < cos_cache.shape[0],
-             f"position ids [{pos.min()}, {pos.max()}] are outside the caches' {cos_cache.shape[0]} rows")
+             lambda: f"position ids [{pos.min()}, {pos.max()}] are outside the caches' {cos_cache.shape[0]} rows")
     cos = cos_cache[pos][:, :, None, :r // 2].astype(F32)  # (B|1, S, 1, r/2)
     sin = sin_cache[pos][:, :, None, :r // 2].astype(F32)
     first, second = (slice(0, r, 2), slice(1, r, 2)) if interleaved else (slice(0, r // 2), slice(r // 2, r))
@@ -882,24 +890,25 @@ def _unpack_bits(packed, bits, count):
 
 def _nbits_weight(b, scales, zero_points, g_idx, k, n, block_size, bits):
     """The dequantized (N, K) float32 weight: (q - zero_point) · scale per block."""
-    _require(bits in (2, 4, 8), f"bits={bits} is not supported (2, 4 or 8)")
+    _require(bits in (2, 4, 8), lambda: f"bits={bits} is not supported (2, 4 or 8)")
     _require(block_size >= 16 and block_size & (block_size - 1) == 0,
-             f"block_size {block_size} must be a power of 2 >= 16")
+             lambda: f"block_size {block_size} must be a power of 2 >= 16")
     k_blocks = -(-k // block_size)
     blob = block_size * bits // 8
     _require(b.dtype == np.uint8 and b.size == n * k_blocks * blob,
-             f"B must be uint8 (N, k_blocks, blob) = ({n}, {k_blocks}, {blob}), got {b.dtype} {list(b.shape)}")
+             lambda: f"B must be uint8 (N, k_blocks, blob) = ({n}, {k_blocks}, {blob}), got {b.dtype} {list(b.shape)}")
     q = _unpack_bits(b.reshape(n, k_blocks, blob), bits, block_size).reshape(n, k_blocks * block_size)[:, :k]
-    _require(scales.size == n * k_blocks, f"scales must have N·k_blocks = {n * k_blocks} entries, got {scales.size}")
+    _require(scales.size == n * k_blocks,
+             lambda: f"scales must have N·k_blocks = {n * k_blocks} entries, got {scales.size}")
     scales = scales.reshape(n, k_blocks).astype(F32)
     if zero_points is None:
         zp = np.full((n, k_blocks), 2 ** (bits - 1), F32)
     elif zero_points.dtype == np.uint8:
         zp = _unpack_bits(zero_points.reshape(n, -1), bits, k_blocks).astype(F32)
         _require(zp.shape == (n, k_blocks),
-                 f"packed zero_points {list(zero_points.shape)} do not cover {k_blocks} blocks")
+                 lambda: f"packed zero_points {list(zero_points.shape)} do not cover {k_blocks} blocks")
     else:
-        _require(zero_points.size == n * k_blocks, f"zero_points must have {n * k_blocks} entries")
+        _require(zero_points.size == n * k_blocks, lambda: f"zero_points must have {n * k_blocks} entries")
         zp = zero_points.reshape(n, k_blocks).astype(F32)
     if g_idx is not None:
         # The deprecated act-order input: the block of column j is g_idx[j]. onnxruntime's cpu
@@ -907,7 +916,7 @@ def _nbits_weight(b, scales, zero_points, g_idx, k, n, block_size, bits):
         _require(zero_points is None, "g_idx together with zero_points is not supported")
         group = g_idx.reshape(-1)[:k].astype(np.int64)
         _require(group.size == k and (not k or (group.min() >= 0 and group.max() < k_blocks)),
-                 f"g_idx must give each of the {k} columns a block in [0, {k_blocks})")
+                 lambda: f"g_idx must give each of the {k} columns a block in [0, {k_blocks})")
     else:
         group = np.arange(k) // block_size
     return (q.astype(F32) - zp[:, group]) * scales[:, group]
@@ -937,7 +946,7 @@ def _matmul_nbits(ctx):
             cached = np.ascontiguousarray(_nbits_weight(*weights, k, n, block_size, bits).T)
 
     def step(x, b, scales, zero_points=None, g_idx=None, bias=None, *, out=None):
-        _require(x.shape[-1] == k, f"A's last dim {x.shape[-1]} must be K={k}")
+        _require(x.shape[-1] == k, lambda: f"A's last dim {x.shape[-1]} must be K={k}")
         shape = x.shape[:-1] + (n,)
         # float32 A: the GEMM (and the bias) write the output buffer itself.
         y = out if out is not None and x.dtype == F32 and out.dtype == F32 and out.shape == shape else None
@@ -972,8 +981,8 @@ def _embed_layer_norm_meta(ids, segment_ids, word, position, segment, gamma, bet
                            mask_index_type):
     dt = word.dtype
     if mask is not None and mask.shape is not None and ids.shape is not None:
-        _require(tuple(mask.shape) == tuple(ids.shape), f"mask {list(mask.shape)} must have input_ids' shape "
-                                                        f"{list(ids.shape)}")
+        _require(tuple(mask.shape) == tuple(ids.shape), lambda: f"mask {list(mask.shape)} must have input_ids' shape "
+                                                                f"{list(ids.shape)}")
     if ids.shape is None or word.shape is None:
         return Meta(dt, None), Meta(np.int32, None), Meta(dt, None)
     out = (ids.shape[0], ids.shape[1], word.shape[1])
@@ -981,9 +990,9 @@ def _embed_layer_norm_meta(ids, segment_ids, word, position, segment, gamma, bet
 
 
 def _lookup(table, ids, what):
-    _require(ids.dtype.kind in "iu", f"{what} must be integers, got {ids.dtype}")
+    _require(ids.dtype.kind in "iu", lambda: f"{what} must be integers, got {ids.dtype}")
     _require(ids.size == 0 or (ids.min() >= 0 and ids.max() < table.shape[0]),
-             f"{what} out of range [0, {table.shape[0]})")
+             lambda: f"{what} out of range [0, {table.shape[0]})")
     return table[ids].astype(F32, copy=False)
 
 
@@ -992,7 +1001,7 @@ def _embed_layer_norm(ids, segment_ids, word, position, segment=None, gamma=None
                       position_ids=None, *, out=None, epsilon=1e-12, mask_index_type=1):
     """LayerNorm(word[ids] + position[pos] (+ segment[seg])) · gamma + beta; mask_index counts
     each row's mask entries equal to 1 (zeros without a mask), as onnxruntime does."""
-    _require(ids.ndim == 2, f"input_ids must be (B, S), got {list(ids.shape)}")
+    _require(ids.ndim == 2, lambda: f"input_ids must be (B, S), got {list(ids.shape)}")
     b, s = ids.shape
     pos = np.arange(s)[None] if position_ids is None else np.broadcast_to(position_ids, (b, s))
     e = _lookup(word, ids, "input_ids") + _lookup(position, pos, "position ids")

@@ -79,13 +79,13 @@ group_query_attention = custom_op(
 def _check_attributes(num_heads, kv_num_heads, causal, local_window_size, qk_output, sliding_window_cache,
                       kv_cache_bit_width, k_quant_type, v_quant_type, **_):
     _require(num_heads > 0 and kv_num_heads > 0,
-             f"num_heads ({num_heads}) and kv_num_heads ({kv_num_heads}) must be positive")
+             lambda: f"num_heads ({num_heads}) and kv_num_heads ({kv_num_heads}) must be positive")
     _require(num_heads % kv_num_heads == 0,
-             f"num_heads ({num_heads}) must be a multiple of kv_num_heads ({kv_num_heads})")
-    _require(causal in (0, 1), f"causal must be 0 or 1, got {causal}")
+             lambda: f"num_heads ({num_heads}) must be a multiple of kv_num_heads ({kv_num_heads})")
+    _require(causal in (0, 1), lambda: f"causal must be 0 or 1, got {causal}")
     _require(causal or local_window_size == -1, "causal=0 with a local_window_size is not supported "
                                                  "(onnxruntime's cpu kernel neither: the window is causal)")
-    _require(qk_output in (0, 1, 2), f"qk_output must be 0, 1 or 2, got {qk_output}")
+    _require(qk_output in (0, 1, 2), lambda: f"qk_output must be 0, 1 or 2, got {qk_output}")
     _require(not sliding_window_cache, "sliding_window_cache=1 (a window-sized, self-evicting KV cache) "
                                        "is not supported")
     _require(not kv_cache_bit_width and k_quant_type == "NONE" and v_quant_type == "NONE",
@@ -128,39 +128,40 @@ def _gqa_meta(query, key=None, value=None, past_key=None, past_value=None, seqle
     for name, m in (("seqlens_k", seqlens_k), ("total_sequence_length", total_sequence_length),
                     ("query_seqlens", query_seqlens)):
         if m is not None and m.dtype is not None:
-            _require(np.dtype(m.dtype) == np.int32, f"{name} must be int32, got {np.dtype(m.dtype)}")
+            _require(np.dtype(m.dtype) == np.int32, lambda: f"{name} must be int32, got {np.dtype(m.dtype)}")
     dt = query.dtype
     if past_key is not None and past_key.dtype is not None:
-        _require(np.dtype(past_key.dtype) == np.dtype(dt), f"past_key must be query's {np.dtype(dt)} (a quantized "
-                                                           f"cache is not supported), got {np.dtype(past_key.dtype)}")
+        _require(np.dtype(past_key.dtype) == np.dtype(dt),
+                 lambda: f"past_key must be query's {np.dtype(dt)} (a quantized "
+                         f"cache is not supported), got {np.dtype(past_key.dtype)}")
     q = query.shape
     if q is not None:
-        _require(len(q) == 3, f"query must be 3-D (batch, sequence, hidden), got {list(q)}")
+        _require(len(q) == 3, lambda: f"query must be 3-D (batch, sequence, hidden), got {list(q)}")
     if q is None or (key is not None and key.shape is None):
         return Meta(dt, None), Meta(dt, None), Meta(dt, None), Meta(dt, None)
     b, s, hidden = q
     if key is None:  # packed QKV: (num_heads + 2·kv_num_heads) heads along the last dim
         heads = num_heads + 2 * kv_num_heads
         _require(not _known(hidden) or hidden % heads == 0,
-                 f"packed QKV's hidden size {hidden} is not a multiple of num_heads + 2·kv_num_heads = {heads}")
+                 lambda: f"packed QKV's hidden size {hidden} is not a multiple of num_heads + 2·kv_num_heads = {heads}")
         head = hidden // heads if _known(hidden) else None
         out_hidden = num_heads * head if head is not None else fresh("hidden")
     else:
         _require(not _known(hidden) or hidden % num_heads == 0,
-                 f"query's hidden size {hidden} is not a multiple of num_heads {num_heads}")
+                 lambda: f"query's hidden size {hidden} is not a multiple of num_heads {num_heads}")
         head = hidden // num_heads if _known(hidden) else None
         for name, m in (("key", key), ("value", value)):
             if m.shape is not None:
                 want = (b, s, kv_num_heads * head if head is not None else None)
                 _require(len(m.shape) == 3 and all(not _known(x, y) or x == y for x, y in zip(m.shape, want)),
-                         f"{name} must be (batch, sequence, kv_num_heads·head_size) = {list(want)}, got {list(m.shape)}")
+                         lambda: f"{name} must be (batch, sequence, kv_num_heads·head_size) = {list(want)}, got {list(m.shape)}")
         out_hidden = hidden
     for name, m in (("past_key", past_key), ("past_value", past_value)):
         if m is not None and m.shape is not None:
             want = (b, kv_num_heads, None, head)
             _require(len(m.shape) == 4 and all(not _known(x, y) or x == y for x, y in zip(m.shape, want)),
-                     f"{name} must be (batch, kv_num_heads, past, head_size) = [{b}, {kv_num_heads}, past, {head}], "
-                     f"got {list(m.shape)}")
+                     lambda: f"{name} must be (batch, kv_num_heads, past, head_size) = [{b}, {kv_num_heads}, past, {head}], "
+                             f"got {list(m.shape)}")
     if past_key is None:
         total = s  # total_sequence_length is the sequence length then
     elif past_key.shape is not None and len(past_key.shape) == 4:
@@ -199,29 +200,29 @@ def _gqa_bind(ctx):
 
 
 def _int32(x, name):
-    _require(x.dtype == np.int32, f"{name} must be int32, got {x.dtype}")
+    _require(x.dtype == np.int32, lambda: f"{name} must be int32, got {x.dtype}")
     return x.reshape(-1).astype(np.int64)
 
 
 def _split_heads(query, key, value, n, n_kv):
     """query (B, S, N·D) (or packed (B, S, (N + 2·Nkv)·D) without key and value) ->
     float32 q (B, N, S, D), k and v (B, Nkv, S, D)."""
-    _require(query.ndim == 3, f"query must be 3-D (batch, sequence, hidden), got {list(query.shape)}")
+    _require(query.ndim == 3, lambda: f"query must be 3-D (batch, sequence, hidden), got {list(query.shape)}")
     b, s, hidden = query.shape
     if key is None:
         _require(value is None, "value given without key")
         heads = n + 2 * n_kv
-        _require(hidden % heads == 0, f"packed QKV's hidden size {hidden} is not a multiple of "
-                                      f"num_heads + 2·kv_num_heads = {heads}")
+        _require(hidden % heads == 0, lambda: f"packed QKV's hidden size {hidden} is not a multiple of "
+                                              f"num_heads + 2·kv_num_heads = {heads}")
         d = hidden // heads
         qkv = query.reshape(b, s, heads, d).transpose(0, 2, 1, 3).astype(F32)
         return qkv[:, :n], qkv[:, n:n + n_kv], qkv[:, n + n_kv:]
     _require(value is not None, "key given without value")
-    _require(hidden % n == 0, f"query's hidden size {hidden} is not a multiple of num_heads {n}")
+    _require(hidden % n == 0, lambda: f"query's hidden size {hidden} is not a multiple of num_heads {n}")
     d = hidden // n
     for name, x in (("key", key), ("value", value)):
-        _require(x.shape == (b, s, n_kv * d), f"{name} must be (batch, sequence, kv_num_heads·head_size) = "
-                                              f"{[b, s, n_kv * d]}, got {list(x.shape)}")
+        _require(x.shape == (b, s, n_kv * d), lambda: f"{name} must be (batch, sequence, kv_num_heads·head_size) = "
+                                                      f"{[b, s, n_kv * d]}, got {list(x.shape)}")
     return tuple(x.reshape(b, s, -1, d).transpose(0, 2, 1, 3).astype(F32, copy=False) for x in (query, key, value))
 
 
@@ -230,42 +231,44 @@ def _layout(b, s, past_len, seqlens_k, total_sequence_length, query_seqlens):
     in (`new`) and the entry's length after it (`total`); and the present's length. Checked
     against the shapes, so that no fed number sizes an allocation or reads outside a buffer."""
     total = _int32(seqlens_k, "seqlens_k") + 1
-    _require(total.size == b, f"seqlens_k must have batch_size ({b}) elements, got {total.size}")
+    _require(total.size == b, lambda: f"seqlens_k must have batch_size ({b}) elements, got {total.size}")
     _require(total_sequence_length.size == 1,
-             f"total_sequence_length must have one element, got {list(total_sequence_length.shape)}")
+             lambda: f"total_sequence_length must have one element, got {list(total_sequence_length.shape)}")
     t = int(_int32(total_sequence_length, "total_sequence_length")[0])
-    _require(t >= max(s, 1), f"total_sequence_length ({t}) must be positive and at least the sequence length ({s})")
+    _require(t >= max(s, 1),
+             lambda: f"total_sequence_length ({t}) must be positive and at least the sequence length ({s})")
     if past_len is None:
-        _require(t == s, f"without past_key, total_sequence_length ({t}) must be the sequence length ({s})")
+        _require(t == s, lambda: f"without past_key, total_sequence_length ({t}) must be the sequence length ({s})")
     elif query_seqlens is not None:  # only a bound then; onnxruntime's present would grow with it, unfilled
-        _require(t <= past_len + s, f"total_sequence_length ({t}) exceeds past_key's length + the sequence length "
-                                    f"({past_len} + {s})")
+        _require(t <= past_len + s,
+                 lambda: f"total_sequence_length ({t}) exceeds past_key's length + the sequence length "
+                         f"({past_len} + {s})")
     else:
         _require(t == past_len + s or t <= past_len,
-                 f"total_sequence_length ({t}) must be past_key's length + the sequence length ({past_len} + {s}) "
-                 f"or at most past_key's length ({past_len}, a shared buffer)")
+                 lambda: f"total_sequence_length ({t}) must be past_key's length + the sequence length ({past_len} + {s}) "
+                         f"or at most past_key's length ({past_len}, a shared buffer)")
     length = t if past_len is None else max(t, past_len)
     _require(b == 0 or (total.min() >= 1 and total.max() <= length),
-             f"seqlens_k holds {total.min() - 1 if b else 0}..{total.max() - 1 if b else 0}: each must be in "
-             f"[0, {length}) (the present's length)")
+             lambda: f"seqlens_k holds {total.min() - 1 if b else 0}..{total.max() - 1 if b else 0}: each must be in "
+                     f"[0, {length}) (the present's length)")
     if query_seqlens is not None:
         new = _int32(query_seqlens, "query_seqlens")
-        _require(new.size == b, f"query_seqlens must have batch_size ({b}) elements, got {new.size}")
+        _require(new.size == b, lambda: f"query_seqlens must have batch_size ({b}) elements, got {new.size}")
         past = total - new
         for i in range(b):
-            _require(total[i] <= t, f"seqlens_k[{i}] + 1 = {total[i]} exceeds total_sequence_length ({t})")
+            _require(total[i] <= t, lambda: f"seqlens_k[{i}] + 1 = {total[i]} exceeds total_sequence_length ({t})")
             _require(0 <= new[i] <= min(s, total[i]),
-                     f"query_seqlens[{i}] = {new[i]} must be in [0, min(sequence length, seqlens_k + 1)] = "
-                     f"[0, {min(s, total[i])}]")
+                     lambda: f"query_seqlens[{i}] = {new[i]} must be in [0, min(sequence length, seqlens_k + 1)] = "
+                             f"[0, {min(s, total[i])}]")
             _require(past[i] <= past_len and past[i] + s <= length,
-                     f"query_seqlens[{i}] = {new[i]} leaves {past[i]} cached tokens: past_key has {past_len} rows, "
-                     f"and the cache of {length} rows must hold them and the whole chunk of {s}")
+                     lambda: f"query_seqlens[{i}] = {new[i]} leaves {past[i]} cached tokens: past_key has {past_len} rows, "
+                             f"and the cache of {length} rows must hold them and the whole chunk of {s}")
     elif s == t:  # the first prompt: every entry starts at 0 and all its rows (padding too) go in
         past, new = np.zeros(b, np.int64), np.full(b, s)
     else:
         past, new = total - s, np.full(b, s)
         for i in range(b):
-            _require(past[i] >= 0, f"seqlens_k[{i}] = {total[i] - 1} is too small for the sequence length {s}")
+            _require(past[i] >= 0, lambda: f"seqlens_k[{i}] = {total[i] - 1} is too small for the sequence length {s}")
     return past, new, total, t, length
 
 
@@ -274,9 +277,9 @@ def _positions(past, s, position_ids, first_prompt):
     if position_ids is None:
         return past[:, None] + np.arange(s)[None]
     b = past.size
-    _require(position_ids.dtype.kind in "iu", f"position_ids must be integers, got {position_ids.dtype}")
-    _require(position_ids.shape == (b, s), f"position_ids must be (batch, sequence) = {[b, s]}, "
-                                           f"got {list(position_ids.shape)}")
+    _require(position_ids.dtype.kind in "iu", lambda: f"position_ids must be integers, got {position_ids.dtype}")
+    _require(position_ids.shape == (b, s), lambda: f"position_ids must be (batch, sequence) = {[b, s]}, "
+                                                   f"got {list(position_ids.shape)}")
     if first_prompt and b * s:  # (onnxruntime reads only the first one in the first prompt)
         return np.broadcast_to(int(position_ids[0, 0]) + np.arange(s)[None], (b, s))
     return position_ids.astype(np.int64)
@@ -286,9 +289,9 @@ def _rotate(x, pos, cos_cache, sin_cache, interleaved):
     """x (B, n, S, D) float32, rotated in the first 2·cos_cache.shape[1] features of each head."""
     d = x.shape[3]
     _require(cos_cache.ndim == 2 and cos_cache.shape == sin_cache.shape,
-             f"cos_cache {list(cos_cache.shape)} and sin_cache {list(sin_cache.shape)} must be 2-D and alike")
+             lambda: f"cos_cache {list(cos_cache.shape)} and sin_cache {list(sin_cache.shape)} must be 2-D and alike")
     rotary = 2 * cos_cache.shape[1]
-    _require(0 < rotary <= d, f"the rotary dim 2·cos_cache.shape[1] = {rotary} must be in (0, head_size {d}]")
+    _require(0 < rotary <= d, lambda: f"the rotary dim 2·cos_cache.shape[1] = {rotary} must be in (0, head_size {d}]")
     rotate = rotary_embedding.kernels["cpu"]  # RotaryEmbedding's kernel: (B, n, S, D) in, (B, n, S, D) out
     return rotate(x, pos, cos_cache, sin_cache, num_heads=x.shape[1], rotary_embedding_dim=rotary,
                   interleaved=interleaved)
@@ -354,25 +357,27 @@ def _gqa(query, key, value, past_key, past_value, seqlens_k, total_sequence_leng
     if past_key is not None:
         for name, x in (("past_key", past_key), ("past_value", past_value)):
             _require(x.ndim == 4 and x.shape[:2] == (b, n_kv) and x.shape[3] == d,
-                     f"{name} must be (batch, kv_num_heads, past, head_size) = [{b}, {n_kv}, past, {d}], "
-                     f"got {list(x.shape)}")
-            _require(x.dtype == dt, f"{name} must be {dt} like query (a quantized cache is not supported), got {x.dtype}")
+                     lambda: f"{name} must be (batch, kv_num_heads, past, head_size) = [{b}, {n_kv}, past, {d}], "
+                             f"got {list(x.shape)}")
+            _require(x.dtype == dt,
+                     lambda: f"{name} must be {dt} like query (a quantized cache is not supported), got {x.dtype}")
         _require(past_value.shape == past_key.shape,
-                 f"past_value {list(past_value.shape)} must have past_key's shape {list(past_key.shape)}")
+                 lambda: f"past_value {list(past_value.shape)} must have past_key's shape {list(past_key.shape)}")
         past_len = past_key.shape[2]
     past, new, total, t, length = _layout(b, s, past_len, seqlens_k, total_sequence_length, query_seqlens)
     first_prompt = query_seqlens is None and s == t
     if attention_bias is not None or attrs["qk_output"]:  # both have total_sequence_length columns
-        _require(b == 0 or total.max() <= t, f"seqlens_k + 1 (up to {total.max() if b else 0}) exceeds "
-                                             f"total_sequence_length ({t}), the columns of attention_bias/output_qk")
+        _require(b == 0 or total.max() <= t, lambda: f"seqlens_k + 1 (up to {total.max() if b else 0}) exceeds "
+                                                     f"total_sequence_length ({t}), the columns of attention_bias/output_qk")
     if attention_bias is not None:
         _require(attention_bias.ndim == 4 and attention_bias.shape[0] in (1, b) and attention_bias.shape[1] in (1, n)
                  and attention_bias.shape[2:] == (s, t),
-                 f"attention_bias must be (batch or 1, num_heads or 1, sequence, total_sequence_length) = "
-                 f"{[b, n, s, t]}, got {list(attention_bias.shape)}")
+                 lambda: f"attention_bias must be (batch or 1, num_heads or 1, sequence, total_sequence_length) = "
+                         f"{[b, n, s, t]}, got {list(attention_bias.shape)}")
     sink = None  # head_sink, or smooth_softmax's 0: one more logit in each softmax's denominator
     if head_sink is not None:
-        _require(head_sink.shape == (n,), f"head_sink must be (num_heads,) = {[n]}, got {list(head_sink.shape)}")
+        _require(head_sink.shape == (n,),
+                 lambda: f"head_sink must be (num_heads,) = {[n]}, got {list(head_sink.shape)}")
         sink = head_sink.astype(F32)
     elif attrs["smooth_softmax"] == 1:
         sink = np.zeros(n, F32)
@@ -386,8 +391,8 @@ def _gqa(query, key, value, past_key, past_value, seqlens_k, total_sequence_leng
                                    f"limit of {limit:,} bytes")
     if attrs["do_rotary"] and q.size:
         _require(cos_cache is not None and sin_cache is not None, "do_rotary=1 needs cos_cache and sin_cache")
-        _require(cos_cache.shape[0] >= t, f"cos_cache has {cos_cache.shape[0]} rows, fewer than "
-                                          f"total_sequence_length ({t})")
+        _require(cos_cache.shape[0] >= t, lambda: f"cos_cache has {cos_cache.shape[0]} rows, fewer than "
+                                                  f"total_sequence_length ({t})")
         pos = _positions(past, s, position_ids, first_prompt)
         q = _rotate(q, pos, cos_cache, sin_cache, attrs["rotary_interleaved"])
         k = _rotate(k, pos, cos_cache, sin_cache, attrs["rotary_interleaved"])

@@ -73,8 +73,11 @@ _TILE = TILE_ELEMENTS // 2
 
 
 def _require(cond, message):
+    """ValueError(message) unless cond; the message a string or, where it names values, a
+    function that formats it (an f-string naming a dtype costs ~5 us, and the checks run on
+    every inference: an int8 BERT-base's 73 MatMulIntegerToFloat metas made ~440 of them)."""
     if not cond:
-        raise ValueError(message)
+        raise ValueError(message() if callable(message) else message)
 
 
 # The helpers below run on every call of a kernel: they test before they format a message
@@ -448,7 +451,7 @@ qlinear_leaky_relu = custom_op(f"{MS}::QLinearLeakyRelu{_UNARY}, float alpha=0.0
 
 
 def _unary_meta(x, x_scale, x_zp, y_scale, y_zp, **_):
-    _require(x.dtype in (U8, I8), f"X must be uint8 or int8, got {x.dtype}")
+    _require(x.dtype in (U8, I8), lambda: f"X must be uint8 or int8, got {x.dtype}")
     _meta_one_value(x_scale, "X_scale", [F32])
     _meta_one_value(y_scale, "Y_scale", [F32])
     _meta_zero_point(x_zp, x.dtype, "X_zero_point")
@@ -523,7 +526,7 @@ qlinear_global_average_pool = custom_op(
 
 def _pool_params(x, x_scale, x_zp, y_scale, y_zp):
     dt = _q8(x, "X")
-    _require(x.ndim >= 3, f"X must have rank 3 or more (batch, channels, spatial...), got {list(x.shape)}")
+    _require(x.ndim >= 3, lambda: f"X must have rank 3 or more (batch, channels, spatial...), got {list(x.shape)}")
     return (dt, _scale(x_scale, "x_scale"), _zero_point(x_zp, dt, "x_zero_point"),
             _scale(y_scale, "y_scale", divisor=True), _zero_point(y_zp, dt, "y_zero_point"))
 
@@ -541,7 +544,7 @@ def _integer_average(x, sx, zx, sy, zy, dt, axes):
 def _pool_meta_checks(x, x_scale, x_zp, y_scale, y_zp):
     if x.dtype not in (U8, I8):
         raise ValueError(f"X must be uint8 or int8, got {x.dtype}")
-    _require(x.shape is None or len(x.shape) >= 3, f"X must have rank 3 or more, got rank {len(x.shape or ())}")
+    _require(x.shape is None or len(x.shape) >= 3, lambda: f"X must have rank 3 or more, got rank {len(x.shape or ())}")
     _meta_one_value(x_scale, "x_scale", [F32])
     _meta_one_value(y_scale, "y_scale", [F32])
     _meta_zero_point(x_zp, x.dtype, "x_zero_point")
@@ -631,15 +634,16 @@ def _pool_attrs(rank, kernel_shape, pads, strides, auto_pad):
     """kernel, pads, strides validated as onnxruntime's PoolAttributes does."""
     k = [int(v) for v in kernel_shape]
     n = len(k)
-    _require(n == rank - 2, f"kernel_shape {k} must have one entry per spatial dim ({rank - 2})")
-    _require(all(v > 0 for v in k), f"kernel_shape {k} must be positive")
+    _require(n == rank - 2, lambda: f"kernel_shape {k} must have one entry per spatial dim ({rank - 2})")
+    _require(all(v > 0 for v in k), lambda: f"kernel_shape {k} must be positive")
     strides = [int(v) for v in strides] or [1] * n
     pads = [int(v) for v in pads] or [0] * (2 * n)
-    _require(len(strides) == n and all(s > 0 for s in strides), f"strides {strides} must be {n} positive values")
-    _require(len(pads) == 2 * n and all(p >= 0 for p in pads), f"pads {pads} must be {2 * n} values >= 0")
+    _require(len(strides) == n and all(s > 0 for s in strides),
+             lambda: f"strides {strides} must be {n} positive values")
+    _require(len(pads) == 2 * n and all(p >= 0 for p in pads), lambda: f"pads {pads} must be {2 * n} values >= 0")
     _require(all(pads[i] < k[i] and pads[i + n] < k[i] for i in range(n)),
-             f"pads {pads} must be smaller than the kernel {k}")
-    _require(auto_pad in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"), f"unknown auto_pad {auto_pad!r}")
+             lambda: f"pads {pads} must be smaller than the kernel {k}")
+    _require(auto_pad in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"), lambda: f"unknown auto_pad {auto_pad!r}")
     return k, pads, strides
 
 
@@ -678,7 +682,7 @@ def _qlinear_average_pool(x, x_scale, x_zp=None, y_scale=None, y_zp=None, *, out
         x = np.moveaxis(x, -1, 1)
     size = list(x.shape[2:])
     begin, end, out_sp, strides, _ = spatial_pads(size, k, strides, None, pads, auto_pad, bool(ceil_mode))
-    _require(all(o > 0 for o in out_sp), f"kernel {k} does not fit the padded input {size}")
+    _require(all(o > 0 for o in out_sp), lambda: f"kernel {k} does not fit the padded input {size}")
     shape = x.shape[:2] + tuple(out_sp)
     y = new_out(None if out is None else (np.moveaxis(out, -1, 1) if channels_last else out), shape, dt)
     if y.shape != shape:
@@ -755,34 +759,37 @@ qlinear_concat = custom_op(f"{MS}::QLinearConcat(Tensor Y_scale, Tensor Y_zero_p
 
 def _triples(inputs):
     _require(len(inputs) >= 3 and len(inputs) % 3 == 0,
-             f"the inputs after Y_scale, Y_zero_point must be (tensor, scale, zero point) triples, got {len(inputs)}")
+             lambda: f"the inputs after Y_scale, Y_zero_point must be (tensor, scale, zero point) triples, got {len(inputs)}")
     for k in range(0, len(inputs), 3):
-        _require(all(t is not None for t in inputs[k:k + 3]), f"input {k // 3} of the concatenation is missing a part")
+        _require(all(t is not None for t in inputs[k:k + 3]),
+                 lambda: f"input {k // 3} of the concatenation is missing a part")
         yield k // 3, inputs[k:k + 3]
 
 
 @qlinear_concat.register_meta
 def _qlinear_concat_meta(y_scale, y_zp, *inputs, axis):
     _meta_one_value(y_scale, "Y_scale", [F32])
-    _require(y_zp.dtype in (U8, I8), f"Y_zero_point must be uint8 or int8, got {y_zp.dtype}")
+    _require(y_zp.dtype in (U8, I8), lambda: f"Y_zero_point must be uint8 or int8, got {y_zp.dtype}")
     _meta_one_value(y_zp, "Y_zero_point")
     shapes = []
     for i, (x, s, z) in _triples(inputs):
-        _require(x.dtype == y_zp.dtype, f"input {i} is {x.dtype} but Y_zero_point is {y_zp.dtype}: they must match")
+        _require(x.dtype == y_zp.dtype,
+                 lambda: f"input {i} is {x.dtype} but Y_zero_point is {y_zp.dtype}: they must match")
         _meta_one_value(s, f"the scale of input {i}", [F32])
         _meta_zero_point(z, x.dtype, f"the zero point of input {i}")
         shapes.append(x.shape)
     if any(s is None for s in shapes):
         return Meta(y_zp.dtype, None)
     rank = len(shapes[0])
-    _require(all(len(s) == rank for s in shapes), f"the inputs' ranks differ: {[len(s) for s in shapes]}")
-    _require(-rank <= axis < rank, f"axis {axis} is out of range for rank {rank}")
+    _require(all(len(s) == rank for s in shapes), lambda: f"the inputs' ranks differ: {[len(s) for s in shapes]}")
+    _require(-rank <= axis < rank, lambda: f"axis {axis} is out of range for rank {rank}")
     a = axis % rank
     out = list(shapes[0])
     for s in shapes[1:]:
         for k in range(rank):
             if k != a and isinstance(out[k], int) and isinstance(s[k], int):
-                _require(out[k] == s[k], f"the inputs' shapes {[list(s) for s in shapes]} differ outside axis {axis}")
+                _require(out[k] == s[k],
+                         lambda: f"the inputs' shapes {[list(s) for s in shapes]} differ outside axis {axis}")
             elif k != a and not isinstance(out[k], int) and isinstance(s[k], int):
                 out[k] = s[k]
     total = sum(s[a] for s in shapes)
@@ -797,16 +804,16 @@ def _qlinear_concat(y_scale, y_zp, *inputs, out=None, axis):
     sy, zy = _scale(y_scale, "Y_scale", divisor=True), _zero_point(y_zp, dt, "Y_zero_point")
     parts = []
     for i, (x, s, z) in _triples(inputs):
-        _require(x.dtype == dt, f"input {i} is {x.dtype} but Y_zero_point is {dt}: they must match")
+        _require(x.dtype == dt, lambda: f"input {i} is {x.dtype} but Y_zero_point is {dt}: they must match")
         sx, zx = _scale(s, f"the scale of input {i}"), _zero_point(z, dt, f"the zero point of input {i}")
         parts.append(x if (sx, zx) == (sy, zy) else _lookup(x, _requantize_table(dt, sx, zx, sy, zy)))
     rank = parts[0].ndim
     _require(rank > 0 and all(p.ndim == rank for p in parts),
-             f"the inputs must have the same rank (>= 1), got shapes {[list(p.shape) for p in parts]}")
-    _require(-rank <= axis < rank, f"axis {axis} is out of range for rank {rank}")
+             lambda: f"the inputs must have the same rank (>= 1), got shapes {[list(p.shape) for p in parts]}")
+    _require(-rank <= axis < rank, lambda: f"axis {axis} is out of range for rank {rank}")
     a = axis % rank
     _require(all(p.shape[:a] + p.shape[a + 1:] == parts[0].shape[:a] + parts[0].shape[a + 1:] for p in parts),
-             f"the inputs' shapes {[list(p.shape) for p in parts]} differ outside axis {axis}")
+             lambda: f"the inputs' shapes {[list(p.shape) for p in parts]} differ outside axis {axis}")
     return np.concatenate(parts, axis=a, out=out)
 
 
@@ -934,9 +941,9 @@ qlinear_where = custom_op(
 
 @qlinear_where.register_meta
 def _qlinear_where_meta(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp):
-    _require(cond.dtype == np.bool_, f"condition must be bool, got {cond.dtype}")
-    _require(x.dtype in (U8, I8), f"X must be uint8 or int8, got {x.dtype}")
-    _require(y.dtype == x.dtype, f"Y is {y.dtype} but X is {x.dtype}: they must match")
+    _require(cond.dtype == np.bool_, lambda: f"condition must be bool, got {cond.dtype}")
+    _require(x.dtype in (U8, I8), lambda: f"X must be uint8 or int8, got {x.dtype}")
+    _require(y.dtype == x.dtype, lambda: f"Y is {y.dtype} but X is {x.dtype}: they must match")
     for s, what in ((x_scale, "x_scale"), (y_scale, "y_scale"), (z_scale, "z_scale")):
         _meta_one_value(s, what, [F32])
     for z, what in ((x_zp, "x_zero_point"), (y_zp, "y_zero_point"), (z_zp, "z_zero_point")):
@@ -947,9 +954,9 @@ def _qlinear_where_meta(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp)
 def _qlinear_where(cond, x, x_scale, x_zp, y, y_scale, y_zp, z_scale, z_zp, *, out=None):
     """Z = X requantized to Z's parameters where the condition holds, else Y requantized
     (each through a 256-entry table, as onnxruntime builds them)."""
-    _require(cond.dtype == np.bool_, f"condition must be bool, got {cond.dtype}")
+    _require(cond.dtype == np.bool_, lambda: f"condition must be bool, got {cond.dtype}")
     dt = _q8(x, "X")
-    _require(y.dtype == dt, f"Y is {y.dtype} but X is {dt}: they must match")
+    _require(y.dtype == dt, lambda: f"Y is {y.dtype} but X is {dt}: they must match")
     try:
         np.broadcast_shapes(cond.shape, x.shape, y.shape)
     except ValueError:
@@ -993,7 +1000,7 @@ qgemm = custom_op(
 def _column_param(p, n, what):
     """b's scale or zero point: per tensor (one value) or per column ([N])."""
     _require(p.ndim == 0 or (p.ndim == 1 and p.shape[0] in (1, n)),
-             f"{what} must be a scalar or a 1-D tensor of 1 or N={n} values, got shape {list(p.shape)}")
+             lambda: f"{what} must be a scalar or a 1-D tensor of 1 or N={n} values, got shape {list(p.shape)}")
     return p.reshape(()) if p.size == 1 else p
 
 
@@ -1014,10 +1021,12 @@ def _qgemm_meta(a, a_scale, a_zp, b, b_scale, b_zp, c, y_scale, y_zp, alpha, tra
     out_dt = y_zp.dtype if y_zp is not None else F32
     if a.shape is None or b.shape is None:
         return Meta(out_dt, None)
-    _require(len(a.shape) == 2 and len(b.shape) == 2, f"A and B must be 2-D, got ranks {len(a.shape)}, {len(b.shape)}")
+    _require(len(a.shape) == 2 and len(b.shape) == 2,
+             lambda: f"A and B must be 2-D, got ranks {len(a.shape)}, {len(b.shape)}")
     m, ka = (a.shape[1], a.shape[0]) if transA else a.shape
     kb, n = (b.shape[1], b.shape[0]) if transB else b.shape
-    _require(not (isinstance(ka, int) and isinstance(kb, int) and ka != kb), f"inner dimensions differ: {ka} vs {kb}")
+    _require(not (isinstance(ka, int) and isinstance(kb, int) and ka != kb),
+             lambda: f"inner dimensions differ: {ka} vs {kb}")
     return Meta(out_dt, (m, n))
 
 
@@ -1033,17 +1042,17 @@ def _qgemm(a, a_scale, a_zp, b, b_scale, b_zp, c=None, y_scale=None, y_zp=None, 
     product(A', za) -> the int32 sums, where another engine computes them (onednn's kernel
     below: B constant, made ready once); else the exact float32 GEMMs of _int_matmul."""
     _q8(a, "A"), _q8(b, "B")
-    _require(a.ndim == 2 and b.ndim == 2, f"A {list(a.shape)} and B {list(b.shape)} must be 2-D")
+    _require(a.ndim == 2 and b.ndim == 2, lambda: f"A {list(a.shape)} and B {list(b.shape)} must be 2-D")
     a2, b2 = (a.T if transA else a), (b.T if transB else b)
     (m, k), (kb, n) = a2.shape, b2.shape
-    _require(k == kb, f"inner dimensions differ: A {list(a.shape)} (transA={transA}) and B {list(b.shape)} "
-                      f"(transB={transB})")
+    _require(k == kb, lambda: f"inner dimensions differ: A {list(a.shape)} (transA={transA}) and B {list(b.shape)} "
+                              f"(transB={transB})")
     sa, za = _scale(a_scale, "a_scale"), _zero_point(a_zp, a.dtype, "a_zero_point")
     _require(b_scale is not None and b_scale.dtype == F32, "b_scale must be float32")
     if b_zp is None or b_zp.dtype != b.dtype:  # (tested before formatting: see _q8)
         raise ValueError(f"b_zero_point must have B's type {b.dtype}")
     _require(b_scale.shape == b_zp.shape or b_scale.size == b_zp.size == 1,
-             f"b_scale {list(b_scale.shape)} and b_zero_point {list(b_zp.shape)} must have the same shape")
+             lambda: f"b_scale {list(b_scale.shape)} and b_zero_point {list(b_zp.shape)} must have the same shape")
     bs, bz = _column_param(b_scale, n, "b_scale"), _column_param(b_zp, n, "b_zero_point")
     acc = _int_matmul(a2, za, b2, bz.astype(F64)) if product is None else product(a2, za)
     if c is not None:
@@ -1167,7 +1176,8 @@ def _requantizing_qgemm(ctx, weights, attrs):
 
     def step(a, a_scale, a_zp, b_, b_scale, b_zp, c=None, y_scale=None, y_zp=None, *, out=None):
         _q8(a, "A")
-        _require(a.ndim == 2 and a.shape[1] == weights.k, f"A {list(a.shape)} must be 2-D with {weights.k} columns")
+        _require(a.ndim == 2 and a.shape[1] == weights.k,
+                 lambda: f"A {list(a.shape)} must be 2-D with {weights.k} columns")
         return weights.requantized(a, za, mult, bias, yz, a_dt, out=out)
 
     return step
@@ -1217,7 +1227,7 @@ def _softmax_axis(axis, opset, rank):
 
 @qlinear_softmax.register_meta
 def _qlinear_softmax_meta(x, x_scale, x_zp, y_scale, y_zp, opset, axis):
-    _require(x.dtype in (U8, I8), f"X must be uint8 or int8, got {x.dtype}")
+    _require(x.dtype in (U8, I8), lambda: f"X must be uint8 or int8, got {x.dtype}")
     _meta_one_value(x_scale, "X_scale", [F32])
     _meta_one_value(y_scale, "y_scale", [F32])
     _meta_zero_point(x_zp, x.dtype, "x_zero_point")
@@ -1345,8 +1355,8 @@ def _matmul_to_float(aq, a_scale, a_zp, b, b_scale, b_zp, bias):
     bz = np.zeros((), F64)
     if b_zp is not None:
         _require(_b_param_fits(b_zp.shape, b.shape),
-                 f"b_zero_point {list(b_zp.shape)} must be one value, one per column of B {list(b.shape)} or "
-                 "B's shape with its second-to-last dim 1")
+                 lambda: f"b_zero_point {list(b_zp.shape)} must be one value, one per column of B {list(b.shape)} or "
+                         "B's shape with its second-to-last dim 1")
         bz = (b_zp.reshape(()) if b_zp.size == 1 else b_zp).astype(F64)
     try:
         acc = _int_matmul(aq, z, b, bz)
@@ -1354,7 +1364,7 @@ def _matmul_to_float(aq, a_scale, a_zp, b, b_scale, b_zp, bias):
         raise ValueError(f"A {list(aq.shape)} and B {list(b.shape)} do not multiply") from None
     if bias is not None:
         _require(bias.shape == (b.shape[-1],),
-                 f"bias must be 1-D of B's last dim {b.shape[-1]}, got {list(bias.shape)}")
+                 lambda: f"bias must be 1-D of B's last dim {b.shape[-1]}, got {list(bias.shape)}")
         bias = bias.astype(F32)
     a_late = not _is_one_value(a_scale)
     sa = F32.type(1) if a_late else F32.type(a_scale.reshape(()))
@@ -1375,7 +1385,7 @@ def _scale_output(y, scale, what):
         fits = np.broadcast_shapes(scale.shape, y.shape) == y.shape
     except ValueError:
         fits = False
-    _require(fits, f"{what} {list(scale.shape)} does not broadcast onto the output {list(y.shape)}")
+    _require(fits, lambda: f"{what} {list(scale.shape)} does not broadcast onto the output {list(y.shape)}")
     return y * scale.astype(F32)
 
 
@@ -1392,12 +1402,13 @@ def _mitf_scales(a_scale, b_scale):
 
 @matmul_integer_to_float.register_meta
 def _matmul_integer_to_float_meta(a, b, a_scale, b_scale, a_zp, b_zp, bias):
-    _require(a.dtype in (U8, I8) and b.dtype in (U8, I8), f"A and B must be uint8 or int8, got {a.dtype}, {b.dtype}")
+    _require(a.dtype in (U8, I8) and b.dtype in (U8, I8),
+             lambda: f"A and B must be uint8 or int8, got {a.dtype}, {b.dtype}")
     _require(a_scale.dtype in (F32, F16) and b_scale.dtype == a_scale.dtype,
-             f"a_scale and b_scale must both be float32 or both float16, got {a_scale.dtype}, {b_scale.dtype}")
+             lambda: f"a_scale and b_scale must both be float32 or both float16, got {a_scale.dtype}, {b_scale.dtype}")
     _meta_zero_point(a_zp, a.dtype, "a_zero_point")
-    _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
-    _require(bias is None or bias.dtype == a_scale.dtype, f"bias must have the scales' type {a_scale.dtype}")
+    _require(b_zp is None or b_zp.dtype == b.dtype, lambda: f"b_zero_point must have B's type {b.dtype}")
+    _require(bias is None or bias.dtype == a_scale.dtype, lambda: f"bias must have the scales' type {a_scale.dtype}")
     return Meta(a_scale.dtype, None if a.shape is None or b.shape is None else matmul_shape(a.shape, b.shape))
 
 
@@ -1441,10 +1452,10 @@ def _matmul_integer_to_float(a, b, a_scale, b_scale, a_zp=None, b_zp=None, bias=
     _q8(a, "A"), _q8(b, "B")
     dt = a_scale.dtype
     _require(dt in (F32, F16) and b_scale.dtype == dt,
-             f"a_scale and b_scale must both be float32 or both float16, got {a_scale.dtype}, {b_scale.dtype}")
-    _require(a_zp is None or a_zp.dtype == a.dtype, f"a_zero_point must have A's type {a.dtype}")
-    _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
-    _require(bias is None or bias.dtype == dt, f"bias must have the scales' type {dt}")
+             lambda: f"a_scale and b_scale must both be float32 or both float16, got {a_scale.dtype}, {b_scale.dtype}")
+    _require(a_zp is None or a_zp.dtype == a.dtype, lambda: f"a_zero_point must have A's type {a.dtype}")
+    _require(b_zp is None or b_zp.dtype == b.dtype, lambda: f"b_zero_point must have B's type {b.dtype}")
+    _require(bias is None or bias.dtype == dt, lambda: f"bias must have the scales' type {dt}")
     a_scale, b_scale = _mitf_scales(a_scale, b_scale)
     y = _matmul_to_float(a, a_scale, a_zp, b, b_scale, b_zp, bias)
     return y.astype(dt) if out is None else as_out(y, out, cast=True)  # float16 scales: rounded once
@@ -1491,11 +1502,12 @@ def _dynamic_quantize(a):
 
 @dynamic_quantize_matmul.register_meta
 def _dynamic_quantize_matmul_meta(a, b, b_scale, b_zp, bias):
-    _require(a.dtype == F32, f"A must be float32, got {a.dtype}")
-    _require(b.dtype in (U8, I8), f"B must be uint8 or int8, got {b.dtype}")
-    _require(b_scale.dtype == F32, f"b_scale must be float32, got {b_scale.dtype}")
-    _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
-    _require(bias is None or bias.dtype == F32, f"bias must be float32, got {None if bias is None else bias.dtype}")
+    _require(a.dtype == F32, lambda: f"A must be float32, got {a.dtype}")
+    _require(b.dtype in (U8, I8), lambda: f"B must be uint8 or int8, got {b.dtype}")
+    _require(b_scale.dtype == F32, lambda: f"b_scale must be float32, got {b_scale.dtype}")
+    _require(b_zp is None or b_zp.dtype == b.dtype, lambda: f"b_zero_point must have B's type {b.dtype}")
+    _require(bias is None or bias.dtype == F32,
+             lambda: f"bias must be float32, got {None if bias is None else bias.dtype}")
     return Meta(F32, None if a.shape is None or b.shape is None else matmul_shape(a.shape, b.shape))
 
 
@@ -1503,11 +1515,12 @@ def _dynamic_quantize_matmul_meta(a, b, b_scale, b_zp, bias):
 def _dynamic_quantize_matmul(a, b, b_scale, b_zp=None, bias=None, *, out=None):
     """A quantized to uint8 with parameters from its own range (as DynamicQuantizeLinear),
     then MatMulIntegerToFloat."""
-    _require(a.dtype == F32, f"A must be float32, got {a.dtype}")
+    _require(a.dtype == F32, lambda: f"A must be float32, got {a.dtype}")
     _q8(b, "B")
-    _require(b_scale.dtype == F32, f"b_scale must be float32, got {b_scale.dtype}")
-    _require(b_zp is None or b_zp.dtype == b.dtype, f"b_zero_point must have B's type {b.dtype}")
-    _require(bias is None or bias.dtype == F32, f"bias must be float32, got {None if bias is None else bias.dtype}")
+    _require(b_scale.dtype == F32, lambda: f"b_scale must be float32, got {b_scale.dtype}")
+    _require(b_zp is None or b_zp.dtype == b.dtype, lambda: f"b_zero_point must have B's type {b.dtype}")
+    _require(bias is None or bias.dtype == F32,
+             lambda: f"bias must be float32, got {None if bias is None else bias.dtype}")
     aq, a_scale, a_zp = _dynamic_quantize(a)
     return as_out(_matmul_to_float(aq, a_scale, np.asarray(a_zp, U8), b, b_scale, b_zp, bias), out)
 
@@ -1533,8 +1546,9 @@ matmul_integer16 = custom_op(f"{MS}::MatMulInteger16(Tensor A, Tensor B) -> Tens
 
 @matmul_integer16.register_meta
 def _matmul_integer16_meta(a, b):
-    _require(a.dtype in (I16, U16) and b.dtype in (I16, U16), f"A and B must be int16 or uint16, got {a.dtype}, "
-                                                              f"{b.dtype}")
+    _require(a.dtype in (I16, U16) and b.dtype in (I16, U16),
+             lambda: f"A and B must be int16 or uint16, got {a.dtype}, "
+                     f"{b.dtype}")
     return Meta(I32, None if a.shape is None or b.shape is None else matmul_shape(a.shape, b.shape))
 
 
@@ -1544,9 +1558,10 @@ def _matmul_integer16(a, b, *, out=None):
     at 32 bits as onnxruntime's (Eigen's int32 GEMM) does. onnxruntime runs int16 x int16
     only; the schema's uint16 is taken too, and Y is int32 whatever the inputs, as
     onnxruntime's type inference makes it."""
-    _require(a.dtype in (I16, U16) and b.dtype in (I16, U16), f"A and B must be int16 or uint16, got {a.dtype}, "
-                                                              f"{b.dtype}")
-    _require(a.ndim >= 1 and b.ndim >= 1, f"A {list(a.shape)} and B {list(b.shape)} must have rank 1 or more")
+    _require(a.dtype in (I16, U16) and b.dtype in (I16, U16),
+             lambda: f"A and B must be int16 or uint16, got {a.dtype}, "
+                     f"{b.dtype}")
+    _require(a.ndim >= 1 and b.ndim >= 1, lambda: f"A {list(a.shape)} and B {list(b.shape)} must have rank 1 or more")
     try:
         matmul_shape(a.shape, b.shape)
     except ValueError:
@@ -1583,21 +1598,21 @@ qattention = custom_op(
 
 def _qattention_sizes(x_shape, w_shape, num_heads):
     """(hidden, head size) from weight (D, 3·hidden), D being the input's last dim."""
-    _require(num_heads > 0, f"num_heads must be positive, got {num_heads}")
-    _require(len(x_shape) == 3, f"input must be 3-D (batch, sequence, input hidden), got rank {len(x_shape)}")
-    _require(len(w_shape) == 2, f"weight must be 2-D (input hidden, 3 x hidden), got rank {len(w_shape)}")
+    _require(num_heads > 0, lambda: f"num_heads must be positive, got {num_heads}")
+    _require(len(x_shape) == 3, lambda: f"input must be 3-D (batch, sequence, input hidden), got rank {len(x_shape)}")
+    _require(len(w_shape) == 2, lambda: f"weight must be 2-D (input hidden, 3 x hidden), got rank {len(w_shape)}")
     d, h3 = w_shape
     _require(not (isinstance(d, int) and isinstance(x_shape[2], int) and d != x_shape[2]),
-             f"weight's first dim {d} must be the input's last dim {x_shape[2]}")
+             lambda: f"weight's first dim {d} must be the input's last dim {x_shape[2]}")
     _require(h3 % 3 == 0 and (h3 // 3) % num_heads == 0,
-             f"weight's second dim {h3} must be 3 x hidden with hidden divisible by num_heads={num_heads}")
+             lambda: f"weight's second dim {h3} must be 3 x hidden with hidden divisible by num_heads={num_heads}")
     return h3 // 3, h3 // 3 // num_heads
 
 
 def _per_column(p, n, what):
     """A weight scale or zero point: one value, or one per column of the weight ([n])."""
     _require(_is_one_value(p) or p.shape == (n,),
-             f"{what} must be a scalar or 1-D of the weight's {n} columns, got shape {list(p.shape)}")
+             lambda: f"{what} must be a scalar or 1-D of the weight's {n} columns, got shape {list(p.shape)}")
     return p.reshape(()) if _is_one_value(p) else p
 
 
@@ -1608,17 +1623,19 @@ def _qattention_meta(x, w, bias, x_scale, w_scale, mask_index=None, x_zp=None, w
 
     _attention_unsupported(do_rotary, past_present_share_buffer)
     _mask_rank_supported(mask_index)
-    _require(x.dtype in (U8, I8) and w.dtype in (U8, I8), f"input and weight must be uint8 or int8, got {x.dtype}, "
-                                                          f"{w.dtype}")
+    _require(x.dtype in (U8, I8) and w.dtype in (U8, I8),
+             lambda: f"input and weight must be uint8 or int8, got {x.dtype}, "
+                     f"{w.dtype}")
     dt = bias.dtype
-    _require(dt in (F32, F16), f"bias must be float32 or float16, got {dt}")
+    _require(dt in (F32, F16), lambda: f"bias must be float32 or float16, got {dt}")
     _meta_one_value(x_scale, "input_scale", [dt])
-    _require(w_scale.dtype == dt, f"weight_scale must be {dt} as the bias, got {w_scale.dtype}")
+    _require(w_scale.dtype == dt, lambda: f"weight_scale must be {dt} as the bias, got {w_scale.dtype}")
     _meta_zero_point(x_zp, x.dtype, "input_zero_point")
-    _require(w_zp is None or w_zp.dtype == w.dtype, f"weight_zero_point must have the weight's type {w.dtype}")
+    _require(w_zp is None or w_zp.dtype == w.dtype, lambda: f"weight_zero_point must have the weight's type {w.dtype}")
     _require(mask_index is None or mask_index.dtype == I32,
-             f"mask_index must be int32, got {getattr(mask_index, 'dtype', None)}")
-    _require(past is None or past.dtype == dt, f"past must be {dt} as the bias, got {getattr(past, 'dtype', None)}")
+             lambda: f"mask_index must be int32, got {getattr(mask_index, 'dtype', None)}")
+    _require(past is None or past.dtype == dt,
+             lambda: f"past must be {dt} as the bias, got {getattr(past, 'dtype', None)}")
     if x.shape is None or w.shape is None or (len(w.shape) == 2 and not isinstance(w.shape[1], int)):
         return Meta(dt, None), Meta(dt, None)  # the sizes follow from the weight's columns
     hidden, head = _qattention_sizes(x.shape, w.shape, num_heads)
@@ -1644,22 +1661,23 @@ def _qattention(x, w, bias, x_scale, w_scale, mask_index=None, x_zp=None, w_zp=N
     _q8(x, "input"), _q8(w, "weight")
     hidden, _ = _qattention_sizes(x.shape, w.shape, num_heads)
     dt = bias.dtype
-    _require(dt in (F32, F16), f"bias must be float32 or float16, got {dt}")
-    _require(bias.shape == (3 * hidden,), f"bias must be 1-D of the weight's {3 * hidden} columns, got "
-                                          f"{list(bias.shape)}")
+    _require(dt in (F32, F16), lambda: f"bias must be float32 or float16, got {dt}")
+    _require(bias.shape == (3 * hidden,), lambda: f"bias must be 1-D of the weight's {3 * hidden} columns, got "
+                                                  f"{list(bias.shape)}")
     _require(x_scale.dtype == dt and w_scale.dtype == dt,
-             f"input_scale and weight_scale must be {dt} as the bias, got {x_scale.dtype}, {w_scale.dtype}")
+             lambda: f"input_scale and weight_scale must be {dt} as the bias, got {x_scale.dtype}, {w_scale.dtype}")
     _one_value(x_scale, "input_scale")
     ws = _per_column(w_scale, 3 * hidden, "weight_scale").astype(F32)
     zx = _zero_point(x_zp, x.dtype, "input_zero_point")
     wz = np.zeros((), F64)
     if w_zp is not None:
         _require(w_zp.dtype == w.dtype,
-                 f"weight_zero_point is {w_zp.dtype} but the weight is {w.dtype}: they must match")
+                 lambda: f"weight_zero_point is {w_zp.dtype} but the weight is {w.dtype}: they must match")
         wz = _per_column(w_zp, 3 * hidden, "weight_zero_point").astype(F64)
     _require(mask_index is None or mask_index.dtype == I32,
-             f"mask_index must be int32, got {getattr(mask_index, 'dtype', None)}")
-    _require(past is None or past.dtype == dt, f"past must be {dt} as the bias, got {getattr(past, 'dtype', None)}")
+             lambda: f"mask_index must be int32, got {getattr(mask_index, 'dtype', None)}")
+    _require(past is None or past.dtype == dt,
+             lambda: f"past must be {dt} as the bias, got {getattr(past, 'dtype', None)}")
     acc = _int_matmul(x, zx, w, wz)
     proj = acc.astype(F32) * (ws * F32.type(x_scale.reshape(())))  # MLAS: the scale, then the bias
     proj += bias.astype(F32)
@@ -1759,7 +1777,7 @@ _LSTM_ACTS = {
 def _lstm_directions(direction):
     d = direction.decode() if isinstance(direction, bytes) else str(direction)
     _require(d in ("forward", "reverse", "bidirectional"),
-             f"direction must be forward, reverse or bidirectional, got {d!r}")
+             lambda: f"direction must be forward, reverse or bidirectional, got {d!r}")
     return d, 2 if d == "bidirectional" else 1
 
 
@@ -1768,12 +1786,12 @@ def _lstm_activations(names, alphas, betas, num_dir):
     parses the attributes (names in any case; 3 per direction, or none for the defaults)."""
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in (names or [])]
     names = [n.lower() for n in names] or ["sigmoid", "tanh", "tanh"] * num_dir
-    _require(len(names) == 3 * num_dir, f"activations must list 3 functions per direction ({3 * num_dir}), "
-                                        f"got {len(names)}")
+    _require(len(names) == 3 * num_dir, lambda: f"activations must list 3 functions per direction ({3 * num_dir}), "
+                                                f"got {len(names)}")
     alphas, betas = [float(v) for v in alphas or []], [float(v) for v in betas or []]
     fns = []
     for n in names:
-        _require(n in _LSTM_ACTS, f"unknown activation {n!r} (one of {', '.join(sorted(_LSTM_ACTS))})")
+        _require(n in _LSTM_ACTS, lambda: f"unknown activation {n!r} (one of {', '.join(sorted(_LSTM_ACTS))})")
         fn, uses_a, uses_b, a, b = _LSTM_ACTS[n]
         if uses_a and alphas:
             a = alphas.pop(0)
@@ -1802,23 +1820,25 @@ def _dims_agree(shape, want):
 def _lstm_shape_checks(x, w, r, b, lens, h0, c0, p, scales, num_dir, hidden):
     """The shape rules of onnxruntime's DynamicQuantizeLSTM (metas or arrays; unknown dims pass)."""
     sx = x.shape
-    _require(sx is None or len(sx) == 3, f"X must be 3-D (seq_length, batch, input_size), got shape {_shape_of(sx)}")
+    _require(sx is None or len(sx) == 3,
+             lambda: f"X must be 3-D (seq_length, batch, input_size), got shape {_shape_of(sx)}")
     _, n, i = sx if sx is not None else (None, None, None)
     h4 = 4 * hidden
     _require(_dims_agree(w.shape, (num_dir, i, h4)),
-             f"W must have shape [{num_dir}, {i}, {h4}] (directions, input_size, 4 x hidden_size), "
-             f"got {_shape_of(w.shape)}")
+             lambda: f"W must have shape [{num_dir}, {i}, {h4}] (directions, input_size, 4 x hidden_size), "
+                     f"got {_shape_of(w.shape)}")
     _require(_dims_agree(r.shape, (num_dir, hidden, h4)),
-             f"R must have shape [{num_dir}, {hidden}, {h4}] (directions, hidden_size, 4 x hidden_size), "
-             f"got {_shape_of(r.shape)}")
+             lambda: f"R must have shape [{num_dir}, {hidden}, {h4}] (directions, hidden_size, 4 x hidden_size), "
+                     f"got {_shape_of(r.shape)}")
     for t_, want, what in ((b, (num_dir, 2 * h4), "B"), (lens, (n,), "sequence_lens"), (h0, (num_dir, n, hidden),
                            "initial_h"), (c0, (num_dir, n, hidden), "initial_c"), (p, (num_dir, 3 * hidden), "P")):
         if t_ is not None:
-            _require(_dims_agree(t_.shape, want), f"{what} must have shape {list(want)}, got {_shape_of(t_.shape)}")
+            _require(_dims_agree(t_.shape, want),
+                     lambda: f"{what} must have shape {list(want)}, got {_shape_of(t_.shape)}")
     for t_, what in scales:
         _require(t_.shape is None or _dims_agree(t_.shape, (num_dir,)) or _dims_agree(t_.shape, (num_dir, h4)),
-                 f"{what} must have shape [{num_dir}] (per tensor) or [{num_dir}, {h4}] (per channel), "
-                 f"got {_shape_of(t_.shape)}")
+                 lambda: f"{what} must have shape [{num_dir}] (per tensor) or [{num_dir}, {h4}] (per channel), "
+                         f"got {_shape_of(t_.shape)}")
 
 
 def _lstm_param_names(w_scale, w_zp, r_scale, r_zp):
@@ -1830,18 +1850,21 @@ def _dynamic_quantize_lstm_meta(x, w, r, b=None, lens=None, h0=None, c0=None, p=
                                 r_scale=None, r_zp=None, *, activation_alpha, activation_beta, activations, clip,
                                 direction, hidden_size, input_forget):
     _, num_dir = _lstm_directions(direction)
-    _require(hidden_size > 0, f"hidden_size must be positive, got {hidden_size}")
-    _require(clip > 0, f"clip must be positive, got {clip}")
+    _require(hidden_size > 0, lambda: f"hidden_size must be positive, got {hidden_size}")
+    _require(clip > 0, lambda: f"clip must be positive, got {clip}")
     _lstm_activations(activations, activation_alpha, activation_beta, num_dir)
-    _require(x.dtype == F32, f"X must be float32, got {x.dtype}")
-    _require(w.dtype in (U8, I8) and r.dtype == w.dtype, f"W and R must both be uint8 or both int8, got {w.dtype}, "
-                                                         f"{r.dtype}")
+    _require(x.dtype == F32, lambda: f"X must be float32, got {x.dtype}")
+    _require(w.dtype in (U8, I8) and r.dtype == w.dtype,
+             lambda: f"W and R must both be uint8 or both int8, got {w.dtype}, "
+                     f"{r.dtype}")
     for t_, what in ((b, "B"), (h0, "initial_h"), (c0, "initial_c"), (p, "P"), (w_scale, "W_scale"),
                      (r_scale, "R_scale")):
-        _require(t_ is None or t_.dtype == F32, f"{what} must be float32, got {t_.dtype if t_ is not None else None}")
-    _require(lens is None or lens.dtype == I32, f"sequence_lens must be int32, got {getattr(lens, 'dtype', None)}")
+        _require(t_ is None or t_.dtype == F32,
+                 lambda: f"{what} must be float32, got {t_.dtype if t_ is not None else None}")
+    _require(lens is None or lens.dtype == I32,
+             lambda: f"sequence_lens must be int32, got {getattr(lens, 'dtype', None)}")
     for z, what in ((w_zp, "W_zero_point"), (r_zp, "R_zero_point")):
-        _require(z.dtype == w.dtype, f"{what} is {z.dtype} but the weights are {w.dtype}: they must match")
+        _require(z.dtype == w.dtype, lambda: f"{what} is {z.dtype} but the weights are {w.dtype}: they must match")
     _lstm_shape_checks(x, w, r, b, lens, h0, c0, p, _lstm_param_names(w_scale, w_zp, r_scale, r_zp), num_dir,
                        hidden_size)
     if x.shape is None:
@@ -1855,13 +1878,13 @@ def _lstm_weight(q, scale, zp, d, signed, what):
     """Direction d's quantized weight as MLAS takes it: (Wq, its one zero point as float64,
     its float32 scale: one value or one per column). onnxruntime reads one zero point per
     direction: per channel, the zero points must all be one value (all zero for int8)."""
-    _require(scale.dtype == F32, f"{what}_scale must be float32, got {scale.dtype}")
-    _require(zp.dtype == q.dtype, f"{what}_zero_point is {zp.dtype} but {what} is {q.dtype}: they must match")
+    _require(scale.dtype == F32, lambda: f"{what}_scale must be float32, got {scale.dtype}")
+    _require(zp.dtype == q.dtype, lambda: f"{what}_zero_point is {zp.dtype} but {what} is {q.dtype}: they must match")
     if zp.ndim == 2:
         z = zp.reshape(-1)
         _require(not z.any() if signed else bool((z == z[0]).all()),
-                 f"{what}_zero_point per channel must be {'all zero (int8)' if signed else 'one value (uint8)'}, "
-                 f"got {np.unique(z).tolist()}")
+                 lambda: f"{what}_zero_point per channel must be {'all zero (int8)' if signed else 'one value (uint8)'}, "
+                         f"got {np.unique(z).tolist()}")
     return q[d], F64.type(zp[d].reshape(-1)[0]), scale[d].reshape(-1 if scale.ndim == 2 else ()).astype(F32)
 
 
@@ -2004,7 +2027,7 @@ def _dynamic_quantize_lstm(ctx, prepare=None):
     direction, num_dir = _lstm_directions(a.get("direction", "forward"))
     hidden = int(a["hidden_size"])
     clip = float(a.get("clip", _FLT_MAX))
-    _require(hidden > 0 and clip > 0, f"hidden_size ({hidden}) and clip ({clip}) must be positive")
+    _require(hidden > 0 and clip > 0, lambda: f"hidden_size ({hidden}) and clip ({clip}) must be positive")
     acts = _lstm_activations(a.get("activations"), a.get("activation_alpha"), a.get("activation_beta"), num_dir)
     input_forget = bool(int(a.get("input_forget", 0) or 0))
     outs = list(ctx.node.outputs)
@@ -2025,20 +2048,20 @@ def _dynamic_quantize_lstm(ctx, prepare=None):
 
     def step(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, w_scale=None, w_zp=None,
              r_scale=None, r_zp=None, *, out=(None, None, None)):
-        _require(x.dtype == F32, f"X must be float32, got {x.dtype}")
+        _require(x.dtype == F32, lambda: f"X must be float32, got {x.dtype}")
         _q8(w, "W")
-        _require(r.dtype == w.dtype, f"R is {r.dtype} but W is {w.dtype}: they must match")
+        _require(r.dtype == w.dtype, lambda: f"R is {r.dtype} but W is {w.dtype}: they must match")
         _lstm_shape_checks(x, w, r, b, sequence_lens, initial_h, initial_c, p,
                            _lstm_param_names(w_scale, w_zp, r_scale, r_zp), num_dir, hidden)
         for t_, what in ((b, "B"), (initial_h, "initial_h"), (initial_c, "initial_c"), (p, "P")):
-            _require(t_ is None or t_.dtype == F32, f"{what} must be float32, got {getattr(t_, 'dtype', None)}")
+            _require(t_ is None or t_.dtype == F32, lambda: f"{what} must be float32, got {getattr(t_, 'dtype', None)}")
         t_len, n = x.shape[:2]
         lens = None
         if sequence_lens is not None:
-            _require(sequence_lens.dtype == I32, f"sequence_lens must be int32, got {sequence_lens.dtype}")
+            _require(sequence_lens.dtype == I32, lambda: f"sequence_lens must be int32, got {sequence_lens.dtype}")
             lens = sequence_lens.astype(np.int64)
             _require(bool(((lens >= 0) & (lens <= t_len)).all()),
-                     f"sequence_lens {lens.tolist()} must lie in [0, seq_length={t_len}]")
+                     lambda: f"sequence_lens {lens.tolist()} must lie in [0, seq_length={t_len}]")
             if (lens == t_len).all():
                 lens = None
         shape_y, shape_s = (t_len, num_dir, n, hidden), (num_dir, n, hidden)
@@ -2047,8 +2070,8 @@ def _dynamic_quantize_lstm(ctx, prepare=None):
         if lens is None or lens.max() > 0:  # all sequences empty: zeros, as onnxruntime returns early
             signed = w.dtype == I8
             _require(num_dir == 1 or (w_zp.shape == w_scale.shape and r_zp.shape == r_scale.shape),
-                     "with two directions the zero points must have their scales' shapes "
-                     f"(W: {list(w_zp.shape)} vs {list(w_scale.shape)}, "
+                     lambda: "with two directions the zero points must have their scales' shapes "
+                             f"(W: {list(w_zp.shape)} vs {list(w_scale.shape)}, "
                      f"R: {list(r_zp.shape)} vs {list(r_scale.shape)})")
             directions = []  # per direction: _lstm_direction's arguments, and its compiled recurrence or None
             for d in range(num_dir):
