@@ -250,8 +250,9 @@ def dequantize_linear(x, x_scale, x_zero_point=None, *, out=None, axis=1, block_
         # Straight into y, in place: the tiled steps below copy each tile twice more (into a
         # temporary, then out) and cost ~75 us a call in broadcasting alone (a QDQ model folds
         # a DequantizeLinear per weight and per bias at session creation: 106 in a
-        # MobileNetV2, 25 ms -> 13-14, ~8 of it the first touch of what it writes). The same steps, so the same bits: 8/16-bit x - z exact in
-        # float32 (a 32-bit one in int64, then converted), one rounding in the multiply.
+        # MobileNetV2, 25 ms -> 13-14, ~8 of it the first touch of what it writes). The same
+        # steps, so the same bits: 8/16-bit x - z exact in float32 (a 32-bit one in int64,
+        # then converted), one rounding in the multiply.
         y = np.empty(x.shape, work) if out is None else out
         if narrow:
             np.copyto(y, x)

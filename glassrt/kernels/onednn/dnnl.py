@@ -234,12 +234,18 @@ class MemoryDesc(_Owned):
     @classmethod
     def from_array(cls, a: np.ndarray) -> MemoryDesc:
         """The plain layout of a NumPy array (its strides; 0-d becomes shape (1,))."""
-        if a.ndim == 0:
-            return cls.with_strides((1,), a.dtype, (1,))
-        isz = a.itemsize
-        if any(s % isz for s in a.strides):
+        return cls.plain(a.shape, a.strides, a.dtype)
+
+    @classmethod
+    def plain(cls, shape, strides, dtype) -> MemoryDesc:
+        """The layout of an array of that shape, strides (in bytes) and dtype; 0-d becomes (1,)."""
+        dtype = np.dtype(dtype)
+        if not shape:
+            return cls.with_strides((1,), dtype, (1,))
+        isz = dtype.itemsize
+        if any(s % isz for s in strides):
             raise ValueError("array strides are not multiples of its item size")
-        return cls.with_strides(a.shape, a.dtype, [s // isz for s in a.strides])
+        return cls.with_strides(shape, dtype, [s // isz for s in strides])
 
     @classmethod
     def clone_of(cls, ptr) -> MemoryDesc | None:
@@ -947,13 +953,7 @@ def _plain_desc(shape: tuple, strides: tuple, dtype: str, dims: tuple) -> Memory
     `dims` (grouped weights: the same bytes as a 5-D view). Shared: a model's weights come in
     a few shapes (shufflenet's 50 in 12), and making the two descriptors took ~55 us of each
     weight's packing."""
-    dt = np.dtype(dtype)
-    if not shape:
-        desc = MemoryDesc.with_strides((1,), dt, (1,))
-    elif any(s % dt.itemsize for s in strides):
-        raise ValueError("array strides are not multiples of its item size")
-    else:
-        desc = MemoryDesc.with_strides(shape, dt, [s // dt.itemsize for s in strides])
+    desc = MemoryDesc.plain(shape, strides, dtype)
     return desc if desc.dims == tuple(dims) else desc.reshape(dims)
 
 

@@ -65,9 +65,10 @@ class _Spec:
         self.why = self._constants(ctx, w, wz, xz)
         if self.why:
             return
-        # w - wz as int16 (8-bit codes less a zero point: within +-383), then the float32
-        # weights: 6 bytes a weight made where int32 differences, their absolute values and a
-        # float32 copy were 12 (each page new: a MobileNetV2's 52 convs)
+        # w - wz as int16 (8-bit codes less a zero point of their type: within +-255), its
+        # absolute values for the bound, then the float32 weights: 8 bytes a weight made where
+        # int32 differences, their absolute values and a float32 copy were 12 (each page new:
+        # a MobileNetV2's 52 convs)
         diff = w.astype(np.int16)
         if self.wz.any():
             diff -= (self.wz.reshape(-1, 1, 1, 1) if self.wz.size > 1 else self.wz.reshape(())).astype(np.int16)
