@@ -333,7 +333,7 @@ def allocate_arena(nbytes: int) -> np.ndarray:
         return np.empty(nbytes, np.uint8)
     arena = os_buffer(nbytes, whole_pages=True, early=True)
     # faulted in on another core while the plan is finished and its first run binds its
-    # steps (pages.populate_soon: a YOLOv8n's first run waited 1-4 ms on its arena's pages)
+    # steps (pages.populate_soon: a YOLOv8n's first run waited up to ~5 ms on its arena's pages)
     populate_soon(arena)
     return arena
 
