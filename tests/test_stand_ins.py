@@ -60,3 +60,44 @@ def test_stand_ins_are_made_once_per_node(monkeypatch):
     assert asked == [("a", (1, 8)), ("a", (32, 8)), ("a", (1024, 8)), ("b", (1, 8)), ("b", (32, 8)),
                      ("b", (1024, 8)), ("c", (1, 8))]
     assert made == [(32, frozenset({"batch"})), (32, ()), (1024, ())]
+
+
+def _ranked_kernel(name, asked, priority, accepts):
+    def judge(ctx):
+        asked.append((name, ctx.shape(0)))
+        return accepts(ctx)
+    return Kernel(name=f"probe.Relu.{name}", provider="probe", domain="", op_type="Relu", fn=None,
+                  accepts=judge, static_only=True, priority=priority)
+
+
+def _static_relu(batch):
+    node = Node("Relu", "", ["x"], ["y"], {}, "relu", 14)
+    t = TensorType(F32, (batch, 8))
+    return BindContext(node, {}, [t], [t], [None])
+
+
+def test_a_kernel_behind_one_that_passed_is_judged_only_by_a_plan_it_may_run():
+    """Placement judges a node's kernels best first, and stops judging shapes once one
+    passes: the others stay candidates, judged by a plan whose shapes the better one refuses
+    (some predicates build what they judge: QLinearConv's float32 kernel behind VNNI's)."""
+    from glassrt import SessionOptions
+    from glassrt.runtime.placement import Decision
+
+    asked = []
+    ks = [_ranked_kernel("worse", asked, 0, lambda ctx: None),  # (registered first, ranked lower)
+          _ranked_kernel("better", asked, 5, lambda ctx: None if ctx.shape(0)[0] == 1 else "only one row")]
+    for ctx, accepted in ((_static_relu(1), True), (_symbolic_relu(), False)):
+        asked.clear()
+        got, why, was_accepted, _ = select.provider_verdict_checked(_Provider(ks), ctx.node, None, ctx,
+                                                                    frozenset({"batch"}))
+        assert [k.name for k in got] == ["probe.Relu.better", "probe.Relu.worse"] and was_accepted == accepted
+        assert asked == [("better", (1, 8))]  # (the symbolic one on its batch-1 stand-in)
+
+    decision = Decision(_static_relu(1).node, "probe", got, why)
+    asked.clear()
+    k, _ = select.choose_kernel(decision, _static_relu(1), SessionOptions())
+    assert k.name == "probe.Relu.better" and asked == [("better", (1, 8))]
+    asked.clear()
+    k, reason = select.choose_kernel(decision, _static_relu(4), SessionOptions())
+    assert k.name == "probe.Relu.worse" and asked == [("better", (4, 8)), ("worse", (4, 8))]
+    assert "only one row" in reason

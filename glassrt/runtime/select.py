@@ -122,13 +122,22 @@ def provider_verdict_checked(provider, node, contract, ctx, batch=frozenset()) -
             return [], f"{provider.name} is unavailable: {why_not}", False, False
         where = f" (domain {node.domain})" if node.domain else ""
         return [], f"no {provider.name} kernel for {node.op_type}{where}", False, False
-    candidates, ok, why, shape_free = [], [], [], False
-    for k in ks:
+    candidates, ok, why, shape_free, passed = [], [], [], False, False
+    for k in sorted(ks, key=lambda k: -k.priority):
         r = _shape_free_reason(k, ctx)
         if r:
             why.append(r)
             continue
         shape_free = True
+        if passed:
+            # A better kernel passed (on these shapes or a stand-in binding): a plan asks
+            # this one only where that one refuses the plan's shapes, and judges it then
+            # (choose_kernel: the candidates in order). Not judged here, since some
+            # predicates build what they judge: QLinearConv's float32 kernel beside VNNI's
+            # int8 one made its weights' float32 copy and a descriptor, 25 ms of an 8-bit
+            # MobileNetV2's placement over its 52 convolutions, for no plan to bind.
+            candidates.append(k)
+            continue
         r = _shape_reason(k, ctx)
         if r and k.static_only and not is_static(ctx):
             # A kernel bound per concrete shape judges a stand-in binding of the symbolic
@@ -146,11 +155,11 @@ def provider_verdict_checked(provider, node, contract, ctx, batch=frozenset()) -
             if r:
                 why.append(r)
                 continue
-            r = f"{k.name} is bound to concrete shapes: each plan binds it for its own"
+            r, passed = f"{k.name} is bound to concrete shapes: each plan binds it for its own", True
+        passed = passed or not r
         candidates.append(k)
         (why.append(r) if r else ok.append(k))
-    if ok or (candidates and not _all_static(ctx)):
-        candidates.sort(key=lambda k: -k.priority)
+    if ok or (candidates and not _all_static(ctx)):  # (best first: judged in that order)
         names = ", ".join(k.name for k in candidates)
         return candidates, f"{provider.name} has {node.op_type} kernel(s): {names}", bool(ok), shape_free
     return [], "; ".join(dict.fromkeys(why)), False, shape_free
