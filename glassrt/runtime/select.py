@@ -155,7 +155,8 @@ def provider_verdict_checked(provider, node, contract, ctx, batch=frozenset()) -
             if r:
                 why.append(r)
                 continue
-            r, passed = f"{k.name} is bound to concrete shapes: each plan binds it for its own", True
+            r = f"{k.name} is bound to concrete shapes: each plan binds it for its own"
+            passed = True  # (on a stand-in binding)
         passed = passed or not r
         candidates.append(k)
         (why.append(r) if r else ok.append(k))
