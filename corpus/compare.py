@@ -349,7 +349,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m corpus.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", default=(), metavar="ID", help="Compare only these models.")
     ap.add_argument("--runs", type=int, default=5, help="Timed runs per runtime after the first (default 5).")
-    ap.add_argument("--threads", type=int, default=1, help="intra_op_num_threads for both (default 1).")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra_op_num_threads for both (default 1). Both runtimes share one process here, so "
+                         "above 1 onnxruntime's idle threads spin against glassrt's: time more threads with "
+                         "`glassrt bench --vs onnxruntime` (a process each).")
     ap.add_argument("--timeout", type=float, default=600, help="Seconds per model (default 600).")
     ap.add_argument("--json", dest="json_file", help="Write every result (default: CACHE/results.json).")
     ap.add_argument("--markdown", help="Write the results table (default: CACHE/results.md).")
@@ -376,6 +379,12 @@ def main(argv=None) -> int:
     if not models:
         console.print(f"no corpus models in {cache_dir() / 'models'}: run python -m corpus.fetch first")
         return 1
+    if args.threads > 1:
+        # (measured, rapidocr-det at 2 threads: glassrt 39-56 ms here against 16.7-17.8 alone,
+        # onnxruntime 17.4-18.7)
+        console.print(f"[yellow]note:[/] with {args.threads} threads the latency ratios are not to be trusted: both "
+                      "runtimes run in one process and onnxruntime's idle threads spin against glassrt's; "
+                      "`glassrt bench MODEL --vs onnxruntime` times each in a process of its own")
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:
