@@ -274,6 +274,33 @@ def test_folding_honours_fold_limit_bytes():
     np.testing.assert_array_equal(small.run(None, {"x": x})[0], big.run(None, {"x": x})[0])
 
 
+def test_constants_fold_as_they_stand_within_the_limit(monkeypatch):
+    """A Constant folds as its kernel gives it (`value`, `value_floats`...), without a
+    provider's verdict and a kernel bound for it (a Paddle export carries hundreds); one
+    over fold_limit_bytes stays a node, which the plan's folding does not take either."""
+    from glassrt.runtime import folding
+
+    w = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    m = model([helper.make_node("Constant", [], ["w"], name="cw", value=onnx.numpy_helper.from_array(w, "w")),
+               helper.make_node("Constant", [], ["b"], name="cb", value_floats=[0.5] * 64),
+               helper.make_node("MatMul", ["x", "w"], ["xw"], name="mm"),
+               helper.make_node("Add", ["xw", "b"], ["y"], name="add")],
+              [tensor("x", [2, 64])], [tensor("y", [2, 64])])
+    folded = []
+    real = folding.fold_with_providers
+    monkeypatch.setattr("glassrt.passes.constant_folding.fold_with_providers",
+                        lambda node, *a: folded.append(node.name) or real(node, *a))
+    x = np.ones((2, 64), np.float32)
+    sess = glassrt.InferenceSession(m, providers=["cpu"])
+    assert sorted(sess.folded) == ["cb", "cw"] and folded == ["mm", "add"]  # (asked, not folded: x is an input)
+    assert sess.graph.initializers["w"] is not None
+    np.testing.assert_array_equal(sess.graph.initializers["w"], w)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ w + 0.5, rtol=1e-6)
+    small = glassrt.InferenceSession(m, providers=["cpu"], sess_options=SessionOptions(fold_limit_bytes=1024))
+    assert small.folded == ["cb"] and "w" not in small.graph.initializers
+    np.testing.assert_allclose(small.run(None, {"x": x})[0], x @ w + 0.5, rtol=1e-6)
+
+
 # ---------------------------------------------------------------- memory planner
 
 

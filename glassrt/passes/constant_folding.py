@@ -20,7 +20,8 @@ import numpy as np
 
 from ..ops.registry import get_contract
 from ..ir import TensorType
-from ..runtime.folding import fold_with_providers, may_fold
+from ..ops.meta.shape import constant_value
+from ..runtime.folding import fold_limit, fold_with_providers, may_fold
 
 
 def fold_constants(graph, ctx):
@@ -29,6 +30,8 @@ def fold_constants(graph, ctx):
     for node in graph.nodes:
         contract = get_contract(node.domain, node.op_type, node.opset)
         results = _proved(node, ctx) if may_fold(node) else None
+        if results is None and contract is not None and node.op_type == "Constant" and not node.domain:
+            results = _constant(node, ctx.options)
         if results is None and contract is not None:
             results = fold_with_providers(node, contract, ctx.types, consts, ctx.providers, ctx.options)
         if results is None:
@@ -47,6 +50,18 @@ def fold_constants(graph, ctx):
     inits.update({k: v for k, v in consts.items() if k not in graph.initializers and k in read})
     return replace(graph, nodes=keep, initializers=inits), [f"fold {n.op_type} '{n.name}' into a constant"
                                                            for n in folded]
+
+
+def _constant(node, options) -> list | None:
+    """A Constant's value as its kernel gives it (constant_value: any of its forms), under
+    the folder's size limit, without a provider's verdict and a kernel bound for it: ~30 us
+    a node through the folder, and a Paddle export carries hundreds (rapidocr-det 342: 6-8
+    ms of its creation). None where the folder should see it (no value: it reports that;
+    over the limit: the folder keeps it a node too)."""
+    value = constant_value(node.attrs)
+    if not isinstance(value, np.ndarray) or (value.dtype != object and value.nbytes > fold_limit(options)):
+        return None
+    return [value]
 
 
 def _proved(node, ctx) -> list | None:
