@@ -835,7 +835,8 @@ def _rotary_embedding(x, position_ids, cos_cache, sin_cache, *, out=None, num_he
     b, s, _, d = xv.shape
     r = int(rotary_embedding_dim) or d
     _require(r % 2 == 0 and r <= d and cos_cache.shape[1] * 2 >= r,
-             lambda: f"rotary dim {r} must be even, at most the head size {d} and covered by cos_cache {list(cos_cache.shape)}")
+             lambda: f"rotary dim {r} must be even, at most the head size {d} and covered by cos_cache "
+                     f"{list(cos_cache.shape)}")
     if position_ids.size == 1:  # the first position; the others follow it
         pos = int(position_ids.reshape(-1)[0]) + np.arange(s)[None]
     else:

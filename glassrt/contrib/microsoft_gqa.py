@@ -143,7 +143,8 @@ def _gqa_meta(query, key=None, value=None, past_key=None, past_value=None, seqle
     if key is None:  # packed QKV: (num_heads + 2·kv_num_heads) heads along the last dim
         heads = num_heads + 2 * kv_num_heads
         _require(not _known(hidden) or hidden % heads == 0,
-                 lambda: f"packed QKV's hidden size {hidden} is not a multiple of num_heads + 2·kv_num_heads = {heads}")
+                 lambda: f"packed QKV's hidden size {hidden} is not a multiple of num_heads + 2·kv_num_heads = "
+                         f"{heads}")
         head = hidden // heads if _known(hidden) else None
         out_hidden = num_heads * head if head is not None else fresh("hidden")
     else:
@@ -154,14 +155,15 @@ def _gqa_meta(query, key=None, value=None, past_key=None, past_value=None, seqle
             if m.shape is not None:
                 want = (b, s, kv_num_heads * head if head is not None else None)
                 _require(len(m.shape) == 3 and all(not _known(x, y) or x == y for x, y in zip(m.shape, want)),
-                         lambda: f"{name} must be (batch, sequence, kv_num_heads·head_size) = {list(want)}, got {list(m.shape)}")
+                         lambda: f"{name} must be (batch, sequence, kv_num_heads·head_size) = {list(want)}, "
+                                 f"got {list(m.shape)}")
         out_hidden = hidden
     for name, m in (("past_key", past_key), ("past_value", past_value)):
         if m is not None and m.shape is not None:
             want = (b, kv_num_heads, None, head)
             _require(len(m.shape) == 4 and all(not _known(x, y) or x == y for x, y in zip(m.shape, want)),
-                     lambda: f"{name} must be (batch, kv_num_heads, past, head_size) = [{b}, {kv_num_heads}, past, {head}], "
-                             f"got {list(m.shape)}")
+                     lambda: f"{name} must be (batch, kv_num_heads, past, head_size) = "
+                             f"[{b}, {kv_num_heads}, past, {head}], got {list(m.shape)}")
     if past_key is None:
         total = s  # total_sequence_length is the sequence length then
     elif past_key.shape is not None and len(past_key.shape) == 4:
@@ -245,8 +247,8 @@ def _layout(b, s, past_len, seqlens_k, total_sequence_length, query_seqlens):
                          f"({past_len} + {s})")
     else:
         _require(t == past_len + s or t <= past_len,
-                 lambda: f"total_sequence_length ({t}) must be past_key's length + the sequence length ({past_len} + {s}) "
-                         f"or at most past_key's length ({past_len}, a shared buffer)")
+                 lambda: f"total_sequence_length ({t}) must be past_key's length + the sequence length "
+                         f"({past_len} + {s}) or at most past_key's length ({past_len}, a shared buffer)")
     length = t if past_len is None else max(t, past_len)
     _require(b == 0 or (total.min() >= 1 and total.max() <= length),
              lambda: f"seqlens_k holds {total.min() - 1 if b else 0}..{total.max() - 1 if b else 0}: each must be in "
@@ -261,8 +263,9 @@ def _layout(b, s, past_len, seqlens_k, total_sequence_length, query_seqlens):
                      lambda: f"query_seqlens[{i}] = {new[i]} must be in [0, min(sequence length, seqlens_k + 1)] = "
                              f"[0, {min(s, total[i])}]")
             _require(past[i] <= past_len and past[i] + s <= length,
-                     lambda: f"query_seqlens[{i}] = {new[i]} leaves {past[i]} cached tokens: past_key has {past_len} rows, "
-                             f"and the cache of {length} rows must hold them and the whole chunk of {s}")
+                     lambda: f"query_seqlens[{i}] = {new[i]} leaves {past[i]} cached tokens: past_key has "
+                             f"{past_len} rows, and the cache of {length} rows must hold them and the whole "
+                             f"chunk of {s}")
     elif s == t:  # the first prompt: every entry starts at 0 and all its rows (padding too) go in
         past, new = np.zeros(b, np.int64), np.full(b, s)
     else:
@@ -367,8 +370,9 @@ def _gqa(query, key, value, past_key, past_value, seqlens_k, total_sequence_leng
     past, new, total, t, length = _layout(b, s, past_len, seqlens_k, total_sequence_length, query_seqlens)
     first_prompt = query_seqlens is None and s == t
     if attention_bias is not None or attrs["qk_output"]:  # both have total_sequence_length columns
-        _require(b == 0 or total.max() <= t, lambda: f"seqlens_k + 1 (up to {total.max() if b else 0}) exceeds "
-                                                     f"total_sequence_length ({t}), the columns of attention_bias/output_qk")
+        _require(b == 0 or total.max() <= t,
+                 lambda: f"seqlens_k + 1 (up to {total.max() if b else 0}) exceeds total_sequence_length ({t}), "
+                         "the columns of attention_bias/output_qk")
     if attention_bias is not None:
         _require(attention_bias.ndim == 4 and attention_bias.shape[0] in (1, b) and attention_bias.shape[1] in (1, n)
                  and attention_bias.shape[2:] == (s, t),

@@ -759,7 +759,8 @@ qlinear_concat = custom_op(f"{MS}::QLinearConcat(Tensor Y_scale, Tensor Y_zero_p
 
 def _triples(inputs):
     _require(len(inputs) >= 3 and len(inputs) % 3 == 0,
-             lambda: f"the inputs after Y_scale, Y_zero_point must be (tensor, scale, zero point) triples, got {len(inputs)}")
+             lambda: "the inputs after Y_scale, Y_zero_point must be (tensor, scale, zero point) triples, "
+                     f"got {len(inputs)}")
     for k in range(0, len(inputs), 3):
         _require(all(t is not None for t in inputs[k:k + 3]),
                  lambda: f"input {k // 3} of the concatenation is missing a part")
@@ -1883,8 +1884,8 @@ def _lstm_weight(q, scale, zp, d, signed, what):
     if zp.ndim == 2:
         z = zp.reshape(-1)
         _require(not z.any() if signed else bool((z == z[0]).all()),
-                 lambda: f"{what}_zero_point per channel must be {'all zero (int8)' if signed else 'one value (uint8)'}, "
-                         f"got {np.unique(z).tolist()}")
+                 lambda: f"{what}_zero_point per channel must be "
+                         f"{'all zero (int8)' if signed else 'one value (uint8)'}, got {np.unique(z).tolist()}")
     return q[d], F64.type(zp[d].reshape(-1)[0]), scale[d].reshape(-1 if scale.ndim == 2 else ()).astype(F32)
 
 
