@@ -212,10 +212,11 @@ def populate_soon(buf: np.ndarray) -> threading.Thread | None:
     buffer made just before it is first written, with Python work between (a plan's arena:
     the plan's compilation ends and the first run binds its steps as it goes): on a 2-core VM
     whose first touch of a page costs 2.5-6 us (a fresh huge page 0.3-3.6 ms), the first run's
-    early steps stalled on them (a YOLOv8n's 2.7 MiB arena: its first run's oneDNN steps 20.4-26.6
-    -> 18.0-20.1 ms, five alternating process pairs; with the OpenBLAS pin no change, 19.1-21.2
-    against 18.5-29.8 in four). The thread, or None where none was started (a kernel without it; a buffer that does
-    not start a page)."""
+    early steps stalled on them (a YOLOv8n's 2.7 MiB arena: its first run's oneDNN steps
+    20.4-26.6 -> 18.0-20.1 ms, five alternating process pairs; with the OpenBLAS pin no change,
+    19.1-21.2 against 18.5-29.8 in four). On a Zen 4 VM no effect either way (first runs of
+    yolo, MobileNetV2 and densenet121, six pairs each, within the noise). The thread, or None
+    where none was started (a kernel without it; a buffer that does not start a page)."""
     if not _populate_works[0] or not isinstance(buf, np.ndarray) or buf.nbytes == 0:
         return None
     addr = buf.__array_interface__["data"][0]
