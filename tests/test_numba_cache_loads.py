@@ -3,6 +3,8 @@ CPU target (kernels/cpu/_jit.py: _set_up_for_cache_loads, _load_cached)."""
 import subprocess
 import sys
 
+import pytest
+
 from glassrt.kernels.cpu import _jit
 
 _CODE = """
@@ -57,3 +59,25 @@ def test_a_failed_light_load_refreshes_the_target_and_loads_as_numba_does():
 
     assert _jit._load_cached(Cache(), ("sig",), Target()) == "loaded"
     assert calls == ["load", "refresh", "load"]
+
+
+_DLOPEN_CODE = """
+import sys
+from glassrt.kernels.cpu import _jit
+_jit._dlopen_llvmlite()
+mapped = any(line.rstrip().endswith("libllvmlite.so") for line in open("/proc/self/maps"))
+imported = "llvmlite" in sys.modules
+_jit.numba_warmup(); _jit.wait_for_numba()
+from llvmlite.binding import ffi
+maps = [line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith("libllvmlite.so")]
+print(mapped, imported, _jit.numba_loaded(), len(set(maps)), ffi.lib._name.endswith("libllvmlite.so"))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the early dlopen is Linux's")
+def test_llvmlites_library_is_mapped_before_numbas_import_and_then_used_by_it():
+    """The background load maps llvmlite's library through libc's dlopen (the GIL released)
+    before it imports anything; llvmlite's own load then takes that same mapping."""
+    out = subprocess.run([sys.executable, "-c", _DLOPEN_CODE], capture_output=True, text=True, timeout=300,
+                         check=True).stdout.strip()
+    assert out == "True False True 1 True", out
