@@ -767,3 +767,59 @@ def test_qlinear_conv_verdict_is_reached_once_per_types_and_constants(monkeypatc
     assert replace(ctx, layouts={}).verdict("probe", lambda: "again") == "first"  # (its derived contexts share them)
     assert BindContext(node, dict(node.attrs), *types, [None, None, None, w.copy()] + [None] * 5,
                        verdicts=ctx.verdicts).verdict("probe", lambda: "its own") == "its own"
+
+
+def _zero_points_fed(consts, x_shape, x_dt, **attrs):
+    """_qlinear_conv_model with xz and yz as graph inputs (fed at run time) instead of constants."""
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], name="conv",
+                            **attrs)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(x_dt))
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem, list(x_shape)),
+                                        helper.make_tensor_value_info("xz", elem, []),
+                                        helper.make_tensor_value_info("yz", elem, [])],
+                          [helper.make_tensor_value_info("y", elem, None)],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()
+                           if k not in ("xz", "yz")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+@needs_vnni
+@pytest.mark.parametrize("x_dt,xz,yz,made_with", [
+    (U8, 0, 0, (False, False)), (U8, 0, 131, (False, True)), (U8, 119, 0, (True, False)), (I8, 0, 0, (True, False))])
+def test_a_conv_whose_zero_points_are_constant_zeros_is_made_without_them(monkeypatch, x_dt, xz, yz, made_with):
+    """A depthwise QLinearConv (as MobileNetV2's, between ReLU6s) whose x and y zero points
+    are constant zeros: its primitive takes no zero point (oneDNN's faster depthwise kernel
+    takes none). An int8 x is read as uint8 with zero point 128, so it keeps x's. The bytes
+    are those of the same conv fed the same zero points at run time (made with both), and
+    onnxruntime's within a code."""
+    from glassrt.kernels.onednn import int8
+
+    rng = rng_for("int8-qconv-zero-points", x_dt, xz, yz)
+    c, shape = 64, (1, 64, 14, 14)
+    consts = {"xs": np.array(0.02, np.float32), "xz": np.array(xz, x_dt), "w": _codes(rng, I8, (c, 1, 3, 3)),
+              "ws": rng.uniform(0.001, 0.01, (c,)).astype(np.float32), "wz": np.zeros((c,), I8),
+              "ys": np.array(0.05, np.float32), "yz": np.array(yz, x_dt),
+              "b": rng.integers(-3000, 3000, (c,)).astype(np.int32)}
+    made = []
+    real = int8._RequantizingConv.__init__
+
+    def record(self, *a, **k):
+        real(self, *a, **k)
+        made.append((self.x_zero_point, self.y_zero_point))
+
+    monkeypatch.setattr(int8._RequantizingConv, "__init__", record)
+    attrs = {"group": c, "pads": [1, 1, 1, 1]}
+    m = _qlinear_conv_model(consts, shape, x_dt, **attrs)
+    x = _codes(rng, x_dt, shape)
+    got = glassrt.InferenceSession(m).run(None, {"x": x})[0]
+    assert set(made) == {made_with}
+    made.clear()
+    fed = glassrt.InferenceSession(_zero_points_fed(consts, shape, x_dt, **attrs)).run(
+        None, {"x": x, "xz": np.array(xz, x_dt), "yz": np.array(yz, x_dt)})[0]
+    assert set(made) == {(True, True)}
+    np.testing.assert_array_equal(got, fed)
+    ort = pytest.importorskip("onnxruntime")
+    _within_a_code(got, ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0])
