@@ -1,6 +1,5 @@
 """oneDNN's quantizing kernels (glassrt/kernels/onednn/quantize.py): DynamicQuantizeLinear's
-codes shared out over the threads, and glassrt::QuantizeDequantize as one binary primitive;
-both cpu's kernel's bytes."""
+codes and glassrt::QuantizeDequantize, each one binary primitive; both cpu's kernel's bytes."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +8,6 @@ import pytest
 from glassrt.kernels.onednn import capi
 
 pytestmark = pytest.mark.skipif(capi.UNAVAILABLE is not None, reason=str(capi.UNAVAILABLE))
-pytest.importorskip("numba")  # loaded in this process, as a quantized model's other kernels load it
 
 from glassrt.kernels.cpu import quantize as cpu  # noqa: E402
 from glassrt.kernels.onednn import quantize  # noqa: E402
@@ -18,7 +16,7 @@ RNG = np.random.default_rng(5)
 
 
 def _not_called(*args, **kwargs):
-    raise AssertionError("cpu's kernel ran where the threaded pass should have")
+    raise AssertionError("cpu's kernel ran where the oneDNN primitive should have")
 
 
 def _cases():
@@ -42,12 +40,9 @@ def _cases():
 @pytest.mark.parametrize("threads", [2, 3])
 def test_threaded_codes_are_cpus_bytes(case, threads, monkeypatch):
     x = dict(_cases())[case].reshape(1, -1)
-    if quantize._why_not() is not None:
-        pytest.skip(quantize._why_not())
     monkeypatch.setattr(capi, "get_max_threads", lambda: threads)
     want = cpu.dynamic_quantize_linear(x)
-    if x.size >= quantize.SHARED_FROM:  # (the threaded pass must run, not cpu's kernel as its fallback)
-        monkeypatch.setattr(cpu, "dynamic_quantize_linear", _not_called)
+    monkeypatch.setattr(cpu, "dynamic_quantize_linear", _not_called)  # (the primitive runs, not cpu's kernel)
     got = quantize.dynamic_quantize_linear_threads(x, out=(np.empty(x.shape, np.uint8), None, None))
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
@@ -64,8 +59,6 @@ def test_channels_last_values_give_the_same_codes(kernel, monkeypatch):
     shape = (1, 24, 30, 40)  # (28,800 values: the threaded path's size)
     x = RNG.standard_normal(shape).astype(np.float32) * 4
     if kernel == "threads":
-        if quantize._why_not() is not None:
-            pytest.skip(quantize._why_not())
         monkeypatch.setattr(capi, "get_max_threads", lambda: 2)
         fn = quantize.dynamic_quantize_linear_threads
     else:
@@ -87,6 +80,113 @@ def test_channels_last_values_give_the_same_codes(kernel, monkeypatch):
             got = fn(xs, out=(y, None, None))
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)
+
+
+def test_codes_made_on_two_threads_at_once_are_each_their_own(monkeypatch):
+    """Each thread binds its own codes primitive (the scale and zero point are its arguments):
+    two threads quantizing different values at once each get cpu's bytes for theirs."""
+    import threading
+
+    xs = [RNG.standard_normal((1, 40000)).astype(np.float32) * k for k in (1, 50)]
+    want = [cpu.dynamic_quantize_linear(x) for x in xs]
+    errors = []
+
+    def work(i):
+        for _ in range(50):
+            got = quantize.dynamic_quantize_linear_threads(xs[i])
+            if not all(np.array_equal(g, w) for g, w in zip(got, want[i])):
+                errors.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+# ---------------------------------------------------------------- DequantizeLinear
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("n", [5, 1000, 40000])
+@pytest.mark.parametrize("scale", [0.0123457, 3.0e5, 0.0, -0.5, np.inf, np.nan])
+@pytest.mark.parametrize("zero", [None, "low", "high"])
+def test_dequantize_is_cpus_bytes(dt, n, scale, zero):
+    """(x - z) * s per tensor on oneDNN's reorder: cpu's float32 steps, bit for bit (signed
+    zeros, infinities and NaN too)."""
+    info = np.iinfo(dt)
+    x = RNG.integers(info.min, info.max + 1, (1, n)).astype(dt)
+    s = np.array(scale, np.float32)
+    z = None if zero is None else np.array(info.min + 3 if zero == "low" else info.max - 5, dt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = cpu.dequantize_linear(x, s, z)
+        got = quantize.dequantize_linear_binary(x, s, z, out=np.empty(x.shape, np.float32))
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_dequantize_channels_last_and_the_rest_as_cpu(monkeypatch):
+    """Channels-last codes into a channels-last output, each element in its place; per-axis
+    scales, another output type or a zero point of another type go to cpu's kernel, which
+    gives its answer or its error."""
+    from glassrt.runtime.layout import channels_last_view
+
+    shape = (1, 24, 30, 40)
+    x = RNG.integers(0, 256, shape).astype(np.uint8)
+    s, z = np.array(0.05, np.float32), np.array(128, np.uint8)
+    want = cpu.dequantize_linear(x, s, z)
+
+    def nhwc(a, dt):
+        return channels_last_view(np.ascontiguousarray(a.transpose(0, 2, 3, 1)).reshape(-1).astype(dt), a.shape)
+
+    for xs in (x, nhwc(x, np.uint8)):
+        for y in (np.empty(shape, np.float32), nhwc(np.zeros(shape), np.float32)):
+            np.testing.assert_array_equal(quantize.dequantize_linear_binary(xs, s, z, out=y), want)
+    per_axis = np.linspace(0.01, 0.2, 24).astype(np.float32)
+    np.testing.assert_array_equal(quantize.dequantize_linear_binary(x, per_axis, np.full(24, 7, np.uint8)),
+                                  cpu.dequantize_linear(x, per_axis, np.full(24, 7, np.uint8)))
+    with pytest.raises(ValueError, match="zero_point"):
+        quantize.dequantize_linear_binary(x, s, np.array(3, np.int8))
+
+
+_NO_NUMBA = """
+import sys
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+import glassrt
+w = numpy_helper.from_array(np.random.default_rng(0).integers(-127, 128, (64, 32)).astype(np.int8), "w")
+nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "qs", "qz"]),
+         helper.make_node("MatMulInteger", ["q", "w", "qz"], ["acc"]),
+         helper.make_node("DequantizeLinear", ["c", "cs", "cz"], ["d"]),
+         helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+         helper.make_node("Add", ["accf", "d"], ["y"])]
+g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 64]),
+                                   helper.make_tensor_value_info("c", TensorProto.UINT8, [128, 32])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                      [w, numpy_helper.from_array(np.array(0.5, np.float32), "cs"),
+                       numpy_helper.from_array(np.array(100, np.uint8), "cz")])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+s = glassrt.InferenceSession(m.SerializeToString())
+rng = np.random.default_rng(1)
+for _ in range(5):
+    s.run(None, {"x": rng.standard_normal((128, 64)).astype(np.float32),
+                 "c": rng.integers(0, 256, (128, 32)).astype(np.uint8)})
+kinds = sorted({r["kernel"] for r in s.explain()["nodes"] if r["op"] in ("DynamicQuantizeLinear", "DequantizeLinear")})
+print(kinds, "numba" in sys.modules)
+"""
+
+
+def test_a_dynamically_quantized_product_runs_without_loading_numba():
+    """DynamicQuantizeLinear and DequantizeLinear on oneDNN ask nothing of Numba: a
+    quantize_dynamic model's runs do not start its load (~0.5 s of the GIL, ~100 MB)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _NO_NUMBA], capture_output=True, text=True, timeout=300,
+                         check=True).stdout.strip()
+    assert out == "['onednn.DequantizeLinear.binary', 'onednn.DynamicQuantizeLinear.threads'] False", out
 
 
 # ---------------------------------------------------------------- glassrt::QuantizeDequantize

@@ -1,5 +1,6 @@
 """Quantizing kernels on oneDNN's OpenMP pool: glassrt::QuantizeDequantize (a QDQ model's
-fake-quantized activations) as one binary primitive, and DynamicQuantizeLinear.
+fake-quantized activations), DynamicQuantizeLinear's codes and DequantizeLinear, each one
+binary primitive.
 
 QuantizeDequantize, (clip(rint(x / s) + z, lo, hi) - z) * s, is a binary division of x by
 s (vdivps: the exact x / s, as cpu's kernel and onnxruntime divide; a multiply by 1 / s
@@ -12,65 +13,62 @@ runs 2-10 of a fresh process to 1.2-1.5 s in all; here 0.15-0.22 s, two threads 
 Numba (peak RSS 236 -> 111 MiB), the 66 passes 6.9-8.2 ms a run (the pass is memory-bound;
 alternating processes, OpenBLAS pinned and not).
 
-DynamicQuantizeLinear: a quantize_dynamic model quantizes every
-activation that feeds an integer product (a BERT-base: 49 a pass, 128 x 768 or 128 x 3072
-floats each), and cpu's kernel does it on one thread: its range (min and max) and then
-its codes (a float32 division each: the exact x / scale onnxruntime's kernel divides by;
-a reorder that multiplies by the reciprocal gives other codes). Here each of OpenMP's
-threads takes a block of the values for the codes, cpu's compiled loop on its block, run
-on Numba's `omp` layer, the pool oneDNN's primitives run on (row_panels.py: no second pool
-spinning beside it): the same bytes. The range stays NumPy's min and max (vector code
-already; a compiled min/max that keeps NaN did not vectorize: 10x slower, measured).
-
-Only where the loops can run (Numba already loaded by the process, OpenMP's layer, not a
-forked child: row_panels.why_not_here), on values and codes laid out alike (plain or
-channels-last) and large enough to share out; otherwise each call is cpu's kernel.
+DynamicQuantizeLinear: a quantize_dynamic model quantizes every activation that feeds an
+integer product (a BERT-base: 49 a pass, 128 x 768 or 128 x 3072 floats each). Its range
+(min and max) stays NumPy's, as cpu's kernel takes it (vector code already; NaN left out);
+its codes, rint(x / scale) + zero point saturated into uint8, are one binary primitive: a
+division (vdivps, the exact x / scale cpu's and onnxruntime's kernels divide by), its
+epilogue a round half to even and a binary add of the zero point (both a run-time value:
+the scale and zero point change every call), saturated into uint8 as it is written (a NaN
+as 0, as cpu's kernel gives it): the same bytes (tests/test_onednn_quantize.py), on
+OpenMP's threads, with no Numba. It was cpu's compiled loop shared out over the threads on
+Numba's OpenMP layer, cpu's one-thread NumPy steps until Numba had loaded, and asking for
+them started that load (~0.5 s of the GIL on its thread, started by the model's second
+run): a quantize_dynamic BERT-base in a fresh process ended no run in its first 0.4-0.6 s
+after the first, and its peak RSS was 375-379 MiB; 274-277 now, the steady runs the same.
 """
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
 from ..buffers import NHWC, as_out
-from ..cpu._jit import compiled, jit, numba_threads
 from ..registry import kernel
-from . import capi, dnnl, row_panels
-from .dnnl import ARG_DST, ARG_SRC_0, ARG_SRC_1, MemoryDesc
-from .kernels import SMALL_ELEMENTS, _PerThreads, _unavailable, run_alone, shared_pd
+from . import capi, dnnl
+from .capi import ARG_ATTR_SCALES, ARG_ATTR_ZERO_POINTS
+from .dnnl import ARG_DST, ARG_FROM, ARG_SRC, ARG_SRC_0, ARG_SRC_1, ARG_TO, MemoryDesc
+from .kernels import MAX_ELEMENTS, SMALL_ELEMENTS, _PerThreads, _unavailable, run_alone, shared_pd
 
-SHARED_FROM = 16384  # values: below this one thread's pass is a few microseconds
+SHARED_FROM = 16384  # values: below this the codes are made on the calling thread alone
 
-prange = range  # numba.prange once the loops are compiled (_why_not)
-_quantize8 = None  # cpu's loop, bound when the loops are compiled (cpu's module loads ml_dtypes: not before)
-
-
-@jit(parallel=True, boundscheck=False)
-def _codes(x, s, z, out, threads):  # pragma: no cover - compiled
-    """cpu's codes (its compiled loop, _quantize8) of each thread's block of x."""
-    n = x.size
-    for t in prange(threads):
-        a, b = n * t // threads, n * (t + 1) // threads
-        _quantize8(x[a:b], s, z, np.float32(0), np.float32(255), out[a:b])
+_bound = threading.local()  # per thread: {(values, OpenMP count): (bound step, scale, zero point)}
 
 
-_READY: list = []  # [None] once compiled, [reason] when the loops cannot run
+def _codes_step(n: int):
+    """(the codes primitive for n values bound on this thread, its scale and zero point
+    arrays): a step's arguments are its own, so each thread running a session binds its own."""
+    steps = getattr(_bound, "steps", None)
+    if steps is None:
+        steps = _bound.steps = {}
+    key = (n, capi.get_max_threads())
+    hit = steps.get(key)
+    if hit is None:
+        if len(steps) >= 64:  # (a model of many sizes: the oldest go)
+            steps.pop(next(iter(steps)))
+        pd = shared_pd(("dynamic quantize codes", n), lambda: _codes_pd(n))
+        scale, zero = np.zeros(1, np.float32), np.zeros(1, np.float32)
+        step = pd.primitive().bind({ARG_SRC_0: None, ARG_SRC_1: scale, ARG_DST: None,
+                                    pd.attr.post_ops.binary_arg(): zero})
+        hit = steps[key] = (step, scale, zero)
+    return hit
 
 
-def _why_not() -> str | None:
-    why = row_panels.why_not_here()  # (Numba loaded, its OpenMP layer, not a forked child)
-    if why is None and not _READY:
-        try:
-            import numba
-
-            from ..cpu import quantize as cpu
-
-            globals()["prange"], globals()["_quantize8"] = numba.prange, compiled(cpu._quantize8)
-            compiled(_codes)(np.zeros(1, np.float32), np.float32(1), np.float32(0), np.zeros(1, np.uint8), 1)
-            _READY.append(None)
-        except Exception as e:  # noqa: BLE001 - a Numba that cannot compile them: cpu's kernel runs
-            _READY.append(f"the loops failed to compile: {type(e).__name__}: {e}")
-    return why or (_READY[0] if _READY else None)
+def _codes_pd(n: int):
+    flat, one = MemoryDesc.create((n,), np.float32, "a"), MemoryDesc.create((1,), np.float32, "a")
+    post = dnnl.PostOps().eltwise("round").binary("add", one)
+    return dnnl.binary(flat, one, MemoryDesc.create((n,), np.uint8, "a"), "div", attr=dnnl.Attr(post_ops=post))
 
 
 def _reason(ctx):
@@ -80,21 +78,75 @@ def _reason(ctx):
 @kernel("DynamicQuantizeLinear", provider="onednn", dtypes=[np.float32], multi=True, out=True,
         accepts=_reason, name="threads", layouts=(NHWC,))
 def dynamic_quantize_linear_threads(x, *, out=(None, None, None)):
-    """cpu's DynamicQuantizeLinear, its codes shared out over OpenMP's threads (see the
-    module's doc). A quantize_dynamic BERT-base (49 calls a pass): 28.5 -> 27.5 ms a run,
-    medians of a four-round A/B of this kernel alone (its calls 5.7 -> 5.1-5.3 ms)."""
+    """cpu's DynamicQuantizeLinear, its codes one oneDNN binary primitive on OpenMP's threads
+    (see the module's doc); where the codes cannot be written in x's order (plain values into
+    channels-last codes), cpu's kernel."""
     from ..cpu.quantize import codes_pair, data_range, dynamic_quantize_linear, dynamic_range_params
 
     y_out, scale_out, zp_out = (tuple(out) + (None,) * 3)[:3]
-    threads = max(1, capi.get_max_threads())
-    flat = None if threads == 1 or x.size < SHARED_FROM or _why_not() else codes_pair(x, y_out)
+    flat = codes_pair(x, y_out) if x.size and x.size <= MAX_ELEMENTS else None
     if flat is None:
         return dynamic_quantize_linear(x, out=out)
-    numba_threads(threads)  # (per thread; another session may have set its own since)
-    scale, zp = dynamic_range_params(*data_range(x))  # (NumPy's reductions: vector code already)
-    compiled(_codes)(flat[0], scale, zp, flat[1], threads)
-    y = flat[2]
-    return y, as_out(np.asarray(scale, np.float32), scale_out), as_out(np.asarray(zp, np.uint8), zp_out)
+    scale, zp = dynamic_range_params(*data_range(x))
+    step, s, z = _codes_step(x.size)
+    s[0], z[0] = scale, zp
+    run_alone(step, {ARG_SRC_0: flat[0], ARG_DST: flat[1]}, x.size < SHARED_FROM)
+    return flat[2], as_out(np.asarray(scale, np.float32), scale_out), as_out(np.asarray(zp, np.uint8), zp_out)
+
+
+# ---------------------------------------------------------------- DequantizeLinear
+
+_F32 = np.dtype(np.float32)
+
+
+def _dequantize_step(n: int, dt: np.dtype):
+    """(the (x - z) * s reorder of n values of dt into float32, bound on this thread; z's and
+    s's arrays, which it reads when it runs)."""
+    steps = getattr(_bound, "dequantize", None)
+    if steps is None:
+        steps = _bound.dequantize = {}
+    key = (n, dt.str, capi.get_max_threads())
+    hit = steps.get(key)
+    if hit is None:
+        if len(steps) >= 64:
+            steps.pop(next(iter(steps)))
+        pd = shared_pd(("dequantize", n, dt.str), lambda: dnnl.reorder(
+            MemoryDesc.create((n,), dt, "a"), MemoryDesc.create((n,), np.float32, "a"),
+            attr=dnnl.Attr(scales={ARG_SRC: 0}, zero_points={ARG_SRC: 0})))
+        zero, scale = dnnl.vector(np.zeros(1, np.int32)), dnnl.vector(np.zeros(1, np.float32))
+        step = pd.primitive().bind({ARG_FROM: None, ARG_TO: None, ARG_ATTR_SCALES | ARG_SRC: scale,
+                                    ARG_ATTR_ZERO_POINTS | ARG_SRC: zero})
+        hit = steps[key] = (step, zero.array, scale.array)
+    return hit
+
+
+@kernel("DequantizeLinear", provider="onednn", versions=(10, None), dtypes=[np.uint8, np.int8], out=True,
+        accepts=_reason, name="binary", layouts=(NHWC,), blas=False)
+def dequantize_linear_binary(x, x_scale, x_zero_point=None, *, out=None, axis=1, block_size=0, output_dtype=0):
+    """y = (x - x_zero_point) * x_scale per tensor into float32: one reorder of the 8-bit
+    values, its source zero point and scale run-time values (oneDNN's binary primitive has
+    only its reference kernel for 8-bit operands: 4.5 ms for 98,304 values, this 30 us). The
+    8-bit x - z is exact and the product one rounding, cpu's steps: its bytes, measured
+    over 2,400 random cases with infinite, NaN, zero and negative scales. A quantize_dynamic
+    BERT-base dequantizes its three gathered embeddings this way every run; cpu's kernel does
+    it in one compiled pass once Numba has loaded, and asking for that pass started Numba's
+    load (~0.5 s of the GIL on its thread, 80 MB) in a model that needs nothing else of it.
+    Per axis, blocked, another output type, a zero point of another type: cpu's kernel."""
+    from ..cpu.quantize import _flat_pair, _np, dequantize_linear
+
+    per_tensor = x_scale.dtype == _F32 and x_scale.size == 1 and not block_size and x.size \
+        and x.size <= MAX_ELEMENTS and (not output_dtype or _np(output_dtype) == _F32) \
+        and (x_zero_point is None or (x_zero_point.dtype == x.dtype and x_zero_point.size == 1))
+    y = (np.empty(x.shape, np.float32) if out is None else out) if per_tensor else None
+    pair = _flat_pair(x, y) if per_tensor and y.shape == x.shape and y.dtype == _F32 else None
+    if pair is None:
+        return dequantize_linear(x, x_scale, x_zero_point, out=out, axis=axis, block_size=block_size,
+                                 output_dtype=output_dtype)
+    step, z, s = _dequantize_step(x.size, x.dtype)
+    z[0] = 0 if x_zero_point is None else x_zero_point.reshape(-1)[0]
+    s[0] = x_scale.reshape(-1)[0]
+    run_alone(step, {ARG_FROM: pair[0], ARG_TO: pair[1]}, x.size < SMALL_ELEMENTS)
+    return y
 
 
 # ---------------------------------------------------------------- glassrt::QuantizeDequantize
