@@ -160,11 +160,11 @@ w = numpy_helper.from_array(np.random.default_rng(0).integers(-127, 128, (64, 32
 nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "qs", "qz"]),
          helper.make_node("MatMulInteger", ["q", "w", "qz"], ["acc"]),
          helper.make_node("DequantizeLinear", ["c", "cs", "cz"], ["d"]),
-         helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
-         helper.make_node("Add", ["accf", "d"], ["y"])]
+         helper.make_node("Cast", ["acc"], ["y"], to=TensorProto.FLOAT)]
 g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 64]),
-                                   helper.make_tensor_value_info("c", TensorProto.UINT8, [128, 32])],
-                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                   helper.make_tensor_value_info("c", TensorProto.UINT8, [128, 768])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                       helper.make_tensor_value_info("d", TensorProto.FLOAT, None)],
                       [w, numpy_helper.from_array(np.array(0.5, np.float32), "cs"),
                        numpy_helper.from_array(np.array(100, np.uint8), "cz")])
 m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
@@ -172,7 +172,7 @@ s = glassrt.InferenceSession(m.SerializeToString())
 rng = np.random.default_rng(1)
 for _ in range(5):
     s.run(None, {"x": rng.standard_normal((128, 64)).astype(np.float32),
-                 "c": rng.integers(0, 256, (128, 32)).astype(np.uint8)})
+                 "c": rng.integers(0, 256, (128, 768)).astype(np.uint8)})
 kinds = sorted({r["kernel"] for r in s.explain()["nodes"] if r["op"] in ("DynamicQuantizeLinear", "DequantizeLinear")})
 print(kinds, "numba" in sys.modules)
 """
@@ -180,7 +180,8 @@ print(kinds, "numba" in sys.modules)
 
 def test_a_dynamically_quantized_product_runs_without_loading_numba():
     """DynamicQuantizeLinear and DequantizeLinear on oneDNN ask nothing of Numba: a
-    quantize_dynamic model's runs do not start its load (~0.5 s of the GIL, ~100 MB)."""
+    quantize_dynamic model's runs (its embeddings' DequantizeLinear of 128 x 768 codes) do
+    not start its load (~0.5 s of the GIL, ~100 MB)."""
     import subprocess
     import sys
 
@@ -329,3 +330,19 @@ def test_quantize_dequantize_step_reads_each_runs_values():
             x[...] = x0 * np.float32(scale)  # (the same array objects, new values)
             step.fn(x, None, None, out=out)
             np.testing.assert_array_equal(out, cpu.run(None, {"x": np.ascontiguousarray(x)})[0])
+
+
+def test_a_few_values_to_dequantize_stay_on_cpu_and_say_why():
+    """A static DequantizeLinear of fewer than SMALL_ELEMENTS values (a classifier's logits)
+    is left to cpu's kernel at placement, with the reason."""
+    from onnx import TensorProto, helper
+
+    import glassrt
+
+    from .helpers import init, model, tensor
+
+    m = model([helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dq")],
+              [tensor("q", [1, 1000], TensorProto.UINT8)], [tensor("y", None)],
+              [init("s", np.array(0.1, np.float32)), init("z", np.array(3, np.uint8))])
+    row = {r["name"]: r for r in glassrt.InferenceSession(m).explain()["nodes"]}["dq"]
+    assert row["kernel"] == "cpu.DequantizeLinear" and "1,000 values" in str(row["reason"])

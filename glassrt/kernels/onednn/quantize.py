@@ -35,6 +35,7 @@ import threading
 import numpy as np
 
 from ..buffers import NHWC, as_out
+from ..cpu._jit import numba_loaded
 from ..registry import kernel
 from . import capi, dnnl
 from .capi import ARG_ATTR_SCALES, ARG_ATTR_ZERO_POINTS
@@ -120,8 +121,19 @@ def _dequantize_step(n: int, dt: np.dtype):
     return hit
 
 
+def _dequantize_reason(ctx):
+    why = _unavailable(ctx)
+    if why:
+        return why
+    shape = ctx.shape(0)
+    if shape is not None and all(type(d) is int for d in shape) and math.prod(shape) < SMALL_ELEMENTS:
+        return (f"{math.prod(shape):,} values: cpu's kernel is quicker on so few (a primitive's call, its "
+                "memory cold after a model's run, costs more than the values)")
+    return None
+
+
 @kernel("DequantizeLinear", provider="onednn", versions=(10, None), dtypes=[np.uint8, np.int8], out=True,
-        accepts=_reason, name="binary", layouts=(NHWC,), blas=False)
+        accepts=_dequantize_reason, name="binary", layouts=(NHWC,), blas=False)
 def dequantize_linear_binary(x, x_scale, x_zero_point=None, *, out=None, axis=1, block_size=0, output_dtype=0):
     """y = (x - x_zero_point) * x_scale per tensor into float32: one reorder of the 8-bit
     values, its source zero point and scale run-time values (oneDNN's binary primitive has
@@ -138,6 +150,16 @@ def dequantize_linear_binary(x, x_scale, x_zero_point=None, *, out=None, axis=1,
         and x.size <= MAX_ELEMENTS and (not output_dtype or _np(output_dtype) == _F32) \
         and (x_zero_point is None or (x_zero_point.dtype == x.dtype and x_zero_point.size == 1))
     y = (np.empty(x.shape, np.float32) if out is None else out) if per_tensor else None
+    if per_tensor and x.size < SMALL_ELEMENTS and y.shape == x.shape and y.dtype == _F32:
+        # a few thousand values where the shape was not known at placement (which leaves
+        # static ones this small to cpu: _dequantize_reason): cpu's compiled loop where Numba
+        # is loaded already, else its NumPy steps in place, without its ask for that loop
+        if numba_loaded():
+            return dequantize_linear(x, x_scale, x_zero_point, out=y)
+        np.copyto(y, x)
+        if x_zero_point is not None:
+            np.subtract(y, np.float32(x_zero_point.reshape(-1)[0]), out=y)
+        return np.multiply(y, np.float32(x_scale.reshape(-1)[0]), out=y)
     pair = _flat_pair(x, y) if per_tensor and y.shape == x.shape and y.dtype == _F32 else None
     if pair is None:
         return dequantize_linear(x, x_scale, x_zero_point, out=out, axis=axis, block_size=block_size,
