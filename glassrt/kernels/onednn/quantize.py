@@ -44,26 +44,34 @@ from .kernels import MAX_ELEMENTS, SMALL_ELEMENTS, _PerThreads, _unavailable, ru
 
 SHARED_FROM = 16384  # values: below this the codes are made on the calling thread alone
 
-_bound = threading.local()  # per thread: {(values, OpenMP count): (bound step, scale, zero point)}
+_bound = threading.local()  # per thread: {key: (bound step, its run-time argument arrays...)}
 
 
-def _codes_step(n: int):
-    """(the codes primitive for n values bound on this thread, its scale and zero point
-    arrays): a step's arguments are its own, so each thread running a session binds its own."""
+def _bound_here(key, bind):
+    """bind() for `key` and this thread's OpenMP count, made once per thread: a step's run-time
+    arguments (a scale, a zero point) are arrays it reads, so each thread running a session
+    binds its own. The oldest go beyond 64 (a model of many sizes)."""
     steps = getattr(_bound, "steps", None)
     if steps is None:
         steps = _bound.steps = {}
-    key = (n, capi.get_max_threads())
+    key = (key, capi.get_max_threads())
     hit = steps.get(key)
     if hit is None:
-        if len(steps) >= 64:  # (a model of many sizes: the oldest go)
+        if len(steps) >= 64:
             steps.pop(next(iter(steps)))
+        hit = steps[key] = bind()
+    return hit
+
+
+def _codes_step(n: int):
+    """(the codes primitive for n values bound on this thread, its scale and zero point arrays)."""
+    def bind():
         pd = shared_pd(("dynamic quantize codes", n), lambda: _codes_pd(n))
         scale, zero = np.zeros(1, np.float32), np.zeros(1, np.float32)
-        step = pd.primitive().bind({ARG_SRC_0: None, ARG_SRC_1: scale, ARG_DST: None,
-                                    pd.attr.post_ops.binary_arg(): zero})
-        hit = steps[key] = (step, scale, zero)
-    return hit
+        return (pd.primitive().bind({ARG_SRC_0: None, ARG_SRC_1: scale, ARG_DST: None,
+                                     pd.attr.post_ops.binary_arg(): zero}), scale, zero)
+
+    return _bound_here(("codes", n), bind)
 
 
 def _codes_pd(n: int):
@@ -101,24 +109,17 @@ _F32 = np.dtype(np.float32)
 
 
 def _dequantize_step(n: int, dt: np.dtype):
-    """(the (x - z) * s reorder of n values of dt into float32, bound on this thread; z's and
-    s's arrays, which it reads when it runs)."""
-    steps = getattr(_bound, "dequantize", None)
-    if steps is None:
-        steps = _bound.dequantize = {}
-    key = (n, dt.str, capi.get_max_threads())
-    hit = steps.get(key)
-    if hit is None:
-        if len(steps) >= 64:
-            steps.pop(next(iter(steps)))
+    """(the (x - z) * s reorder of n values of dt into float32 bound on this thread, the z and
+    s arrays it reads when it runs)."""
+    def bind():
         pd = shared_pd(("dequantize", n, dt.str), lambda: dnnl.reorder(
             MemoryDesc.create((n,), dt, "a"), MemoryDesc.create((n,), np.float32, "a"),
             attr=dnnl.Attr(scales={ARG_SRC: 0}, zero_points={ARG_SRC: 0})))
         zero, scale = dnnl.vector(np.zeros(1, np.int32)), dnnl.vector(np.zeros(1, np.float32))
-        step = pd.primitive().bind({ARG_FROM: None, ARG_TO: None, ARG_ATTR_SCALES | ARG_SRC: scale,
-                                    ARG_ATTR_ZERO_POINTS | ARG_SRC: zero})
-        hit = steps[key] = (step, zero.array, scale.array)
-    return hit
+        return (pd.primitive().bind({ARG_FROM: None, ARG_TO: None, ARG_ATTR_SCALES | ARG_SRC: scale,
+                                     ARG_ATTR_ZERO_POINTS | ARG_SRC: zero}), zero.array, scale.array)
+
+    return _bound_here(("dequantize", n, dt.str), bind)
 
 
 def _dequantize_reason(ctx):
@@ -142,7 +143,7 @@ def dequantize_linear_binary(x, x_scale, x_zero_point=None, *, out=None, axis=1,
     over 2,400 random cases with infinite, NaN, zero and negative scales. A quantize_dynamic
     BERT-base dequantizes its three gathered embeddings this way every run; cpu's kernel does
     it in one compiled pass once Numba has loaded, and asking for that pass started Numba's
-    load (~0.5 s of the GIL on its thread, 80 MB) in a model that needs nothing else of it.
+    load (~0.5 s of the GIL on its thread, ~100 MB) in a model that needs nothing else of it.
     Per axis, blocked, another output type, a zero point of another type: cpu's kernel."""
     from ..cpu.quantize import _flat_pair, _np, dequantize_linear
 
@@ -167,7 +168,7 @@ def dequantize_linear_binary(x, x_scale, x_zero_point=None, *, out=None, axis=1,
     step, z, s = _dequantize_step(x.size, x.dtype)
     z[0] = 0 if x_zero_point is None else x_zero_point.reshape(-1)[0]
     s[0] = x_scale.reshape(-1)[0]
-    run_alone(step, {ARG_FROM: pair[0], ARG_TO: pair[1]}, x.size < SMALL_ELEMENTS)
+    step.run({ARG_FROM: pair[0], ARG_TO: pair[1]})  # (32,768 values or more: the session's threads)
     return y
 
 
