@@ -498,13 +498,10 @@ def _load_first_that_fits() -> None:
             continue
         lib, path, version = handle, cand, ver
         git_hash = v.hash.decode() if v.hash else None
-        # hot path: no errcheck, the caller checks the returned status. A call that stores a
-        # pointer keeps the GIL (PYFUNCTYPE): releasing it around a few instructions only hands
-        # it to any other thread that wants it, and this one waits up to the switch interval
-        # (5 ms) to get it back - a run while Numba loads on its thread (kernels/cpu/_jit.py)
+        # hot path: no errcheck, the caller checks the returned status
         _execute = ctypes.CFUNCTYPE(c_int, P, P, c_int, POINTER(ExecArg))(("dnnl_primitive_execute", handle))
         _wait = ctypes.CFUNCTYPE(c_int, P)(("dnnl_stream_wait", handle))
-        _set_handle = ctypes.PYFUNCTYPE(c_int, P, P)(("dnnl_memory_set_data_handle", handle))
+        _set_handle = ctypes.CFUNCTYPE(c_int, P, P)(("dnnl_memory_set_data_handle", handle))
         BLOCKING = v.cpu_runtime in _BLOCKING_RUNTIMES
         UNAVAILABLE = None
         return
@@ -562,9 +559,9 @@ def _omp_funcs():
     global _omp
     if _omp is None:
         h = require()
-        # (the GIL kept through these few instructions, as capi's _set_handle)
-        set_n = ctypes.PYFUNCTYPE(None, c_int)(("omp_set_num_threads", h))
-        get_n = ctypes.PYFUNCTYPE(c_int)(("omp_get_max_threads", h))
+        set_n, get_n = h.omp_set_num_threads, h.omp_get_max_threads
+        set_n.argtypes, set_n.restype = [c_int], None
+        get_n.argtypes, get_n.restype = [], c_int
         _omp = (set_n, get_n)
     return _omp
 
