@@ -802,12 +802,13 @@ def test_a_conv_whose_zero_points_are_constant_zeros_is_made_without_them(monkey
               "ws": rng.uniform(0.001, 0.01, (c,)).astype(np.float32), "wz": np.zeros((c,), I8),
               "ys": np.array(0.05, np.float32), "yz": np.array(yz, x_dt),
               "b": rng.integers(-3000, 3000, (c,)).astype(np.int32)}
-    made = []
+    made, convs = [], []
     real = int8._RequantizingConv.__init__
 
     def record(self, *a, **k):
         real(self, *a, **k)
         made.append((self.x_zero_point, self.y_zero_point))
+        convs.append(self)
 
     monkeypatch.setattr(int8._RequantizingConv, "__init__", record)
     attrs = {"group": c, "pads": [1, 1, 1, 1]}
@@ -815,6 +816,12 @@ def test_a_conv_whose_zero_points_are_constant_zeros_is_made_without_them(monkey
     x = _codes(rng, x_dt, shape)
     got = glassrt.InferenceSession(m).run(None, {"x": x})[0]
     assert set(made) == {made_with}
+    from glassrt.kernels.onednn.capi import ARG_ATTR_ZERO_POINTS
+    from glassrt.kernels.onednn.dnnl import ARG_DST, ARG_SRC
+
+    bound = [c.current_step() for c in convs if c.current_step() is not None]
+    assert bound and all((ARG_ATTR_ZERO_POINTS | ARG_SRC in st.mems, ARG_ATTR_ZERO_POINTS | ARG_DST in st.mems)
+                         == made_with for st in bound)  # (the primitive the run bound takes just those)
     made.clear()
     fed = glassrt.InferenceSession(_zero_points_fed(consts, shape, x_dt, **attrs)).run(
         None, {"x": x, "xz": np.array(xz, x_dt), "yz": np.array(yz, x_dt)})[0]

@@ -35,7 +35,6 @@ import threading
 import numpy as np
 
 from ..buffers import NHWC, as_out
-from ..cpu._jit import numba_loaded
 from ..registry import kernel
 from . import capi, dnnl
 from .capi import ARG_ATTR_SCALES, ARG_ATTR_ZERO_POINTS
@@ -151,16 +150,6 @@ def dequantize_linear_binary(x, x_scale, x_zero_point=None, *, out=None, axis=1,
         and x.size <= MAX_ELEMENTS and (not output_dtype or _np(output_dtype) == _F32) \
         and (x_zero_point is None or (x_zero_point.dtype == x.dtype and x_zero_point.size == 1))
     y = (np.empty(x.shape, np.float32) if out is None else out) if per_tensor else None
-    if per_tensor and x.size < SMALL_ELEMENTS and y.shape == x.shape and y.dtype == _F32:
-        # a few thousand values where the shape was not known at placement (which leaves
-        # static ones this small to cpu: _dequantize_reason): cpu's compiled loop where Numba
-        # is loaded already, else its NumPy steps in place, without its ask for that loop
-        if numba_loaded():
-            return dequantize_linear(x, x_scale, x_zero_point, out=y)
-        np.copyto(y, x)
-        if x_zero_point is not None:
-            np.subtract(y, np.float32(x_zero_point.reshape(-1)[0]), out=y)
-        return np.multiply(y, np.float32(x_scale.reshape(-1)[0]), out=y)
     pair = _flat_pair(x, y) if per_tensor and y.shape == x.shape and y.dtype == _F32 else None
     if pair is None:
         return dequantize_linear(x, x_scale, x_zero_point, out=out, axis=axis, block_size=block_size,
@@ -168,7 +157,7 @@ def dequantize_linear_binary(x, x_scale, x_zero_point=None, *, out=None, axis=1,
     step, z, s = _dequantize_step(x.size, x.dtype)
     z[0] = 0 if x_zero_point is None else x_zero_point.reshape(-1)[0]
     s[0] = x_scale.reshape(-1)[0]
-    step.run({ARG_FROM: pair[0], ARG_TO: pair[1]})  # (32,768 values or more: the session's threads)
+    step.run({ARG_FROM: pair[0], ARG_TO: pair[1]})  # (static shapes of fewer values stayed on cpu: _dequantize_reason)
     return y
 
 
