@@ -404,7 +404,9 @@ def test_compile_plan_then_replay_writes_into_the_same_arena():
     plan = compile_plan(placement, {"x": TensorType(np.dtype(np.float32), (4, 8))}, opts, runner.make_runner,
                         pool=runner.pool)
     assert [s.node.name for s in plan.steps] == ["mm", placement.graph.nodes[1].name, "add"]
-    assert plan.memory.values["h"].offset is not None and plan.memory.values["y"].kind == "output"
+    # y, a graph output of 128 bytes, is written into the arena too and copied out when the run returns
+    assert plan.memory.values["h"].offset is not None and plan.memory.values["y"].kind == "copied_output"
+    assert plan.memory.values["y"].offset is not None and plan.memory.values["y"].last_step == len(plan.steps)
     x = rng.standard_normal((4, 8)).astype(np.float32)
     expected = 2 * np.maximum(x @ g.initializers["w"], 0)
     arena = plan.arena.__array_interface__["data"][0]
@@ -414,6 +416,37 @@ def test_compile_plan_then_replay_writes_into_the_same_arena():
     assert plan.arena.__array_interface__["data"][0] == arena
     y2, = run_plan(plan, {"x": x})
     assert y2 is not y and not np.shares_memory(y2, plan.arena)  # outputs are the caller's
+    np.testing.assert_array_equal(y, y2)  # (the first run's array unchanged by the second)
+
+
+def test_a_large_graph_output_is_a_new_array_each_run_and_a_small_one_is_copied_out():
+    """plan.COPIED_OUTPUT_BYTES: a small graph output lives in the arena until the run returns
+    (its last step: after all of them), then is copied for the caller; one above the limit is
+    written by its kernel into a new array every run, never the arena. Either way the caller's
+    arrays are its own: a later run changes none of them."""
+    from glassrt.runtime import plan as plan_module
+
+    big_cols = plan_module.COPIED_OUTPUT_BYTES // 4 + 1  # float32 columns of one row: just over the limit
+    g = _graph([helper.make_node("Relu", ["x"], ["small"], name="small"),
+                helper.make_node("Relu", ["z"], ["big"], name="big")],
+               [tensor("x", [1, 8]), tensor("z", [1, big_cols])], [tensor("small", None), tensor("big", None)], [])
+    placement = _typed_placement(g)
+    opts = SessionOptions()
+    runner = GraphRunner(placement, opts)
+    plan = compile_plan(placement, {"x": TensorType(np.dtype(np.float32), (1, 8)),
+                                    "z": TensorType(np.dtype(np.float32), (1, big_cols))},
+                        opts, runner.make_runner, pool=runner.pool)
+    small, big = plan.memory.values["small"], plan.memory.values["big"]
+    assert small.kind == "copied_output" and small.offset is not None
+    assert big.kind == "output" and big.offset is None
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((1, 8)).astype(np.float32),
+              "z": rng.standard_normal((1, big_cols)).astype(np.float32)} for _ in range(3)]
+    outs = [run_plan(plan, f) for f in feeds]
+    for f, (s_out, b_out) in zip(feeds, outs):
+        np.testing.assert_array_equal(s_out, np.maximum(f["x"], 0))
+        np.testing.assert_array_equal(b_out, np.maximum(f["z"], 0))
+        assert not np.shares_memory(s_out, plan.arena) and not np.shares_memory(b_out, plan.arena)
 
 
 def test_run_plan_names_the_node_whose_kernel_fails():

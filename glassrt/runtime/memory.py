@@ -58,7 +58,7 @@ class PlannedValue:
     offset: int | None  # None: not in the arena
     first_step: int
     last_step: int
-    kind: str  # arena | workspace | inplace | alias | output | dynamic
+    kind: str  # arena | copied_output | workspace | inplace | alias | output | dynamic
     shares_with: str | None = None
 
 
@@ -85,21 +85,23 @@ class _Group:
         self.placed_in = None  # the _place call that placed it last
 
 
-def plan_memory(steps: list[StepIO], keep: set) -> MemoryPlan:
+def plan_memory(steps: list[StepIO], keep: set, copied: frozenset = frozenset()) -> MemoryPlan:
     """`keep`: values that must not live in the arena (graph outputs: returned to the user).
+    `copied`: graph outputs that do live in it, copied out when the run returns (small ones:
+    see plan.COPIED_OUTPUT_BYTES); they live until then.
 
     In-place reuse merges a value with its input into one longer-lived buffer, which can
     fragment the arena; when the plan with it misses the lower bound, the plan without
     in-place reuse is tried too, and the smaller arena wins."""
-    plan = _plan(steps, keep, inplace=True)
+    plan = _plan(steps, keep, copied, inplace=True)
     if plan.arena_bytes > plan.lower_bound_bytes and any(s.inplace for s in steps):
-        other = _plan(steps, keep, inplace=False)
+        other = _plan(steps, keep, copied, inplace=False)
         if other.arena_bytes < plan.arena_bytes:
             return other
     return plan
 
 
-def _plan(steps: list[StepIO], keep: set, inplace: bool) -> MemoryPlan:
+def _plan(steps: list[StepIO], keep: set, copied: frozenset, inplace: bool) -> MemoryPlan:
     producer, last_use, root = {}, {}, {}
     for k, s in enumerate(steps):
         for o in s.writes:
@@ -108,7 +110,7 @@ def _plan(steps: list[StepIO], keep: set, inplace: bool) -> MemoryPlan:
         for i in s.reads:
             last_use[i] = k
     # Graph outputs are read when the run returns, after the last step.
-    for o in keep:
+    for o in (*keep, *copied):
         if o in producer:
             last_use[o] = len(steps)
     # A view keeps its base alive: extend the base's lifetime through the view's uses.
@@ -138,12 +140,13 @@ def _plan(steps: list[StepIO], keep: set, inplace: bool) -> MemoryPlan:
                 g.names.append(o)
                 g.last = last_use.get(o, k)
                 group_of[o] = g
-                planned[o] = PlannedValue(o, size, None, k, last_use.get(o, k), "inplace", src)
+                planned[o] = PlannedValue(o, size, None, k, last_use.get(o, k),
+                                          "copied_output" if o in copied else "inplace", src)
                 continue
             g = _Group(o, _align(size), k, last_use.get(o, k))
             groups[o] = g
             group_of[o] = g
-            planned[o] = PlannedValue(o, size, None, k, g.last, "arena")
+            planned[o] = PlannedValue(o, size, None, k, g.last, "copied_output" if o in copied else "arena")
         if s.workspace:
             w = f"<workspace {k}>"
             groups[w] = _Group(w, _align(s.workspace), k, k)

@@ -143,10 +143,16 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     keep = set(graph.output_names())
     if retain:
         keep |= {o for node, _, _, _ in executed for o in node.outputs if o}
+        copied = frozenset()
+    else:
+        copied = frozenset(o for node, kern, ctx, _ in executed if kern.out and not kern.alias
+                           for o, t in zip(node.outputs, ctx.output_types)
+                           if o in keep and 0 < _nbytes(t) <= COPIED_OUTPUT_BYTES)
+    fresh = keep - copied  # the outputs a kernel writes into a new array every run, handed over as it is
     step_io = [_step_io(node, kern, ctx) for node, kern, ctx, _ in executed]
-    memory = plan_memory(step_io, keep)
+    memory = plan_memory(step_io, fresh, copied)
     fresh_bytes = sum(_nbytes(t) for node, kern, ctx, _ in executed if kern.out
-                      for o, t in zip(node.outputs, ctx.output_types) if o in keep and _nbytes(t))
+                      for o, t in zip(node.outputs, ctx.output_types) if o in fresh and _nbytes(t))
     limit = options.memory_limit()
     if memory.arena_bytes + fresh_bytes > limit:
         raise MemoryLimitError(f"the plan for {_sig_str(input_types) or 'a model without inputs'} needs a "
@@ -158,7 +164,7 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     slots: dict[str, int] = {}
     for name in [*input_types, *(o for node, _, _, _ in executed for o in node.outputs if o), *consts, *keep]:
         slots.setdefault(name, len(slots))
-    steps = [_make_step(k, entry, memory, arena, keep, slots, selections[k].reason, options, make_runner, placement,
+    steps = [_make_step(k, entry, memory, arena, fresh, slots, selections[k].reason, options, make_runner, placement,
                         layouts, pool) for k, entry in enumerate(executed)]
     free_at_end = _free_lists(steps, step_io, memory, slots, keep | set(consts) | set(input_types))
     pooled = _pooled_slots(steps)
@@ -182,6 +188,15 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
                                 if (why := nan_handling.drop_reason(kern, ctx))))
     plan.build_seconds = time.perf_counter() - t0
     return plan
+
+
+# Graph outputs of at most this many bytes are written into the plan's arena, like the
+# values between steps, and copied into a new array for the caller when the run returns,
+# rather than written into a new array every run: the step then writes where it wrote the
+# run before, inline in a replayed plan (runtime/straight.py), and a oneDNN primitive's
+# output memory is not re-pointed (~3-4 us a run: the address of a new array alone is ~2 us
+# in NumPy), where copying 16 KiB takes ~1 us. A small model's score or logits, every run.
+COPIED_OUTPUT_BYTES = 16 << 10
 
 
 def _learned_by_folding(known: dict, inf, executed) -> dict:
