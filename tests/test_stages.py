@@ -440,9 +440,13 @@ def test_a_large_graph_output_is_a_new_array_each_run_and_a_small_one_is_copied_
     assert small.kind == "copied_output" and small.offset is not None
     assert big.kind == "output" and big.offset is None
     rng = np.random.default_rng(1)
+    # past STRAIGHT_AFTER runs, so that the replayed straight-line function (runtime/straight.py)
+    # writes the small output too, and every earlier result must still hold its own run's values
     feeds = [{"x": rng.standard_normal((1, 8)).astype(np.float32),
-              "z": rng.standard_normal((1, big_cols)).astype(np.float32)} for _ in range(3)]
+              "z": rng.standard_normal((1, big_cols)).astype(np.float32)}
+             for _ in range(plan_module.STRAIGHT_AFTER + 3)]
     outs = [run_plan(plan, f) for f in feeds]
+    assert plan.straight is not None
     for f, (s_out, b_out) in zip(feeds, outs):
         np.testing.assert_array_equal(s_out, np.maximum(f["x"], 0))
         np.testing.assert_array_equal(b_out, np.maximum(f["z"], 0))

@@ -145,7 +145,8 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
         keep |= {o for node, _, _, _ in executed for o in node.outputs if o}
         copied = frozenset()
     else:
-        copied = frozenset(o for node, kern, ctx, _ in executed if kern.out and not kern.alias
+        # (only a step bound once for its static shapes writes a planned buffer every run)
+        copied = frozenset(o for node, kern, ctx, _ in executed if kern.out and not kern.alias and is_static(ctx)
                            for o, t in zip(node.outputs, ctx.output_types)
                            if o in keep and 0 < _nbytes(t) <= COPIED_OUTPUT_BYTES)
     fresh = keep - copied  # the outputs a kernel writes into a new array every run, handed over as it is
@@ -312,9 +313,10 @@ def _step_io(node, kern, ctx) -> StepIO:
                   sizes, inplace, aliases, ws)
 
 
-def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runner, placement, layouts,
+def _make_step(k, entry, memory, arena, fresh_outputs, slots, reason, options, make_runner, placement, layouts,
                pool) -> Step:
-    """Bind one kernel: arena views for its outputs, its workspace, slots for its values."""
+    """Bind one kernel: arena views for its outputs, its workspace, slots for its values.
+    fresh_outputs: the graph outputs written into a new array every run (not the arena's copied ones)."""
     node, kern, ctx, decision = entry
     bufs, fresh = [], []
     for o, t in zip(node.outputs, ctx.output_types):
@@ -328,7 +330,7 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
             fresh.append(None)
         else:  # a graph output: a new array per run, handed to the caller
             bufs.append(None)
-            f = (tuple(t.shape), t.dtype) if o in keep and kern.out and _nbytes(t) else None
+            f = (tuple(t.shape), t.dtype) if o in fresh_outputs and kern.out and _nbytes(t) else None
             # A kept NHWC value (a plan that retains every value, for compare and nan) is
             # NHWC-strided like its arena view would be: the kernel writes NHWC bytes.
             fresh.append(f + ("nhwc",) if f and layouts.get(o) == "nhwc" else f)
@@ -342,7 +344,7 @@ def _make_step(k, entry, memory, arena, keep, slots, reason, options, make_runne
         st.fn = bind_kernel(kern, ctx, make_runner, subgraphs)
     else:
         # Pool buffers only for values freed during the run: a graph output goes to the caller.
-        to_caller = [o in keep for o in node.outputs]
+        to_caller = [o in fresh_outputs for o in node.outputs]
         st.fn = _DynamicStep(kern, ctx, lambda c: bind_kernel(kern, c, make_runner, subgraphs),
                              pool, options.memory_limit(), to_caller, arena)
     st.ins = tuple(slots[i] if i else -1 for i in node.inputs) + tuple(slots[i] for i in node.implicit_inputs)
