@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import glassrt
+from glassrt import onnx_io
 from glassrt.ir import TensorType
 from glassrt.runtime.infer import infer
 
@@ -72,6 +73,12 @@ def test_bodies_are_optimized_and_agree(flag):
     # the outer weight is read through a name of the body's own (ONNX forbids redefining outer names)
     else_body = bodies["else_branch"].graph
     assert "outer_w" not in else_body.initializers
+    # ... so the branch no longer reads it from outside: neither it nor the If is fed it per run
+    assert else_body.outer_names == ["x"], else_body.outer_names
+    if_node = next(n for n in sess.graph.nodes if n.op_type == "If")
+    assert if_node.implicit_inputs == ["x"], if_node.implicit_inputs
+    loaded = next(n for n in onnx_io.load(m).nodes if n.op_type == "If")  # (as the file has it)
+    assert sorted(loaded.implicit_inputs) == ["outer_w", "x"], loaded.implicit_inputs
 
 
 def test_optimized_bodies_write_a_valid_model(tmp_path):
