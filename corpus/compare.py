@@ -164,10 +164,17 @@ def _error_info(e: BaseException) -> dict:
             "node": found.group(2) if found else None}
 
 
-def compare_model(m: Model, path=None, runs: int = 5, threads: int = 1) -> dict:
+WARMUP = 20  # untimed runs per runtime before the timed ones (see compare_model)
+
+
+def compare_model(m: Model, path=None, runs: int = 5, threads: int = 1, warmup: int = WARMUP) -> dict:
     """Everything about one model: status, differences, timings, glassrt's error if any.
     threads: intra-op threads of both runtimes; 0 leaves glassrt's process-wide setting
-    alone and gives onnxruntime one."""
+    alone and gives onnxruntime one. The latencies are medians of `runs` runs of each
+    runtime back to back, after `warmup` untimed runs of each: a plan replayed 16 times is
+    compiled to straight-line code (runtime/plan.STRAIGHT_AFTER), and runs alternating one
+    by one each found the other's weights in the caches (timed that way from the first run,
+    the wake-word and VAD models read 1.3-2.8x, against 1.1-1.9x each alone in a process)."""
     import onnx
     import onnxruntime as ort
 
@@ -213,20 +220,24 @@ def compare_model(m: Model, path=None, runs: int = 5, threads: int = 1) -> dict:
     r.update(diff)
     r["status"] = "differs" if diff["mismatch"] else "passes"
 
-    g_times, o_times = [], []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        gsess.run(names, feeds)
-        t1 = time.perf_counter()
-        osess.run(names, feeds)
-        t2 = time.perf_counter()
-        g_times.append(t1 - t0)
-        o_times.append(t2 - t1)
     if runs:
+        g_times = _timed(lambda: gsess.run(names, feeds), runs, warmup)
+        o_times = _timed(lambda: osess.run(names, feeds), runs, warmup)
         r["glassrt_ms"] = 1e3 * statistics.median(g_times)
         r["ort_ms"] = 1e3 * statistics.median(o_times)
         r["ratio"] = r["glassrt_ms"] / r["ort_ms"] if r["ort_ms"] > 0 else None
     return r
+
+
+def _timed(run, runs: int, warmup: int) -> list:
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 # --- bisecting a difference ----------------------------------------------------------------
@@ -276,10 +287,10 @@ def bisect(m: Model, path=None, threads: int = 1, top: int = 8) -> list[dict]:
 
 # --- the CLI -------------------------------------------------------------------------------
 
-def _worker(model_id: str, runs: int, threads: int) -> int:
+def _worker(model_id: str, runs: int, threads: int, warmup: int) -> int:
     m = BY_ID[model_id]
     try:
-        r = compare_model(m, runs=runs, threads=threads)
+        r = compare_model(m, runs=runs, threads=threads, warmup=warmup)
     except Exception as e:  # noqa: BLE001 - e.g. onnxruntime itself refused the model
         r = {"id": m.id, "package": m.package, "version": m.version, "kind": m.kind, "status": "error",
              **_error_info(e), "traceback": traceback.format_exc()[-3000:]}
@@ -287,9 +298,10 @@ def _worker(model_id: str, runs: int, threads: int) -> int:
     return 0
 
 
-def run_isolated(m: Model, runs: int, threads: int, timeout: float) -> dict:
+def run_isolated(m: Model, runs: int, threads: int, timeout: float, warmup: int = WARMUP) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    cmd = [sys.executable, "-m", "corpus.compare", "--worker", m.id, "--runs", str(runs), "--threads", str(threads)]
+    cmd = [sys.executable, "-m", "corpus.compare", "--worker", m.id, "--runs", str(runs), "--threads", str(threads),
+           "--warmup", str(warmup)]
     root = Path(__file__).resolve().parent.parent
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=root)
@@ -306,6 +318,11 @@ def run_isolated(m: Model, runs: int, threads: int, timeout: float) -> dict:
 
 def _fmt(v, spec):
     return "" if v is None else format(v, spec)
+
+
+def _ms(v):
+    """Milliseconds to three significant digits (a wake-word model's 0.0412, a detector's 27.4)."""
+    return "" if v is None else (f"{v:.0f}" if v >= 99.95 else f"{v:#.3g}")
 
 
 def markdown(results: list[dict]) -> str:
@@ -340,7 +357,7 @@ def table(results: list[dict]):
         result = r["status"] if r["status"] != "fails" else f"fails ({r.get('error_type')})"
         t.add_row(r["id"], r["kind"] + (" int8" if r.get("quantized") else ""),
                   f"[{style.get(r['status'], '')}]{result}[/]", _fmt(r.get("max_abs"), ".2g"),
-                  _fmt(r.get("max_rel"), ".2g"), _fmt(r.get("glassrt_ms"), ".2f"), _fmt(r.get("ort_ms"), ".2f"),
+                  _fmt(r.get("max_rel"), ".2g"), _ms(r.get("glassrt_ms")), _ms(r.get("ort_ms")),
                   _fmt(r.get("ratio"), ".2f"), first)
     return t
 
@@ -348,7 +365,9 @@ def table(results: list[dict]):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m corpus.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", default=(), metavar="ID", help="Compare only these models.")
-    ap.add_argument("--runs", type=int, default=5, help="Timed runs per runtime after the first (default 5).")
+    ap.add_argument("--runs", type=int, default=5, help="Timed runs per runtime (default 5), back to back.")
+    ap.add_argument("--warmup", type=int, default=WARMUP,
+                    help=f"Untimed runs per runtime before them, after the first (default {WARMUP}).")
     ap.add_argument("--threads", type=int, default=1,
                     help="intra_op_num_threads for both (default 1). Both runtimes share one process here, so "
                          "above 1 onnxruntime's idle threads spin against glassrt's: time more threads with "
@@ -360,7 +379,7 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        return _worker(args.worker, args.runs, args.threads)
+        return _worker(args.worker, args.runs, args.threads, args.warmup)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -391,7 +410,7 @@ def main(argv=None) -> int:
         task = bar.add_task("", total=len(models))
         for m in models:
             bar.update(task, description=m.id)
-            r = run_isolated(m, args.runs, args.threads, args.timeout)
+            r = run_isolated(m, args.runs, args.threads, args.timeout, args.warmup)
             results.append(r)
             if r["status"] in ("fails", "error", "differs"):
                 bar.console.print(f"[bold]{m.id}[/bold] {r['status']}: {r.get('error') or r.get('mismatch')}")
@@ -402,7 +421,8 @@ def main(argv=None) -> int:
     ratios = [r["ratio"] for r in results if r.get("ratio")]
     if ratios:
         console.print(f"geometric mean latency ratio glassrt/onnxruntime: {np.exp(np.mean(np.log(ratios))):.2f}x "
-                      f"over {len(ratios)} models ({args.threads} thread(s), median of {args.runs} runs)")
+                      f"over {len(ratios)} models ({args.threads} thread(s), median of {args.runs} runs after "
+                      f"{args.warmup} untimed)")
     json_file = Path(args.json_file) if args.json_file else cache_dir() / "results.json"
     md_file = Path(args.markdown) if args.markdown else cache_dir() / "results.md"
     json_file.write_text(json.dumps(results, indent=1, default=float))
