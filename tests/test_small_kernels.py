@@ -251,3 +251,17 @@ def test_array_feature_extractor_constant_and_fed_indices(constant):
         warnings.simplefilter("ignore")
         with pytest.raises(GlassrtError, match=r"ArrayFeatureExtractor node 'afe'.*index 3 is out of range"):
             glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": x} if constant else {"x": x, "idx": bad})
+
+
+def test_a_linear_classifiers_logistic_gives_the_plain_formulas_float32_bits():
+    """LinearClassifier's LOGISTIC scores cap e^-v where float64 overflows (no errstate per
+    run): in float32, what they become, the same bits as 1 / (1 + e^-v), at the extremes too."""
+    from glassrt.kernels.cpu.ml import _logistic, _logistic_to_float32
+
+    edges = [-1e308, -800.0, -709.79, -709.0, -104.0, -103.9, -88.0, -1.0, -0.0, 0.0, 1.0, 88.0, 800.0,
+             np.inf, -np.inf, np.nan]
+    v = np.concatenate([edges, RNG.standard_normal(20_000) * 300])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no overflow warning from the capped one)
+        got = _logistic_to_float32(v.copy())
+    np.testing.assert_array_equal(got.astype(np.float32), _logistic(v).astype(np.float32))
