@@ -207,6 +207,16 @@ class Graph:
     def output_names(self) -> list[str]:
         return [v.name for v in self.outputs]
 
+    def reads_from_outside(self) -> list[str]:
+        """The names this (sub)graph reads from its enclosing scopes, its nested bodies' reads
+        included (their nodes' implicit inputs), in first-read order: its `outer_names`
+        (onnx_io records them at load; passes/bodies.py again after a body's passes)."""
+        own = {v.name for v in self.inputs} | set(self.initializers) | {o for n in self.nodes for o in n.outputs if o}
+        # (a dict, not a list: a list's membership test is quadratic in the reads)
+        reads = {i: None for n in self.nodes for i in [*n.inputs, *n.implicit_inputs] if i and i not in own}
+        reads.update((v.name, None) for v in self.outputs if v.name not in own)
+        return list(reads)
+
     def walk(self):
         """Every node of this graph and of its subgraphs, depth first."""
         for n in self.nodes:

@@ -657,11 +657,7 @@ def _check_and_sort(graph: Graph, outer: frozenset[str]) -> None:
     graph.nodes = [graph.nodes[i] for i in _topological_order(graph.nodes)]
 
     # Names the subgraph reads from outside: recorded for the enclosing node's implicit inputs
-    # (in first-read order: a dict, as a list's membership test is quadratic in the reads).
-    own = {v.name for v in graph.inputs} | set(graph.initializers) | set(defined_by)
-    reads = {i: None for n in graph.nodes for i in [*n.inputs, *n.implicit_inputs] if i and i not in own}
-    reads.update((v.name, None) for v in graph.outputs if v.name not in own)
-    graph.outer_names = list(reads)
+    graph.outer_names = graph.reads_from_outside()
 
 
 def _topological_order(nodes) -> list[int]:

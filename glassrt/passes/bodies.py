@@ -47,7 +47,10 @@ def optimize_bodies(graph: Graph, passes, ctx: PassContext, scope: Inference, co
             done = [_optimize_body(g, passes, ctx, scope, constants, records, f"{where}{node.name}.{attr}"
                                    + (f"[{k}]" if isinstance(v, list) else "")) for k, g in enumerate(bodies)]
             if any(d is not g for d, g in zip(done, bodies)):
-                done = [d if d is g else replace(d, outer_names=outer_reads(d)) for d, g in zip(done, bodies)]
+                # what a body reads from outside, again: the outer constants it captured are its
+                # own now and its dead code is gone (kept as loaded, a branch was fed every weight
+                # it had captured at each run: openWakeWord's hey-jarvis, ten)
+                done = [d if d is g else replace(d, outer_names=d.reads_from_outside()) for d, g in zip(done, bodies)]
                 new_attrs[attr] = done if isinstance(v, list) else done[0]
         if new_attrs:
             attrs = {**node.attrs, **new_attrs}
@@ -56,18 +59,6 @@ def optimize_bodies(graph: Graph, passes, ctx: PassContext, scope: Inference, co
             node, changed = replace(node, attrs=attrs, implicit_inputs=list(reads)), True
         nodes.append(node)
     return replace(graph, nodes=nodes) if changed else graph
-
-
-def outer_reads(g: Graph) -> list:
-    """The names `g` reads from its enclosing scopes, its nested bodies' reads included (their
-    nodes' implicit inputs), in first-read order: what onnx_io records as `outer_names` at
-    load. A body's passes change it: the outer constants it captures become its own, its dead
-    code goes. Kept as loaded, a branch was fed every outer weight it had captured at each run
-    (openWakeWord's hey-jarvis: ten, each put into the branch's plan and its key)."""
-    own = {v.name for v in g.inputs} | set(g.initializers) | {o for n in g.nodes for o in n.outputs if o}
-    reads = {i: None for n in g.nodes for i in [*n.inputs, *n.implicit_inputs] if i and i not in own}
-    reads.update((v.name, None) for v in g.outputs if v.name not in own)
-    return list(reads)
 
 
 def _optimize_body(body: Graph, passes, ctx: PassContext, scope: Inference, constants: dict, records: list,
