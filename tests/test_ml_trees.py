@@ -111,6 +111,74 @@ def test_set_membership_and_a_cycle_on_the_compiled_pass(monkeypatch):
         glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": np.array([[2.0, 2.0]], np.float32)})
 
 
+def _random_uneven_forest(n_trees, max_depth, n_features, mode):
+    """TreeEnsembleClassifier attributes of trees of uneven depth (a branch ends early at
+    random), every node comparing with `mode`, some tracking missing values as true."""
+    a = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_modes", "nodes_featureids", "nodes_values",
+                         "nodes_truenodeids", "nodes_falsenodeids", "nodes_missing_value_tracks_true")}
+    leaves = []
+    for t in range(n_trees):
+        ids = iter(range(10 ** 6))
+        todo = [(next(ids), 0)]
+        while todo:
+            i, depth = todo.pop()
+            internal = depth < max_depth and (depth < 2 or RNG.random() < 0.7)
+            kids = (next(ids), next(ids)) if internal else (0, 0)
+            for k, v in (("nodes_treeids", t), ("nodes_nodeids", i), ("nodes_modes", mode if internal else "LEAF"),
+                         ("nodes_featureids", int(RNG.integers(n_features)) if internal else 0),
+                         ("nodes_values", float(np.round(RNG.standard_normal(), 1)) if internal else 0.0),
+                         ("nodes_truenodeids", kids[0]), ("nodes_falsenodeids", kids[1]),
+                         ("nodes_missing_value_tracks_true", int(RNG.integers(2)) if internal else 0)):
+                a[k].append(v)
+            if internal:
+                todo += [(kids[0], depth + 1), (kids[1], depth + 1)]
+            else:
+                leaves.append((t, i))
+    return a, leaves
+
+
+@pytest.mark.parametrize("mode", ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 40])
+def test_trees_of_one_comparison_walked_interleaved_give_the_numpy_loops_bits(monkeypatch, mode, rows):
+    """Nodes that all compare alike take the interleaved walk (eight (tree, row) pairs a
+    level at a time, leaves holding their rows): trees of uneven depth, a group that spans
+    trees (one row) or rows, missing values; the NumPy loop's bits, onnxruntime's results."""
+    a, leaves = _random_uneven_forest(11, 7, 5, mode)
+    a.update(class_treeids=[t for t, _ in leaves] * 3, class_nodeids=[i for _, i in leaves] * 3,
+             class_ids=[c for c in range(3) for _ in leaves], class_weights=RNG.random(3 * len(leaves)).tolist(),
+             classlabels_int64s=[1, 2, 3], post_transform="LOGISTIC")
+    m = model([helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], name="trees", domain=ML, **a)],
+              [tensor("x", [None, 5])], [tensor("label", None, TensorProto.INT64), tensor("scores", None)],
+              opset=17, domains={ML: 3}, ir_version=8)
+    x = np.round(RNG.standard_normal((rows, 5)), 1).astype(np.float32)  # (rounded: equal to thresholds at times)
+    x[::3, 1] = np.nan
+    walked = []
+    real = ml._forest_sums_interleaved
+    monkeypatch.setattr(ml, "_forest_sums_interleaved", lambda *args: (walked.append(1), real(*args))[1])
+    numpy_loop, compiled = _both_paths(monkeypatch, m, {"x": x})
+    assert walked, "the interleaved walk did not run"
+    for u, v in zip(numpy_loop, compiled):
+        np.testing.assert_array_equal(u, v)
+    want = ort_outputs(m, {"x": x})
+    np.testing.assert_array_equal(compiled[0], want[0])
+    np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_cycle_among_nodes_of_one_comparison_is_still_refused(monkeypatch):
+    """The interleaved walk does not take a forest whose tree cycles (it would walk it for
+    ever): the general pass reports it, naming the node."""
+    a, leaves = _random_uneven_forest(2, 3, 3, "BRANCH_LEQ")
+    a["nodes_falsenodeids"][a["nodes_modes"].index("BRANCH_LEQ", 1)] = 0  # back to the root of tree 0
+    a.update(class_treeids=[t for t, _ in leaves], class_nodeids=[i for _, i in leaves], class_ids=[0] * len(leaves),
+             class_weights=[1.0] * len(leaves), classlabels_int64s=[0, 1, 2])
+    m = model([helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], name="trees", domain=ML, **a)],
+              [tensor("x", [None, 3])], [tensor("label", None, TensorProto.INT64), tensor("scores", None)],
+              opset=17, domains={ML: 3}, ir_version=8)
+    monkeypatch.setattr(ml, "use_compiled", lambda path, after=64: True)
+    with pytest.raises(glassrt.GlassrtError, match="TreeEnsembleClassifier node 'trees'.*cycle"):
+        glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": np.full((4, 3), 9.0, np.float32)})
+
+
 def test_scikit_learn_forests_agree_with_onnxruntime(monkeypatch):
     pytest.importorskip("sklearn")
     skl2onnx = pytest.importorskip("skl2onnx")

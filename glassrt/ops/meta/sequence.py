@@ -98,6 +98,20 @@ def ml_linear_classifier(ctx):
     return [label, scores]
 
 
+@meta("TreeEnsembleClassifier", domain=ML)
+def ml_tree_ensemble_classifier(ctx):
+    """label [N] and scores [N, classes], as the kernel writes them (two classes: [1 - p, p]
+    or the two scores); onnx infers their types alone, and a plan whose output shapes are
+    unknown binds the step at every run."""
+    n = _batch(ctx)
+    strings = ctx.attrs.get("classlabels_strings") is not None
+    k = len(ctx.attrs.get("classlabels_strings") if strings else ctx.attrs.get("classlabels_int64s") or [])
+    label = ctx.tensor(object if strings else np.int64, None if n is None else (n,))
+    # (fewer than two labels: the kernel refuses the node when it binds)
+    scores = ctx.tensor(np.float32, None if n is None or k < 2 else (n, k))
+    return [label, scores]
+
+
 @meta("FeatureVectorizer", domain=ML)
 def ml_feature_vectorizer(ctx):
     n = _batch(ctx)
