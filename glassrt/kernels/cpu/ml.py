@@ -887,18 +887,19 @@ def tree_ensemble_classifier(ctx):
     if base.size not in (0, n_classes) and not (n_classes == 2 and base.size == 1):
         raise ValueError(f"{base.size} base_values for {n_classes} classes")
     post = a.get("post_transform", "NONE")
-    _transform(post)
+    transform = _logistic_to_float32 if post == "LOGISTIC" else _transform(post)  # (scores of 3+ columns)
     binary = n_classes == 2 and len(set(class_ids)) == 1
     all_positive = bool((w >= 0).all())
 
     def step(x):
         s, has = ens.scores(_rows(x))
         if n_classes > 2:
-            if base.size:
-                s = s + base
-                has = has | (np.arange(n_classes) < base.size)
-            label = labels[np.argmax(np.where(has, s, -np.inf), axis=1)]
-            return label, _scores_transform(s, post).astype(np.float32)
+            if base.size:  # (one per class: every class has a score then)
+                s += base
+                label = labels[s.argmax(axis=1)]
+            else:  # a class no tree voted for is never the label
+                label = labels[np.where(has, s, -np.inf).argmax(axis=1)]
+            return label, transform(s).astype(np.float32)
         return _binary_classifier(s, has, base, labels, binary, all_positive, post)
 
     return step
