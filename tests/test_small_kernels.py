@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import glassrt
+from glassrt.runtime.plan import _DynamicStep
 from glassrt.errors import GlassrtError
 
 from .helpers import init, model, ort_outputs, tensor
@@ -251,6 +252,25 @@ def test_array_feature_extractor_constant_and_fed_indices(constant):
         warnings.simplefilter("ignore")
         with pytest.raises(GlassrtError, match=r"ArrayFeatureExtractor node 'afe'.*index 3 is out of range"):
             glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": x} if constant else {"x": x, "idx": bad})
+
+
+@pytest.mark.parametrize("x_shape, idx_shape", [((3,), (1, 1)), ((4, 5), (2,)), ((2, 3, 5), (1, 3)), ((4, 5), (1,))])
+def test_array_feature_extractor_shapes_are_known_before_it_runs(x_shape, idx_shape):
+    """Its meta gives X's dims but the last, then one per index (a 1-D X: [1, indices]), so
+    a plan binds the step once (skl2onnx's classifiers end with one, mapping an ArgMax to
+    the class labels); the shape and values are onnxruntime's."""
+    x = RNG.integers(-9, 9, x_shape).astype(np.int64)
+    idx = RNG.integers(0, x_shape[-1], idx_shape).astype(np.int64)
+    node = helper.make_node("ArrayFeatureExtractor", ["x", "idx"], ["y"], name="afe", domain=ML)
+    m = _ml_model([node], [tensor("x", list(x_shape), TensorProto.INT64), tensor("idx", list(idx_shape), TensorProto.INT64)],
+                  [tensor("y", None, TensorProto.INT64)])
+    sess = glassrt.InferenceSession(m.SerializeToString())
+    got = sess.run(None, {"x": x, "idx": idx})[0]
+    want = ort_outputs(m, {"x": x, "idx": idx})[0]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    (plan,) = sess.runner.plans.values()
+    assert not isinstance(plan.steps[0].fn, _DynamicStep)  # (bound once, for the shapes the meta gave)
 
 
 def test_a_linear_classifiers_logistic_gives_the_plain_formulas_float32_bits():

@@ -678,6 +678,32 @@ def test_identity_and_inference_dropout_are_removed_where_safe():
     assert got[0].tolist() == [0.0, 0.5, 2.0] and got[2].tolist() == [0.0, 0.5, 2.0]
 
 
+def test_a_cast_to_the_type_a_graph_input_or_initializer_has_is_removed():
+    """skl2onnx casts its float input to float first: that Cast passes the input through (the
+    run is fed the declared type or refused). A Cast that changes the type, one whose input's
+    type is only known by inference, and one writing a graph output stay."""
+    from glassrt.passes.identity import remove_identities
+
+    f, d = TensorProto.FLOAT, TensorProto.DOUBLE
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], name="same", to=f),
+             helper.make_node("Cast", ["w"], ["wf"], name="same_init", to=f),
+             helper.make_node("Add", ["xf", "wf"], ["s"], name="add"),
+             helper.make_node("Cast", ["s"], ["sf"], name="inferred", to=f),  # (s's type: inference's to say)
+             helper.make_node("Cast", ["sf"], ["y"], name="to_double", to=d),
+             helper.make_node("Cast", ["x"], ["x_out"], name="graph_output", to=f)]
+    inputs, outputs = [tensor("x", [3])], [tensor("y", None, d), tensor("x_out", None)]
+    inits = [init("w", np.array([1.0, 2.0, 3.0], np.float32))]
+    g2, changes = remove_identities(_graph(nodes, inputs, outputs, inits, opset=17))
+    assert [n.name for n in g2.nodes] == ["add", "inferred", "to_double", "graph_output"], changes
+    assert g2.nodes[0].inputs == ["x", "w"]
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    m = model(nodes, inputs, outputs, inits, opset=17)
+    got = glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x})
+    assert got[0].dtype == np.float64 and got[0].tolist() == [0.0, 2.5, 5.0] and got[1].tolist() == x.tolist()
+    with pytest.raises(glassrt.GlassrtError, match="expected dtype"):  # the declared type is what a run is fed
+        glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x.astype(np.float64)})
+
+
 def test_dropout_in_training_mode_stays():
     from glassrt.passes.identity import remove_identities
 

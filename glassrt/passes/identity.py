@@ -1,5 +1,7 @@
-"""Remove nodes that pass their input through unchanged: Identity, and Dropout at inference
-(its mask unread, training_mode absent or false) — as onnxruntime does at load. Their readers
+"""Remove nodes that pass their input through unchanged: Identity, Dropout at inference
+(its mask unread, training_mode absent or false), and a Cast of a graph input or an
+initializer to the type it already has (skl2onnx casts a float input to float first) — as
+onnxruntime does at load. Their readers
 read the input instead; besides the node's own copy, this keeps layout regions whole (a
 Dropout between two oneDNN nodes put two reorders around a cpu copy in squeezenet).
 
@@ -10,12 +12,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .. import dtypes
+from ..ir import TensorType
 
-def _passthrough(node, consts, read) -> bool:
+
+def _passthrough(node, consts, read, declared) -> bool:
     if node.domain or len(node.inputs) < 1 or not node.inputs[0]:
         return False
     if node.op_type == "Identity":
         return True
+    if node.op_type == "Cast":
+        return node.inputs[0] in declared and node.attrs.get("to") == declared[node.inputs[0]]
     if node.op_type != "Dropout" or any(o and o in read for o in node.outputs[1:]):  # the mask is used
         return False
     if node.opset >= 12 and len(node.inputs) > 2 and node.inputs[2]:
@@ -30,8 +37,9 @@ def remove_identities(graph, ctx=None):
     outer_reads = {i for n in graph.nodes for i in n.implicit_inputs}
     read = {i for n in graph.nodes for i in [*n.inputs, *n.implicit_inputs]} | outputs
     rename, dropped, changes = {}, set(), []
+    declared = _declared_types(graph)
     for n in graph.nodes:
-        if not _passthrough(n, consts, read) or n.outputs[0] in outputs or n.outputs[0] in outer_reads:
+        if not _passthrough(n, consts, read, declared) or n.outputs[0] in outputs or n.outputs[0] in outer_reads:
             continue
         src = n.inputs[0]
         rename[n.outputs[0]] = rename.get(src, src)
@@ -41,3 +49,21 @@ def remove_identities(graph, ctx=None):
         return graph, []
     nodes = [replace(n, inputs=[rename.get(i, i) for i in n.inputs]) for n in graph.nodes if n.name not in dropped]
     return replace(graph, nodes=nodes), changes
+
+
+def _declared_types(graph) -> dict:
+    """{name: ONNX element type} of the graph's inputs (their declared types: a run is fed
+    those or refused) and initializers."""
+    out = {}
+    for v in graph.inputs:
+        if isinstance(v.type, TensorType) and v.type.dtype is not None:
+            try:
+                out[v.name] = dtypes.elem_type(v.type.dtype)
+            except (ValueError, TypeError):
+                pass
+    for name, a in graph.initializers.items():
+        try:
+            out[name] = dtypes.elem_type(a.dtype)
+        except (ValueError, TypeError, AttributeError):
+            pass
+    return out

@@ -98,6 +98,17 @@ def ml_linear_classifier(ctx):
     return [label, scores]
 
 
+@meta("ArrayFeatureExtractor", domain=ML)
+def ml_array_feature_extractor(ctx):
+    """X's dims but the last, then one per index (X of one dim: [1, indices]), as the kernel's
+    X.take(indices, axis=-1) writes it; onnx infers the type alone."""
+    x, i = ctx.shape(0), ctx.shape(1)
+    if not x or i is None or not all(isinstance(d, int) for d in i):
+        return [ctx.tensor(ctx.dtype(0), None)]
+    k = int(np.prod(i, dtype=np.int64))
+    return [ctx.tensor(ctx.dtype(0), (1, k) if len(x) == 1 else (*x[:-1], k))]
+
+
 @meta("TreeEnsembleClassifier", domain=ML)
 def ml_tree_ensemble_classifier(ctx):
     """label [N] and scores [N, classes], as the kernel writes them (two classes: [1 - p, p]
