@@ -581,15 +581,20 @@ def test_pairwise_coupling_compiled_loop_gives_the_vectorized_twins_bits(monkeyp
     assert np.isfinite(got[True][3:]).all()
 
 
-@pytest.mark.parametrize("chunk_bytes", [None, 1])
-def test_decision_values_add_in_onnxruntimes_order(monkeypatch, chunk_bytes):
+@pytest.mark.parametrize("path, chunk_bytes", [("compiled", None), ("numpy", None), ("numpy", 1)])
+def test_decision_values_add_in_onnxruntimes_order(monkeypatch, path, chunk_bytes):
     """Each pair's decision value: float32 products added in order into a float64 sum from 0
     (class i's vectors, then class j's), then rho, as onnxruntime's loop does; checked
     bit for bit against that loop written out, on sums long and uneven enough that np.sum's
-    pairwise order would differ. chunk_bytes=1: one row at a time (_DECISION_CHUNK_BYTES)."""
+    pairwise order would differ: the compiled loop (with Numba) and the NumPy passes
+    without it; chunk_bytes=1: one row at a time (_DECISION_CHUNK_BYTES)."""
     from glassrt.kernels.cpu import svm
     from glassrt.kernels.cpu.svm import _SVMClassifier
 
+    if path == "compiled" and svm.numba_missing() is not None:
+        pytest.skip(svm.numba_missing())
+    if path == "numpy":
+        monkeypatch.setattr(svm, "numba_missing", lambda: "numba unavailable (test)")
     if chunk_bytes is not None:
         monkeypatch.setattr(svm, "_DECISION_CHUNK_BYTES", chunk_bytes)
 
