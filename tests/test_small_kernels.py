@@ -215,14 +215,15 @@ def test_an_unknown_norm_is_refused_naming_the_node():
             glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": np.ones((2, 3), np.float32)})
 
 
-@pytest.mark.parametrize("n", [300, 5000])
+@pytest.mark.parametrize("rows, n", [(3, 300), (3, 5000), (16, 1000)])
 @pytest.mark.parametrize("largest", [1, 0])
-def test_topk_short_and_long_axes_keep_ties_in_index_order(n, largest):
-    """A short axis sorts whole, a long one partitions first (indexing._PARTIAL_FROM): both
-    give the stable order onnxruntime gives, ties (few distinct values) by index."""
-    x = RNG.integers(0, 20, (3, n)).astype(np.float32)
+def test_topk_short_and_long_axes_keep_ties_in_index_order(rows, n, largest):
+    """A short axis sorts whole, a long one (or many rows of a shorter one) partitions first
+    (indexing._PARTIAL_FROM, _PARTIAL_VALUES): both give the stable order onnxruntime gives,
+    ties (few distinct values) by index."""
+    x = RNG.integers(0, 20, (rows, n)).astype(np.float32)
     m = model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", axis=1, largest=largest)],
-              [tensor("x", [3, n])], [tensor("v", None), tensor("i", None, TensorProto.INT64)],
+              [tensor("x", [rows, n])], [tensor("v", None), tensor("i", None, TensorProto.INT64)],
               [init("k", np.array([7], np.int64))])
     values, indices = _run_twice(m, {"x": x})
     order = np.argsort(-x if largest else x, axis=1, kind="stable")[:, :7]

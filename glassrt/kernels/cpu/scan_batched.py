@@ -20,8 +20,10 @@ its leading axis. An elementwise op with a batched operand gets ones inserted af
 axis up to the other operand's rank, so that both broadcast as within one iteration; a
 reduction shifts its axes past it. The cpu kernels' own NumPy calls make the results (the
 tests check the bits against the iteration loop). A scan input is cut into chunks so that
-no intermediate value exceeds CHUNK_BYTES; an empty one gives empty outputs of the shapes
-its iterations would have had. Any other dtype at run time runs the iteration loop.
+no intermediate value exceeds CHUNK_BYTES, small enough to stay in a core's L2 (a
+nearest-neighbours classifier over 2,000 training rows of 20 features, 64 queries: 12-15 ms a
+run with 8 MiB chunks, 7.0 with 512 KiB, 9.8-10.1 with 128 KiB; onnxruntime 5.7); an empty
+one gives empty outputs of the shapes its iterations would have had. Any other dtype at run time runs the iteration loop.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import numpy as np
 from ...ir import Graph
 from . import reduce
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 512 << 10  # (intermediates that stay in L2: see the module's doc)
 
 # the ufuncs the cpu kernels call (elementwise.py), and reduce.py's own reductions
 ELEMENTWISE = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
