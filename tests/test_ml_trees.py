@@ -153,6 +153,7 @@ def test_trees_of_one_comparison_walked_interleaved_give_the_numpy_loops_bits(mo
               opset=17, domains={ML: 3}, ir_version=8)
     x = np.round(RNG.standard_normal((rows, 5)), 1).astype(np.float32)  # (rounded: equal to thresholds at times)
     x[::3, 1] = np.nan
+    monkeypatch.setattr(ml, "_INTERLEAVE_FROM", 0)  # (these forests are small: interleaved all the same)
     walked = []
     real = ml._forest_sums_interleaved
     if isinstance(real, _jit._Lazy):  # (compiled now: the module's first compilation replaces its lazy names)
@@ -178,6 +179,7 @@ def test_a_cycle_among_nodes_of_one_comparison_is_still_refused(monkeypatch):
               [tensor("x", [None, 3])], [tensor("label", None, TensorProto.INT64), tensor("scores", None)],
               opset=17, domains={ML: 3}, ir_version=8)
     monkeypatch.setattr(ml, "use_compiled", lambda path, after=64: True)
+    monkeypatch.setattr(ml, "_INTERLEAVE_FROM", 0)
     with pytest.raises(glassrt.GlassrtError, match="TreeEnsembleClassifier node 'trees'.*cycle"):
         glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": np.full((4, 3), 9.0, np.float32)})
 

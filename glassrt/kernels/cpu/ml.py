@@ -615,8 +615,18 @@ class _Ensemble:
         return self._walk_kept
 
 
+_INTERLEAVE_FROM = 4096  # branch nodes from which the walks are interleaved (see _interleaved_walk)
+
+
 def _interleaved_walk(f):
-    if len(f.modes) != 1 or f.modes[0] == _MEMBER or max(f.n_nodes, f.max_feature) >= 2 ** 31 - 2 ** 30:
+    """The interleaved walk pays where a forest's nodes do not all stay in the caches, so
+    that each walk waits on memory: it overlaps those waits. A forest small enough to stay
+    there (a few hundred nodes of shallow boosted trees) walks faster row by row on the
+    general pass (compiled pass alone, min of 5, us: 100 trees of 8 levels, 6,625 nodes, 64
+    rows 202 -> 161-169; 100 trees of 10 levels, 19,261 nodes, 575 -> 250; 100 trees of 3
+    levels, 698 nodes, 112 -> 124 interleaved)."""
+    if len(f.modes) != 1 or f.modes[0] == _MEMBER or f.n_nodes < _INTERLEAVE_FROM \
+            or max(f.n_nodes, f.max_feature) >= 2 ** 31 - 2 ** 30:
         return None
     n_leaves = max(int(f.true_next.max(initial=-1)), int(f.false_next.max(initial=-1)), int(f.roots.max(initial=-1)),
                    f.n_nodes - 1) + 1 - f.n_nodes
@@ -691,17 +701,21 @@ def _forest_sums_interleaved(x, roots, depth, records, threshold, mode, missing,
     Each s[r, c] adds its trees' leaves in tree order: the same bits as _forest_sums."""
     n = x.shape[0]
     n_out = w.shape[1]
-    total = roots.shape[0] * n
+    n_trees = roots.shape[0]
     nd = np.empty(_GROUP, np.int64)
     row = np.empty(_GROUP, np.int64)
-    for start in range(0, total, _GROUP):
-        count = min(_GROUP, total - start)
-        levels = 0
-        for g in range(count):
-            t = (start + g) // n
-            row[g] = start + g - t * n
-            nd[g] = roots[t]
+    t = r = 0  # the next pair (counted on, not divided out: a shallow tree's walk is a few loads)
+    while t < n_trees and n:
+        count = levels = 0
+        while count < _GROUP and t < n_trees:
+            row[count] = r
+            nd[count] = roots[t]
             levels = max(levels, depth[t])
+            count += 1
+            r += 1
+            if r == n:
+                r = 0
+                t += 1
         for _ in range(levels):
             for g in range(count):
                 k = nd[g]
@@ -724,11 +738,11 @@ def _forest_sums_interleaved(x, roots, depth, records, threshold, mode, missing,
                 nd[g] = records[k, 2 + go]
         for g in range(count):
             leaf = nd[g] - n_nodes
-            r = row[g]
+            at = row[g]
             for c in range(n_out):
-                s[r, c] += w[leaf, c]
+                s[at, c] += w[leaf, c]
                 if w_has[leaf, c]:
-                    has[r, c] = True
+                    has[at, c] = True
 
 
 @jit(error_model="numpy")
