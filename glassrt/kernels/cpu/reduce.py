@@ -156,18 +156,27 @@ def _logsumexp(x, ax, keep):
 _reducer("ReduceLogSumExp", _logsumexp, FLOATS_BF16)
 
 
-def _arg(op, fn):
-    @kernel(op, dtypes=NUMERIC, out=True, name=op.lower())
-    def k(x, *, out=None, axis=0, keepdims=1, select_last_index=0):
-        a = norm_axis(axis, x.ndim)
-        if select_last_index:
-            r = x.shape[a] - 1 - fn(np.flip(x, axis=a), axis=a)
-        else:
-            r = fn(x, axis=a)
-        r = r.astype(np.int64)
-        return as_out(np.expand_dims(r, a) if keepdims else r, out)
+def _arg(op, method):
+    @kernel(op, dtypes=NUMERIC, out=True, bind=True, name=op.lower())
+    def k(ctx):
+        # (the attributes read once, the ndarray's own method: ~1 us a call less than
+        # np.argmax's wrapper, np.expand_dims another 1-2: a classifier's head runs one on
+        # a few scores per run)
+        axis, keep = int(ctx.attrs.get("axis", 0)), bool(ctx.attrs.get("keepdims", 1))
+        last = bool(ctx.attrs.get("select_last_index", 0))
+
+        def step(x, *, out=None):
+            a = norm_axis(axis, x.ndim)
+            if last:
+                r = x.shape[a] - 1 - getattr(np.flip(x, axis=a), method)(axis=a)
+            else:
+                r = getattr(x, method)(axis=a)
+            if keep:
+                r = r.reshape(x.shape[:a] + (1,) + x.shape[a + 1:])
+            return as_out(r if r.dtype == np.int64 else r.astype(np.int64), out)
+        return step
     return k
 
 
-_arg("ArgMax", np.argmax)
-_arg("ArgMin", np.argmin)
+_arg("ArgMax", "argmax")
+_arg("ArgMin", "argmin")
