@@ -531,6 +531,7 @@ class _Ensemble:
 
     def __init__(self, forest, n_leaves, n_out, leaf, column, weight, aggregate="SUM"):
         self.forest, self.n_out, self.aggregate = forest, n_out, aggregate
+        self._walk_kept = False  # (_walk: not made yet)
         leaf, column = np.asarray(leaf, np.int64), np.asarray(column, np.int64)
         weight = np.asarray(weight, np.float64)
         if column.size and (column.min() < 0 or column.max() >= n_out):
@@ -605,12 +606,10 @@ class _Ensemble:
             s /= t
         return s, has
 
-
     def _walk(self):
         """What _forest_sums_interleaved walks, made on first use: (records, thresholds, each
-        tree's depth), or None where it does not apply (nodes of more than one comparison or
-        set membership, or a tree that cycles: _forest_sums, which reports the cycle)."""
-        if not hasattr(self, "_walk_kept"):
+        tree's depth), or None where it does not apply (_interleaved_walk)."""
+        if self._walk_kept is False:
             self._walk_kept = _interleaved_walk(self.forest)
         return self._walk_kept
 
@@ -624,7 +623,9 @@ def _interleaved_walk(f):
     there (a few hundred nodes of shallow boosted trees) walks faster row by row on the
     general pass (compiled pass alone, min of 5, us: 100 trees of 8 levels, 6,625 nodes, 64
     rows 202 -> 161-169; 100 trees of 10 levels, 19,261 nodes, 575 -> 250; 100 trees of 3
-    levels, 698 nodes, 112 -> 124 interleaved)."""
+    levels, 698 nodes, 112 -> 124 interleaved). None where it does not apply: nodes of more
+    than one comparison or set membership, a small forest, a tree that cycles (the general
+    pass reports it)."""
     if len(f.modes) != 1 or f.modes[0] == _MEMBER or f.n_nodes < _INTERLEAVE_FROM \
             or max(f.n_nodes, f.max_feature) >= 2 ** 31 - 2 ** 30:
         return None
