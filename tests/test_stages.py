@@ -702,6 +702,11 @@ def test_a_cast_to_the_type_a_graph_input_or_initializer_has_is_removed():
     assert got[0].dtype == np.float64 and got[0].tolist() == [0.0, 2.5, 5.0] and got[1].tolist() == x.tolist()
     with pytest.raises(glassrt.GlassrtError, match="expected dtype"):  # the declared type is what a run is fed
         glassrt.InferenceSession(m, providers=["cpu"]).run(None, {"x": x.astype(np.float64)})
+    # a body's inputs are fed by its node, not checked against what they declare: their Casts stay
+    from glassrt.passes.manager import PassContext
+
+    in_body = remove_identities(_graph(nodes, inputs, outputs, inits, opset=17), PassContext(None, [], body=True))[0]
+    assert [n.name for n in in_body.nodes] == ["same", "add", "inferred", "to_double", "graph_output"]
 
 
 def test_dropout_in_training_mode_stays():

@@ -37,7 +37,9 @@ def remove_identities(graph, ctx=None):
     outer_reads = {i for n in graph.nodes for i in n.implicit_inputs}
     read = {i for n in graph.nodes for i in [*n.inputs, *n.implicit_inputs]} | outputs
     rename, dropped, changes = {}, set(), []
-    declared = _declared_types(graph)
+    # (a body's inputs are fed by its node, unchecked against their declared types: only the
+    # top graph's count, whose runs are fed them or refused)
+    declared = _declared_types(graph, inputs=not (ctx is not None and getattr(ctx, "body", False)))
     for n in graph.nodes:
         if not _passthrough(n, consts, read, declared) or n.outputs[0] in outputs or n.outputs[0] in outer_reads:
             continue
@@ -51,11 +53,11 @@ def remove_identities(graph, ctx=None):
     return replace(graph, nodes=nodes), changes
 
 
-def _declared_types(graph) -> dict:
-    """{name: ONNX element type} of the graph's inputs (their declared types: a run is fed
-    those or refused) and initializers."""
+def _declared_types(graph, inputs: bool = True) -> dict:
+    """{name: ONNX element type} of the graph's inputs (with `inputs`: their declared types,
+    which a session's run is fed or refused) and initializers."""
     out = {}
-    for v in graph.inputs:
+    for v in graph.inputs if inputs else ():
         if isinstance(v.type, TensorType) and v.type.dtype is not None:
             try:
                 out[v.name] = dtypes.elem_type(v.type.dtype)
