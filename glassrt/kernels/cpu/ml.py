@@ -688,6 +688,22 @@ def _tree_depths(roots, records, n_nodes):  # pragma: no cover - compiled
     return out, True
 
 
+@jit(error_model="numpy")
+def _compare(m, v, th):  # pragma: no cover - compiled
+    """Whether a value goes a branch node's true way: its mode's comparison (_LEQ ... _NEQ)."""
+    if m == 0:
+        return v <= th
+    if m == 1:
+        return v < th
+    if m == 2:
+        return v >= th
+    if m == 3:
+        return v > th
+    if m == 4:
+        return v == th
+    return v != th
+
+
 _GROUP = 8  # (row, tree) walks interleaved: independent chains of loads the CPU overlaps
 
 
@@ -721,19 +737,7 @@ def _forest_sums_interleaved(x, roots, depth, records, threshold, mode, missing,
             for g in range(count):
                 k = nd[g]
                 v = x[row[g], records[k, 0]]
-                th = threshold[k]
-                if mode == 0:
-                    go = v <= th
-                elif mode == 1:
-                    go = v < th
-                elif mode == 2:
-                    go = v >= th
-                elif mode == 3:
-                    go = v > th
-                elif mode == 4:
-                    go = v == th
-                else:
-                    go = v != th
+                go = _compare(mode, v, threshold[k])
                 if missing:
                     go |= records[k, 1] == 1 and v != v
                 nd[g] = records[k, 2 + go]
@@ -762,22 +766,11 @@ def _forest_sums(x, roots, feature, threshold, mode, missing_true, true_next, fa
                     return False
                 v = x[r, feature[nd]]
                 m = mode[nd]
-                th = threshold[nd]
-                if m == 0:
-                    go = v <= th
-                elif m == 1:
-                    go = v < th
-                elif m == 2:
-                    go = v >= th
-                elif m == 3:
-                    go = v > th
-                elif m == 4:
-                    go = v == th
-                elif m == 5:
-                    go = v != th
-                else:  # set membership
+                if m == _MEMBER:
                     pos = min(np.searchsorted(values, v), values.shape[0] - 1)
                     go = values[pos] == v and member[member_row[nd], pos]
+                else:
+                    go = _compare(m, v, threshold[nd])
                 if v != v and missing_true[nd]:
                     go = True
                 nd = true_next[nd] if go else false_next[nd]
