@@ -178,10 +178,13 @@ def array_feature_extractor(ctx):
         n = x.shape[-1]
         idx = fixed
         if idx is None or n not in checked:
-            idx = indices.reshape(-1).astype(np.int64) if idx is None else idx
-            if not idx.size:  # (onnxruntime refuses it too)
+            idx = indices.reshape(-1) if idx is None else idx
+            if idx.size == 1:  # (a classifier's label for one row: no reductions for one index)
+                if not 0 <= int(idx[0]) < n:
+                    raise IndexError(f"index {int(idx[0])} is out of range for the last axis of size {n}")
+            elif not idx.size:  # (onnxruntime refuses it too)
                 raise ValueError("no indices to extract")
-            if idx.size and (idx.min() < 0 or idx.max() >= n):
+            elif idx.min() < 0 or idx.max() >= n:
                 raise IndexError(f"index {idx[(idx < 0) | (idx >= n)][0]} is out of range for the last axis of size {n}")
             if fixed is not None:
                 checked.add(n)
