@@ -93,6 +93,18 @@ def test_compare_outputs():
 # ---------------------------------------------------------------- what the corpus found
 
 
+def test_timings_are_taken_after_the_warmup_each_runtime_back_to_back():
+    """compare's latencies: `warmup` untimed runs, then `runs` timed ones, of one runtime at a
+    time (alternating run by run, each found the other's weights evicted, and glassrt's plan
+    was not yet replayed as straight-line code); milliseconds to three significant digits."""
+    from corpus.compare import _ms, _timed
+
+    calls = []
+    times = _timed(lambda: calls.append(1), runs=5, warmup=7)
+    assert len(calls) == 12 and len(times) == 5 and all(t >= 0 for t in times)
+    assert [_ms(v) for v in (27.4512, 0.04123, 123.4, 5.0, None)] == ["27.5", "0.0412", "123", "5.00", ""]
+
+
 def test_linear_classifier_reads_one_row_per_intercept():
     """onnxruntime's own logreg_iris.onnx: 3 classes, 3 intercepts, 12 coefficients, a
     declared [3, 2] input. onnxruntime reads the coefficients as [3 intercepts, 2 features]
