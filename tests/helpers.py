@@ -58,6 +58,20 @@ def ort_outputs(m, feeds: dict, **options) -> list:
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+def count_calls(monkeypatch, module, name) -> list:
+    """Replace module.name by a wrapper that calls it and appends to the list returned (a
+    spy: which path a kernel took). A lazily compiled loop (kernels/cpu/_jit.py) is compiled
+    first: a module's first compilation replaces only the lazy names it finds, and would not
+    find one hidden behind the wrapper."""
+    from glassrt.kernels.cpu import _jit
+
+    real, calls = getattr(module, name), []
+    if isinstance(real, _jit._Lazy):
+        real = real.dispatcher()
+    monkeypatch.setattr(module, name, lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    return calls
+
+
 def model(nodes, inputs, outputs, initializers=(), opset=18, domains=None, ir_version=9):
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]

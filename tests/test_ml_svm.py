@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 
 import glassrt
 
-from .helpers import model, tensor
+from .helpers import count_calls, model, tensor
 
 ML = "ai.onnx.ml"
 TP = TensorProto
@@ -607,7 +607,9 @@ def test_decision_values_add_in_onnxruntimes_order(monkeypatch, path, chunk_byte
                           "vectors_per_class": per_class, "rho": rng.standard_normal(k * (k - 1) // 2).tolist(),
                           "kernel_type": "LINEAR", "kernel_params": [0.1, 0.0, 3]})
     kv = (rng.standard_normal((5, n_sv)) * 10 ** rng.uniform(-3, 3, (5, n_sv))).astype(np.float32)
+    compiled = count_calls(monkeypatch, svm, "_decisions_jit") if path == "compiled" else []
     got = clf._decisions(kv)
+    assert bool(compiled) == (path == "compiled")
     coef = coefs.reshape(k - 1, n_sv)
     start = np.concatenate([[0], np.cumsum(per_class)])
     for row in range(len(kv)):

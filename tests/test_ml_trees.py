@@ -12,10 +12,9 @@ from onnx import TensorProto, helper
 
 import glassrt
 import glassrt.kernels.cpu.ml as ml
-from glassrt.kernels.cpu import _jit
 from glassrt.kernels.cpu._jit import numba_missing
 
-from .helpers import model, ort_outputs, tensor
+from .helpers import count_calls, model, ort_outputs, tensor
 
 pytestmark = pytest.mark.skipif(numba_missing() is not None, reason=f"{numba_missing()}")
 ML = "ai.onnx.ml"
@@ -31,6 +30,23 @@ def _both_paths(monkeypatch, m, feeds):
             warnings.simplefilter("ignore")
             out.append(glassrt.InferenceSession(m.SerializeToString()).run(None, feeds))
     return out
+
+
+def _classifier(attrs, n_features):
+    """A TreeEnsembleClassifier model (ai.onnx.ml 3) over [N, n_features]."""
+    return model([helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], name="trees", domain=ML,
+                                   **attrs)],
+                 [tensor("x", [None, n_features])], [tensor("label", None, TensorProto.INT64), tensor("scores", None)],
+                 opset=17, domains={ML: 3}, ir_version=8)
+
+
+def _same_bits_and_onnxruntimes(numpy_loop, compiled, m, x):
+    """The compiled pass gives the NumPy loop's bits, and onnxruntime's labels and scores."""
+    for u, v in zip(numpy_loop, compiled):
+        np.testing.assert_array_equal(u, v)
+    want = ort_outputs(m, {"x": x})
+    np.testing.assert_array_equal(compiled[0], want[0])
+    np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5, atol=1e-6)
 
 
 def _random_old_forest(n_trees, depth, n_features, modes):
@@ -76,16 +92,10 @@ def test_classifier_compiled_pass_gives_the_numpy_loops_bits(monkeypatch):
     a.update(class_treeids=[t for t, _ in leaves] * 3, class_nodeids=[i for _, i in leaves] * 3,
              class_ids=[c for c in range(3) for _ in leaves], class_weights=RNG.random(3 * len(leaves)).tolist(),
              classlabels_int64s=[10, 20, 30], post_transform="SOFTMAX")
-    m = model([helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], name="trees", domain=ML, **a)],
-              [tensor("x", [None, 4])], [tensor("label", None, TensorProto.INT64), tensor("scores", None)],
-              opset=17, domains={ML: 3}, ir_version=8)
+    m = _classifier(a, 4)
     x = RNG.standard_normal((30, 4)).astype(np.float32)
     numpy_loop, compiled = _both_paths(monkeypatch, m, {"x": x})
-    for u, v in zip(numpy_loop, compiled):
-        np.testing.assert_array_equal(u, v)
-    want = ort_outputs(m, {"x": x})
-    np.testing.assert_array_equal(compiled[0], want[0])
-    np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5, atol=1e-6)
+    _same_bits_and_onnxruntimes(numpy_loop, compiled, m, x)
 
 
 def test_set_membership_and_a_cycle_on_the_compiled_pass(monkeypatch):
@@ -148,24 +158,14 @@ def test_trees_of_one_comparison_walked_interleaved_give_the_numpy_loops_bits(mo
     a.update(class_treeids=[t for t, _ in leaves] * 3, class_nodeids=[i for _, i in leaves] * 3,
              class_ids=[c for c in range(3) for _ in leaves], class_weights=RNG.random(3 * len(leaves)).tolist(),
              classlabels_int64s=[1, 2, 3], post_transform="LOGISTIC")
-    m = model([helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], name="trees", domain=ML, **a)],
-              [tensor("x", [None, 5])], [tensor("label", None, TensorProto.INT64), tensor("scores", None)],
-              opset=17, domains={ML: 3}, ir_version=8)
+    m = _classifier(a, 5)
     x = np.round(RNG.standard_normal((rows, 5)), 1).astype(np.float32)  # (rounded: equal to thresholds at times)
     x[::3, 1] = np.nan
     monkeypatch.setattr(ml, "_INTERLEAVE_FROM", 0)  # (these forests are small: interleaved all the same)
-    walked = []
-    real = ml._forest_sums_interleaved
-    if isinstance(real, _jit._Lazy):  # (compiled now: the module's first compilation replaces its lazy names)
-        real = real.dispatcher()
-    monkeypatch.setattr(ml, "_forest_sums_interleaved", lambda *args: (walked.append(1), real(*args))[1])
+    walked = count_calls(monkeypatch, ml, "_forest_sums_interleaved")
     numpy_loop, compiled = _both_paths(monkeypatch, m, {"x": x})
     assert walked, "the interleaved walk did not run"
-    for u, v in zip(numpy_loop, compiled):
-        np.testing.assert_array_equal(u, v)
-    want = ort_outputs(m, {"x": x})
-    np.testing.assert_array_equal(compiled[0], want[0])
-    np.testing.assert_allclose(compiled[1], want[1], rtol=1e-5, atol=1e-6)
+    _same_bits_and_onnxruntimes(numpy_loop, compiled, m, x)
 
 
 def test_a_cycle_among_nodes_of_one_comparison_is_still_refused(monkeypatch):
@@ -175,9 +175,7 @@ def test_a_cycle_among_nodes_of_one_comparison_is_still_refused(monkeypatch):
     a["nodes_falsenodeids"][a["nodes_modes"].index("BRANCH_LEQ", 1)] = 0  # back to the root of tree 0
     a.update(class_treeids=[t for t, _ in leaves], class_nodeids=[i for _, i in leaves], class_ids=[0] * len(leaves),
              class_weights=[1.0] * len(leaves), classlabels_int64s=[0, 1, 2])
-    m = model([helper.make_node("TreeEnsembleClassifier", ["x"], ["label", "scores"], name="trees", domain=ML, **a)],
-              [tensor("x", [None, 3])], [tensor("label", None, TensorProto.INT64), tensor("scores", None)],
-              opset=17, domains={ML: 3}, ir_version=8)
+    m = _classifier(a, 3)
     monkeypatch.setattr(ml, "use_compiled", lambda path, after=64: True)
     monkeypatch.setattr(ml, "_INTERLEAVE_FROM", 0)
     with pytest.raises(glassrt.GlassrtError, match="TreeEnsembleClassifier node 'trees'.*cycle"):

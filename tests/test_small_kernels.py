@@ -14,7 +14,7 @@ import glassrt
 from glassrt.runtime.plan import _DynamicStep
 from glassrt.errors import GlassrtError
 
-from .helpers import init, model, ort_outputs, tensor
+from .helpers import count_calls, init, model, ort_outputs, tensor
 
 RNG = np.random.default_rng(11)
 
@@ -215,12 +215,15 @@ def test_an_unknown_norm_is_refused_naming_the_node():
             glassrt.InferenceSession(m.SerializeToString()).run(None, {"x": np.ones((2, 3), np.float32)})
 
 
-@pytest.mark.parametrize("rows, n", [(3, 300), (3, 5000), (16, 1000)])
+@pytest.mark.parametrize("rows, n, partitions", [(3, 300, False), (3, 5000, True), (16, 1000, True)])
 @pytest.mark.parametrize("largest", [1, 0])
-def test_topk_short_and_long_axes_keep_ties_in_index_order(rows, n, largest):
+def test_topk_short_and_long_axes_keep_ties_in_index_order(monkeypatch, rows, n, partitions, largest):
     """A short axis sorts whole, a long one (or many rows of a shorter one) partitions first
     (indexing._PARTIAL_FROM, _PARTIAL_VALUES): both give the stable order onnxruntime gives,
     ties (few distinct values) by index."""
+    from glassrt.kernels.cpu import indexing
+
+    partitioned = count_calls(monkeypatch, indexing, "_topk_partial")
     x = RNG.integers(0, 20, (rows, n)).astype(np.float32)
     m = model([helper.make_node("TopK", ["x", "k"], ["v", "i"], name="topk", axis=1, largest=largest)],
               [tensor("x", [rows, n])], [tensor("v", None), tensor("i", None, TensorProto.INT64)],
@@ -231,6 +234,7 @@ def test_topk_short_and_long_axes_keep_ties_in_index_order(rows, n, largest):
     np.testing.assert_array_equal(values, np.take_along_axis(x, order, axis=1))
     for got, want in zip((values, indices), ort_outputs(m, {"x": x})):
         np.testing.assert_array_equal(got, want)
+    assert bool(partitioned) == partitions
 
 
 @pytest.mark.parametrize("constant", [True, False])

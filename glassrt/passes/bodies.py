@@ -53,10 +53,9 @@ def optimize_bodies(graph: Graph, passes, ctx: PassContext, scope: Inference, co
                 done = [d if d is g else replace(d, outer_names=d.reads_from_outside()) for d, g in zip(done, bodies)]
                 new_attrs[attr] = done if isinstance(v, list) else done[0]
         if new_attrs:
-            attrs = {**node.attrs, **new_attrs}
-            reads = {n: None for a in attrs.values() for g in (a if isinstance(a, list) else [a])
-                     if isinstance(g, Graph) for n in g.outer_names}
-            node, changed = replace(node, attrs=attrs, implicit_inputs=list(reads)), True
+            node = replace(node, attrs={**node.attrs, **new_attrs})
+            reads = dict.fromkeys(n for g in node.subgraphs() for n in g.outer_names)
+            node, changed = replace(node, implicit_inputs=list(reads)), True
         nodes.append(node)
     return replace(graph, nodes=nodes) if changed else graph
 

@@ -156,7 +156,7 @@ def _logsumexp(x, ax, keep):
 _reducer("ReduceLogSumExp", _logsumexp, FLOATS_BF16)
 
 
-def _arg(op, method):
+def _arg(op, pick):
     @kernel(op, dtypes=NUMERIC, out=True, bind=True, name=op.lower())
     def k(ctx):
         # (the attributes read once, the ndarray's own method: ~1 us a call less than
@@ -168,9 +168,9 @@ def _arg(op, method):
         def step(x, *, out=None):
             a = norm_axis(axis, x.ndim)
             if last:
-                r = x.shape[a] - 1 - getattr(np.flip(x, axis=a), method)(axis=a)
+                r = x.shape[a] - 1 - pick(np.flip(x, axis=a), axis=a)
             else:
-                r = getattr(x, method)(axis=a)
+                r = pick(x, axis=a)
             if keep:
                 r = r.reshape(x.shape[:a] + (1,) + x.shape[a + 1:])
             return as_out(r if r.dtype == np.int64 else r.astype(np.int64), out)
@@ -178,5 +178,5 @@ def _arg(op, method):
     return k
 
 
-_arg("ArgMax", "argmax")
-_arg("ArgMin", "argmin")
+_arg("ArgMax", np.ndarray.argmax)
+_arg("ArgMin", np.ndarray.argmin)
