@@ -77,7 +77,8 @@ def _per_column(p, normalized_shape) -> bool:
         p.ndim <= len(normalized_shape) and tuple(p.shape) == tuple(normalized_shape[len(normalized_shape) - p.ndim:])
 
 
-@kernel("LayerNormalization", dtypes=FLOATS_BF16, out=True, bind=True, multi=True, versions=(17, None))
+@kernel("LayerNormalization", dtypes=FLOATS_BF16, out=True, bind=True, multi=True, any_shape=True,
+        versions=(17, None))
 def layer_normalization(ctx):
     """Y = (X - mean) / sqrt(var + eps) * Scale + B over dims [axis, rank); Mean and InvStdDev too."""
     axis_attr = int(ctx.attrs.get("axis", -1))

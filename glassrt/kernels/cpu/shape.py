@@ -29,7 +29,7 @@ class _Fail:
         raise ValueError(msg)
 
 
-@kernel("Reshape", dtypes=ALL, alias=True, bind=True)
+@kernel("Reshape", dtypes=ALL, alias=True, bind=True, any_shape=True)
 def reshape(ctx):
     """A view of the input with the planned shape (no copy when the input is contiguous)."""
     static = _static_out(ctx)

@@ -23,4 +23,4 @@ from ..families import KernelFamilies
 # The modules that register the onednn provider's kernels, imported per op as the cpu
 # provider's are (kernels/families.py); `kernels` first, as every other one imports it.
 FAMILIES = KernelFamilies(__name__, Path(__file__).parent,
-                          ("kernels", "gelu", "int8", "int8_float", "int8_float_matmul", "matmul", "quantize", "rnn", "rows", "transpose"), "onednn")
+                          ("kernels", "gelu", "int8", "int8_float", "int8_float_matmul", "matmul", "matmul_rows", "quantize", "rnn", "rows", "transpose"), "onednn")

@@ -69,11 +69,13 @@ class _Product:
 
     def __init__(self, ctx):
         op = ctx.node.op_type
-        a, b = [int(d) for d in ctx.shape(0)], [int(d) for d in ctx.shape(1)]
+        a, b = list(ctx.shape(0)), [int(d) for d in ctx.shape(1)]
         self.trans_a = op == "Gemm" and bool(ctx.attrs.get("transA", 0))
         gemm_trans_b = op == "Gemm" and bool(ctx.attrs.get("transB", 0))
-        self.k = a[-2] if self.trans_a else a[-1]
-        self.rows = a[-1] if self.trans_a else math.prod(a[:-1])
+        self.k = int(a[-2] if self.trans_a else a[-1])
+        lead = a[-1:] if self.trans_a else a[:-1]
+        # None where A's leading dims are symbolic (a plan shared by several lengths: any_rows)
+        self.rows = math.prod(lead) if all(isinstance(d, int) for d in lead) else None
         self.n = b[0] if gemm_trans_b else b[1]
         # the weights as they lie: b (C-contiguous), trans_b where it holds them (N, K)
         self.b, self.trans_b = _storage(ctx.const(1), gemm_trans_b)
@@ -94,7 +96,7 @@ class _Product:
                 if self.bias.shape[1] != self.n:
                     self.bias = np.broadcast_to(self.bias, (1, self.n)).copy()
             if ctx.has(3):
-                self.z_shape = [int(d) for d in ctx.shape(3)]
+                self.z_shape = list(ctx.shape(3))
             self.act = ctx.attrs.get("activation", "") if op == "FusedMatMul" else ""
             self.params = [float(v) for v in ctx.attrs.get("activation_params") or []]
 
@@ -104,9 +106,10 @@ class _Product:
         lead = math.prod(z[:-1])
         return (self.rows if lead == self.rows else 1, z[-1])
 
-    def post_ops(self, y_shape):
+    def post_ops(self, z_dims):
         """(post-ops, the bias's argument if it is a post-op, Z's argument): the bias is the
-        primitive's own unless a scale comes first (alpha·(A @ B) + bias)."""
+        primitive's own unless a scale comes first (alpha·(A @ B) + bias). z_dims: Z as the
+        primitive reads it (z_dims()), None without Z."""
         post = dnnl.PostOps()
         bias_arg = z_arg = None
         if self.alpha != 1.0:
@@ -114,8 +117,8 @@ class _Product:
             if self.bias is not None:
                 post.binary("add", MemoryDesc.create((1, self.n), np.float32, "ab"))
                 bias_arg = post.binary_arg()
-        if self.z_shape is not None:
-            post.binary("add", MemoryDesc.create(self.z_dims(y_shape), np.float32, "ab"))
+        if z_dims is not None:
+            post.binary("add", MemoryDesc.create(z_dims, np.float32, "ab"))
             z_arg = post.binary_arg()
         if self.act:
             name, params = _POST[self.act]
@@ -192,9 +195,15 @@ def _product_pd(ctx, p):
     epilogue (kernels.shared_pd): expanding composites, placing nodes and binding each ask
     for it, and one takes ~0.3 ms to make."""
     y = [int(d) for d in ctx.out_shape(0)]
-    key = ("weights", p.rows, p.k, p.n, p.trans_a, p.trans_b, p.unpacked, p.alpha, p.bias is not None,
-           p.z_dims(y) if p.z_shape is not None else None, p.act, tuple(p.params))
-    return shared_pd(key, lambda: _primitive(ctx, p), ahead=True)
+    return rows_pd(p, p.rows, p.z_dims(y) if p.z_shape is not None else None)
+
+
+def rows_pd(p, rows: int, z_dims, ahead: bool = True):
+    """The shared descriptor of product `p` over `rows` rows, Z read as `z_dims` (or None);
+    ahead: its primitive made before the next first run (kernels.shared_pd)."""
+    key = ("weights", rows, p.k, p.n, p.trans_a, p.trans_b, p.unpacked, p.alpha, p.bias is not None, z_dims,
+           p.act, tuple(p.params))
+    return shared_pd(key, lambda: _primitive(p, rows, z_dims), ahead=ahead)
 
 
 def _weights_md(p):
@@ -204,17 +213,15 @@ def _weights_md(p):
     return MemoryDesc.create((p.k, p.n), np.float32, "ab")
 
 
-def _primitive(ctx, product=None):
-    """The primitive descriptor for the node's product (weights 'any', so oneDNN picks its
-    packed layout, unless they are too large to copy)."""
-    p = product or _Product(ctx)
-    y = [int(d) for d in ctx.out_shape(0)]
-    post, bias_arg, _ = p.post_ops(y)
-    src = MemoryDesc.create((p.k, p.rows), np.float32, "ab").permute_axes((1, 0)) if p.trans_a \
-        else MemoryDesc.create((p.rows, p.k), np.float32, "ab")
+def _primitive(p, rows: int, z_dims):
+    """The primitive descriptor for product `p` over `rows` rows (weights 'any', so oneDNN
+    picks its packed layout, unless they are too large to copy)."""
+    post, bias_arg, _ = p.post_ops(z_dims)
+    src = MemoryDesc.create((p.k, rows), np.float32, "ab").permute_axes((1, 0)) if p.trans_a \
+        else MemoryDesc.create((rows, p.k), np.float32, "ab")
     weights = _weights_md(p) if p.unpacked else MemoryDesc.any((p.k, p.n))
     bias = MemoryDesc.create((1, p.n), np.float32, "ab") if p.bias is not None and bias_arg is None else None
-    return dnnl.matmul(src, weights, MemoryDesc.create((p.rows, p.n), np.float32, "ab"), bias, attr=post)
+    return dnnl.matmul(src, weights, MemoryDesc.create((rows, p.n), np.float32, "ab"), bias, attr=post)
 
 
 # A product takes the inner product (when oneDNN's matmul has only its sgemm) for rows in
@@ -266,7 +273,7 @@ def _inner_pd(ctx, p):
            p.act, tuple(p.params))
 
     def make(weights):
-        post, bias_arg, _ = p.post_ops(y)
+        post, bias_arg, _ = p.post_ops(p.z_dims(y) if p.z_shape is not None else None)
         bias = MemoryDesc.create((p.n,), np.float32, "a") if p.bias is not None and bias_arg is None else None
         return dnnl.inner_product(MemoryDesc.create((p.rows, p.k), np.float32, "ab"), weights,
                                   MemoryDesc.create((p.rows, p.n), np.float32, "ab"), bias, attr=post)
@@ -348,12 +355,13 @@ def _bound_product(ctx, inner: bool):
     product (which reads B as (N, K): the same weights' md transposed)."""
     p = _Product(ctx)
     y = [int(d) for d in ctx.out_shape(0)]
+    z_dims = p.z_dims(y) if p.z_shape is not None else None
     b = p.b
     packed = {}
 
     def build():
         pd = (_inner_pd if inner else _product_pd)(ctx, p)
-        post, bias_arg, z_arg = p.post_ops(y)
+        post, bias_arg, z_arg = p.post_ops(z_dims)
         wmd = pd.weights_md()
         user = _inner_user_md(p) if inner else _weights_md(p)
         if wmd not in packed:
@@ -373,7 +381,6 @@ def _bound_product(ctx, inner: bool):
         return pd.primitive().bind(args), z_arg
 
     prims = _PerThreads(build)
-    z_dims = p.z_dims(y) if p.z_shape is not None else None
     view = ContiguousViews()  # Z in the primitive's dims (the same object: no re-pointing)
     alone = p.rows * p.k * p.n <= SMALL_PRODUCT  # see kernels.SMALL_PRODUCT
     # one row, in a plan that keeps running: after AFTER_RUNS runs the weights are streamed

@@ -1,0 +1,134 @@
+"""onednn's products over a row count known only at run time (kernels/onednn/matmul_rows.py):
+a plan shared by several sequence lengths keeps its weight products on oneDNN, a primitive
+per row count, and answers as onnxruntime does."""
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import glassrt
+from glassrt.runtime.runner import ShapePattern
+
+K, N = 48, 80
+
+
+@pytest.fixture(autouse=True)
+def _onednn():
+    from glassrt.kernels.onednn import capi
+
+    if capi.UNAVAILABLE is not None:
+        pytest.skip(str(capi.UNAVAILABLE))
+
+
+def _encoder_block():
+    """x (1, s, K): MatMul + bias + Gelu (a FusedMatMul with its epilogue), a second product
+    with a bias and the residual added per row, a Gemm over the flattened rows with its C, and
+    a product whose added tensor is one row for every row."""
+    rng = np.random.default_rng(0)
+    w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32),  # noqa: E731
+                                           f"w{len(inits)}")
+    inits = []
+    for shape in ((K, N), (N,), (N, K), (K,), (K, N), (N,), (K, N), (N,)):
+        inits.append(w(*shape))
+    names = [i.name for i in inits]
+    nodes = [helper.make_node("MatMul", ["x", names[0]], ["h0"]),
+             helper.make_node("Add", ["h0", names[1]], ["h1"]),
+             helper.make_node("Gelu", ["h1"], ["h2"], domain="com.microsoft"),
+             helper.make_node("MatMul", ["h2", names[2]], ["h3"]),
+             helper.make_node("Add", ["h3", names[3]], ["h4"]),
+             helper.make_node("Add", ["h4", "x"], ["y"]),
+             helper.make_node("Reshape", ["y", "flat"], ["y2"]),
+             helper.make_node("Gemm", ["y2", names[4], names[5]], ["g"]),
+             helper.make_node("MatMul", ["x", names[6]], ["m"]),
+             helper.make_node("Add", ["m", names[7]], ["row"])]
+    inits.append(numpy_helper.from_array(np.array([-1, K], np.int64), "flat"))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "s", K])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "g", "row")], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=8).SerializeToString()
+
+
+def _feeds(s, seed=None):
+    return {"x": np.random.default_rng(s if seed is None else seed).standard_normal((1, s, K)).astype(np.float32)}
+
+
+def _shared(sess):
+    (pattern,) = [k for k in sess.runner.plans if isinstance(k, ShapePattern)]
+    return sess.runner.plans[pattern]
+
+
+def test_a_shared_plan_keeps_its_products_on_onednn_and_answers_as_onnxruntime():
+    model = _encoder_block()
+    sess = glassrt.InferenceSession(model, providers=["onednn", "cpu"])
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for s in (1, 2, 3, 4, 5, 9, 33, 5, 128, 9, 1):
+        f = _feeds(s)
+        for got, want in zip(sess.run(None, f), oracle.run(None, f)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    shared = _shared(sess)
+    kernels = {st.node.op_type: st.kernel.name for st in shared.steps if st.node.op_type in ("FusedMatMul", "Gemm")}
+    assert set(kernels.values()) <= {"onednn.FusedMatMul.matmul_any_rows", "onednn.Gemm.matmul_any_rows"}, kernels
+    assert len(kernels) == 2 and not shared.moved, (kernels, shared.moved)
+
+
+def test_the_shared_steps_hold_no_array_of_a_run():
+    """Each call points the shared step's memories at its own arrays and lets go of them
+    after: the run's pool buffers go back to the pool, and a node's weights are not kept
+    alive by a step another session may share."""
+    from glassrt.kernels.onednn import matmul_rows
+
+    sess = glassrt.InferenceSession(_encoder_block(), providers=["onednn", "cpu"])
+    for s in (2, 3, 4, 5, 6):
+        sess.run(None, _feeds(s))
+    assert matmul_rows._STEPS
+    for st, *_ in matmul_rows._STEPS.values():
+        held = [arg for arg, m in st.mems.items() if m.array is not None and m.nbytes > 4096]
+        assert not held, held  # (the scratchpad, allocated with the step, is its own)
+    pool = _shared(sess).pool.stats()
+    sess.run(None, _feeds(6))
+    assert _shared(sess).pool.stats()["misses"] == pool["misses"]  # every buffer came back
+
+
+def test_the_shared_plan_is_safe_across_threads():
+    model = _encoder_block()
+    sess = glassrt.InferenceSession(model, providers=["onednn", "cpu"])
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for s in (2, 3, 4, 5):
+        sess.run(None, _feeds(s))
+    errors = []
+
+    def work(t):
+        try:
+            for i in range(12):
+                s = 6 + (t * 12 + i) % 17
+                f = _feeds(s, seed=t * 100 + i)
+                for got, want in zip(sess.run(None, f), oracle.run(None, f)):
+                    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_a_product_it_does_not_take_moves_and_says_why():
+    """A Gemm reading A transposed is taken by the kernels bound per plan only: in the shared
+    plan (its rows symbolic) it moves to cpu, and the selection says what refused it."""
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((K, 16)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Gemm", ["z", "w"], ["y"], transA=1)], "g",
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [K, "s"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    sess = glassrt.InferenceSession(model, providers=["onednn", "cpu"])
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for s in (2, 3, 4, 5, 6):
+        f = {"z": np.random.default_rng(s).standard_normal((K, s)).astype(np.float32)}
+        np.testing.assert_allclose(sess.run(None, f)[0], oracle.run(None, f)[0], rtol=1e-4, atol=1e-4)
+    (sel,) = _shared(sess).selections
+    assert sel.provider == "cpu" and "matmul_any_rows: A is read transposed" in sel.reason, sel
