@@ -24,8 +24,9 @@ def _onednn():
 
 def _encoder_block():
     """x (1, s, K): MatMul + bias + Gelu (a FusedMatMul with its epilogue), a second product
-    with a bias and the residual added per row, a Gemm over the flattened rows with its C, and
-    a product whose added tensor is one row for every row."""
+    with a bias and the residual added per row, a Gemm over the flattened rows with its C, a
+    product whose added tensor is one row for every row, and attention's two products of
+    computed values (x·xᵀ scaled, softmax, ·x)."""
     rng = np.random.default_rng(0)
     w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32),  # noqa: E731
                                            f"w{len(inits)}")
@@ -42,10 +43,16 @@ def _encoder_block():
              helper.make_node("Reshape", ["y", "flat"], ["y2"]),
              helper.make_node("Gemm", ["y2", names[4], names[5]], ["g"]),
              helper.make_node("MatMul", ["x", names[6]], ["m"]),
-             helper.make_node("Add", ["m", names[7]], ["row"])]
+             helper.make_node("Add", ["m", names[7]], ["row"]),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "xt"], ["s0"]),
+             helper.make_node("Mul", ["s0", "scale"], ["s1"]),
+             helper.make_node("Softmax", ["s1"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "x"], ["att"])]
     inits.append(numpy_helper.from_array(np.array([-1, K], np.int64), "flat"))
+    inits.append(numpy_helper.from_array(np.array(K ** -0.5, np.float32), "scale"))
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "s", K])],
-                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "g", "row")], inits)
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "g", "row", "att")], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
                              ir_version=8).SerializeToString()
 
@@ -68,9 +75,12 @@ def test_a_shared_plan_keeps_its_products_on_onednn_and_answers_as_onnxruntime()
         for got, want in zip(sess.run(None, f), oracle.run(None, f)):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     shared = _shared(sess)
-    kernels = {st.node.op_type: st.kernel.name for st in shared.steps if st.node.op_type in ("FusedMatMul", "Gemm")}
-    assert set(kernels.values()) <= {"onednn.FusedMatMul.matmul_any_rows", "onednn.Gemm.matmul_any_rows"}, kernels
-    assert len(kernels) == 2 and not shared.moved, (kernels, shared.moved)
+    kernels = {st.kernel.name.split(".", 1)[1] for st in shared.steps if "MatMul" in st.node.op_type or st.node.op_type == "Gemm"}
+    assert kernels == {"FusedMatMul.matmul_any_rows", "Gemm.matmul_any_rows", "FusedMatMul.batched_matmul_any_shape",
+                       "MatMul.batched_matmul_any_shape"} or kernels == {
+        "FusedMatMul.matmul_any_rows", "Gemm.matmul_any_rows", "FusedMatMul.batched_matmul_any_shape"}, kernels
+    ops = {st.node.name: st.node.op_type for st in shared.steps}
+    assert not [n for n in shared.moved if "MatMul" in ops[n] or ops[n] == "Gemm"], shared.moved  # (Softmax may move)
 
 
 def test_the_shared_steps_hold_no_array_of_a_run():
@@ -78,14 +88,17 @@ def test_the_shared_steps_hold_no_array_of_a_run():
     after: the run's pool buffers go back to the pool, and a node's weights are not kept
     alive by a step another session may share."""
     from glassrt.kernels.onednn import matmul_rows
+    from glassrt.kernels.onednn.capi import ARG_ATTR_SCALES, ARG_SCRATCHPAD, ARG_WORKSPACE
 
     sess = glassrt.InferenceSession(_encoder_block(), providers=["onednn", "cpu"])
     for s in (2, 3, 4, 5, 6):
         sess.run(None, _feeds(s))
     assert matmul_rows._STEPS
-    for st, *_ in matmul_rows._STEPS.values():
-        held = [arg for arg, m in st.mems.items() if m.array is not None and m.nbytes > 4096]
-        assert not held, held  # (the scratchpad, allocated with the step, is its own)
+    for v in matmul_rows._STEPS.values():
+        st = v[0] if isinstance(v, tuple) else v
+        held = [arg for arg, m in st.mems.items() if m.array is not None
+                and arg not in (ARG_SCRATCHPAD, ARG_WORKSPACE) and not arg & ARG_ATTR_SCALES]
+        assert len(st.mems) >= 3 and not held, held  # (its scratchpad and a constant scale are its own)
     pool = _shared(sess).pool.stats()
     sess.run(None, _feeds(6))
     assert _shared(sess).pool.stats()["misses"] == pool["misses"]  # every buffer came back

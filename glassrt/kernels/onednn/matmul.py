@@ -14,9 +14,10 @@ plans of other row counts (a prompt's and a decode step's) sharing one packed co
 
 Products of two computed values (attention's Q·Kᵀ and P·V) run on a second kernel: the
 batch dims of A and B broadcast by oneDNN, the epilogue (the scale and the mask) as
-post-ops. Both kernels are bound to a plan's concrete shapes: in a plan whose dims stay
-symbolic (decoding with a growing cache, once shapes are generalized) the plan hands
-these nodes to cpu rather than make primitives (tens of microseconds each) every run.
+post-ops. Both kernels are bound to a plan's concrete shapes. A plan whose dims stay
+symbolic (one shared by several sequence lengths) takes matmul_rows.py's kernels instead,
+which make a primitive per shape at run time, shared by the nodes of that shape; a decode
+step's one-row attention products stay with cpu there (its cache grows at every step).
 
 At one row (a decode step), once the plan has run a few times, the matmul primitive's
 packed weights are read by row_panels.py's compiled loop instead, which streams them

@@ -18,15 +18,20 @@ the 72 weight products took 90.5 ms a run on cpu's BLAS, 71.6 bound per length.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 
 import numpy as np
 
 from ...errors import NodeExecutionError, describe_node
+from ...ir import TensorType
 from ...ops.fused import MATMUL_ACTIVATIONS, PERM_ATTRS
 from ..registry import kernel
-from . import capi
+from . import capi, dnnl
+from . import matmul as _matmul
+from .capi import ARG_ATTR_SCALES
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS
 from .kernels import F32, MAX_ELEMENTS, SMALL_PRODUCT, _unavailable, activation_drops_nan, packed_weights, run_alone
 from .matmul import _Product, _weights_md, rows_pd
@@ -119,7 +124,7 @@ def matmul_any_rows(ctx):
 
     def bound(rows):
         z_dims = None if p.z_shape is None else (rows if z_per_row else 1, [1, *p.z_shape][-1])
-        pd = rows_pd(p, rows, z_dims)
+        pd = rows_pd(p, rows, z_dims, ahead=False)  # (made now: the call needs it)
         key = (threading.get_ident(), capi.get_max_threads(), rows, p.k, p.n, p.trans_b, p.alpha,
                p.bias is not None, z_dims, p.act, tuple(p.params))
         with _lock:
@@ -167,3 +172,119 @@ def matmul_any_rows(ctx):
 
 kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True, accepts=_reason,
        any_shape=True, priority=-1, name="matmul_any_rows", drops_nan=activation_drops_nan)(matmul_any_rows)
+
+
+# ---------------------------------------------------------------- products of two computed values
+
+def _concrete(ctx, arrays, out):
+    """ctx with the shapes of this call's arrays (inputs in the node's order, the output)."""
+    inputs = [TensorType(a.dtype, a.shape) if isinstance(a, np.ndarray) else t
+              for a, t in zip(arrays, ctx.input_types)]
+    return replace(ctx, input_types=inputs, output_types=[TensorType(out.dtype, out.shape), *ctx.output_types[1:]])
+
+
+def _stand_in(ctx):
+    """ctx with each symbolic dim taken as STAND_IN_ROWS (judging the implementation only)."""
+    def bind(t):
+        if not isinstance(t, TensorType) or t.shape is None or t.is_static:
+            return t
+        return TensorType(t.dtype, tuple(d if isinstance(d, int) else STAND_IN_ROWS for d in t.shape))
+    return replace(ctx, input_types=[bind(t) for t in ctx.input_types], output_types=[bind(t) for t in ctx.output_types])
+
+
+def _permuted(shape, perm):
+    return [shape[p] for p in perm] if perm else list(shape)
+
+
+def _batched_reason(ctx):
+    """For attention's Q·Kᵀ and P·V in a plan whose lengths are symbolic. A product of one
+    row per matrix (a decode step's query against its cache) stays with cpu: the cache grows
+    by one at every step, and each step would make a primitive for microseconds of work."""
+    if any(ctx.shape(i) is None for i in range(2)) or ctx.out_shape(0) is None:
+        return "an operand's shape is not known"
+    perm_a = tuple(ctx.attrs.get("perm_a") or ()) if ctx.node.op_type == "FusedMatMul" else ()
+    a = _permuted(list(ctx.shape(0)), perm_a)
+    if len(a) >= 2 and a[-2] == 1:
+        return "one row per matrix (a decode step's query): its cache's length changes at every step"
+    return _matmul._batched_reason(_stand_in(ctx))
+
+
+_MEMO_PER_NODE = 64  # shapes a node remembers its primitive for (then asks the shared ones again)
+
+
+@kernel(["MatMul"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_batched_reason, any_shape=True,
+        priority=-1, name="batched_matmul_any_shape")
+def batched_matmul_any_shape(ctx):
+    """oneDNN matmul of two computed values over shapes known only at run time: a primitive
+    per shape, shared by the products of those shapes (in a plan with symbolic dims)."""
+    bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(-1) if ctx.has(2) else None
+    node = ctx.node
+    memo = OrderedDict()  # (A's, B's, Z's, the output's shapes) -> (made, alone, Z's dims, the bias row)
+
+    def shapes_of(a, b, z, out):
+        cctx = _concrete(ctx, (a, b, None, z), out)
+        made = _matmul._batched_pd(cctx)
+        a_dims, _, product = _matmul._product_dims(cctx)
+        z_dims = None if z is None else [1] * (len(product) - z.ndim) + list(z.shape)
+        row = None if bias is None else np.ascontiguousarray(np.broadcast_to(bias, (product[-1],)))
+        return made, math.prod(product) * a_dims[-1] <= SMALL_PRODUCT, z_dims, row
+
+    def bound(made):
+        key = (threading.get_ident(), capi.get_max_threads(), made)
+        with _lock:
+            hit = _STEPS.get(key)
+            if hit is not None:
+                _STEPS.move_to_end(key)
+                return hit
+        args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
+        for arg in (made.bias_arg, made.z_arg):
+            if arg is not None:
+                args[arg] = None
+        if made.alpha is not None:
+            args[ARG_ATTR_SCALES | ARG_SRC] = dnnl.vector(np.array([made.alpha], np.float32))
+        hit = made.pd.primitive().bind(args)
+        with _lock:
+            _STEPS[key] = hit
+            while len(_STEPS) > _STEPS_LIMIT:
+                _STEPS.popitem(last=False)
+        return hit
+
+    def step(a, b, bias_=None, z=None, *, out):
+        if a.size > MAX_ELEMENTS or b.size > MAX_ELEMENTS or out.size > MAX_ELEMENTS:
+            raise NodeExecutionError(f"{describe_node(node)}: operands of shapes {list(a.shape)}, {list(b.shape)} "
+                                     f"give a tensor larger than oneDNN's kernels index ({MAX_ELEMENTS:,} elements)")
+        key = (a.shape, b.shape, None if z is None else z.shape, out.shape)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = shapes_of(a, b, z, out)
+            if len(memo) > _MEMO_PER_NODE:
+                memo.popitem(last=False)
+        made, alone, z_dims, row = hit
+        st = bound(made)
+        buffers = {ARG_SRC: np.ascontiguousarray(a, np.float32), ARG_WEIGHTS: np.ascontiguousarray(b, np.float32),
+                   ARG_DST: out}
+        if made.prefill:  # (see matmul._batched_primitive; no perm_y here: the output is the product)
+            if z is None:
+                out[...] = row
+            elif bias is None:
+                np.copyto(out, z.reshape(z_dims))
+            else:
+                np.add(z.reshape(z_dims), row, out=out)
+        else:
+            if made.z_arg is not None:
+                buffers[made.z_arg] = np.ascontiguousarray(z, np.float32).reshape(z_dims)
+            if made.bias_arg is not None:
+                buffers[made.bias_arg] = row
+        try:
+            run_alone(st, buffers, alone)
+        finally:
+            for arg in buffers:
+                st[arg].array = None  # (the step is shared: see matmul_any_rows)
+        return out
+
+    return step
+
+
+kernel(["FusedMatMul"], provider="onednn", domain="glassrt", dtypes=F32, out=True, bind=True,
+       accepts=_batched_reason, any_shape=True, priority=-1, name="batched_matmul_any_shape",
+       drops_nan=activation_drops_nan)(batched_matmul_any_shape)
