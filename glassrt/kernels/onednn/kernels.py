@@ -24,8 +24,10 @@ the count the run asked for (runtime/threads.py sets it per run).
 """
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import threading
 import weakref
 
 import numpy as np
@@ -293,6 +295,44 @@ PACK_SLAB = 256 << 10
 # everything on one thread.)
 SMALL_ELEMENTS = 1 << 15
 SMALL_PRODUCT = SMALL_ELEMENTS * 8
+
+
+# Steps bound for shapes known only at run time (matmul_rows.py): one per (thread, OpenMP
+# thread count, what the primitive is made from), shared by every node that asks for it, the
+# least recently used dropped past _THREAD_STEPS_LIMIT
+_THREAD_STEPS: collections.OrderedDict = collections.OrderedDict()
+_THREAD_STEPS_LIMIT = 256
+_thread_steps_lock = threading.Lock()
+
+
+def thread_step(key, make):
+    """make()'s bound step (a dnnl.Step, or a tuple holding one first) for `key`, shared by
+    the kernels of this thread that ask with the same key: each call points its memories
+    at its own arrays (run_and_let_go), so nodes of one geometry share one step, and a new
+    shape costs one binding, not one per node. Not run by two threads at once: one per thread."""
+    key = (threading.get_ident(), capi.get_max_threads(), key)
+    with _thread_steps_lock:
+        hit = _THREAD_STEPS.get(key)
+        if hit is not None:
+            _THREAD_STEPS.move_to_end(key)
+            return hit
+    hit = make()
+    with _thread_steps_lock:
+        _THREAD_STEPS[key] = hit
+        while len(_THREAD_STEPS) > _THREAD_STEPS_LIMIT:
+            _THREAD_STEPS.popitem(last=False)
+    return hit
+
+
+def run_and_let_go(step, buffers, alone: bool) -> None:
+    """run_alone, then the shared step's memories let go of this call's arrays: a run's pool
+    buffers go back to the pool only where nothing else holds them, and a node's weights must
+    not outlive its session in a step other sessions share. (The next call points them again.)"""
+    try:
+        run_alone(step, buffers, alone)
+    finally:
+        for arg in buffers:
+            step[arg].array = None
 
 
 def run_alone(step, buffers, alone: bool = True):

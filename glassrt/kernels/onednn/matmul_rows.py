@@ -19,7 +19,6 @@ the 72 weight products took 90.5 ms a run on cpu's BLAS, 71.6 bound per length.
 from __future__ import annotations
 
 import math
-import threading
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -29,20 +28,16 @@ from ...errors import NodeExecutionError, describe_node
 from ...ir import TensorType
 from ...ops.fused import MATMUL_ACTIVATIONS, PERM_ATTRS
 from ..registry import kernel
-from . import capi, dnnl
+from . import dnnl
 from . import matmul as _matmul
 from .capi import ARG_ATTR_SCALES
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS
-from .kernels import F32, MAX_ELEMENTS, SMALL_PRODUCT, _unavailable, activation_drops_nan, packed_weights, run_alone
+from .kernels import (F32, MAX_ELEMENTS, SMALL_PRODUCT, _unavailable, activation_drops_nan, packed_weights,
+                      run_and_let_go, thread_step)
 from .matmul import _Product, _weights_md, rows_pd
 
 STAND_IN_ROWS = 32  # the rows placement judges the product at (its primitive's implementation)
 
-# (thread, OpenMP threads, descriptor key) -> (bound step, the bias's argument, Z's argument),
-# the least recently used dropped past _STEPS_LIMIT
-_STEPS: OrderedDict = OrderedDict()
-_STEPS_LIMIT = 256
-_lock = threading.Lock()
 
 
 def _z_rows(ctx):
@@ -125,25 +120,17 @@ def matmul_any_rows(ctx):
     def bound(rows):
         z_dims = None if p.z_shape is None else (rows if z_per_row else 1, [1, *p.z_shape][-1])
         pd = rows_pd(p, rows, z_dims, ahead=False)  # (made now: the call needs it)
-        key = (threading.get_ident(), capi.get_max_threads(), rows, p.k, p.n, p.trans_b, p.alpha,
-               p.bias is not None, z_dims, p.act, tuple(p.params))
-        with _lock:
-            hit = _STEPS.get(key)
-            if hit is not None:
-                _STEPS.move_to_end(key)
-                return hit, pd
-        _, bias_arg, z_arg = p.post_ops(z_dims)
-        bias_arg = ARG_BIAS if bias_arg is None and p.bias is not None else bias_arg
-        args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
-        for arg in (bias_arg, z_arg):
-            if arg is not None:
-                args[arg] = None
-        hit = (pd.primitive().bind(args), bias_arg, z_arg, z_dims)
-        with _lock:
-            _STEPS[key] = hit
-            while len(_STEPS) > _STEPS_LIMIT:
-                _STEPS.popitem(last=False)
-        return hit, pd
+        key = ("weights", rows, p.k, p.n, p.trans_b, p.alpha, p.bias is not None, z_dims, p.act, tuple(p.params))
+
+        def make():
+            _, bias_arg, z_arg = p.post_ops(z_dims)
+            bias_arg = ARG_BIAS if bias_arg is None and p.bias is not None else bias_arg
+            args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
+            for arg in (bias_arg, z_arg):
+                if arg is not None:
+                    args[arg] = None
+            return pd.primitive().bind(args), bias_arg, z_arg, z_dims
+        return thread_step(key, make), pd
 
     def step(a, b_=None, c=None, z=None, *, out):
         a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
@@ -157,14 +144,7 @@ def matmul_any_rows(ctx):
             buffers[bias_arg] = p.bias
         if z_arg is not None:
             buffers[z_arg] = np.ascontiguousarray(z, np.float32).reshape(z_dims)
-        try:
-            run_alone(st, buffers, rows * p.k * p.n <= SMALL_PRODUCT)
-        finally:
-            # the step is shared: it keeps no array of this call (a run's pool buffers go
-            # back to the pool only where nothing else holds them; a node's weights must not
-            # outlive its session here)
-            for arg in buffers:
-                st[arg].array = None
+        run_and_let_go(st, buffers, rows * p.k * p.n <= SMALL_PRODUCT)
         return out
 
     return step
@@ -230,24 +210,15 @@ def batched_matmul_any_shape(ctx):
         return made, math.prod(product) * a_dims[-1] <= SMALL_PRODUCT, z_dims, row
 
     def bound(made):
-        key = (threading.get_ident(), capi.get_max_threads(), made)
-        with _lock:
-            hit = _STEPS.get(key)
-            if hit is not None:
-                _STEPS.move_to_end(key)
-                return hit
-        args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
-        for arg in (made.bias_arg, made.z_arg):
-            if arg is not None:
-                args[arg] = None
-        if made.alpha is not None:
-            args[ARG_ATTR_SCALES | ARG_SRC] = dnnl.vector(np.array([made.alpha], np.float32))
-        hit = made.pd.primitive().bind(args)
-        with _lock:
-            _STEPS[key] = hit
-            while len(_STEPS) > _STEPS_LIMIT:
-                _STEPS.popitem(last=False)
-        return hit
+        def make():
+            args = {ARG_SRC: None, ARG_WEIGHTS: None, ARG_DST: None}
+            for arg in (made.bias_arg, made.z_arg):
+                if arg is not None:
+                    args[arg] = None
+            if made.alpha is not None:
+                args[ARG_ATTR_SCALES | ARG_SRC] = dnnl.vector(np.array([made.alpha], np.float32))
+            return made.pd.primitive().bind(args)
+        return thread_step(("computed", made), make)
 
     def step(a, b, bias_=None, z=None, *, out):
         if a.size > MAX_ELEMENTS or b.size > MAX_ELEMENTS or out.size > MAX_ELEMENTS:
@@ -275,11 +246,7 @@ def batched_matmul_any_shape(ctx):
                 buffers[made.z_arg] = np.ascontiguousarray(z, np.float32).reshape(z_dims)
             if made.bias_arg is not None:
                 buffers[made.bias_arg] = row
-        try:
-            run_alone(st, buffers, alone)
-        finally:
-            for arg in buffers:
-                st[arg].array = None  # (the step is shared: see matmul_any_rows)
+        run_and_let_go(st, buffers, alone)
         return out
 
     return step
