@@ -1,20 +1,23 @@
-"""The `onednn` provider's products with constant weights over a row count known only at
-run time: a plan shared by several input shapes (runner.py's ShapePattern: BERT served at
-any sequence length), where matmul.py's kernels, bound to concrete shapes, cannot go.
+"""The `onednn` provider's products over shapes known only at run time: a plan shared by
+several input shapes (runner.py's ShapePattern: BERT served at any sequence length), where
+matmul.py's kernels, bound to concrete shapes, cannot go.
 
-Bound once per node: the product's geometry (K, N, the epilogue) and its packed weights,
-the same copy the static plans read (kernels.packed_weights). Per call, the rows decide the
-primitive: one descriptor and one primitive per (geometry, rows), shared by every node of
-that geometry (BERT-base's 72 products have four), with one bound step per thread whose
-memories each call points at its own arrays (weights, bias, A, the output, Z). A new
-length then costs four descriptors and primitives (~0.5 ms each), not 72 bindings.
+`matmul_any_rows` (constant weights): bound once per node, with the product's geometry (K,
+N, the epilogue) and its packed weights, the same copy the static plans read
+(kernels.packed_weights). Per call the rows decide the primitive: one descriptor and one
+primitive per (geometry, rows), shared by every node of that geometry (BERT-base's 72
+products have four), with one bound step per thread (kernels.thread_step) whose memories
+each call points at its own arrays. A new length costs four descriptors and primitives
+(~0.5 ms each), not 72 bindings. Taken only where oneDNN's matmul packs the weights in a
+layout that does not depend on the rows (its brgemm kernels, AVX-512): elsewhere (oneDNN
+3.2 on AVX2 has only its sgemm, which repacks at every call) the node stays with cpu's BLAS.
 
-Taken only where oneDNN's matmul packs the weights in a layout that does not depend on the
-rows (its brgemm kernels, AVX-512): elsewhere (oneDNN 3.2 on AVX2 has only its sgemm, which
-repacks at every call) the node stays with cpu's BLAS, as before.
+`batched_matmul_any_shape` (attention's Q·Kᵀ and P·V): the same, a primitive per shape.
+A decode step's one-row products stay with cpu (its cache grows at every step).
 
-Measured on BERT-base, 2 threads, its shared plan at lengths 75-86 (2-core AVX-512 EPYC):
-the 72 weight products took 90.5 ms a run on cpu's BLAS, 71.6 bound per length.
+Measured on BERT-base, 2 threads, one process alternating a plan of each kind request by
+request over lengths 61-100: 1.00-1.02x cpu's time at a length's first request (its
+primitives made), 0.92-0.94x later (benchmarks/HISTORY.md, stop 61).
 """
 from __future__ import annotations
 
@@ -37,7 +40,6 @@ from .kernels import (F32, MAX_ELEMENTS, SMALL_PRODUCT, _unavailable, activation
 from .matmul import _Product, _weights_md, rows_pd
 
 STAND_IN_ROWS = 32  # the rows placement judges the product at (its primitive's implementation)
-
 
 
 def _z_rows(ctx):
@@ -87,18 +89,19 @@ def _reason(ctx):
     p = _Product(ctx)
     if p.unpacked:
         return "B is too large to pack (read where it lies, by the kernels of plans with concrete shapes)"
-    impl = rows_pd(p, STAND_IN_ROWS, _z_dims(p, ctx, STAND_IN_ROWS), ahead=False).impl  # (asked, never run)
+    z_dims = _z_dims(p, p.z_shape is not None and _z_rows(ctx), STAND_IN_ROWS)
+    impl = rows_pd(p, STAND_IN_ROWS, z_dims, ahead=False).impl  # (asked, never run)
     if not impl.startswith("brg"):
         return (f"oneDNN's matmul here is {impl}, not its brgemm, whose packed weights serve every row "
                 f"count (matrix products with symbolic rows stay with cpu)")
     return None
 
 
-def _z_dims(p, ctx, rows):
+def _z_dims(p, per_row: bool, rows: int):
+    """Z as the primitive reads it over `rows` rows: (rows or 1, N or 1); None without Z."""
     if p.z_shape is None:
         return None
-    z_last = [1, *p.z_shape][-1]
-    return (rows if _z_rows(ctx) else 1, z_last)
+    return (rows if per_row else 1, [1, *p.z_shape][-1])
 
 
 @kernel(["MatMul", "Gemm"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_reason, any_shape=True,
@@ -118,7 +121,7 @@ def matmul_any_rows(ctx):
         return held[wmd].memory.array
 
     def bound(rows):
-        z_dims = None if p.z_shape is None else (rows if z_per_row else 1, [1, *p.z_shape][-1])
+        z_dims = _z_dims(p, z_per_row, rows)
         pd = rows_pd(p, rows, z_dims, ahead=False)  # (made now: the call needs it)
         key = ("weights", rows, p.k, p.n, p.trans_b, p.alpha, p.bias is not None, z_dims, p.act, tuple(p.params))
 
