@@ -137,15 +137,20 @@ def test_the_shared_plan_is_safe_across_threads():
 def test_a_product_it_does_not_take_moves_and_says_why():
     """A Gemm reading A transposed is taken by the kernels bound per plan only: in the shared
     plan (its rows symbolic) it moves to cpu, and the selection says what refused it."""
-    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((K, 16)).astype(np.float32), "w")
-    g = helper.make_graph([helper.make_node("Gemm", ["z", "w"], ["y"], transA=1)], "g",
+    rng = np.random.default_rng(1)
+    w, w1, w2 = (numpy_helper.from_array(rng.standard_normal(s).astype(np.float32) / 4, n)
+                 for n, s in (("w", (K, 16)), ("w1", (16, 16)), ("w2", (16, 16))))
+    # (two products it takes after it: a shared plan that moved most of its steps is not used)
+    g = helper.make_graph([helper.make_node("Gemm", ["z", "w"], ["h"], transA=1),
+                           helper.make_node("MatMul", ["h", "w1"], ["h1"]),
+                           helper.make_node("MatMul", ["h1", "w2"], ["y"])], "g",
                           [helper.make_tensor_value_info("z", TensorProto.FLOAT, [K, "s"])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, w1, w2])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
     sess = glassrt.InferenceSession(model, providers=["onednn", "cpu"])
     oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     for s in (2, 3, 4, 5, 6):
         f = {"z": np.random.default_rng(s).standard_normal((K, s)).astype(np.float32)}
         np.testing.assert_allclose(sess.run(None, f)[0], oracle.run(None, f)[0], rtol=1e-4, atol=1e-4)
-    (sel,) = _shared(sess).selections
+    sel = {sel.node: sel for sel in _shared(sess).selections}["Gemm_0"]
     assert sel.provider == "cpu" and "matmul_any_rows: A is read transposed" in sel.reason, sel

@@ -170,6 +170,14 @@ class GraphRunner:
         if not self._admit(plan, shared=True):
             self._unshared.add(_structure(sig))  # each shape of this structure gets a plan of its own
             return None
+        if _moved_most(plan):
+            # Most of its work moved off the providers placement chose (a CNN's batch left
+            # symbolic: every oneDNN convolution is bound to concrete shapes, so all went to
+            # cpu's kernels): each shape compiles a plan of its own instead, as the first
+            # ones did. squeezenet, 2 threads, batch 5: 248 ms a run on the shared plan
+            # against 60 on its own (whose compiling costs one run's time or less).
+            self._unshared.add(_structure(sig))
+            return None
         self._remember(pattern, plan)
         return plan
 
@@ -380,6 +388,15 @@ def _slower(plan) -> bool:
         if any(st.node.name in moved and not st.kernel.alias for st in plan.steps):
             return True
     return plan.dynamic_steps * 4 > len(plan.steps)
+
+
+def _moved_most(plan) -> bool:
+    """Whether more than half of a shared plan's steps are nodes it moved onto another
+    provider (not views: see _slower)."""
+    if not plan.moved:
+        return False
+    moved = set(plan.moved)
+    return sum(st.node.name in moved and not st.kernel.alias for st in plan.steps) * 2 > len(plan.steps)
 
 
 def _warm(plan) -> bool:
