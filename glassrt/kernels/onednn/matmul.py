@@ -148,14 +148,10 @@ def _z_reason(z_shape, y_shape):
     return None
 
 
-def _operands_reason(ctx):
-    """None if the node is a product with constant weights that oneDNN can take, else why not."""
-    why = _unavailable(ctx)
-    if why:
-        return why
-    a, b = ctx.shape(0), ctx.shape(1)
-    if a is None or b is None or len(b) != 2 or len(a) < 2 or (ctx.node.op_type == "Gemm" and len(a) != 2):
-        return "B is not a matrix or A has rank < 2 (matrix-vector products stay with cpu)"
+def constant_weights_reason(ctx, b):
+    """None if the product's B (of shape `b`) is a constant and its epilogue is one these
+    kernels apply (Gemm's C a constant row; FusedMatMul's bias a constant, its activation a
+    post-op, nothing transposed), else why not. Z is each kernel's own question."""
     if ctx.const(1) is None:
         return "B is computed at run time (only constant weights are prepacked here)"
     if ctx.node.op_type == "Gemm" and ctx.has(2):
@@ -170,6 +166,21 @@ def _operands_reason(ctx):
             return "the bias is not a constant"
         if ctx.attrs.get("activation", "") not in MATMUL_ACTIVATIONS:
             return f"activation {ctx.attrs.get('activation')} has no oneDNN post-op here"
+    return None
+
+
+def _operands_reason(ctx):
+    """None if the node is a product with constant weights that oneDNN can take, else why not."""
+    why = _unavailable(ctx)
+    if why:
+        return why
+    a, b = ctx.shape(0), ctx.shape(1)
+    if a is None or b is None or len(b) != 2 or len(a) < 2 or (ctx.node.op_type == "Gemm" and len(a) != 2):
+        return "B is not a matrix or A has rank < 2 (matrix-vector products stay with cpu)"
+    why = constant_weights_reason(ctx, b)
+    if why:
+        return why
+    if ctx.node.op_type == "FusedMatMul":
         y = ctx.out_shape(0)
         if ctx.has(3):
             why = _z_reason([int(d) for d in ctx.shape(3)], [int(d) for d in y])

@@ -29,7 +29,6 @@ import numpy as np
 
 from ...errors import NodeExecutionError, describe_node
 from ...ir import TensorType
-from ...ops.fused import MATMUL_ACTIVATIONS, PERM_ATTRS
 from ..registry import kernel
 from . import dnnl
 from . import matmul as _matmul
@@ -37,7 +36,7 @@ from .capi import ARG_ATTR_SCALES
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS
 from .kernels import (F32, MAX_ELEMENTS, SMALL_PRODUCT, _unavailable, activation_drops_nan, packed_weights,
                       run_and_let_go, thread_step)
-from .matmul import _Product, _weights_md, rows_pd
+from .matmul import _Product, _weights_md, constant_weights_reason, rows_pd
 
 STAND_IN_ROWS = 32  # the rows placement judges the product at (its primitive's implementation)
 
@@ -68,22 +67,11 @@ def _reason(ctx):
         return "A is read transposed"
     if not isinstance(a[-1], int) or not all(isinstance(d, int) for d in b):
         return "K or N is symbolic"
-    if ctx.const(1) is None:
-        return "B is computed at run time (only constant weights are prepacked here)"
-    if op == "Gemm" and ctx.has(2):
-        c = ctx.const(2)
-        n = int(b[0] if ctx.attrs.get("transB", 0) else b[1])
-        if c is None or c.size not in (1, n) or (c.ndim == 2 and c.shape[0] != 1):
-            return "C is not a constant row (N,) or (1, N)"
-    if op == "FusedMatMul":
-        if any(ctx.attrs.get(p) for p in PERM_ATTRS):
-            return "an operand or the result is transposed (perm_a / perm_b / perm_y)"
-        if ctx.has(2) and ctx.const(2) is None:
-            return "the bias is not a constant"
-        if ctx.attrs.get("activation", "") not in MATMUL_ACTIVATIONS:
-            return f"activation {ctx.attrs.get('activation')} has no oneDNN post-op here"
-        if ctx.has(3) and isinstance(z := _z_rows(ctx), str):
-            return z
+    why = constant_weights_reason(ctx, b)
+    if why:
+        return why
+    if op == "FusedMatMul" and ctx.has(3) and isinstance(z := _z_rows(ctx), str):
+        return z
     if min(a[-1], *b) == 0:
         return "an empty product"
     p = _Product(ctx)
