@@ -378,25 +378,25 @@ def _name(entry):
     return entry[0]
 
 
+def _moved_computing(plan) -> int:
+    """The steps of nodes a plan moved off their provider onto kernels that compute (one now
+    a view, as GPT-2's attention Transposes on cpu, costs nothing)."""
+    if not plan.moved:
+        return 0
+    moved = set(plan.moved)
+    return sum(st.node.name in moved and not st.kernel.alias for st in plan.steps)
+
+
 def _slower(plan) -> bool:
     """Whether a shared plan runs a shape slower than a plan of its own would (see
-    _general_plan): nodes moved off their provider onto kernels that compute (one now a view,
-    as GPT-2's attention Transposes on cpu, costs nothing), or over a quarter of the steps
-    bound per run."""
-    if plan.moved:
-        moved = set(plan.moved)
-        if any(st.node.name in moved and not st.kernel.alias for st in plan.steps):
-            return True
-    return plan.dynamic_steps * 4 > len(plan.steps)
+    _general_plan): some nodes moved onto kernels that compute, or over a quarter of the
+    steps bound per run."""
+    return _moved_computing(plan) > 0 or plan.dynamic_steps * 4 > len(plan.steps)
 
 
 def _moved_most(plan) -> bool:
-    """Whether more than half of a shared plan's steps are nodes it moved onto another
-    provider (not views: see _slower)."""
-    if not plan.moved:
-        return False
-    moved = set(plan.moved)
-    return sum(st.node.name in moved and not st.kernel.alias for st in plan.steps) * 2 > len(plan.steps)
+    """Whether more than half of a shared plan's steps moved onto kernels that compute."""
+    return _moved_computing(plan) * 2 > len(plan.steps)
 
 
 def _warm(plan) -> bool:

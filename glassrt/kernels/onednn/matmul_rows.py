@@ -22,6 +22,7 @@ primitives made), 0.92-0.94x later (benchmarks/HISTORY.md, stop 61).
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -30,7 +31,7 @@ import numpy as np
 from ...errors import NodeExecutionError, describe_node
 from ...ir import TensorType
 from ..registry import kernel
-from . import dnnl
+from . import capi, dnnl
 from . import matmul as _matmul
 from .capi import ARG_ATTR_SCALES
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS
@@ -39,6 +40,7 @@ from .kernels import (F32, MAX_ELEMENTS, SMALL_PRODUCT, _unavailable, activation
 from .matmul import _Product, _weights_md, constant_weights_reason, rows_pd
 
 STAND_IN_ROWS = 32  # the rows placement judges the product at (its primitive's implementation)
+_MEMO_PER_NODE = 64  # shapes a node remembers its step for (then asks the shared caches again)
 
 
 def _z_rows(ctx):
@@ -101,16 +103,17 @@ def matmul_any_rows(ctx):
     z_per_row = p.z_shape is not None and _z_rows(ctx)
     node = ctx.node
     held = {}  # the packed weights, by layout (held here, or their sharing ends)
+    memo = OrderedDict()  # (thread, OpenMP threads, rows) -> bound(rows)
 
-    def weights_for(pd):
+    def bound(rows):
+        """(shared step, the bias's argument, Z's argument, Z's dims, the packed weights) for
+        `rows` on this thread: looked up in the shared caches once per row count and thread,
+        then kept here (a run asks again for each of its products)."""
+        z_dims = _z_dims(p, z_per_row, rows)
+        pd = rows_pd(p, rows, z_dims, ahead=False)  # (made now: the call needs it)
         wmd = pd.weights_md()
         if wmd not in held:
             held[wmd] = packed_weights(p.b, _weights_md(p), wmd)
-        return held[wmd].memory.array
-
-    def bound(rows):
-        z_dims = _z_dims(p, z_per_row, rows)
-        pd = rows_pd(p, rows, z_dims, ahead=False)  # (made now: the call needs it)
         key = ("weights", rows, p.k, p.n, p.trans_b, p.alpha, p.bias is not None, z_dims, p.act, tuple(p.params))
 
         def make():
@@ -120,8 +123,8 @@ def matmul_any_rows(ctx):
             for arg in (bias_arg, z_arg):
                 if arg is not None:
                     args[arg] = None
-            return pd.primitive().bind(args), bias_arg, z_arg, z_dims
-        return thread_step(key, make), pd
+            return pd.primitive().bind(args), bias_arg, z_arg
+        return (*thread_step(key, make), z_dims, held[wmd].memory.array)
 
     def step(a, b_=None, c=None, z=None, *, out):
         a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
@@ -129,8 +132,14 @@ def matmul_any_rows(ctx):
         if a.size > MAX_ELEMENTS or out.size > MAX_ELEMENTS:
             raise NodeExecutionError(f"{describe_node(node)}: A of shape {list(a.shape)} gives a tensor larger "
                                      f"than oneDNN's kernels index ({MAX_ELEMENTS:,} elements)")
-        (st, bias_arg, z_arg, z_dims), pd = bound(rows)
-        buffers = {ARG_SRC: a, ARG_WEIGHTS: weights_for(pd), ARG_DST: out}
+        key = (threading.get_ident(), capi.get_max_threads(), rows)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = bound(rows)
+            if len(memo) > _MEMO_PER_NODE:
+                memo.popitem(last=False)
+        st, bias_arg, z_arg, z_dims, weights = hit
+        buffers = {ARG_SRC: a, ARG_WEIGHTS: weights, ARG_DST: out}
         if bias_arg is not None:
             buffers[bias_arg] = p.bias
         if z_arg is not None:
@@ -154,15 +163,6 @@ def _concrete(ctx, arrays, out):
     return replace(ctx, input_types=inputs, output_types=[TensorType(out.dtype, out.shape), *ctx.output_types[1:]])
 
 
-def _stand_in(ctx):
-    """ctx with each symbolic dim taken as STAND_IN_ROWS (judging the implementation only)."""
-    def bind(t):
-        if not isinstance(t, TensorType) or t.shape is None or t.is_static:
-            return t
-        return TensorType(t.dtype, tuple(d if isinstance(d, int) else STAND_IN_ROWS for d in t.shape))
-    return replace(ctx, input_types=[bind(t) for t in ctx.input_types], output_types=[bind(t) for t in ctx.output_types])
-
-
 def _permuted(shape, perm):
     return [shape[p] for p in perm] if perm else list(shape)
 
@@ -177,10 +177,9 @@ def _batched_reason(ctx):
     a = _permuted(list(ctx.shape(0)), perm_a)
     if len(a) >= 2 and a[-2] == 1:
         return "one row per matrix (a decode step's query): its cache's length changes at every step"
-    return _matmul._batched_reason(_stand_in(ctx))
+    from ...runtime.select import stand_in  # (each symbolic dim at a stand-in value, as placement judges)
 
-
-_MEMO_PER_NODE = 64  # shapes a node remembers its primitive for (then asks the shared ones again)
+    return _matmul._batched_reason(stand_in(ctx, STAND_IN_ROWS))
 
 
 @kernel(["MatMul"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_batched_reason, any_shape=True,
@@ -190,15 +189,18 @@ def batched_matmul_any_shape(ctx):
     per shape, shared by the products of those shapes (in a plan with symbolic dims)."""
     bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(-1) if ctx.has(2) else None
     node = ctx.node
-    memo = OrderedDict()  # (A's, B's, Z's, the output's shapes) -> (made, alone, Z's dims, the bias row)
+    # (thread, OpenMP threads, A's, B's, Z's and the output's shapes) -> shapes_of(...)
+    memo = OrderedDict()
 
     def shapes_of(a, b, z, out):
+        """(shared step, its descriptor's _Batched, whether it runs alone, Z's dims, the bias
+        row) for these shapes on this thread: worked out once per shapes and thread."""
         cctx = _concrete(ctx, (a, b, None, z), out)
         made = _matmul._batched_pd(cctx)
         a_dims, _, product = _matmul._product_dims(cctx)
         z_dims = None if z is None else [1] * (len(product) - z.ndim) + list(z.shape)
         row = None if bias is None else np.ascontiguousarray(np.broadcast_to(bias, (product[-1],)))
-        return made, math.prod(product) * a_dims[-1] <= SMALL_PRODUCT, z_dims, row
+        return bound(made), made, math.prod(product) * a_dims[-1] <= SMALL_PRODUCT, z_dims, row
 
     def bound(made):
         def make():
@@ -215,14 +217,14 @@ def batched_matmul_any_shape(ctx):
         if a.size > MAX_ELEMENTS or b.size > MAX_ELEMENTS or out.size > MAX_ELEMENTS:
             raise NodeExecutionError(f"{describe_node(node)}: operands of shapes {list(a.shape)}, {list(b.shape)} "
                                      f"give a tensor larger than oneDNN's kernels index ({MAX_ELEMENTS:,} elements)")
-        key = (a.shape, b.shape, None if z is None else z.shape, out.shape)
+        key = (threading.get_ident(), capi.get_max_threads(), a.shape, b.shape, None if z is None else z.shape,
+               out.shape)
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = shapes_of(a, b, z, out)
             if len(memo) > _MEMO_PER_NODE:
                 memo.popitem(last=False)
-        made, alone, z_dims, row = hit
-        st = bound(made)
+        st, made, alone, z_dims, row = hit
         buffers = {ARG_SRC: np.ascontiguousarray(a, np.float32), ARG_WEIGHTS: np.ascontiguousarray(b, np.float32),
                    ARG_DST: out}
         if made.prefill:  # (see matmul._batched_primitive; no perm_y here: the output is the product)
