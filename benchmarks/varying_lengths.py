@@ -1,8 +1,13 @@
-"""BERT-base served at varying sequence lengths: the requests of a text service, each as long
-as its text, against onnxruntime.
+"""BERT-base served at varying sequence lengths (the requests of a text service, each as long
+as its text), or a CNN at varying batch sizes (a server's dynamic batching), against
+onnxruntime.
 
     python benchmarks/varying_lengths.py [--requests 400] [--lengths 8:128] [--rounds 3]
                                          [--threads 2] [--baseline PATH]
+    python benchmarks/varying_lengths.py --cnn squeezenet --requests 48 --lengths 1:9
+
+--cnn NAME: one of the onnx package's light models (random weights), its batch dim made
+symbolic; `--lengths` are then the batch sizes.
 
 The suite times each model at one shape; a service sees a new length at almost every request.
 glassrt compiles a plan per shape for the first few, then one shared plan with the length
@@ -35,6 +40,7 @@ _SERVE = r"""
 import json, sys, time
 import numpy as np
 path, runtime, threads, requests, lo, hi = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+image = json.loads(sys.argv[7])  # (a CNN's input name and its shape after the batch dim) or None
 if runtime == "onnxruntime":
     import onnxruntime as ort
     so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.inter_op_num_threads = 1
@@ -48,22 +54,40 @@ rng = np.random.default_rng(0)
 lengths = rng.integers(lo, hi, requests)
 times = []
 for n in lengths:
-    f = {"input_ids": rng.integers(0, 30522, (1, n), dtype=np.int64), "attention_mask": np.ones((1, n), np.int64),
-         "token_type_ids": np.zeros((1, n), np.int64)}
+    if image:
+        f = {image[0]: rng.standard_normal((n, *image[1])).astype(np.float32)}
+    else:
+        f = {"input_ids": rng.integers(0, 30522, (1, n), dtype=np.int64), "attention_mask": np.ones((1, n), np.int64),
+             "token_type_ids": np.zeros((1, n), np.int64)}
     t = time.perf_counter(); sess.run(None, f); times.append(time.perf_counter() - t)
 peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"times": times, "peak_rss": peak * 1024}))
 """
 
 
-def serve(model: str, runtime: str, root: Path, a) -> dict:
+def serve(model: str, runtime: str, root: Path, a, image) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])]))
     lo, hi = (int(v) for v in a.lengths.split(":"))
     done = subprocess.run([sys.executable, "-c", _SERVE, model, runtime, str(a.threads), str(a.requests), str(lo),
-                           str(hi)], env=env, capture_output=True, text=True, cwd=root)
+                           str(hi), json.dumps(image)], env=env, capture_output=True, text=True, cwd=root)
     if done.returncode:
         raise SystemExit(f"{runtime}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _symbolic_batch(name: str):
+    """(the light model `name` with random weights and its batch dim symbolic, (its input's
+    name, the input's shape after the batch dim))."""
+    import onnx
+
+    from glassrt.tools import light_models
+
+    model = light_models.randomize_weights(onnx.load(str(light_models.path(name))))
+    inits = {i.name for i in model.graph.initializer}
+    x = next(v for v in model.graph.input if v.name not in inits)
+    for v in (x, *model.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_param = "N"
+    return model, (x.name, [d.dim_value for d in x.type.tensor_type.shape.dim][1:])
 
 
 def main(argv=None) -> int:
@@ -73,6 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--baseline", type=Path, help="another glassrt checkout to measure beside this one")
+    ap.add_argument("--cnn", metavar="NAME", help="a light model at varying batch sizes instead of BERT-base")
     a = ap.parse_args(argv)
     runtimes = [("glassrt", ROOT)] + ([("baseline", a.baseline.resolve())] if a.baseline else []) + \
         [("onnxruntime", ROOT)]
@@ -82,18 +107,20 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         import onnx
 
-        model = str(Path(folder) / "bert-base.onnx")
-        onnx.save(bench_models.bert(), model)
+        model = str(Path(folder) / "model.onnx")
+        graph, image = (bench_models.bert(), None) if not a.cnn else _symbolic_batch(a.cnn)
+        onnx.save(graph, model)
         got = {name: [] for name, _ in runtimes}
         with Progress(console=Console(stderr=True), transient=True) as bar:
             task = bar.add_task("processes", total=a.rounds * len(runtimes))
             for _ in range(a.rounds):
                 for name, root in runtimes:
-                    got[name].append(serve(model, "onnxruntime" if name == "onnxruntime" else "glassrt", root, a))
+                    got[name].append(serve(model, "onnxruntime" if name == "onnxruntime" else "glassrt", root, a, image))
                     bar.advance(task)
     halves = [(0, a.requests // 2), (a.requests // 2, a.requests)]
-    table = Table(title=f"BERT-base, {a.requests} requests of lengths {a.lengths} (batch 1, {a.threads} threads): "
-                        f"median of {a.rounds} processes")
+    what = f"{a.cnn}, {a.requests} requests of batch sizes {a.lengths}" if a.cnn else \
+        f"BERT-base, {a.requests} requests of lengths {a.lengths}, batch 1"
+    table = Table(title=f"{what} ({a.threads} threads): median of {a.rounds} processes")
     table.add_column("runtime")
     table.add_column("total, s (range)", justify="right")
     for lo, hi in halves:
