@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
+from .. import symbolic
 from ..dtypes import DTypeSet
 from ..ir import TensorType
 
@@ -113,6 +114,29 @@ class BindContext:
 
     def const(self, i):
         return self.const_inputs[i] if i < len(self.const_inputs) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _stand_in_dim(d, value: int, ones: frozenset | tuple = ()) -> int:
+    """A symbolic dim with every symbol bound to `value`, those in `ones` to 1 (a dim the
+    binding leaves non-positive or undefined becomes `value`). Cached: a model's nodes
+    share a few dims (batch, sequence, batch*sequence)."""
+    try:
+        v = symbolic.evaluate(d, {n: 1 if n in ones else value for n in symbolic.free_names(d)})
+        return v if isinstance(v, int) and v > 0 else value
+    except (TypeError, ValueError, ZeroDivisionError):
+        return value
+
+
+def stand_in(ctx, value: int, ones: frozenset | tuple = ()):
+    """ctx with every symbolic dim bound to `value`, the symbols in `ones` to 1 (see _stand_in_dim):
+    what placement judges a kernel bound to concrete shapes on (runtime/select.py), and a
+    kernel judging its own implementation at a stand-in size (onednn/matmul_rows.py)."""
+    def bind(t):
+        if not isinstance(t, TensorType) or t.shape is None or t.is_static:
+            return t
+        return TensorType(t.dtype, tuple(d if isinstance(d, int) else _stand_in_dim(d, value, ones) for d in t.shape))
+    return replace(ctx, input_types=[bind(t) for t in ctx.input_types], output_types=[bind(t) for t in ctx.output_types])
 
 
 @dataclass

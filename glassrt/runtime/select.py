@@ -8,16 +8,12 @@ it replays. Constant folding uses the same two to evaluate a node once.
 """
 from __future__ import annotations
 
-import functools
-
-from dataclasses import replace
-
 import numpy as np
 
-from .. import dtypes, symbolic
+from .. import dtypes
 from ..errors import GlassrtError, NodeExecutionError, describe_node
 from ..ir import TensorType
-from ..kernels.registry import BindContext, Kernel
+from ..kernels.registry import BindContext, Kernel, stand_in
 from . import nan_handling
 
 # Attributes that never change what an op computes (opsets 1-5's memory hint).
@@ -174,27 +170,6 @@ STAND_IN_DIM = 32  # what a symbolic dim is taken to be when judging a static_on
 # ... and, where a kernel refuses that, once more: sizes that small can be what it refuses
 # (Silero VAD's STFT, a 256-wide conv over `samples + 128`, has no output at 32 samples)
 STAND_IN_LARGE = 1024
-
-
-@functools.lru_cache(maxsize=4096)
-def _stand_in_dim(d, value: int = STAND_IN_DIM, ones: frozenset | tuple = ()) -> int:
-    """A symbolic dim with every symbol bound to `value`, those in `ones` to 1 (a dim the
-    binding leaves non-positive or undefined becomes `value`). Cached: a model's nodes
-    share a few dims (batch, sequence, batch*sequence)."""
-    try:
-        v = symbolic.evaluate(d, {n: 1 if n in ones else value for n in symbolic.free_names(d)})
-        return v if isinstance(v, int) and v > 0 else value
-    except (TypeError, ValueError, ZeroDivisionError):
-        return value
-
-
-def stand_in(ctx, value: int = STAND_IN_DIM, ones: frozenset | tuple = ()):
-    """ctx with every symbolic dim bound to `value`, the symbols in `ones` to 1 (see _stand_in_dim)."""
-    def bind(t):
-        if not isinstance(t, TensorType) or t.shape is None or t.is_static:
-            return t
-        return TensorType(t.dtype, tuple(d if isinstance(d, int) else _stand_in_dim(d, value, ones) for d in t.shape))
-    return replace(ctx, input_types=[bind(t) for t in ctx.input_types], output_types=[bind(t) for t in ctx.output_types])
 
 
 def _all_static(ctx) -> bool:

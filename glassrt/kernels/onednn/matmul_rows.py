@@ -30,7 +30,7 @@ import numpy as np
 
 from ...errors import NodeExecutionError, describe_node
 from ...ir import TensorType
-from ..registry import kernel
+from ..registry import kernel, stand_in
 from . import capi, dnnl
 from . import matmul as _matmul
 from .capi import ARG_ATTR_SCALES
@@ -177,9 +177,7 @@ def _batched_reason(ctx):
     a = _permuted(list(ctx.shape(0)), perm_a)
     if len(a) >= 2 and a[-2] == 1:
         return "one row per matrix (a decode step's query): its cache's length changes at every step"
-    from ...runtime.select import stand_in  # (each symbolic dim at a stand-in value, as placement judges)
-
-    return _matmul._batched_reason(stand_in(ctx, STAND_IN_ROWS))
+    return _matmul._batched_reason(stand_in(ctx, STAND_IN_ROWS))  # (judged as placement judges a static kernel)
 
 
 @kernel(["MatMul"], provider="onednn", dtypes=F32, out=True, bind=True, accepts=_batched_reason, any_shape=True,
