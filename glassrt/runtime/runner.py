@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..errors import GlassrtError
-from ..kernels.cpu._jit import numba_loading
+from ..kernels.cpu._jit import numba_loading, run_before_load
 from ..ir import TensorType, alike_arrays, type_of_value  # noqa: F401  (type_of_value re-exported)
 from . import nan_handling, threads
 from .memory import BufferPool
@@ -279,13 +279,17 @@ class GraphRunner:
             if numba_loading():
                 # Numba loads on a thread of its own (kernels/cpu/_jit.py: ~0.5 s, once per
                 # process), which holds one core: a primitive split over two threads waits
-                # for the one whose core it has. One core fewer until it is done, unmeasured
-                # (a quantized MobileNetV2's 2 ms runs: 100-190 ms each while Numba loaded,
-                # 15-75 ms now; the load itself, sharing the GIL with the runs, no shorter).
+                # for the one whose core it has. One core fewer until it is done, unmeasured,
+                # and the load gives way to the run (run_before_load). A quantized
+                # MobileNetV2's 2 ms runs while Numba loads, in a loop: 100-190 ms each before
+                # either, 26-51 ms (median; the slowest 66-158) with one core fewer, 14-16
+                # (30-45) with the load giving way too; on both cores with the load giving
+                # way, 9.5-11 (52-78).
                 spare = max(1, min(plan.threads.requested, threads.available_cpus() - 1))
                 threads.use_threads(spare, self.openmp_pool, blas=plan.uses_blas)
                 plan.threads.last = None  # (the next run's latency is not the one-thread run's)
-                return run_plan(plan, feeds, profile=profile, into=into)
+                with run_before_load():
+                    return run_plan(plan, feeds, profile=profile, into=into)
             if plan.threads.unmeasured():  # (a tiny plan between two measured runs: threads.TINY_MS)
                 threads.use_threads(plan.threads.current, self.openmp_pool, blas=plan.uses_blas)
                 return run_plan(plan, feeds, profile=profile, into=into)

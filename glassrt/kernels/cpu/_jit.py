@@ -24,12 +24,14 @@ node with that reason at placement — and calling a lazy function raises it.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.util
 import os
 import sys
 import threading
+import time
 
 _REASON: list = []  # [None] once Numba is found (or imported), [reason] when it cannot be
 _threads: list = []  # [n]: the thread limit to give Numba when it is imported
@@ -127,16 +129,76 @@ def warm_numba_soon() -> None:
 
 
 def _load_numba() -> None:
-    """numba_warmup's thread. The runs going on meanwhile share the GIL with the import. One
-    part of it need not hold the GIL: llvmlite's library, whose dlopen through ctypes.CDLL
-    does (llvmlite's import and load measured 35-42 ms; 17-20 after an early dlopen of 6-17
-    ms). libc's dlopen is asked first, as a plain foreign call that releases the GIL;
-    llvmlite's CDLL then finds the library loaded."""
+    """numba_warmup's thread. The runs going on meanwhile share the GIL with the import, which
+    gives way to them between its modules (_GiveWayToRuns). One part of it need not hold the
+    GIL: llvmlite's library, whose dlopen through ctypes.CDLL does (llvmlite's import and
+    load measured 35-42 ms; 17-20 after an early dlopen of 6-17 ms). libc's dlopen is asked
+    first, as a plain foreign call that releases the GIL; llvmlite's CDLL then finds the
+    library loaded."""
+    finder = _GiveWayToRuns(threading.current_thread())
+    sys.meta_path.insert(0, finder)
     try:
+        # (started by a kernel, in a run, which runs on ungated: the load begins once the
+        # run after it has ended, or after GIVE_WAY_S)
+        with _run_ended:
+            _run_ended.wait(timeout=GIVE_WAY_S)
         _dlopen_llvmlite()
         _load()
     except Exception as e:  # noqa: BLE001 - an installed Numba that cannot load: the twins stay
         _REASON[:] = [f"numba unavailable (its import failed: {type(e).__name__}: {e})"]
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(finder)
+
+
+# A run that starts while Numba loads shares the GIL with the import: each time the run lets
+# go of it (every foreign call: a oneDNN primitive's execution, a NumPy loop) the import
+# takes it, and the run gets it back only when the interpreter's switch interval (5 ms) makes
+# the import let go. A quantized MobileNetV2's 2 ms runs, in a loop, took 26-51 ms each
+# (median; the slowest 66-158) for the ~0.3 s of the load; a 20 us switch interval: 19-20
+# (95-100). So the import takes turns with the runs: at a module it is about to import (~500
+# for Numba) while a run goes on, it waits for a run to end (GIVE_WAY_S at most), then
+# imports for LOAD_TURN_S before it looks again. Measured there, turns of 2 / 5 / 10 / 20
+# ms: runs of 8 / 10.5 / 14.5 / 23 ms (the slowest 30-48, in a module's or Numba's runtime's
+# set-up that has no import to stop at), the load 0.85-1.0 / 0.5-0.6 / 0.4-0.48 / 0.36-0.39
+# s. (Waiting at each module until no run goes on: 5.5 ms runs, a 1.8 s load; until none
+# goes on at all, never loaded in a loop.)
+GIVE_WAY_S = 0.05
+LOAD_TURN_S = 0.01
+_runs = [0, 0]  # runs going on now, runs ended
+_run_ended = threading.Condition()
+
+
+@contextlib.contextmanager
+def run_before_load():
+    """Around a run that starts while Numba loads (runtime/runner.py): the load waits for it."""
+    with _run_ended:
+        _runs[0] += 1
+    try:
+        yield
+    finally:
+        with _run_ended:
+            _runs[0] -= 1
+            _runs[1] += 1
+            _run_ended.notify_all()
+
+
+class _GiveWayToRuns:
+    """A sys.meta_path finder, first in line while numba_warmup's thread loads: asked for
+    every module an import statement finds missing, it makes that thread wait while a run
+    goes on, then lets the real finders find the module."""
+
+    def __init__(self, loader: threading.Thread):
+        self.loader = loader
+        self.until = 0.0  # the end of the load's current turn (time.perf_counter)
+
+    def find_spec(self, name, path=None, target=None):
+        if _runs[0] and threading.current_thread() is self.loader and time.perf_counter() >= self.until:
+            with _run_ended:
+                ended = _runs[1]
+                _run_ended.wait_for(lambda: not _runs[0] or _runs[1] != ended, timeout=GIVE_WAY_S)
+            self.until = time.perf_counter() + LOAD_TURN_S
+        return None
 
 
 def _dlopen_llvmlite() -> None:
