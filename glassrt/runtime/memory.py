@@ -348,6 +348,9 @@ class _Handed(weakref.ref):
     __slots__ = ("key",)
 
 
+MAX_PARKED = 256  # pool buffers parked at most (BufferPool._unpark)
+
+
 class BufferPool:
     """Run-time allocations for values whose size is only known while running
     (downstream of NonZero, nodes of a plan with symbolic dims, Loop bodies with changing
@@ -364,6 +367,7 @@ class BufferPool:
 
     def __init__(self, max_reserved: int = 1 << 30):
         self.free: dict[int, list[np.ndarray]] = {}
+        self.parked: list[np.ndarray] = []  # released while a view of them lived on (_unpark)
         self.in_use: dict[int, tuple] = {}  # id(buffer) -> (raw block, its _Handed weak reference)
         self.reserved = 0
         self.allocated = 0
@@ -405,6 +409,9 @@ class BufferPool:
         nbytes = math.prod(shape) * dtype.itemsize
         size = size_class(max(nbytes, 1))
         bucket = self.free.get(size)
+        if not bucket and self.parked:
+            self._unpark()
+            bucket = self.free.get(size)
         if bucket:
             raw = bucket.pop()
             self.hits += 1
@@ -443,16 +450,34 @@ class BufferPool:
         # Reuse the buffer only if nothing but the released array still refers to it (a
         # kernel may have returned a view of it that lives on). References now: `raw`,
         # `entry`, the released array's .base, and getrefcount's own argument.
-        if sys.getrefcount(raw) > 4 or self.reserved > self.max_reserved:
+        if self.reserved > self.max_reserved:
             self.reserved -= raw.size  # leave it to the garbage collector
+        elif sys.getrefcount(raw) > 4:
+            self.parked.append(raw)  # a view lives on: reused once it is gone (_unpark)
+            if len(self.parked) > MAX_PARKED:  # (views kept for long: the oldest left to the collector)
+                self.reserved -= self.parked.pop(0).size
         else:
             self.free.setdefault(raw.size, []).append(raw)
         return True
 
+    def _unpark(self) -> None:
+        """The parked buffers no view refers to any more, back to the free lists. Asked on a
+        miss: a plan with symbolic dims releases a value whose Reshape (a view of it) is still
+        read (attention's heads), and dropping such a buffer made BERT-base's shared plan
+        allocate 48 new ones of 256 KiB a run, each page faulted in again."""
+        keep = []
+        for raw in self.parked:
+            if sys.getrefcount(raw) > 3:  # (the list, this loop's name, getrefcount's argument)
+                keep.append(raw)
+            else:
+                self.free.setdefault(raw.size, []).append(raw)
+        self.parked = keep
+
     def trim(self) -> None:
-        for bucket in self.free.values():
+        for bucket in [*self.free.values(), self.parked]:
             self.reserved -= sum(b.size for b in bucket)
         self.free.clear()
+        self.parked = []
 
     def stats(self) -> dict:
         return {"allocated_bytes": self.allocated, "reserved_bytes": self.reserved,
