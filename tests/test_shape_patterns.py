@@ -398,3 +398,65 @@ def test_a_shared_plan_that_moved_most_of_its_work_gives_each_shape_its_own():
     shapes = sorted(shape[0] for key in sess.runner.plans for name, shape, _ in key if name == "x")
     assert shapes == [1, 2, 3, 4, 5, 6], shapes
     assert all(st.provider == "onednn" for p in sess.runner.plans.values() for st in p.steps)
+
+
+def _heads_model(shape_of_input=True):
+    """The exporter's reshape into heads: Shape -> Gather(1) -> Unsqueeze -> Concat([1, s, 2, D/2])
+    -> Reshape; the Shape of x itself (a plan input) or of a computed value (Relu(x)); the
+    Concat's value is also a graph output."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Shape", ["x" if shape_of_input else "r"], ["sh"]),
+             helper.make_node("Gather", ["sh", "one"], ["len"], axis=0),
+             helper.make_node("Unsqueeze", ["len", "zero"], ["len1"]),
+             helper.make_node("Concat", ["batch", "len1", "heads"], ["target"], axis=0),
+             helper.make_node("Reshape", ["r", "target"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(1, np.int64), "one"), numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([1], np.int64), "batch"),
+             numpy_helper.from_array(np.array([2, D // 2], np.int64), "heads")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "s", D])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("target", TensorProto.INT64, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("shape_of_input", [True, False])
+def test_a_shared_plan_computes_shape_values_from_the_input_shapes(shape_of_input):
+    """The Gather / Unsqueeze / Concat that make a Reshape's target from a Shape do not run in
+    the shared plan: their values come from the input shapes as the run starts (the target,
+    a graph output too, returned as onnxruntime returns it). A Shape of the plan input does
+    not run either; one of a computed value runs, its output checked. The plan names them."""
+    model = _heads_model(shape_of_input)
+    sess = glassrt.InferenceSession(model, providers=["cpu"])
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for s in (2, 3, 4, 5, 7, 5, 1):
+        x = np.random.default_rng(s).standard_normal((1, s, D)).astype(np.float32)
+        got, want = sess.run(None, {"x": x}), oracle.run(None, {"x": x})
+        for g_, w_ in zip(got, want):
+            assert g_.dtype == w_.dtype and g_.shape == w_.shape
+            np.testing.assert_array_equal(g_, w_)
+    (plan,) = [sess.runner.plans[k] for k in _patterns(sess)]
+    ran = {st.node.op_type: st for st in plan.steps}
+    assert not {"Gather", "Unsqueeze", "Concat"} & set(ran), sorted(ran)
+    assert ("Shape" in ran) is not shape_of_input
+    assert set(plan.from_shapes) == {"Gather_2", "Unsqueeze_3", "Concat_4"} | ({"Shape_1"} if shape_of_input else set())
+    assert plan.from_shapes["Concat_4"] == "target = [1, s, 2, 4]"
+
+
+def test_shape_values_with_bounds_from_the_data_still_run():
+    """A Slice of a shape whose bounds are computed (not constants) is not taken for a value
+    of the input shapes: it runs, as do the nodes after it."""
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Slice", ["sh", "start", "end"], ["part"]),
+             helper.make_node("Reshape", ["x", "part"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "start")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "s", D]),
+                                       helper.make_tensor_value_info("end", TensorProto.INT64, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    sess = glassrt.InferenceSession(model, providers=["cpu"])
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for s in (2, 3, 4, 5, 6):
+        f = {"x": np.ones((1, s, D), np.float32), "end": np.array([3], np.int64)}
+        np.testing.assert_array_equal(sess.run(None, f)[0], oracle.run(None, f)[0])
+    for plan in (sess.runner.plans[k] for k in _patterns(sess)):
+        assert "Slice_1" not in plan.from_shapes and "Slice" in {st.node.op_type for st in plan.steps}

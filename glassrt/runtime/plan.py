@@ -27,7 +27,7 @@ from .placement import Fallback
 from .layout import channels_last_view
 from .memory import MemoryPlan, StepIO, allocate_arena, plan_memory
 from .select import bind_kernel, choose_kernel, is_static, kernel_reason
-from .shape_formula import ShapeFormula
+from .shape_formula import ShapeFormula, ValuesFromShapes
 
 
 class Step:
@@ -87,6 +87,10 @@ class Plan:
     inlined: tuple = ()  # (If node, branch): Ifs this plan runs as the branch its shapes take (inline.py)
     pooled: frozenset = frozenset()  # slots that may hold a buffer of the pool (_pooled_slots)
     drops_nan: tuple = ()  # (node, why) whose kernel loses a NaN or an Inf (runtime/nan_handling.py)
+    # nodes not run: their outputs follow from the input shapes ({node: the values, as text}),
+    # and (ValuesFromShapes, their slots) computes those that steps read as a run starts
+    from_shapes: dict = field(default_factory=dict)
+    shape_values: tuple | None = None
 
 
 @gc_paused()
@@ -101,8 +105,12 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     consts = {k: v for k, v in graph.initializers.items() if k not in input_types}
     for name, v in inf.values.items():  # values inference already knows (Shape of a static tensor...)
         t = inf.types.get(name)
-        if name not in input_types and isinstance(t, TensorType) and v.dtype == t.dtype and v.dtype != object:
+        if name in input_types or not isinstance(t, TensorType):
+            continue
+        if v.dtype == t.dtype and v.dtype != object:
             consts[name] = v
+        elif v.dtype == object and t.dtype.kind in "iu" and all(type(e) is int for e in v.flat):
+            consts[name] = np.array(v.tolist(), t.dtype)  # (a symbolic plan's value whose elements are all known)
     layouts, known = placement.layouts, dict(consts)  # folding adds to known
     executed, folded, selections, moved = _select_or_fold(placement, layouts, inf.types, known, set(input_types),
                                                           options, make_runner)
@@ -141,6 +149,10 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
                                                               set(input_types), options, make_runner)
     consts = known
     keep = set(graph.output_names())
+    from_shapes, shape_values, checked = {}, None, {}
+    if not retain:
+        executed, from_shapes, shape_values, checked = _values_from_shapes(executed, inf, input_types, keep)
+        selections = [sel for sel in selections if sel.node not in from_shapes]
     if retain:
         keep |= {o for node, _, _, _ in executed for o in node.outputs if o}
         copied = frozenset()
@@ -163,11 +175,17 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
     arena = allocate_arena(memory.arena_bytes)
 
     slots: dict[str, int] = {}
-    for name in [*input_types, *(o for node, _, _, _ in executed for o in node.outputs if o), *consts, *keep]:
+    shape_names = shape_values.names if shape_values is not None else ()
+    for name in [*input_types, *(o for node, _, _, _ in executed for o in node.outputs if o), *consts, *keep,
+                 *shape_names]:
         slots.setdefault(name, len(slots))
     steps = [_make_step(k, entry, memory, arena, fresh, slots, selections[k].reason, options, make_runner, placement,
                         layouts, pool) for k, entry in enumerate(executed)]
-    free_at_end = _free_lists(steps, step_io, memory, slots, keep | set(consts) | set(input_types))
+    for st in steps:
+        if st.node.name in checked:  # (a Shape still run, its output checked against the value computed)
+            st.ins = [*st.ins, slots[checked[st.node.name]]]
+            st.fn = _CheckedShape(st.fn, st.node)
+    free_at_end = _free_lists(steps, step_io, memory, slots, keep | set(consts) | set(input_types) | set(shape_names))
     pooled = _pooled_slots(steps)
     for st in steps:
         st.give_back = pooled.intersection(st.free)  # (freeing the others is only dropping them)
@@ -183,6 +201,8 @@ def compile_plan(placement, input_types: dict, options, make_runner, pool=None, 
                 inputs=[(n, slots[n]) for n in input_types], outputs=outputs, memory=memory, arena=arena, pool=pool,
                 types=inf.types, folded=folded, selections=selections, step_io=step_io, free_at_end=free_at_end,
                 layouts=layouts, moved=tuple(name for name, _ in moved), inlined=tuple(inlined),
+                from_shapes=from_shapes,
+                shape_values=None if shape_values is None else (shape_values, [slots[n] for n in shape_names]),
                 fallbacks=tuple(replace(f, shapes=_sig_str(input_types)) for _, f in moved if f),
                 dynamic_steps=sum(isinstance(st.fn, _DynamicStep) for st in steps), pooled=pooled,
                 drops_nan=tuple((node.name, why) for node, kern, ctx, _ in executed
@@ -604,6 +624,8 @@ def _run_plan(plan: Plan, feeds: dict, outer, profile, keep_env: bool, into):
     env = plan.template[:]
     for name, s in plan.inputs:
         env[s] = feeds[name]
+    if plan.shape_values is not None:
+        _fill_shape_values(plan, env)
     if outer:
         slots = plan.slots
         for name, v in outer.items():
@@ -648,6 +670,109 @@ def _run_plan(plan: Plan, feeds: dict, outer, profile, keep_env: bool, into):
     if keep_env:
         return res, {name: env[s] for name, s in plan.slots.items()}
     return res
+
+
+def _fill_shape_values(plan, env) -> None:
+    """The values a symbolic plan computes from its input shapes (Plan.shape_values) into env."""
+    evaluate, slots = plan.shape_values
+    try:
+        values = evaluate([env[s] for _, s in plan.inputs])
+    except ValueError as e:  # (the runner matched the inputs to the plan: not expected)
+        raise InvalidArgumentError(f"{e}: inputs of shapes {[getattr(env[s], 'shape', None) for _, s in plan.inputs]}"
+                                   ) from e
+    for s, v in zip(slots, values):
+        env[s] = v
+
+
+# The ops whose outputs a plan may compute from the input shapes instead of running them
+# (_values_from_shapes): those whose value rules in inference are exact for small integer
+# vectors, given their other inputs (Gather's indices, Slice's bounds) as constants.
+_EXACT_VALUE_OPS = frozenset({"Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Identity", "Reshape", "Add", "Sub",
+                              "Mul", "Slice"})
+_CONSTANT_PARAMS = {"Gather": (1,), "Slice": (1, 2, 3, 4)}
+
+
+def _values_from_shapes(executed, inf, input_types, keep) -> tuple:
+    """In a plan with symbolic dims: (executed without the nodes whose outputs follow from
+    the input shapes, {such a node: its values as text}, a ValuesFromShapes for the values a
+    remaining step reads or the graph returns, {Shape node kept to check its real output:
+    the name its expected value takes}). A Shape of a plan input is exact; a Shape of a
+    computed value rests on inference's shape for it (a Slice taken to lie within its data),
+    so it still runs, and its output is checked against the value computed (_CheckedShape)."""
+    if all(not isinstance(t, TensorType) or t.is_static for t in input_types.values()):
+        return executed, {}, None, {}
+    symbolic_values = {}
+    for node, _, _, _ in executed:
+        outs = [o for o in node.outputs if o]
+        vals = [inf.values.get(o) for o in outs]
+        if outs and folding.may_fold(node) and all(isinstance(v, np.ndarray) and v.dtype == object for v in vals):
+            symbolic_values.update(zip(outs, vals))
+    if not symbolic_values:
+        return executed, {}, None, {}
+    _, taken = ValuesFromShapes.build(list(input_types.values()), symbolic_values, inf.types)
+    taken = set(taken)
+    dropped, checked, known = {}, {}, set()  # known: values the dropped and checked nodes stand for
+    for node, _, ctx, _ in executed:
+        outs = [o for o in node.outputs if o]
+        if not outs or not all(o in taken for o in outs):
+            continue
+        if node.op_type == "Shape":
+            (checked if node.inputs[0] not in input_types else dropped)[node.name] = node
+        elif node.op_type in _EXACT_VALUE_OPS and _computed_from(node, ctx, known):
+            dropped[node.name] = node
+        else:
+            continue
+        known.update(outs)
+    if not dropped:
+        return executed, {}, None, {}
+    kept = [e for e in executed if e[0].name not in dropped]
+    made = {o for node, _, _, _ in kept for o in node.outputs if o}
+    read = {i for node, _, _, _ in kept for i in (*node.inputs, *node.implicit_inputs) if i} | keep
+    needed = {n: symbolic_values[n] for n in known if n in read and n not in made}
+    types = dict(inf.types)
+    expected = {}
+    for name, node in checked.items():
+        alias = f"{node.outputs[0]}\x00expected"  # (no model value has a NUL in its name)
+        expected[name] = alias
+        needed[alias], types[alias] = symbolic_values[node.outputs[0]], inf.types[node.outputs[0]]
+    values = ValuesFromShapes.build(list(input_types.values()), needed, types)[0] if needed else None
+    if values is None:  # (cannot happen: a subset of what build took)
+        return executed, {}, None, {}
+    text = {node_name: ", ".join(f"{o} = {symbolic.shape_str(inf.values[o].reshape(-1).tolist())}"
+                                 for o in node.outputs if o) for node_name, node in dropped.items()}
+    return kept, text, values, expected
+
+
+def _computed_from(node, ctx, known) -> bool:
+    """Whether every input of `node` is a constant or a value `known` from the input shapes,
+    its parameters (_CONSTANT_PARAMS) constants."""
+    params = _CONSTANT_PARAMS.get(node.op_type, ())
+    for k, (i, c) in enumerate(zip(node.inputs, ctx.const_inputs)):
+        if i and c is None and (k in params or i not in known):
+            return False
+    return True
+
+
+class _CheckedShape:
+    """A Shape step whose output a plan also computes from the input shapes (for the nodes
+    after it, which do not run): its real output must be the computed one, else inference's
+    shape of its input (a Slice taken to lie within its data) does not hold for these inputs,
+    and the values computed from it would be wrong. Fails loudly, naming the node."""
+
+    __slots__ = ("fn", "node")
+
+    def __init__(self, fn, node):
+        self.fn, self.node = fn, node
+
+    def __call__(self, *args, **kwargs):
+        *ins, expected = args
+        r = self.fn(*ins, **kwargs)
+        if not np.array_equal(r, expected):
+            raise NodeExecutionError(
+                f"{describe_node(self.node)}: its input's shape is {np.asarray(r).tolist()} at run time, where the "
+                f"plan for these input shapes took it to be {np.asarray(expected).tolist()} (a slice past its data's "
+                f"end, or another shape the model's inputs do not give)")
+        return r
 
 
 def execute_step(st, env, pool, guard=None, profile=None):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
 from .. import symbolic
 from ..ir import TensorType
 
@@ -118,3 +120,67 @@ def _generate(symbols, inputs, checks, outputs):
     scope = {"__builtins__": {}, "getattr": getattr, "len": len, "max": max, "min": min}
     exec(compile("\n".join(lines), "<glassrt shape formula>", "exec"), scope)  # noqa: S102
     return scope["evaluate"]
+
+
+class ValuesFromShapes:
+    """Small integer values that a plan with symbolic dims knows as expressions of its input
+    dims (inference's symbolic values): a Shape, and the Gather / Unsqueeze / Concat of it an
+    exporter writes before every Reshape (`[1, sequence, 12, 64]`). They are computed from the
+    input arrays' shapes as a run starts, one generated function for all of them, and the
+    nodes that made them are not run (runtime/plan.py). BERT-base's shared plan ran 290 such
+    steps a run, ~8 us each, for the two values its 48 Reshapes read.
+
+    `build` takes a value only where every element is an int or an expression of symbols
+    the input dims give bare (or shifted), never negative for positive symbols (the
+    evaluation refuses a negative dim), of an integer dtype, and small."""
+
+    MAX_ELEMENTS = 64
+
+    def __init__(self, names, formula, kinds):
+        self.names = names  # the values' names, in the order __call__ gives them
+        self.formula = formula  # a ShapeFormula whose "output shapes" are the values' elements
+        self.kinds = kinds  # per distinct value: (dtype, shape); `slots` maps names to them
+
+    @classmethod
+    def build(cls, input_types, values: dict, types: dict):
+        """(ValuesFromShapes or None, the names taken) for `values` ({name: object ndarray})."""
+        bare = {found[0] for t in input_types if isinstance(t, TensorType) and t.shape is not None
+                for d in t.shape if (found := _shifted_symbol(d)) is not None}
+        taken = {}
+        for name, v in values.items():
+            t = types.get(name)
+            if not isinstance(t, TensorType) or t.dtype.kind not in "iu" or tuple(v.shape) != tuple(t.shape) \
+                    or v.size > cls.MAX_ELEMENTS or not all(_fits(d, bare) for d in v.flat):
+                continue
+            taken[name] = (t.dtype, tuple(v.shape), tuple(symbolic.normalize(d) for d in v.flat))
+        if not taken:
+            return None, ()
+        distinct = list(dict.fromkeys(taken.values()))
+        formula = ShapeFormula.build(input_types, [TensorType(np.dtype(np.int64), elems) for _, _, elems in distinct])
+        if formula is None:
+            return None, ()
+        which = {key: k for k, key in enumerate(distinct)}
+        names = tuple(taken)
+        return cls(names, formula, ([(dt, shape) for dt, shape, _ in distinct], [which[taken[n]] for n in names])), names
+
+    def __call__(self, args) -> list:
+        """The values for these input arrays, in `names` order (equal ones one array)."""
+        elements = self.formula.evaluate(args)
+        if elements is None:
+            raise ValueError("the input shapes do not fit this plan's symbolic dims")
+        kinds, which = self.kinds
+        arrays = [np.array(e, dt).reshape(shape) for e, (dt, shape) in zip(elements, kinds)]
+        return [arrays[k] for k in which]
+
+
+def _fits(d, bare) -> bool:
+    """An element a value evaluation can give: an int, or an expression of `bare` symbols
+    that is never negative while they are positive."""
+    if isinstance(d, (int, np.integer)):
+        return True
+    if not isinstance(d, symbolic.Dim) or not symbolic.free_names(d) <= bare:
+        return False
+    try:
+        return bool(d >= 0)
+    except TypeError:  # (undecided)
+        return False
