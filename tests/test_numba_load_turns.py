@@ -1,12 +1,20 @@
-"""Numba's background load takes turns with the runs going on (kernels/cpu/_jit.py:
-_GiveWayToRuns, run_before_load): at a module it is about to import while a run goes on, the
-loading thread waits for a run to end, then imports for a turn."""
+"""Numba's background load takes turns with the runs that come after a pause
+(kernels/cpu/_jit.py: _GiveWayToRuns, run_before_load): at a module it is about to import
+while such a run goes on, the loading thread waits for a run to end, then imports for a turn.
+Runs back to back get no turns."""
 import subprocess
 import sys
 import threading
 import time
 
+import pytest
+
 from glassrt.kernels.cpu import _jit
+
+
+@pytest.fixture(autouse=True)
+def _after_a_pause():
+    _jit._runs[2] = 0.0  # (the last run ended long ago: the next comes after a pause)
 
 
 def _loader_asking(finder_box, asked, name="some.module"):
@@ -55,6 +63,19 @@ def test_a_run_that_never_ends_holds_the_loader_for_give_way_s_only():
         thread.start()
         thread.join(5)
         assert asked and _jit.GIVE_WAY_S * 0.9 <= asked[0] - t0 < 1.0
+
+
+def test_a_run_right_after_another_gets_no_turn():
+    """Back to back (a loop), the load goes on through the run: turns would cost both more."""
+    box, asked = [], []
+    thread = _loader_asking(box, asked)
+    with _jit.run_before_load():
+        pass
+    with _jit.run_before_load():  # (within BACK_TO_BACK_S of the last run's end)
+        t0 = time.perf_counter()
+        thread.start()
+        thread.join(5)
+        assert asked and asked[0] - t0 < _jit.GIVE_WAY_S / 2
 
 
 def test_other_threads_imports_never_wait():

@@ -154,39 +154,44 @@ def _load_numba() -> None:
 # A run that starts while Numba loads shares the GIL with the import: each time the run lets
 # go of it (every foreign call: a oneDNN primitive's execution, a NumPy loop) the import
 # takes it, and the run gets it back only when the interpreter's switch interval (5 ms) makes
-# the import let go. A quantized MobileNetV2's 2 ms runs, in a loop, took 26-51 ms each
-# (median; the slowest 66-158) for the ~0.3 s of the load; a 20 us switch interval: 19-20
-# (95-100). So the import takes turns with the runs: at a module it is about to import (~500
-# for Numba) while a run goes on, it waits for a run to end (GIVE_WAY_S at most), then
-# imports for LOAD_TURN_S before it looks again. Measured there, turns of 2 / 5 / 10 / 20
-# ms: runs of 8 / 10.5 / 14.5 / 23 ms (the slowest 30-48, in a module's or Numba's runtime's
-# set-up that has no import to stop at), the load 0.85-1.0 / 0.5-0.6 / 0.4-0.48 / 0.36-0.39
-# s. (Waiting at each module until no run goes on: 5.5 ms runs, a 1.8 s load; until none
-# goes on at all, never loaded in a loop.)
+# the import let go. A quantized MobileNetV2's 2 ms runs took 26-51 ms each (median; the
+# slowest 66-158) for the ~0.3 s of the load, in a loop or 10 ms apart; a 20 us switch
+# interval: 19-20 (95-100). So the import takes turns with a run that comes after a pause
+# (a server's request): at a module it is about to import (~500 for Numba) while such a run
+# goes on, it waits for a run to end (GIVE_WAY_S at most), then imports for LOAD_TURN_S
+# before it looks again. Runs 10 ms apart: 6 ms each (the slowest 30-32: a module's or
+# Numba's runtime's set-up, which has no import to stop at), the load 0.38-0.40 s. Runs back
+# to back (a loop: less than BACK_TO_BACK_S between them) get no turns: there every turn
+# costs hand-overs of the GIL, and the load's 0.3 s in one piece costs the loop least
+# (measured with 10 ms turns: runs of 14-15 ms for 0.4-0.48 s, the first 100 runs 12% longer).
 GIVE_WAY_S = 0.05
 LOAD_TURN_S = 0.01
-_runs = [0, 0]  # runs going on now, runs ended
+BACK_TO_BACK_S = 0.001
+_runs = [0, 0, 0.0]  # runs after a pause going on now, runs ended, when the last one ended
 _run_ended = threading.Condition()
 
 
 @contextlib.contextmanager
 def run_before_load():
-    """Around a run that starts while Numba loads (runtime/runner.py): the load waits for it."""
+    """Around a run that starts while Numba loads (runtime/runner.py): the load waits for it
+    when it comes after a pause."""
     with _run_ended:
-        _runs[0] += 1
+        paced = time.perf_counter() - _runs[2] >= BACK_TO_BACK_S
+        _runs[0] += paced
     try:
         yield
     finally:
         with _run_ended:
-            _runs[0] -= 1
+            _runs[0] -= paced
             _runs[1] += 1
+            _runs[2] = time.perf_counter()
             _run_ended.notify_all()
 
 
 class _GiveWayToRuns:
     """A sys.meta_path finder, first in line while numba_warmup's thread loads: asked for
     every module an import statement finds missing, it makes that thread wait while a run
-    goes on, then lets the real finders find the module."""
+    after a pause goes on, then lets the real finders find the module."""
 
     def __init__(self, loader: threading.Thread):
         self.loader = loader
