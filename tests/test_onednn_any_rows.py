@@ -239,3 +239,32 @@ def test_a_pool_buffer_read_through_a_view_comes_back_once_the_view_is_gone():
     for _ in range(5):
         sess.run(None, {"x": x})
     assert pool.stats()["misses"] == before
+
+
+def test_any_shape_kernels_allocate_their_output_where_the_plan_cannot_size_it():
+    """Rows that are an expression of dims no input of the node gives bare (x [s, 16] and
+    z [t, 16] concatenated: s + t rows) leave the shared plan no formula for the outputs:
+    the steps are called without an output, and the any-shape products and softmax allocate
+    it (the corpus's magika model failed so, its rows Max(slice, n))."""
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w")
+    nodes = [helper.make_node("Concat", ["x", "z"], ["r"], axis=0),
+             helper.make_node("MatMul", ["r", "w"], ["m"]),
+             helper.make_node("Softmax", ["m"], ["p"], axis=-1),
+             helper.make_node("Transpose", ["r"], ["rt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["r", "rt"], ["g"]),
+             helper.make_node("Softmax", ["g"], ["q"], axis=-1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s", 16]),
+                                       helper.make_tensor_value_info("z", TensorProto.FLOAT, ["t", 16])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("p", "q")], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    sess = glassrt.InferenceSession(model, providers=["onednn", "cpu"])
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for s, t in ((2, 1), (3, 2), (4, 5), (5, 3), (6, 2), (7, 7), (3, 2)):
+        rng = np.random.default_rng(s * 10 + t)
+        f = {"x": rng.standard_normal((s, 16)).astype(np.float32), "z": rng.standard_normal((t, 16)).astype(np.float32)}
+        for got, want in zip(sess.run(None, f), oracle.run(None, f)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    kernels = {st.kernel.name for st in _shared(sess).steps}
+    assert {"onednn.MatMul.matmul_any_rows", "onednn.FusedMatMul.batched_matmul_any_shape",
+            "onednn.Softmax.softmax_any_shape"} <= kernels, kernels

@@ -126,9 +126,11 @@ def matmul_any_rows(ctx):
             return pd.primitive().bind(args), bias_arg, z_arg
         return (*thread_step(key, make), z_dims, held[wmd].memory.array)
 
-    def step(a, b_=None, c=None, z=None, *, out):
+    def step(a, b_=None, c=None, z=None, *, out=None):
         a = a if a.flags.c_contiguous else np.ascontiguousarray(a)
         rows = a.size // p.k
+        if out is None:  # (a dynamic step whose output shape it could not work out: allocated here)
+            out = np.empty((*a.shape[:-1], p.n), np.float32)
         if a.size > MAX_ELEMENTS or out.size > MAX_ELEMENTS:
             raise NodeExecutionError(f"{describe_node(node)}: A of shape {list(a.shape)} gives a tensor larger "
                                      f"than oneDNN's kernels index ({MAX_ELEMENTS:,} elements)")
@@ -165,6 +167,14 @@ def _concrete(ctx, arrays, out):
 
 def _permuted(shape, perm):
     return [shape[p] for p in perm] if perm else list(shape)
+
+
+def _product_shape(ctx, a, b) -> tuple:
+    """The output shape of the product of arrays a and b as the node lays it out (its perms)."""
+    perm_a, perm_b, perm_y = _matmul._perms(ctx)
+    pa, pb = _permuted(a.shape, perm_a), _permuted(b.shape, perm_b)
+    y = (*np.broadcast_shapes(tuple(pa[:-2]), tuple(pb[:-2])), pa[-2], pb[-1])
+    return tuple(y[k] for k in perm_y) if perm_y else y
 
 
 def _batched_reason(ctx):
@@ -211,7 +221,9 @@ def batched_matmul_any_shape(ctx):
             return made.pd.primitive().bind(args)
         return thread_step(("computed", made), make)
 
-    def step(a, b, bias_=None, z=None, *, out):
+    def step(a, b, bias_=None, z=None, *, out=None):
+        if out is None:  # (a dynamic step whose output shape it could not work out: allocated here)
+            out = np.empty(_product_shape(ctx, a, b), np.float32)
         if a.size > MAX_ELEMENTS or b.size > MAX_ELEMENTS or out.size > MAX_ELEMENTS:
             raise NodeExecutionError(f"{describe_node(node)}: operands of shapes {list(a.shape)}, {list(b.shape)} "
                                      f"give a tensor larger than oneDNN's kernels index ({MAX_ELEMENTS:,} elements)")

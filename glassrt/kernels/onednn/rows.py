@@ -310,7 +310,8 @@ def softmax_any_shape(ctx):
 
     steps = _RowSteps(make)
 
-    def step(x, *, out):
+    def step(x, *, out=None):
+        out = np.empty(x.shape, np.float32) if out is None else out
         if x.size:
             width = math.prod(x.shape[normalize_axis(axis, x.ndim):])
             _run_rows(steps, x.size // width, width, {ARG_SRC: np.ascontiguousarray(x)}, out)
