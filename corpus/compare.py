@@ -18,6 +18,7 @@ and the ratio of their medians (glassrt / onnxruntime; below 1 is faster).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import os
 import re
@@ -229,6 +230,64 @@ def compare_model(m: Model, path=None, runs: int = 5, threads: int = 1, warmup: 
     return r
 
 
+# The factors the manifest's dims are scaled by in `compare_varying`: after three distinct
+# shapes a session serves the others on one plan with those dims symbolic (runtime/runner.py)
+VARY_FACTORS = (1, 2, 1.5, 3, 1.25, 2.5, 0.75, 2)
+
+
+def varied_dims(dims: dict, factor: float) -> dict:
+    """The manifest's dims scaled by `factor` (a multiple of 8 stays one: image widths)."""
+    def one(v):
+        step = 8 if v % 8 == 0 else 1
+        return max(step, round(v * factor / step) * step)
+    return {k: one(v) for k, v in dims.items()}
+
+
+def compare_varying(m: Model, path=None, factors=VARY_FACTORS) -> dict:
+    """The model served at varying shapes in one glassrt session: its symbolic dims (the
+    manifest's `dims`) scaled by each factor in turn, every answer against onnxruntime's at
+    the manifest's tolerances. Shapes onnxruntime refuses are skipped. Found so: onednn's
+    any-shape products called without an output in a shared plan (magika, stop 62)."""
+    import onnx
+    import onnxruntime as ort
+
+    import glassrt
+    from glassrt.runtime.runner import ShapePattern
+
+    path = str(path or model_path(m))
+    r = {"id": m.id, "shapes": 0, "agree": 0, "differ": [], "errors": [], "ort_refused": 0, "shared_plan": False}
+    if not m.dims:
+        r["skipped"] = "no symbolic dims in the manifest"
+        return r
+    proto = onnx.load(path)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    osess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in osess.get_outputs()]
+    gsess = glassrt.InferenceSession(path, fallback="silent")
+    for f in factors:
+        dims = varied_dims(m.dims, f)
+        feeds = make_feeds(replace(m, dims=dims), proto)
+        try:
+            want = osess.run(names, feeds)
+        except Exception:  # noqa: BLE001 - a shape the model does not take
+            r["ort_refused"] += 1
+            continue
+        r["shapes"] += 1
+        try:
+            got = gsess.run(names, feeds)
+        except Exception as e:  # noqa: BLE001 - the failure is the result
+            r["errors"].append(f"{dims}: {_error_info(e)['error']}")
+            continue
+        diff = compare_outputs(names, got, want, m.rtol, m.atol)
+        if diff["mismatch"]:
+            r["differ"].append(f"{dims}: {diff['mismatch']}")
+        else:
+            r["agree"] += 1
+    r["shared_plan"] = any(isinstance(k, ShapePattern) for k in gsess.runner.plans)
+    return r
+
+
 def _timed(run, runs: int, warmup: int) -> list:
     for _ in range(warmup):
         run()
@@ -362,6 +421,26 @@ def table(results: list[dict]):
     return t
 
 
+def _vary(models, console) -> int:
+    from rich.table import Table
+
+    t = Table(title="Served at varying shapes, one session each (compare_varying)")
+    for col in ("model", "shapes", "agree", "differ", "errors", "onnxruntime refused", "shared plan", "first problem"):
+        t.add_column(col)
+    bad = 0
+    with console.status("") as status:
+        for m in models:
+            status.update(m.id)
+            r = compare_varying(m)
+            problems = r["errors"] + r["differ"]
+            bad += bool(problems)
+            t.add_row(m.id, str(r["shapes"]), str(r["agree"]), str(len(r["differ"])), str(len(r["errors"])),
+                      str(r["ort_refused"]), "yes" if r["shared_plan"] else r.get("skipped", "no"),
+                      problems[0][:120] if problems else "")
+    console.print(t)
+    return 1 if bad else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m corpus.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", default=(), metavar="ID", help="Compare only these models.")
@@ -376,6 +455,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", dest="json_file", help="Write every result (default: CACHE/results.json).")
     ap.add_argument("--markdown", help="Write the results table (default: CACHE/results.md).")
     ap.add_argument("--bisect", metavar="ID", help="List the first intermediate values that differ, for one model.")
+    ap.add_argument("--vary", action="store_true",
+                    help="Serve each model with symbolic dims at varying shapes in one session (its plan shared "
+                         "by shapes), each answer against onnxruntime's; no timing.")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -398,6 +480,8 @@ def main(argv=None) -> int:
     if not models:
         console.print(f"no corpus models in {cache_dir() / 'models'}: run python -m corpus.fetch first")
         return 1
+    if args.vary:
+        return _vary(models, console)
     if args.threads > 1:
         # (measured, rapidocr-det at 2 threads: glassrt 39-56 ms here against 16.7-17.8 alone,
         # onnxruntime 17.4-18.7)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from corpus.compare import compare_model, compare_outputs, make_feeds
+from corpus.compare import compare_model, compare_outputs, compare_varying, make_feeds, varied_dims
 from corpus.fetch import cache_dir, find_wheel, model_path, present, select
 from corpus.manifest import MODELS, Feed, Model
 
@@ -74,6 +74,16 @@ def test_feeds_follow_the_hints():
     with pytest.raises(ValueError, match="no name and no value"):
         make_feeds(Model("t", "p", "1", "t.onnx", "0" * 64, "test", "test", dims={"batch": 2}),
                    helper.make_model(g))
+
+
+def test_varied_dims_keep_multiples_of_eight_and_stay_positive():
+    assert varied_dims({"image_width": 160, "sequence": 3}, 1.5) == {"image_width": 240, "sequence": 4}
+    assert varied_dims({"image_width": 160, "sequence": 3}, 0.01) == {"image_width": 8, "sequence": 1}
+
+
+def test_a_model_without_symbolic_dims_is_not_varied():
+    m = Model("t", "p", "1", "t.onnx", "0" * 64, "test", "test")
+    assert compare_varying(m, path="/nonexistent.onnx")["skipped"] == "no symbolic dims in the manifest"
 
 
 def test_compare_outputs():
