@@ -95,7 +95,7 @@ def spatial_pads(in_shape, kernel, strides, dilations, pads, auto_pad, ceil_mode
                 if (o - 1) * s >= size + b:
                     o -= 1
             else:
-                o = span // s + 1
+                o = span // s + 1 if span >= 0 else 1  # (a pool's window overrunning by less than a stride: ops/meta/nn.py)
         begin.append(b)
         end.append(e)
         out.append(o)

@@ -1063,7 +1063,9 @@ def pool(x_shape, kernel, *, strides=None, pads=None, alg="max", ceil_mode=False
     out = list(x_shape[:2])
     for i in range(nsp):
         span = x_shape[2 + i] + pl[i] + pr[i] - kernel[i]
-        o = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
+        # (a window overrunning the padded input by less than a stride: one output, as in
+        # onnx's shape inference; its overrun is right padding, as ceil_mode's)
+        o = (-(-span // strides[i]) if ceil_mode or span < 0 else span // strides[i]) + 1
         if ceil_mode and (o - 1) * strides[i] >= x_shape[2 + i] + pl[i]:
             o -= 1  # the last window must start inside the input or left padding
         extra = (o - 1) * strides[i] + kernel[i] - (x_shape[2 + i] + pl[i] + pr[i])

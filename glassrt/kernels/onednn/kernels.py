@@ -751,9 +751,18 @@ def _pool_reason(ctx):
         if int(ctx.attrs.get("storage_order", 0)):
             return "storage_order=1"
         if ctx.node.op_type == "AveragePool" and int(ctx.attrs.get("count_include_pad", 0)) \
-                and int(ctx.attrs.get("ceil_mode", 0)):
-            return "ceil_mode with count_include_pad (the extra window would count in the divisor)"
+                and (int(ctx.attrs.get("ceil_mode", 0)) or _overruns(ctx)):
+            return ("a window past the padded input with count_include_pad (ceil_mode's, or a kernel larger than "
+                    "the input: the overrun would count in the divisor)")
     return None
+
+
+def _overruns(ctx) -> bool:
+    """Whether some window of a pooling reaches past its padded input (a kernel larger than
+    the input by less than a stride: ops/meta/nn.py)."""
+    x, kernel, strides, pads, _ = _pool_geometry(ctx)
+    n = len(kernel)
+    return any(x[2 + i] + pads[i] + pads[i + n] < kernel[i] for i in range(n))
 
 
 def _io_layouts(ctx):

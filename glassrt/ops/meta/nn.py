@@ -12,7 +12,7 @@ def _ceil_div(a, b):
     return -((-a) // b)
 
 
-def conv_out_dim(ctx, size, k, stride, dilation, pad_begin, pad_end, auto_pad, ceil_mode=False):
+def conv_out_dim(ctx, size, k, stride, dilation, pad_begin, pad_end, auto_pad, ceil_mode=False, pool=False):
     eff_k = dilation * (k - 1) + 1
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         return symbolic.normalize(_ceil_div(size, stride)) if not isinstance(size, int) else _ceil_div(size, stride)
@@ -20,7 +20,14 @@ def conv_out_dim(ctx, size, k, stride, dilation, pad_begin, pad_end, auto_pad, c
         pad_begin = pad_end = 0
     span = size + pad_begin + pad_end - eff_k
     if isinstance(span, int) and span < 0:
-        ctx.fail(f"kernel {k} (dilation {dilation}) is larger than the padded input dim {size + pad_begin + pad_end}")
+        # A pool's window that overruns the padded input by less than a stride still gives
+        # one output: onnx's shape inference and onnxruntime divide with C's truncation
+        # ((1 - 2) // 2 + 1 = 1), and onnxruntime's kernels pool what lies inside (rapidocr's
+        # recognizer fed a short text line). Anything else overrunning is refused.
+        if not pool or -span >= stride:
+            ctx.fail(f"kernel {k} (dilation {dilation}) is larger than the padded input dim "
+                     f"{size + pad_begin + pad_end}")
+        return 1
     if ceil_mode:
         out = _ceil_div(span, stride) + 1
         # The last window must start inside the input or its begin padding (PyTorch's rule,
@@ -174,7 +181,7 @@ def pool(ctx):
     if any(p < 0 or p >= kernel[i % n] for i, p in enumerate(pads)):
         ctx.fail(f"pads {pads} must be at least 0 and smaller than the kernel {kernel}")
     out = tuple(x[:2]) + tuple(conv_out_dim(ctx, x[2 + i], kernel[i], strides[i], dilations[i], pads[i], pads[i + n],
-                                            auto_pad, ceil_mode) for i in range(n))
+                                            auto_pad, ceil_mode, pool=True) for i in range(n))
     res = [ctx.tensor(ctx.dtype(0), out)]
     if len(ctx.node.outputs) > 1:
         res.append(ctx.tensor(np.int64, out))
