@@ -246,8 +246,9 @@ def varied_dims(dims: dict, factor: float) -> dict:
 def compare_varying(m: Model, path=None, factors=VARY_FACTORS) -> dict:
     """The model served at varying shapes in one glassrt session: its symbolic dims (the
     manifest's `dims`) scaled by each factor in turn, every answer against onnxruntime's at
-    the manifest's tolerances. Shapes onnxruntime refuses are skipped. Found so: onednn's
-    any-shape products called without an output in a shared plan (magika, stop 62)."""
+    the manifest's tolerances. Shapes onnxruntime refuses are skipped. (A rougher run of this
+    kind found onednn's any-shape products called without an output in magika's shared
+    plan, stop 62.)"""
     import onnx
     import onnxruntime as ort
 
