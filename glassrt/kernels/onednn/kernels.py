@@ -324,6 +324,29 @@ def thread_step(key, make):
     return hit
 
 
+class NodeMemo:
+    """What a node bound for a shape on this thread (a thread_step and its arguments), by
+    (thread, OpenMP threads, key), so that a run asks the shared caches once per shape: the
+    latest MEMO_PER_NODE shapes are kept (matmul_rows.py's products, rows.py's row ops)."""
+
+    MEMO_PER_NODE = 64
+
+    __slots__ = ("memo",)
+
+    def __init__(self):
+        self.memo = collections.OrderedDict()
+
+    def get(self, key, make):
+        """make()'s result for `key` on this thread, made on first use."""
+        k = (threading.get_ident(), capi.get_max_threads(), key)
+        hit = self.memo.get(k)
+        if hit is None:
+            hit = self.memo[k] = make()
+            if len(self.memo) > self.MEMO_PER_NODE:
+                self.memo.popitem(last=False)
+        return hit
+
+
 def run_and_let_go(step, buffers, alone: bool) -> None:
     """run_alone, then the shared step's memories let go of this call's arrays: a run's pool
     buffers go back to the pool only where nothing else holds them, and a node's weights must

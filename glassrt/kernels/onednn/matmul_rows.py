@@ -22,8 +22,6 @@ primitives made), 0.92-0.94x later (benchmarks/HISTORY.md, stop 61).
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import replace
 
 import numpy as np
@@ -31,16 +29,15 @@ import numpy as np
 from ...errors import NodeExecutionError, describe_node
 from ...ir import TensorType
 from ..registry import kernel, stand_in
-from . import capi, dnnl
+from . import dnnl
 from . import matmul as _matmul
 from .capi import ARG_ATTR_SCALES
 from .dnnl import ARG_BIAS, ARG_DST, ARG_SRC, ARG_WEIGHTS
-from .kernels import (F32, MAX_ELEMENTS, SMALL_PRODUCT, _unavailable, activation_drops_nan, packed_weights,
-                      run_and_let_go, thread_step)
+from .kernels import (F32, MAX_ELEMENTS, SMALL_PRODUCT, NodeMemo, _unavailable, activation_drops_nan,
+                      packed_weights, run_and_let_go, thread_step)
 from .matmul import _Product, _weights_md, constant_weights_reason, rows_pd
 
 STAND_IN_ROWS = 32  # the rows placement judges the product at (its primitive's implementation)
-_MEMO_PER_NODE = 64  # shapes a node remembers its step for (then asks the shared caches again)
 
 
 def _z_rows(ctx):
@@ -103,7 +100,7 @@ def matmul_any_rows(ctx):
     z_per_row = p.z_shape is not None and _z_rows(ctx)
     node = ctx.node
     held = {}  # the packed weights, by layout (held here, or their sharing ends)
-    memo = OrderedDict()  # (thread, OpenMP threads, rows) -> bound(rows)
+    memo = NodeMemo()  # rows -> bound(rows), per thread
 
     def bound(rows):
         """(shared step, the bias's argument, Z's argument, Z's dims, the packed weights) for
@@ -134,13 +131,7 @@ def matmul_any_rows(ctx):
         if a.size > MAX_ELEMENTS or out.size > MAX_ELEMENTS:
             raise NodeExecutionError(f"{describe_node(node)}: A of shape {list(a.shape)} gives a tensor larger "
                                      f"than oneDNN's kernels index ({MAX_ELEMENTS:,} elements)")
-        key = (threading.get_ident(), capi.get_max_threads(), rows)
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = bound(rows)
-            if len(memo) > _MEMO_PER_NODE:
-                memo.popitem(last=False)
-        st, bias_arg, z_arg, z_dims, weights = hit
+        st, bias_arg, z_arg, z_dims, weights = memo.get(rows, lambda: bound(rows))
         buffers = {ARG_SRC: a, ARG_WEIGHTS: weights, ARG_DST: out}
         if bias_arg is not None:
             buffers[bias_arg] = p.bias
@@ -197,8 +188,7 @@ def batched_matmul_any_shape(ctx):
     per shape, shared by the products of those shapes (in a plan with symbolic dims)."""
     bias = np.ascontiguousarray(ctx.const(2), np.float32).reshape(-1) if ctx.has(2) else None
     node = ctx.node
-    # (thread, OpenMP threads, A's, B's, Z's and the output's shapes) -> shapes_of(...)
-    memo = OrderedDict()
+    memo = NodeMemo()  # (A's, B's, Z's and the output's shapes) -> shapes_of(...), per thread
 
     def shapes_of(a, b, z, out):
         """(shared step, its descriptor's _Batched, whether it runs alone, Z's dims, the bias
@@ -227,14 +217,8 @@ def batched_matmul_any_shape(ctx):
         if a.size > MAX_ELEMENTS or b.size > MAX_ELEMENTS or out.size > MAX_ELEMENTS:
             raise NodeExecutionError(f"{describe_node(node)}: operands of shapes {list(a.shape)}, {list(b.shape)} "
                                      f"give a tensor larger than oneDNN's kernels index ({MAX_ELEMENTS:,} elements)")
-        key = (threading.get_ident(), capi.get_max_threads(), a.shape, b.shape, None if z is None else z.shape,
-               out.shape)
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = shapes_of(a, b, z, out)
-            if len(memo) > _MEMO_PER_NODE:
-                memo.popitem(last=False)
-        st, made, alone, z_dims, row = hit
+        st, made, alone, z_dims, row = memo.get((a.shape, b.shape, None if z is None else z.shape, out.shape),
+                                                lambda: shapes_of(a, b, z, out))
         buffers = {ARG_SRC: np.ascontiguousarray(a, np.float32), ARG_WEIGHTS: np.ascontiguousarray(b, np.float32),
                    ARG_DST: out}
         if made.prefill:  # (see matmul._batched_primitive; no perm_y here: the output is the product)

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import math
 import sys
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 
 import numpy as np
 
 from ...ops.geometry import normalize_axis
 from ..cpu._jit import compiled
 from ..registry import kernel
-from . import capi, dnnl
+from . import dnnl
 from .dnnl import ARG_DST, ARG_SCALE, ARG_SHIFT, ARG_SRC, MemoryDesc
-from .kernels import (F32, SMALL_ELEMENTS, ContiguousViews, _PerThreads, _unavailable, run_alone, run_and_let_go,
-                      shared_pd, thread_step)
+from .kernels import (F32, SMALL_ELEMENTS, ContiguousViews, NodeMemo, _PerThreads, _unavailable, run_alone,
+                      run_and_let_go, shared_pd, thread_step)
 
 
 def _static(ctx, i=0):
@@ -191,7 +190,6 @@ def softmax(ctx):
 # matmul_rows.py's products. Measured on BERT-base's shared plan, 2 threads, lengths 80-91:
 # its 25 LayerNormalizations 2.94 ms a run on cpu's kernel against 0.97 on a plan of each
 # length's own, its 12 softmaxes 1.70 against 1.16.
-_MEMO_PER_NODE = 64  # shapes a node remembers its step for (then asks the shared caches again)
 
 
 def _ln_any_reason(ctx):
@@ -215,29 +213,13 @@ def _ln_any_reason(ctx):
     return None
 
 
-class _RowSteps:
-    """A node's bound steps by (thread, OpenMP threads, rows, width): `make(rows, width)`'s
-    step from the shared caches (kernels.thread_step), remembered here."""
-
-    def __init__(self, make):
-        self.make, self.memo = make, OrderedDict()
-
-    def get(self, rows: int, width: int):
-        key = (threading.get_ident(), capi.get_max_threads(), rows, width)
-        st = self.memo.get(key)
-        if st is None:
-            st = self.memo[key] = self.make(rows, width)
-            if len(self.memo) > _MEMO_PER_NODE:
-                self.memo.popitem(last=False)
-        return st
-
-
-def _run_rows(steps, rows, width, buffers, y):
-    """The step for rows x width run over `buffers` (y: the output, written through a dense
-    copy where it is not C-contiguous)."""
+def _run_rows(memo, make, rows, width, buffers, y):
+    """make(rows, width)'s step (memo: the node's NodeMemo) run over `buffers` (y: the output,
+    written through a dense copy where it is not C-contiguous)."""
     dense = y if y.flags.c_contiguous else np.empty(y.shape, y.dtype)
     buffers[ARG_DST] = dense
-    run_and_let_go(steps.get(rows, width), buffers, rows * width <= SMALL_ELEMENTS)
+    step = memo.get((rows, width), lambda: make(rows, width))
+    run_and_let_go(step, buffers, rows * width <= SMALL_ELEMENTS)
     if dense is not y:
         np.copyto(y, dense)
 
@@ -262,7 +244,7 @@ def layer_norm_any_rows(ctx):
                                                                                             else {})})
         return thread_step(key, bind)
 
-    steps = _RowSteps(make)
+    memo = NodeMemo()
 
     def step(x, scale, bias=None, *, out=(None,)):
         outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
@@ -271,7 +253,7 @@ def layer_norm_any_rows(ctx):
             buffers = {ARG_SRC: np.ascontiguousarray(x), ARG_SCALE: np.ascontiguousarray(scale)}
             if shift:
                 buffers[ARG_SHIFT] = np.ascontiguousarray(bias)
-            _run_rows(steps, x.size // width, width, buffers, y)
+            _run_rows(memo, make, x.size // width, width, buffers, y)
         return (y,) + (None,) * (len(outs) - 1)
 
     return step
@@ -308,13 +290,13 @@ def softmax_any_shape(ctx):
                                                                                                 ARG_DST: None})
         return thread_step(key, bind)
 
-    steps = _RowSteps(make)
+    memo = NodeMemo()
 
     def step(x, *, out=None):
         out = np.empty(x.shape, np.float32) if out is None else out
         if x.size:
             width = math.prod(x.shape[normalize_axis(axis, x.ndim):])
-            _run_rows(steps, x.size // width, width, {ARG_SRC: np.ascontiguousarray(x)}, out)
+            _run_rows(memo, make, x.size // width, width, {ARG_SRC: np.ascontiguousarray(x)}, out)
         return out
 
     return step
